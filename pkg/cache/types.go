@@ -1,0 +1,205 @@
+// Package cache is weightd's content-addressed store on local disk.
+//
+// Layout under the root directory:
+//
+//	blobs/sha256/<hex>   complete, verified, read-only blob files
+//	partial/<hex>.data   pre-allocated file of a blob being downloaded
+//	partial/<hex>.state  its persisted progress: verified prefix, chunk map, hash state
+//	models/              models materialised as links into blobs/, in the
+//	                     Hugging Face hub cache layout
+//	                     (models--org--name/snapshots/<rev>/<path>)
+//	index.db             sizes, last access, pins and chunk maps (bbolt)
+//
+// Every blob is written to partial/, fsynced, checked against its size and
+// sha256, renamed into blobs/ and the directory fsynced: nothing unverified is
+// ever visible under blobs/ or readable through the Store. One download runs
+// per blob however many callers ask for it; an interrupted download resumes
+// from its last verified chunk, in this process or after a restart.
+package cache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+)
+
+// DefaultChunkSize is the unit of transfer, verification and sharing.
+const DefaultChunkSize = 16 << 20
+
+// Errors returned by the store; test them with errors.Is.
+var (
+	ErrNotFound       = errors.New("not found")
+	ErrInvalid        = errors.New("invalid argument")
+	ErrDigestMismatch = errors.New("digest mismatch")
+	ErrSizeMismatch   = errors.New("size mismatch")
+	ErrDiskFull       = errors.New("cache disk full")
+	ErrClosed         = errors.New("cache closed")
+	// ErrPermanent marks a source error that retrying cannot fix (404, 403,
+	// a size the origin disagrees with). Wrap it with Permanent.
+	ErrPermanent = errors.New("permanent source error")
+)
+
+// Permanent marks err as not worth retrying.
+func Permanent(err error) error {
+	if err == nil || errors.Is(err, ErrPermanent) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrPermanent, err)
+}
+
+// Descriptor names a blob: its sha256 digest and its size in bytes.
+type Descriptor struct {
+	Digest digest.Digest `json:"digest"`
+	Size   int64         `json:"size"`
+}
+
+// Validate checks that the digest is a well-formed sha256 digest and the size
+// is not negative. Paths are derived only from validated descriptors.
+func (d Descriptor) Validate() error {
+	if err := ValidateDigest(d.Digest); err != nil {
+		return err
+	}
+	if d.Size < 0 {
+		return fmt.Errorf("%w: negative size %d", ErrInvalid, d.Size)
+	}
+	return nil
+}
+
+// ValidateDigest accepts only canonical sha256 digests: "sha256:" and 64
+// lowercase hex characters.
+func ValidateDigest(d digest.Digest) error {
+	if d.Algorithm() != digest.SHA256 {
+		return fmt.Errorf("%w: digest %q: only sha256 is supported", ErrInvalid, truncate(string(d)))
+	}
+	if err := d.Validate(); err != nil {
+		return fmt.Errorf("%w: digest %q: %v", ErrInvalid, truncate(string(d)), err)
+	}
+	return nil
+}
+
+// ParseDigest parses and validates a sha256 digest.
+func ParseDigest(s string) (digest.Digest, error) {
+	d := digest.Digest(s)
+	return d, ValidateDigest(d)
+}
+
+// RangeOpener reads a blob from somewhere: an origin, a peer, a file.
+type RangeOpener interface {
+	// OpenRange returns a reader of the blob's bytes starting at offset off
+	// and running to the end of the blob. Errors wrapped with Permanent are
+	// not retried.
+	OpenRange(ctx context.Context, off int64) (io.ReadCloser, error)
+}
+
+// Progress reports bytes of a blob that are durable and verified so far.
+// It is called from the download goroutine and must not block.
+type Progress func(done, total int64)
+
+// Info describes a complete blob in the store.
+type Info struct {
+	Descriptor
+	LastAccess time.Time `json:"lastAccess"`
+	Pins       []string  `json:"pins,omitempty"`
+}
+
+// File is one file of a model: its path inside the model and its blob.
+type File struct {
+	Path string `json:"path"`
+	Descriptor
+}
+
+// Model is a named set of files at a revision, materialised as a directory of
+// links into blobs/.
+type Model struct {
+	Name     string `json:"name"`     // "org/name"
+	Revision string `json:"revision"` // a commit, tag or branch
+	Files    []File `json:"files"`
+}
+
+// Validate checks the model name, revision and every file path: relative,
+// clean, no "..", no NUL, no duplicates.
+func (m Model) Validate() error {
+	if err := ValidateModelName(m.Name); err != nil {
+		return err
+	}
+	if !revisionRE.MatchString(m.Revision) {
+		return fmt.Errorf("%w: revision %q", ErrInvalid, truncate(m.Revision))
+	}
+	seen := make(map[string]bool, len(m.Files))
+	for _, f := range m.Files {
+		if err := ValidatePath(f.Path); err != nil {
+			return err
+		}
+		if seen[f.Path] {
+			return fmt.Errorf("%w: duplicate file %q", ErrInvalid, f.Path)
+		}
+		seen[f.Path] = true
+		if err := f.Validate(); err != nil {
+			return fmt.Errorf("file %q: %w", f.Path, err)
+		}
+	}
+	// A file may not also be a directory of another: "a" and "a/b".
+	for p := range seen {
+		for dir := path.Dir(p); dir != "."; dir = path.Dir(dir) {
+			if seen[dir] {
+				return fmt.Errorf("%w: %q is both a file and a directory", ErrInvalid, dir)
+			}
+		}
+	}
+	return nil
+}
+
+var (
+	nameSegmentRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$`)
+	revisionRE    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+)
+
+// ValidateModelName accepts "name" or "org/name" where each part is letters,
+// digits, '.', '_' or '-', not starting with punctuation and not containing
+// "--" (which the hub layout uses as a separator).
+func ValidateModelName(name string) error {
+	parts := strings.Split(name, "/")
+	if len(parts) > 2 {
+		return fmt.Errorf("%w: model name %q: at most one '/'", ErrInvalid, truncate(name))
+	}
+	for _, p := range parts {
+		if !nameSegmentRE.MatchString(p) || strings.Contains(p, "--") || strings.HasSuffix(p, ".") {
+			return fmt.Errorf("%w: model name %q", ErrInvalid, truncate(name))
+		}
+	}
+	return nil
+}
+
+// ValidatePath accepts a relative, clean, slash-separated path inside a model:
+// no leading '/', no "." or ".." segments, no empty segments, no NUL or
+// backslash, at most 1024 bytes.
+func ValidatePath(p string) error {
+	switch {
+	case p == "" || len(p) > 1024:
+		return fmt.Errorf("%w: file path length %d", ErrInvalid, len(p))
+	case strings.ContainsAny(p, "\x00\\"):
+		return fmt.Errorf("%w: file path %q contains NUL or backslash", ErrInvalid, truncate(p))
+	case strings.HasPrefix(p, "/"):
+		return fmt.Errorf("%w: file path %q is absolute", ErrInvalid, truncate(p))
+	}
+	for _, seg := range strings.Split(p, "/") {
+		if seg == "" || seg == "." || seg == ".." {
+			return fmt.Errorf("%w: file path %q is not clean", ErrInvalid, truncate(p))
+		}
+	}
+	return nil
+}
+
+func truncate(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "…"
+	}
+	return s
+}
