@@ -1,0 +1,118 @@
+package cache
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Option configures a Store.
+type Option func(*options) error
+
+type options struct {
+	chunkSize     int64
+	budgetBytes   int64
+	budgetPercent float64
+	logger        *slog.Logger
+	registerer    prometheus.Registerer
+	stallTimeout  time.Duration
+	attempts      int
+	backoff       time.Duration
+	checkpoint    time.Duration
+}
+
+func defaultOptions() options {
+	return options{
+		chunkSize:     DefaultChunkSize,
+		budgetPercent: 80,
+		logger:        slog.New(slog.DiscardHandler),
+		stallTimeout:  30 * time.Second,
+		attempts:      5,
+		backoff:       500 * time.Millisecond,
+		checkpoint:    time.Second,
+	}
+}
+
+// WithChunkSize sets the chunk size: the unit of verification, resumption and
+// sharing. It must be a positive multiple of 64 KiB.
+func WithChunkSize(n int64) Option {
+	return func(o *options) error {
+		if n <= 0 || n%(64<<10) != 0 {
+			return fmt.Errorf("%w: chunk size %d is not a positive multiple of 64 KiB", ErrInvalid, n)
+		}
+		o.chunkSize = n
+		return nil
+	}
+}
+
+// WithBudget bounds the disk the store may use: at most maxBytes (0 for no
+// byte limit) and at most maxPercent of the filesystem's size (0 for no
+// percentage limit). The default is 80% of the filesystem.
+func WithBudget(maxBytes int64, maxPercent float64) Option {
+	return func(o *options) error {
+		if maxBytes < 0 || maxPercent < 0 || maxPercent > 100 {
+			return fmt.Errorf("%w: budget %d bytes, %v%%", ErrInvalid, maxBytes, maxPercent)
+		}
+		o.budgetBytes, o.budgetPercent = maxBytes, maxPercent
+		return nil
+	}
+}
+
+// WithLogger sets the logger; the store is silent by default.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) error {
+		if l == nil {
+			return fmt.Errorf("%w: nil logger", ErrInvalid)
+		}
+		o.logger = l
+		return nil
+	}
+}
+
+// WithRegisterer registers the store's metrics on r.
+func WithRegisterer(r prometheus.Registerer) Option {
+	return func(o *options) error {
+		o.registerer = r
+		return nil
+	}
+}
+
+// WithStallTimeout sets how long a source may send nothing before the
+// request is abandoned and retried from the last byte received.
+func WithStallTimeout(d time.Duration) Option {
+	return func(o *options) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: stall timeout %v", ErrInvalid, d)
+		}
+		o.stallTimeout = d
+		return nil
+	}
+}
+
+// WithRetries sets how many consecutive failed attempts without progress a
+// download survives, and the first backoff between them (doubled each time,
+// with jitter).
+func WithRetries(attempts int, backoff time.Duration) Option {
+	return func(o *options) error {
+		if attempts < 1 || backoff < 0 {
+			return fmt.Errorf("%w: retries %d, backoff %v", ErrInvalid, attempts, backoff)
+		}
+		o.attempts, o.backoff = attempts, backoff
+		return nil
+	}
+}
+
+// WithCheckpointInterval sets how often an ongoing download persists its
+// progress (fsync of the data, then of the state). A crash loses at most this
+// much work. The default is one second.
+func WithCheckpointInterval(d time.Duration) Option {
+	return func(o *options) error {
+		if d < 0 {
+			return fmt.Errorf("%w: checkpoint interval %v", ErrInvalid, d)
+		}
+		o.checkpoint = d
+		return nil
+	}
+}
