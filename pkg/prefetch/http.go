@@ -1,0 +1,389 @@
+package prefetch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"path"
+	"strconv"
+	"strings"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/weightd/weightd/pkg/cache"
+)
+
+// HTTPSource resolves KindHTTP references: model manifests (see Manifest) and
+// single files pinned by digest. Its blobs are read with ranged GETs.
+//
+// A single-file reference becomes a one-file model named after its URL:
+// the organisation is the host (and port), the name is the URL path, each
+// sanitised to letters, digits, '.', '_' and '-' (other runs of bytes become
+// one '-'); the revision is the first 12 hex digits of the digest, and the
+// file keeps the last segment of the URL path as its name. So
+// "https://example.com:8443/v1/llama/model.bin#sha256:0123456789ab…" is the
+// model "example.com-8443/v1-llama-model.bin" at revision "0123456789ab" with
+// the one file "model.bin". Its size is learned with a HEAD request, or with a
+// GET of its first byte where HEAD is refused (presigned URLs are signed for
+// one method).
+type HTTPSource struct {
+	client    *http.Client
+	userAgent string
+}
+
+// HTTPOption configures an HTTPSource.
+type HTTPOption func(*HTTPSource)
+
+// WithVersion sets the version sent in the User-Agent header
+// ("weightd/<version>"); the default is "dev".
+func WithVersion(version string) HTTPOption {
+	return func(s *HTTPSource) { s.userAgent = "weightd/" + version }
+}
+
+// NewHTTPSource returns a source that makes its requests with client (nil:
+// a client with no overall timeout over http.DefaultTransport; stalls are the
+// cache's to detect). The client's redirect policy applies; the Range header
+// survives redirects.
+func NewHTTPSource(client *http.Client, opts ...HTTPOption) *HTTPSource {
+	if client == nil {
+		client = &http.Client{Transport: http.DefaultTransport}
+	}
+	s := &HTTPSource{client: client, userAgent: "weightd/dev"}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// Resolve fetches the manifest a reference names, or learns the size of the
+// single file it pins, and returns the model with one ranged-GET opener per
+// blob.
+func (s *HTTPSource) Resolve(ctx context.Context, ref Ref) (*Resolution, error) {
+	if ref.Kind != KindHTTP || ref.URL == nil {
+		return nil, cache.Permanent(fmt.Errorf("resolving %s: kind %q: %w", ref.Redacted(), ref.Kind, errors.ErrUnsupported))
+	}
+	var (
+		res *Resolution
+		err error
+	)
+	if ref.Digest != "" {
+		res, err = s.resolveFile(ctx, ref)
+	} else {
+		res, err = s.resolveManifest(ctx, ref.URL)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("resolving %s: %w", ref.Redacted(), err)
+	}
+	return res, nil
+}
+
+func (s *HTTPSource) resolveManifest(ctx context.Context, u *url.URL) (*Resolution, error) {
+	resp, err := s.do(ctx, http.MethodGet, u, func(h http.Header) { h.Set("Accept", "application/json") })
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, statusError(resp, u)
+	}
+	if resp.ContentLength > MaxManifestSize {
+		return nil, cache.Permanent(fmt.Errorf("%w: manifest of %d bytes is larger than %d", cache.ErrInvalid, resp.ContentLength, MaxManifestSize))
+	}
+	m, err := ReadManifest(resp.Body)
+	if err != nil {
+		if errors.Is(err, cache.ErrInvalid) {
+			return nil, cache.Permanent(err)
+		}
+		return nil, err
+	}
+	res := &Resolution{Model: m.Model(), Blobs: make(map[digest.Digest]cache.RangeOpener, len(m.Files))}
+	for _, f := range m.Files {
+		fu, err := f.fileURL(u)
+		if err != nil {
+			return nil, cache.Permanent(err)
+		}
+		if _, ok := res.Blobs[f.Digest()]; !ok {
+			res.Blobs[f.Digest()] = &httpBlob{src: s, url: fu, size: f.Size}
+		}
+	}
+	return res, nil
+}
+
+func (s *HTTPSource) resolveFile(ctx context.Context, ref Ref) (*Resolution, error) {
+	size, err := s.size(ctx, ref.URL)
+	if err != nil {
+		return nil, err
+	}
+	m := singleFileModel(ref.URL, ref.Digest, size)
+	if err := m.Validate(); err != nil {
+		return nil, cache.Permanent(err)
+	}
+	return &Resolution{
+		Model: m,
+		Blobs: map[digest.Digest]cache.RangeOpener{ref.Digest: &httpBlob{src: s, url: ref.URL, size: size}},
+	}, nil
+}
+
+// size learns a file's size with HEAD, falling back to a GET of its first
+// byte when HEAD is refused.
+func (s *HTTPSource) size(ctx context.Context, u *url.URL) (int64, error) {
+	resp, err := s.do(ctx, http.MethodHead, u, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusOK:
+		if resp.ContentLength < 0 {
+			return 0, cache.Permanent(fmt.Errorf("%w: HEAD %s: no Content-Length", cache.ErrInvalid, redact(u)))
+		}
+		return resp.ContentLength, nil
+	case http.StatusForbidden, http.StatusMethodNotAllowed, http.StatusNotImplemented:
+	default:
+		return 0, statusError(resp, u)
+	}
+
+	resp, err = s.do(ctx, http.MethodGet, u, func(h http.Header) {
+		h.Set("Range", "bytes=0-0")
+		h.Set("Accept-Encoding", "identity")
+	})
+	if err != nil {
+		return 0, err
+	}
+	defer drainClose(resp.Body)
+	switch resp.StatusCode {
+	case http.StatusPartialContent:
+		_, _, total, err := parseContentRange(resp.Header.Get("Content-Range"))
+		if err != nil || total < 0 {
+			return 0, cache.Permanent(fmt.Errorf("%w: GET %s: Content-Range %q: want a known total", cache.ErrInvalid, redact(u), resp.Header.Get("Content-Range")))
+		}
+		return total, nil
+	case http.StatusOK:
+		if resp.ContentLength < 0 {
+			return 0, cache.Permanent(fmt.Errorf("%w: GET %s: no Content-Length", cache.ErrInvalid, redact(u)))
+		}
+		return resp.ContentLength, nil
+	case http.StatusRequestedRangeNotSatisfiable:
+		return 0, nil // the only file with no first byte is the empty one
+	default:
+		return 0, statusError(resp, u)
+	}
+}
+
+func (s *HTTPSource) do(ctx context.Context, method string, u *url.URL, header func(http.Header)) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), nil)
+	if err != nil {
+		return nil, cache.Permanent(fmt.Errorf("%s %s: %w", method, redact(u), err))
+	}
+	req.Header.Set("User-Agent", s.userAgent)
+	if header != nil {
+		header(req.Header)
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		// url.Error repeats the URL, query and all.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("%s %s: %w", method, redact(u), err)
+	}
+	return resp, nil
+}
+
+// httpBlob reads one blob with ranged GETs.
+type httpBlob struct {
+	src  *HTTPSource
+	url  *url.URL
+	size int64
+}
+
+// OpenRange GETs the blob from off with "Range: bytes=off-". A 206 must carry
+// "Content-Range: bytes off-(size-1)/size"; a total other than the expected
+// size is a permanent cache.ErrSizeMismatch. A 200 (a server that ignores
+// Range) must have the expected Content-Length when it has one, and its first
+// off bytes are read and discarded, so resuming works, slowly, even there.
+func (b *httpBlob) OpenRange(ctx context.Context, off int64) (io.ReadCloser, error) {
+	if off < 0 || off > b.size {
+		return nil, cache.Permanent(fmt.Errorf("%w: offset %d outside a blob of %d bytes", cache.ErrInvalid, off, b.size))
+	}
+	if off == b.size {
+		return http.NoBody, nil
+	}
+	resp, err := b.src.do(ctx, http.MethodGet, b.url, func(h http.Header) {
+		h.Set("Range", "bytes="+strconv.FormatInt(off, 10)+"-")
+		h.Set("Accept-Encoding", "identity")
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := b.check(resp, off); err != nil {
+		drainClose(resp.Body)
+		return nil, fmt.Errorf("GET %s: %w", redact(b.url), err)
+	}
+	if resp.StatusCode == http.StatusOK && off > 0 {
+		if _, err := io.CopyN(io.Discard, resp.Body, off); err != nil {
+			resp.Body.Close()
+			return nil, fmt.Errorf("GET %s: skipping %d bytes of a response that ignored Range: %w", redact(b.url), off, err)
+		}
+	}
+	// Never hand on more than the blob holds, whatever the server sends.
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.LimitReader(resp.Body, b.size-off), resp.Body}, nil
+}
+
+func (b *httpBlob) check(resp *http.Response, off int64) error {
+	switch resp.StatusCode {
+	case http.StatusPartialContent:
+		cr := resp.Header.Get("Content-Range")
+		first, last, total, err := parseContentRange(cr)
+		switch {
+		case err != nil:
+			return fmt.Errorf("Content-Range %q: %w", truncate(cr), err)
+		case total >= 0 && total != b.size:
+			return cache.Permanent(fmt.Errorf("%w: origin has %d bytes, want %d", cache.ErrSizeMismatch, total, b.size))
+		case first != off || last != b.size-1:
+			return fmt.Errorf("Content-Range %q: want bytes %d-%d/%d", truncate(cr), off, b.size-1, b.size)
+		case resp.ContentLength >= 0 && resp.ContentLength != last-first+1:
+			return fmt.Errorf("Content-Length %d disagrees with Content-Range %q", resp.ContentLength, truncate(cr))
+		}
+		return nil
+	case http.StatusOK:
+		if resp.ContentLength >= 0 && resp.ContentLength != b.size {
+			return cache.Permanent(fmt.Errorf("%w: origin has %d bytes, want %d", cache.ErrSizeMismatch, resp.ContentLength, b.size))
+		}
+		return nil
+	case http.StatusRequestedRangeNotSatisfiable:
+		return cache.Permanent(fmt.Errorf("%w: origin refuses bytes %d- of a blob of %d bytes: HTTP %s", cache.ErrSizeMismatch, off, b.size, resp.Status))
+	default:
+		return statusError(resp, b.url)
+	}
+}
+
+// parseContentRange parses "bytes first-last/total"; total is -1 for "*".
+func parseContentRange(s string) (first, last, total int64, err error) {
+	spec, ok := strings.CutPrefix(s, "bytes ")
+	if !ok {
+		return 0, 0, 0, errors.New("not a byte range")
+	}
+	rng, tot, ok := strings.Cut(spec, "/")
+	if !ok {
+		return 0, 0, 0, errors.New("no total")
+	}
+	a, z, ok := strings.Cut(rng, "-")
+	if !ok {
+		return 0, 0, 0, errors.New("no range")
+	}
+	if first, err = parseNonNegative(a); err != nil {
+		return 0, 0, 0, err
+	}
+	if last, err = parseNonNegative(z); err != nil {
+		return 0, 0, 0, err
+	}
+	total = -1
+	if tot != "*" {
+		if total, err = parseNonNegative(tot); err != nil {
+			return 0, 0, 0, err
+		}
+	}
+	if last < first || (total >= 0 && last >= total) {
+		return 0, 0, 0, errors.New("range out of order")
+	}
+	return first, last, total, nil
+}
+
+func parseNonNegative(s string) (int64, error) {
+	if s == "" || strings.TrimLeft(s, "0123456789") != "" {
+		return 0, fmt.Errorf("%q is not a number", truncate(s))
+	}
+	return strconv.ParseInt(s, 10, 64)
+}
+
+// StatusError is an HTTP response status the source did not expect. It is
+// wrapped with cache.Permanent for statuses retrying cannot fix: 4xx other
+// than 408, 425 and 429.
+type StatusError struct {
+	Method     string
+	URL        string // redacted: no query
+	StatusCode int
+	Status     string
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("%s %s: HTTP %s", e.Method, e.URL, e.Status)
+}
+
+func statusError(resp *http.Response, u *url.URL) error {
+	drainClose(resp.Body)
+	err := &StatusError{Method: resp.Request.Method, URL: redact(u), StatusCode: resp.StatusCode, Status: resp.Status}
+	switch c := resp.StatusCode; {
+	case c == http.StatusRequestTimeout, c == http.StatusTooEarly, c == http.StatusTooManyRequests:
+		return err
+	case c >= 400 && c < 500:
+		return cache.Permanent(err)
+	default:
+		return err
+	}
+}
+
+// drainClose reads a little of an unwanted body so the connection can be
+// reused, and closes it.
+func drainClose(body io.ReadCloser) {
+	_, _ = io.CopyN(io.Discard, body, 4<<10)
+	body.Close()
+}
+
+// redact drops the query (credentials in presigned URLs) from u for messages.
+func redact(u *url.URL) string {
+	if u.RawQuery == "" {
+		return u.String()
+	}
+	c := *u
+	c.RawQuery = "REDACTED"
+	return c.String()
+}
+
+// singleFileModel names the one-file model of a digest-pinned URL; see
+// HTTPSource.
+func singleFileModel(u *url.URL, d digest.Digest, size int64) cache.Model {
+	org := sanitize(u.Host, 96, "host")
+	name := sanitize(strings.TrimPrefix(u.Path, "/"), 96, "file")
+	file := sanitize(path.Base(u.Path), 255, "blob")
+	return cache.Model{
+		Name:     org + "/" + name,
+		Revision: d.Encoded()[:12],
+		Files:    []cache.File{{Path: file, Descriptor: cache.Descriptor{Digest: d, Size: size}}},
+	}
+}
+
+// sanitize maps s to a valid model name segment or file name of at most max
+// bytes: letters, digits, '.', '_' and '-', runs of anything else (and of
+// '-') as one '-', starting with a letter or digit and ending with neither
+// '.' nor '-'. An empty result becomes fallback.
+func sanitize(s string, max int, fallback string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_'
+		switch {
+		case ok:
+			b.WriteByte(c)
+		case b.Len() > 0 && !strings.HasSuffix(b.String(), "-"):
+			b.WriteByte('-')
+		}
+	}
+	out := strings.TrimLeft(b.String(), "._-")
+	if len(out) > max {
+		out = out[:max]
+	}
+	out = strings.TrimRight(out, ".-")
+	if out == "" {
+		return fallback
+	}
+	return out
+}

@@ -1,0 +1,361 @@
+package prefetch
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/url"
+	"strings"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/weightd/weightd/pkg/cache"
+)
+
+// Limits on manifests, which come from the network.
+const (
+	// MaxManifestSize is the largest manifest document accepted, in bytes.
+	MaxManifestSize = 16 << 20
+	// MaxManifestFiles is the most files one manifest may list.
+	MaxManifestFiles = 100_000
+)
+
+// Manifest is weightd's small JSON description of a model served over plain
+// HTTP(S): its name, revision and files, each with its size and sha256.
+//
+//	{
+//	  "name": "org/model",
+//	  "revision": "main",
+//	  "files": [
+//	    {"path": "config.json", "size": 123, "sha256": "<64 lowercase hex>"},
+//	    {"path": "model-00001-of-00002.safetensors", "size": 4999000000,
+//	     "sha256": "<64 lowercase hex>", "url": "https://bucket.example/…?X-Amz-Signature=…"}
+//	  ]
+//	}
+//
+// Parsing is strict (see ParseManifest): exactly these keys, in any order, each
+// at most once, matched case-sensitively; "url" is the only optional one.
+//
+// A file is fetched from its "url" when given, resolved relative to the
+// manifest's own URL, else from its path resolved relative to the directory of
+// the manifest URL (each path segment escaped; the manifest's query is not
+// carried over). A file URL may point at any http or https host, so that
+// files can live in an object store under presigned URLs while the manifest
+// lives elsewhere; integrity comes from the sha256, not from the host. A
+// manifest fetched over https may not send its files over plain http.
+type Manifest struct {
+	Name     string         `json:"name"`
+	Revision string         `json:"revision"`
+	Files    []ManifestFile `json:"files"`
+}
+
+// ManifestFile is one file of a Manifest.
+type ManifestFile struct {
+	Path   string `json:"path"`
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"` // 64 lowercase hex digits, no "sha256:" prefix
+	URL    string `json:"url,omitempty"`
+}
+
+// Digest returns the file's digest ("sha256:" + SHA256).
+func (f ManifestFile) Digest() digest.Digest {
+	return digest.NewDigestFromEncoded(digest.SHA256, f.SHA256)
+}
+
+// Model returns the manifest as a cache.Model.
+func (m *Manifest) Model() cache.Model {
+	model := cache.Model{Name: m.Name, Revision: m.Revision, Files: make([]cache.File, len(m.Files))}
+	for i, f := range m.Files {
+		model.Files[i] = cache.File{Path: f.Path, Descriptor: cache.Descriptor{Digest: f.Digest(), Size: f.Size}}
+	}
+	return model
+}
+
+// ReadManifest reads and parses a manifest of at most MaxManifestSize bytes
+// from r; a longer document is an error, detected without reading past the
+// limit.
+func ReadManifest(r io.Reader) (*Manifest, error) {
+	data, err := io.ReadAll(io.LimitReader(r, MaxManifestSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading manifest: %w", err)
+	}
+	return ParseManifest(data)
+}
+
+// ParseManifest parses and validates a manifest document. It rejects documents
+// larger than MaxManifestSize, unknown, duplicated or differently cased keys,
+// null values, trailing data, more than MaxManifestFiles files or none, and
+// anything cache.Model.Validate rejects (bad names and revisions; absolute,
+// unclean, "..", NUL-bearing or duplicate paths); sha256 must be 64 lowercase
+// hex digits, sizes must not be negative nor sum past math.MaxInt64, two files
+// with the same digest must agree on its size, and a "url" must be an http(s)
+// URL or a relative reference without user information.
+//
+// Errors wrap cache.ErrInvalid.
+func ParseManifest(data []byte) (*Manifest, error) {
+	m, err := parseManifest(data)
+	if err != nil {
+		return nil, fmt.Errorf("parsing manifest: %w", err)
+	}
+	return m, nil
+}
+
+func parseManifest(data []byte) (*Manifest, error) {
+	if len(data) > MaxManifestSize {
+		return nil, fmt.Errorf("%w: larger than %d bytes", cache.ErrInvalid, MaxManifestSize)
+	}
+	p := jsonParser{dec: json.NewDecoder(bytes.NewReader(data))}
+	var m Manifest
+	err := p.object(func(key string) error {
+		switch key {
+		case "name":
+			return p.str(&m.Name)
+		case "revision":
+			return p.str(&m.Revision)
+		case "files":
+			return p.array(func() error {
+				if len(m.Files) == MaxManifestFiles {
+					return fmt.Errorf("more than %d files", MaxManifestFiles)
+				}
+				f, err := p.file()
+				if err != nil {
+					return fmt.Errorf("file %d: %w", len(m.Files), err)
+				}
+				m.Files = append(m.Files, f)
+				return nil
+			})
+		}
+		return errUnknownKey
+	}, "name", "revision", "files")
+	if err == nil {
+		err = p.end()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", cache.ErrInvalid, err)
+	}
+	if err := m.validate(); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+func (m *Manifest) validate() error {
+	if len(m.Files) == 0 {
+		return fmt.Errorf("%w: no files", cache.ErrInvalid)
+	}
+	var total int64
+	sizes := make(map[string]int64, len(m.Files))
+	for _, f := range m.Files {
+		if err := cache.ValidateDigest(f.Digest()); err != nil {
+			return fmt.Errorf("file %q: sha256 must be 64 lowercase hex digits: %w", truncate(f.Path), err)
+		}
+		if f.Size < 0 {
+			return fmt.Errorf("%w: file %q: negative size %d", cache.ErrInvalid, truncate(f.Path), f.Size)
+		}
+		if f.Size > math.MaxInt64-total {
+			return fmt.Errorf("%w: total size overflows", cache.ErrInvalid)
+		}
+		total += f.Size
+		if size, ok := sizes[f.SHA256]; ok && size != f.Size {
+			return fmt.Errorf("%w: file %q: sha256 %s listed with sizes %d and %d", cache.ErrInvalid, truncate(f.Path), f.SHA256, size, f.Size)
+		}
+		sizes[f.SHA256] = f.Size
+		if f.URL != "" {
+			if err := checkFileURL(f.URL); err != nil {
+				return fmt.Errorf("file %q: url: %w", truncate(f.Path), err)
+			}
+		}
+	}
+	return m.Model().Validate()
+}
+
+// checkFileURL checks a manifest file's "url" on its own: a relative
+// reference, or an absolute http(s) URL; printable ASCII, no user
+// information, no fragment.
+func checkFileURL(s string) error {
+	if len(s) > MaxRefLength {
+		return fmt.Errorf("%w: longer than %d bytes", cache.ErrInvalid, MaxRefLength)
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c >= 0x7f {
+			return fmt.Errorf("%w: byte %#02x at offset %d: only printable ASCII without spaces is allowed", cache.ErrInvalid, c, i)
+		}
+	}
+	if strings.Contains(s, "#") {
+		return fmt.Errorf("%w: fragment not allowed", cache.ErrInvalid)
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return fmt.Errorf("%w: %q is not a URL", cache.ErrInvalid, truncate(s))
+	}
+	if u.User != nil {
+		return fmt.Errorf("%w: user information in URLs is not allowed", cache.ErrInvalid)
+	}
+	if u.Scheme != "" || u.Host != "" {
+		return checkHTTPURL(u)
+	}
+	return nil
+}
+
+// fileURL returns the URL a manifest file is fetched from, given the URL the
+// manifest itself came from.
+func (f ManifestFile) fileURL(manifestURL *url.URL) (*url.URL, error) {
+	ref := f.URL
+	if ref == "" {
+		segs := strings.Split(f.Path, "/")
+		for i, s := range segs {
+			segs[i] = url.PathEscape(s)
+		}
+		// "./" keeps a first segment with a colon from reading as a scheme.
+		ref = "./" + strings.Join(segs, "/")
+	}
+	rel, err := url.Parse(ref)
+	if err != nil {
+		return nil, fmt.Errorf("%w: file %q: url: %v", cache.ErrInvalid, truncate(f.Path), err)
+	}
+	u := manifestURL.ResolveReference(rel)
+	if err := checkHTTPURL(u); err != nil {
+		return nil, fmt.Errorf("file %q: url: %w", truncate(f.Path), err)
+	}
+	if manifestURL.Scheme == "https" && u.Scheme != "https" {
+		return nil, fmt.Errorf("%w: file %q: url: a manifest fetched over https may not send files over %s", cache.ErrInvalid, truncate(f.Path), u.Scheme)
+	}
+	return u, nil
+}
+
+var errUnknownKey = errors.New("unknown key")
+
+// jsonParser is a strict, streaming reader of the manifest's JSON: keys are
+// matched exactly, each at most once, values may not be null, and nothing may
+// follow the document.
+type jsonParser struct {
+	dec *json.Decoder
+}
+
+func (p *jsonParser) delim(want json.Delim) error {
+	tok, err := p.token()
+	if err != nil {
+		return err
+	}
+	if d, ok := tok.(json.Delim); !ok || d != want {
+		return fmt.Errorf("want %q, got %s", want, describe(tok))
+	}
+	return nil
+}
+
+// token reads the next token; the document ending early is
+// io.ErrUnexpectedEOF.
+func (p *jsonParser) token() (json.Token, error) {
+	tok, err := p.dec.Token()
+	if errors.Is(err, io.EOF) {
+		err = io.ErrUnexpectedEOF
+	}
+	return tok, err
+}
+
+// object reads an object, calling field for each key with the decoder
+// positioned at its value. Every key in required must be present.
+func (p *jsonParser) object(field func(key string) error, required ...string) error {
+	if err := p.delim('{'); err != nil {
+		return err
+	}
+	seen := make(map[string]bool, len(required)+1)
+	for p.dec.More() {
+		tok, err := p.token()
+		if err != nil {
+			return err
+		}
+		key, ok := tok.(string)
+		if !ok {
+			return fmt.Errorf("want a key, got %s", describe(tok))
+		}
+		if seen[key] {
+			return fmt.Errorf("duplicate key %q", truncate(key))
+		}
+		seen[key] = true
+		if err := field(key); err != nil {
+			if errors.Is(err, errUnknownKey) {
+				return fmt.Errorf("unknown key %q", truncate(key))
+			}
+			return fmt.Errorf("%s: %w", key, err)
+		}
+	}
+	if err := p.delim('}'); err != nil {
+		return err
+	}
+	for _, k := range required {
+		if !seen[k] {
+			return fmt.Errorf("missing key %q", k)
+		}
+	}
+	return nil
+}
+
+func (p *jsonParser) array(elem func() error) error {
+	if err := p.delim('['); err != nil {
+		return err
+	}
+	for p.dec.More() {
+		if err := elem(); err != nil {
+			return err
+		}
+	}
+	return p.delim(']')
+}
+
+// value decodes the next value into v, refusing null (which encoding/json
+// would silently accept as "leave v alone").
+func (p *jsonParser) value(v any) error {
+	var raw json.RawMessage
+	if err := p.dec.Decode(&raw); err != nil {
+		return err
+	}
+	if bytes.Equal(raw, []byte("null")) {
+		return errors.New("null not allowed")
+	}
+	return json.Unmarshal(raw, v)
+}
+
+func (p *jsonParser) str(s *string) error { return p.value(s) }
+
+func (p *jsonParser) file() (ManifestFile, error) {
+	var f ManifestFile
+	err := p.object(func(key string) error {
+		switch key {
+		case "path":
+			return p.str(&f.Path)
+		case "size":
+			return p.value(&f.Size)
+		case "sha256":
+			return p.str(&f.SHA256)
+		case "url":
+			return p.str(&f.URL)
+		}
+		return errUnknownKey
+	}, "path", "size", "sha256")
+	return f, err
+}
+
+// end checks that nothing but white space follows the document.
+func (p *jsonParser) end() error {
+	if _, err := p.dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("trailing data after the manifest")
+	}
+	return nil
+}
+
+func describe(tok json.Token) string {
+	switch t := tok.(type) {
+	case json.Delim:
+		return fmt.Sprintf("%q", t)
+	case string:
+		return "a string"
+	case nil:
+		return "null"
+	default:
+		return fmt.Sprintf("%T", t)
+	}
+}

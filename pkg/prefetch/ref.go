@@ -1,0 +1,163 @@
+package prefetch
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/weightd/weightd/pkg/cache"
+)
+
+// MaxRefLength is the longest reference ParseRef accepts, in bytes.
+const MaxRefLength = 4096
+
+// Kind says which family of source a reference belongs to.
+type Kind string
+
+// Reference kinds.
+const (
+	// KindHTTP is a plain http:// or https:// URL: a model manifest, or one
+	// file pinned by digest.
+	KindHTTP Kind = "http"
+)
+
+// Ref is a parsed, validated model reference. Which fields are set depends on
+// Kind; later kinds (OCI, Hugging Face) add their own fields beside these.
+//
+// For KindHTTP, URL is the absolute http(s) URL without its fragment, and
+// Digest is set when the reference names a single file pinned by digest
+// ("https://host/file.bin#sha256:…"); otherwise URL names a model manifest.
+type Ref struct {
+	Kind   Kind
+	URL    *url.URL
+	Digest digest.Digest
+}
+
+// ParseRef parses and validates a model reference.
+//
+// An HTTP reference must be an absolute http or https URL of at most
+// MaxRefLength bytes, of printable ASCII only (no whitespace or control
+// characters; internationalised host names must be given in punycode), with a
+// host, no user information, and a path that names a file (not empty and not
+// ending in '/'). A query is kept as is (presigned object-store URLs need it).
+// A fragment, if present, must be exactly a canonical sha256 digest
+// ("sha256:" and 64 lowercase hex digits); it pins a single file.
+//
+// Errors wrap cache.ErrInvalid.
+func ParseRef(s string) (Ref, error) {
+	r, err := parseRef(s)
+	if err != nil {
+		return Ref{}, fmt.Errorf("parsing reference %q: %w", truncate(s), err)
+	}
+	return r, nil
+}
+
+func parseRef(s string) (Ref, error) {
+	if len(s) > MaxRefLength {
+		return Ref{}, fmt.Errorf("%w: longer than %d bytes", cache.ErrInvalid, MaxRefLength)
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c >= 0x7f {
+			return Ref{}, fmt.Errorf("%w: byte %#02x at offset %d: only printable ASCII without spaces is allowed", cache.ErrInvalid, c, i)
+		}
+	}
+	scheme, _, ok := strings.Cut(s, "://")
+	if !ok {
+		return Ref{}, fmt.Errorf("%w: not of the form scheme://…", cache.ErrInvalid)
+	}
+	switch strings.ToLower(scheme) {
+	case "http", "https":
+		return parseHTTPRef(s)
+	default:
+		return Ref{}, fmt.Errorf("%w: unsupported scheme %q (want https or http)", cache.ErrInvalid, truncate(scheme))
+	}
+}
+
+func parseHTTPRef(s string) (Ref, error) {
+	rest, frag, hasFrag := strings.Cut(s, "#")
+	u, err := parseHTTPURL(rest)
+	if err != nil {
+		return Ref{}, err
+	}
+	r := Ref{Kind: KindHTTP, URL: u}
+	if hasFrag {
+		d, err := cache.ParseDigest(frag)
+		if err != nil {
+			return Ref{}, fmt.Errorf("fragment must be a sha256 digest: %w", err)
+		}
+		r.Digest = d
+	}
+	return r, nil
+}
+
+// parseHTTPURL parses an absolute http(s) URL without fragment and applies
+// the rules of ParseRef to it. The host is lower-cased.
+func parseHTTPURL(s string) (*url.URL, error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		// url.Error repeats the whole input; keep only the reason.
+		if ue, ok := err.(*url.Error); ok {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("%w: %v", cache.ErrInvalid, err)
+	}
+	if err := checkHTTPURL(u); err != nil {
+		return nil, err
+	}
+	u.Host = strings.ToLower(u.Host)
+	return u, nil
+}
+
+// checkHTTPURL checks an already parsed absolute URL: http or https, a host,
+// no user information, no opaque part, a path that names a file.
+func checkHTTPURL(u *url.URL) error {
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		return fmt.Errorf("%w: scheme %q is not http or https", cache.ErrInvalid, truncate(u.Scheme))
+	case u.Opaque != "":
+		return fmt.Errorf("%w: URL is opaque (want scheme://host/path)", cache.ErrInvalid)
+	case u.User != nil:
+		return fmt.Errorf("%w: user information in URLs is not allowed (use a credential instead)", cache.ErrInvalid)
+	case u.Hostname() == "":
+		return fmt.Errorf("%w: host is missing", cache.ErrInvalid)
+	case strings.HasSuffix(u.Host, ":"):
+		return fmt.Errorf("%w: empty port", cache.ErrInvalid)
+	case u.Path == "" || strings.HasSuffix(u.Path, "/"):
+		return fmt.Errorf("%w: URL path must name a file", cache.ErrInvalid)
+	}
+	return nil
+}
+
+// String returns the canonical form of the reference: ParseRef(r.String())
+// yields an equal Ref. Two submissions of the same canonical string are the
+// same request.
+func (r Ref) String() string {
+	if r.URL == nil {
+		return ""
+	}
+	s := r.URL.String()
+	if r.Digest != "" {
+		s += "#" + r.Digest.String()
+	}
+	return s
+}
+
+// Redacted is like String but replaces the query, which in presigned URLs
+// carries credentials, with "REDACTED". Use it in logs and status.
+func (r Ref) Redacted() string {
+	if r.URL == nil || r.URL.RawQuery == "" {
+		return r.String()
+	}
+	u := *r.URL
+	u.RawQuery = "REDACTED"
+	return Ref{Kind: r.Kind, URL: &u, Digest: r.Digest}.String()
+}
+
+func truncate(s string) string {
+	if len(s) > 120 {
+		return s[:120] + "…"
+	}
+	return s
+}
