@@ -75,7 +75,7 @@ func (d Descriptor) Validate() error {
 // ValidateDigest accepts only canonical sha256 digests: "sha256:" and 64
 // lowercase hex characters.
 func ValidateDigest(d digest.Digest) error {
-	if d.Algorithm() != digest.SHA256 {
+	if !strings.HasPrefix(string(d), "sha256:") {
 		return fmt.Errorf("%w: digest %q: only sha256 is supported", ErrInvalid, truncate(string(d)))
 	}
 	if err := d.Validate(); err != nil {
