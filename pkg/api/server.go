@@ -1,0 +1,314 @@
+// Package api is the agent's local HTTP API, server and client.
+//
+// The agent serves it on a unix socket (or a loopback TCP port) for the
+// weightd CLI, init containers and node-local tools:
+//
+//	POST /v1/fetch            {"ref": "..."} → 202 and the job's status
+//	GET  /v1/fetch            every job's status
+//	GET  /v1/fetch/{id}       one job's status
+//	GET  /v1/fetch/{id}/watch the job's status as NDJSON, one line per change, until it ends
+//	GET  /v1/status           version, cache usage and jobs
+//	GET  /healthz, /readyz    liveness and readiness
+//
+// Errors, including an unknown route (404) and a wrong method (405), are JSON
+// objects {"error": "message"} with a 4xx or 5xx status.
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/prefetch"
+)
+
+// MaxBodyBytes bounds a request body.
+const MaxBodyBytes = 1 << 20
+
+// Jobs is what the server needs of the prefetch queue. QueueJobs adapts a
+// *prefetch.Queue.
+type Jobs interface {
+	// Submit starts (or joins) a fetch of ref. An error wrapping
+	// cache.ErrInvalid means the reference itself is wrong.
+	Submit(ref string) (prefetch.JobStatus, error)
+	// Status returns the job's current status, or false for an unknown id.
+	Status(id string) (prefetch.JobStatus, bool)
+	// Watch returns a channel of the job's statuses that is closed when the
+	// job ends (after its final status) or ctx is done, or false for an
+	// unknown id.
+	Watch(ctx context.Context, id string) (<-chan prefetch.JobStatus, bool)
+	// List returns the status of every job the queue remembers.
+	List() []prefetch.JobStatus
+}
+
+// Usage is what the server needs of the cache.
+type Usage interface {
+	Usage() cache.Usage
+}
+
+// Status is the answer of GET /v1/status.
+type Status struct {
+	Version string               `json:"version"`
+	Cache   cache.Usage          `json:"cache"`
+	Jobs    []prefetch.JobStatus `json:"jobs"`
+}
+
+// FetchRequest is the body of POST /v1/fetch.
+type FetchRequest struct {
+	Ref string `json:"ref"`
+}
+
+// errorBody is the body of every error answer.
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+// Server serves the API. It is an http.Handler; the caller owns the
+// http.Server and the listener (see Listen).
+type Server struct {
+	jobs    Jobs
+	usage   Usage
+	version string
+	ready   func(context.Context) error
+	log     *slog.Logger
+	reqs    *prometheus.CounterVec
+	mux     *http.ServeMux
+}
+
+// Option configures a Server.
+type Option func(*Server) error
+
+// WithVersion sets the version reported by GET /v1/status.
+func WithVersion(v string) Option {
+	return func(s *Server) error { s.version = v; return nil }
+}
+
+// WithReadiness sets the check behind GET /readyz; without one the server is
+// ready as soon as it serves.
+func WithReadiness(check func(context.Context) error) Option {
+	return func(s *Server) error {
+		if check == nil {
+			return errors.New("api: nil readiness check")
+		}
+		s.ready = check
+		return nil
+	}
+}
+
+// WithLogger sets the logger; the server is silent by default.
+func WithLogger(l *slog.Logger) Option {
+	return func(s *Server) error {
+		if l == nil {
+			return errors.New("api: nil logger")
+		}
+		s.log = l
+		return nil
+	}
+}
+
+// WithRegisterer registers weightd_api_requests_total on r.
+func WithRegisterer(r prometheus.Registerer) Option {
+	return func(s *Server) error {
+		s.reqs = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "weightd_api_requests_total",
+			Help: "Requests to the agent's local API by route and status code.",
+		}, []string{"route", "code"})
+		return r.Register(s.reqs)
+	}
+}
+
+// NewServer returns the API server over the prefetch jobs and the cache.
+func NewServer(jobs Jobs, usage Usage, opts ...Option) (*Server, error) {
+	s := &Server{
+		jobs:    jobs,
+		usage:   usage,
+		version: "dev",
+		log:     slog.New(slog.DiscardHandler),
+		mux:     http.NewServeMux(),
+	}
+	for _, o := range opts {
+		if err := o(s); err != nil {
+			return nil, err
+		}
+	}
+	s.mux.HandleFunc("POST /v1/fetch", s.submit)
+	s.mux.HandleFunc("GET /v1/fetch", s.list)
+	s.mux.HandleFunc("GET /v1/fetch/{id}", s.job)
+	s.mux.HandleFunc("GET /v1/fetch/{id}/watch", s.watch)
+	s.mux.HandleFunc("GET /v1/status", s.status)
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	s.mux.HandleFunc("GET /readyz", s.readyz)
+	return s, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rw := &response{ResponseWriter: w, r: r, code: http.StatusOK}
+	s.mux.ServeHTTP(rw, r)
+	if s.reqs != nil {
+		route := r.Pattern
+		if route == "" {
+			route = "other"
+		}
+		s.reqs.WithLabelValues(route, strconv.Itoa(rw.code)).Inc()
+	}
+}
+
+func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
+	var req FetchRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", MaxBodyBytes))
+			return
+		}
+		writeError(w, http.StatusBadRequest, "decoding request body: "+err.Error())
+		return
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		writeError(w, http.StatusBadRequest, "decoding request body: data after the JSON object")
+		return
+	}
+	if req.Ref == "" {
+		writeError(w, http.StatusBadRequest, "missing field ref")
+		return
+	}
+	st, err := s.jobs.Submit(req.Ref)
+	switch {
+	case errors.Is(err, cache.ErrInvalid):
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	case err != nil:
+		s.log.Warn("submitting fetch", "ref", req.Ref, "err", err)
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	s.log.Info("fetch submitted", "ref", req.Ref, "job", st.ID)
+	writeJSON(w, http.StatusAccepted, st)
+}
+
+func (s *Server) list(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, nonNil(s.jobs.List()))
+}
+
+func (s *Server) job(w http.ResponseWriter, r *http.Request) {
+	st, ok := s.jobs.Status(r.PathValue("id"))
+	if !ok {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no job %q", r.PathValue("id")))
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+// watch streams the job's statuses as NDJSON until the job ends, the client
+// goes away or the server shuts down (the request's context ends).
+func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
+	ch, ok := s.jobs.Watch(r.Context(), r.PathValue("id"))
+	if !ok {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no job %q", r.PathValue("id")))
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	enc := json.NewEncoder(w)
+	for st := range ch {
+		if err := enc.Encode(st); err != nil {
+			s.log.Debug("watch ended by the client", "job", st.ID, "err", err)
+			return
+		}
+		if err := rc.Flush(); err != nil {
+			s.log.Debug("watch ended by the client", "job", st.ID, "err", err)
+			return
+		}
+	}
+}
+
+func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, Status{
+		Version: s.version,
+		Cache:   s.usage.Usage(),
+		Jobs:    nonNil(s.jobs.List()),
+	})
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	if s.ready != nil {
+		if err := s.ready(r.Context()); err != nil {
+			writeError(w, http.StatusServiceUnavailable, err.Error())
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	// The status line is out: an encoding error can only be the client gone.
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, errorBody{Error: msg})
+}
+
+// response remembers the status code for the request counter, and turns the
+// mux's own plain-text errors (404 for an unknown route, 405 for a wrong
+// method) into JSON errors like every other. Unwrap keeps
+// http.ResponseController (Flush) working through it.
+type response struct {
+	http.ResponseWriter
+	r        *http.Request
+	code     int
+	wrote    bool
+	replaced bool // the body was replaced by a JSON error; drop what follows
+}
+
+func (w *response) WriteHeader(code int) {
+	if w.wrote {
+		w.ResponseWriter.WriteHeader(code)
+		return
+	}
+	w.code, w.wrote = code, true
+	if code >= 400 && strings.HasPrefix(w.Header().Get("Content-Type"), "text/plain") {
+		w.replaced = true
+		writeError(w.ResponseWriter, code, fmt.Sprintf("%s %s: %s", w.r.Method, w.r.URL.Path, strings.ToLower(http.StatusText(code))))
+		return
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *response) Write(b []byte) (int, error) {
+	if !w.wrote {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.replaced {
+		return len(b), nil
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *response) Unwrap() http.ResponseWriter { return w.ResponseWriter }
