@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/alecthomas/kong"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/weightd/weightd/pkg/api"
+	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/prefetch"
+)
+
+// agentConfig is the agent's configuration; the agent command fills it from
+// flags, WEIGHTD_* environment variables and the YAML file, the demo sets it
+// directly.
+type agentConfig struct {
+	Root            string        `help:"Cache root directory." default:"/var/lib/weightd" env:"WEIGHTD_ROOT" type:"path"`
+	API             string        `name:"api" help:"Local API address: unix:///path.sock or tcp://127.0.0.1:PORT." default:"${default_api}" env:"WEIGHTD_API"`
+	MetricsAddr     string        `help:"Address of the Prometheus /metrics server; empty disables it." default:"127.0.0.1:9464" env:"WEIGHTD_METRICS_ADDR"`
+	ChunkSize       byteSize      `help:"Chunk size: the unit of transfer, verification and resume (a multiple of 64KiB)." default:"16MiB" env:"WEIGHTD_CHUNK_SIZE"`
+	BudgetBytes     byteSize      `help:"Most bytes the cache may use; 0 for no byte limit." default:"0" env:"WEIGHTD_BUDGET_BYTES"`
+	BudgetPercent   float64       `help:"Most the cache may use, in percent of its filesystem; 0 for no limit." default:"80" env:"WEIGHTD_BUDGET_PERCENT"`
+	MaxJobs         int           `help:"Prefetch jobs run at once." default:"2" env:"WEIGHTD_MAX_JOBS"`
+	ShutdownTimeout time.Duration `help:"How long open API and metrics requests may take to finish at shutdown." default:"15s" env:"WEIGHTD_SHUTDOWN_TIMEOUT"`
+}
+
+// agentCmd runs the agent.
+type agentCmd struct {
+	Config kong.ConfigFlag `help:"YAML configuration file; its keys are the flag names under an 'agent:' section." type:"existingfile" placeholder:"FILE" env:"WEIGHTD_CONFIG"`
+	agentConfig
+	LogLevel  slog.Level `help:"Log level: debug, info, warn or error." default:"info" env:"WEIGHTD_LOG_LEVEL"`
+	LogFormat string     `help:"Log format: text or json." default:"text" enum:"text,json" env:"WEIGHTD_LOG_FORMAT"`
+}
+
+func (c *agentCmd) Run(e *env) error {
+	log := newLogger(e.stderr, c.LogLevel, c.LogFormat)
+	a, err := newAgent(c.agentConfig, log)
+	if err != nil {
+		return err
+	}
+	log.Info("weightd agent starting", "version", version, "root", c.Root, "api", c.API, "metrics", a.MetricsAddr())
+	return a.Run(e.ctx)
+}
+
+// agent is the wired node agent: cache, prefetch queue, local API and
+// metrics. Build it with newAgent, then call Run once.
+type agent struct {
+	cfg     agentConfig
+	log     *slog.Logger
+	store   *cache.Store
+	queue   *prefetch.Queue
+	api     http.Handler
+	apiLn   net.Listener
+	metrics http.Handler
+	metLn   net.Listener // nil when metrics are disabled
+	running atomic.Bool
+}
+
+// newAgent opens the cache, builds every component on one Prometheus
+// registry and opens the API and metrics listeners. It starts no goroutines.
+func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
+	if cfg.MaxJobs < 1 {
+		return nil, fmt.Errorf("--max-jobs must be at least 1, not %d", cfg.MaxJobs)
+	}
+	if cfg.ShutdownTimeout <= 0 {
+		return nil, fmt.Errorf("--shutdown-timeout must be positive, not %v", cfg.ShutdownTimeout)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildInfo(),
+	)
+	a := &agent{cfg: cfg, log: log}
+	// Undo what was opened if a later step fails.
+	defer func() {
+		if err != nil {
+			a.closeListeners()
+			if a.store != nil {
+				a.store.Close()
+			}
+		}
+	}()
+
+	a.store, err = cache.Open(cfg.Root,
+		cache.WithChunkSize(int64(cfg.ChunkSize)),
+		cache.WithBudget(int64(cfg.BudgetBytes), cfg.BudgetPercent),
+		cache.WithLogger(log.With("component", "cache")),
+		cache.WithRegisterer(reg),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("opening cache: %w", err)
+	}
+	src := prefetch.NewHTTPSource(nil, prefetch.WithVersion(version))
+	a.queue = prefetch.NewQueue(a.store, src,
+		prefetch.WithJobConcurrency(cfg.MaxJobs),
+		prefetch.WithLogger(log.With("component", "prefetch")),
+		prefetch.WithRegisterer(reg),
+	)
+	a.api, err = api.NewServer(api.QueueJobs(a.queue), a.store,
+		api.WithVersion(version),
+		api.WithReadiness(a.ready),
+		api.WithLogger(log.With("component", "api")),
+		api.WithRegisterer(reg),
+	)
+	if err != nil {
+		return nil, err
+	}
+	if a.apiLn, err = api.Listen(cfg.API); err != nil {
+		return nil, fmt.Errorf("listening for the API: %w", err)
+	}
+	if cfg.MetricsAddr != "" {
+		if a.metLn, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
+			return nil, fmt.Errorf("listening for metrics: %w", err)
+		}
+		a.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
+	}
+	return a, nil
+}
+
+// buildInfo is weightd_build_info{version, commit, goversion} = 1.
+func buildInfo() prometheus.Collector {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "weightd_build_info",
+		Help: "Always 1; its labels say which weightd build runs.",
+	}, []string{"version", "commit"})
+	g.WithLabelValues(version, commit).Set(1)
+	return g
+}
+
+// MetricsAddr is the address /metrics is served on ("" when disabled).
+func (a *agent) MetricsAddr() string {
+	if a.metLn == nil {
+		return ""
+	}
+	return a.metLn.Addr().String()
+}
+
+// ready is the API's readiness check: the prefetch queue is running.
+func (a *agent) ready(context.Context) error {
+	if !a.running.Load() {
+		return errors.New("prefetch queue is not running")
+	}
+	return nil
+}
+
+// Run runs every component until ctx ends or one of them fails, shuts the
+// servers down gracefully, and closes the cache.
+func (a *agent) Run(ctx context.Context) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		a.running.Store(true)
+		defer a.running.Store(false)
+		return a.queue.Run(gctx)
+	})
+	g.Go(func() error { return serveHTTP(gctx, a.apiLn, a.api, a.cfg.ShutdownTimeout, a.log) })
+	if a.metLn != nil {
+		g.Go(func() error { return serveHTTP(gctx, a.metLn, a.metrics, a.cfg.ShutdownTimeout, a.log) })
+	}
+	err := g.Wait()
+	if cerr := a.store.Close(); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("closing cache: %w", cerr))
+	}
+	if err != nil {
+		a.log.Error("weightd agent stopped", "err", err)
+		return err
+	}
+	a.log.Info("weightd agent stopped")
+	return nil
+}
+
+func (a *agent) closeListeners() {
+	for _, ln := range []net.Listener{a.apiLn, a.metLn} {
+		if ln != nil {
+			ln.Close()
+		}
+	}
+}

@@ -1,0 +1,154 @@
+// Command weightd is the weightd node agent and its command-line client.
+//
+//	weightd agent            run the agent (cache, prefetch queue, local API, metrics)
+//	weightd fetch REF --wait fetch a model through the local agent, with progress
+//	weightd status           summarise the agent's cache, downloads and jobs
+//	weightd demo             run an origin and an agent in-process and fetch a generated model
+//	weightd version          print the version
+//
+// Flags can also come from WEIGHTD_* environment variables and, for the
+// agent, from a YAML file (--config).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"sync"
+	"syscall"
+
+	"github.com/alecthomas/kong"
+	kongyaml "github.com/alecthomas/kong-yaml"
+)
+
+// Set with -ldflags "-X main.version=... -X main.commit=...".
+var (
+	version = "dev"
+	commit  = "dev"
+)
+
+// defaultAPI is where the agent listens and the client connects by default.
+const defaultAPI = "unix:///run/weightd/weightd.sock"
+
+// cli is the command line.
+type cli struct {
+	Agent   agentCmd   `cmd:"" help:"Run the node agent: cache, prefetch queue, local API and metrics."`
+	Fetch   fetchCmd   `cmd:"" help:"Fetch a model through the local agent."`
+	Status  statusCmd  `cmd:"" help:"Summarise the agent's cache, downloads and jobs."`
+	Demo    demoCmd    `cmd:"" help:"Run an origin and an agent in-process and fetch a generated model twice."`
+	Version versionCmd `cmd:"" help:"Print the version, commit and Go version."`
+}
+
+// env is what every command's Run receives: the context (cancelled on the
+// first SIGINT or SIGTERM) and the output streams.
+type env struct {
+	ctx    context.Context
+	stdout io.Writer
+	stderr io.Writer
+}
+
+type versionCmd struct{}
+
+func (versionCmd) Run(e *env) error {
+	_, err := fmt.Fprintf(e.stdout, "weightd %s (commit %s, %s, %s/%s)\n", version, commit, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	return err
+}
+
+// exitCode carries kong's requested exit (after --help, or a usage error)
+// out of the parser.
+type exitCode int
+
+// newParser builds the command-line parser. exit is called by kong for
+// --help and usage errors.
+func newParser(c *cli, stdout, stderr io.Writer, exit func(int)) (*kong.Kong, error) {
+	return kong.New(c,
+		kong.Name("weightd"),
+		kong.Description("weightd prefetches model weights onto GPU nodes and keeps them in a verified local cache."),
+		kong.Writers(stdout, stderr),
+		kong.Exit(exit),
+		kong.Configuration(kongyaml.Loader),
+		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+		kong.Vars{"default_api": defaultAPI},
+	)
+}
+
+// run parses args and runs the command; it returns the process exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) (code int) {
+	var c cli
+	defer func() {
+		if r := recover(); r != nil {
+			ec, ok := r.(exitCode)
+			if !ok {
+				panic(r)
+			}
+			code = int(ec)
+		}
+	}()
+	parser, err := newParser(&c, stdout, stderr, func(code int) { panic(exitCode(code)) })
+	if err != nil {
+		fmt.Fprintln(stderr, "weightd:", err)
+		return 2
+	}
+	kctx, err := parser.Parse(args)
+	if err != nil {
+		parser.Errorf("%s", err)
+		var pe *kong.ParseError
+		if errors.As(err, &pe) && pe.Context != nil {
+			_ = pe.Context.PrintUsage(true)
+		}
+		return 2
+	}
+	if err := kctx.Run(&env{ctx: ctx, stdout: stdout, stderr: stderr}); err != nil {
+		fmt.Fprintln(stderr, "weightd:", err)
+		if ctx.Err() != nil {
+			return 130
+		}
+		return 1
+	}
+	return 0
+}
+
+func main() {
+	ctx, release := signalContext(context.Background(), os.Stderr, os.Exit)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	release()
+	os.Exit(code)
+}
+
+// signalContext returns a context cancelled on the first SIGINT or SIGTERM,
+// so every component can shut down gracefully. A second signal calls
+// exit(130) at once: the cache keeps itself consistent (every write is
+// atomic), so a hard exit is safe. release stops listening for signals.
+func signalContext(parent context.Context, stderr io.Writer, exit func(int)) (context.Context, func()) {
+	ctx, stop := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-done:
+			return
+		}
+		// Subscribe before stop() restores the default disposition, so no
+		// signal can kill the process in between.
+		second := make(chan os.Signal, 1)
+		signal.Notify(second, os.Interrupt, syscall.SIGTERM)
+		defer signal.Stop(second)
+		stop()
+		if parent.Err() != nil {
+			return
+		}
+		fmt.Fprintln(stderr, "weightd: shutting down; send the signal again to exit now")
+		select {
+		case s := <-second:
+			fmt.Fprintf(stderr, "weightd: %v again, exiting now\n", s)
+			exit(130)
+		case <-done:
+		}
+	}()
+	var once sync.Once
+	return ctx, func() { once.Do(func() { close(done); stop() }) }
+}

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/alecthomas/kong"
+)
+
+// byteSize is a size in bytes that flags, environment variables and the YAML
+// configuration may give in human units: "1GiB", "512MiB", "16M", "2.5GB",
+// "1048576".
+type byteSize int64
+
+// sizeUnits maps a lowercase unit to its multiplier: IEC units (KiB, Ki, …)
+// are powers of 1024, SI units (kB, MB, …) powers of 1000, and a bare letter
+// (K, M, G, T) is taken as binary, the way people mean it for disks and files.
+var sizeUnits = map[string]float64{
+	"": 1, "b": 1,
+	"k": 1 << 10, "ki": 1 << 10, "kib": 1 << 10, "kb": 1e3,
+	"m": 1 << 20, "mi": 1 << 20, "mib": 1 << 20, "mb": 1e6,
+	"g": 1 << 30, "gi": 1 << 30, "gib": 1 << 30, "gb": 1e9,
+	"t": 1 << 40, "ti": 1 << 40, "tib": 1 << 40, "tb": 1e12,
+}
+
+// parseSize parses a non-negative size with an optional unit.
+func parseSize(s string) (byteSize, error) {
+	t := strings.TrimSpace(s)
+	i := strings.IndexFunc(t, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
+	if i < 0 {
+		i = len(t)
+	}
+	num, unit := t[:i], strings.ToLower(strings.TrimSpace(t[i:]))
+	mult, ok := sizeUnits[unit]
+	if num == "" || !ok {
+		return 0, fmt.Errorf("size %q: want a number with an optional unit (B, KiB, MiB, GiB, TiB, kB, MB, GB, TB)", s)
+	}
+	if !strings.Contains(num, ".") {
+		n, err := strconv.ParseInt(num, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("size %q: %w", s, err)
+		}
+		if n > math.MaxInt64/int64(mult) {
+			return 0, fmt.Errorf("size %q is too large", s)
+		}
+		return byteSize(n * int64(mult)), nil
+	}
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil {
+		return 0, fmt.Errorf("size %q: %w", s, err)
+	}
+	v := math.Round(f * mult)
+	if v >= math.MaxInt64 {
+		return 0, fmt.Errorf("size %q is too large", s)
+	}
+	return byteSize(v), nil
+}
+
+// Decode implements kong.MapperValue: it accepts a string with units from a
+// flag or an environment variable, and a plain number from YAML.
+func (b *byteSize) Decode(ctx *kong.DecodeContext) error {
+	tok := ctx.Scan.Pop()
+	switch v := tok.Value.(type) {
+	case string:
+		n, err := parseSize(v)
+		if err != nil {
+			return err
+		}
+		*b = n
+	case int:
+		if v < 0 {
+			return fmt.Errorf("size %d is negative", v)
+		}
+		*b = byteSize(v)
+	case int64:
+		if v < 0 {
+			return fmt.Errorf("size %d is negative", v)
+		}
+		*b = byteSize(v)
+	case uint64:
+		if v > math.MaxInt64 {
+			return fmt.Errorf("size %d is too large", v)
+		}
+		*b = byteSize(v)
+	case float64:
+		if v < 0 || v >= math.MaxInt64 || v != math.Trunc(v) {
+			return fmt.Errorf("size %v is not a whole number of bytes", v)
+		}
+		*b = byteSize(v)
+	default:
+		return errors.New("size: want a number with an optional unit, such as 512MiB")
+	}
+	return nil
+}
+
+// String formats the size in the largest IEC unit that keeps it readable; it
+// is what --help shows for defaults.
+func (b byteSize) String() string { return formatBytes(int64(b)) }
+
+// formatBytes formats n bytes with an IEC unit: "1.0 GiB", "512 B".
+func formatBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 4; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
+}
