@@ -1,0 +1,205 @@
+package cache
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// requireRoot skips a test that needs root (mounts), except under CI where
+// skipping would hide a missing capability: there it fails.
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("this test needs root (it mounts a small tmpfs); CI runs as root")
+	}
+	t.Skip("needs root to mount a small tmpfs")
+}
+
+// smallDisk mounts a tmpfs of the given size for the test.
+func smallDisk(t *testing.T, size int64) string {
+	t.Helper()
+	requireRoot(t)
+	dir := t.TempDir()
+	require.NoError(t, unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d,mode=0755", size)))
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	return dir
+}
+
+func TestDiskFull(t *testing.T) {
+	disk := smallDisk(t, 8<<20)
+	reg := prometheus.NewRegistry()
+	s := openStore(t, filepath.Join(disk, "cache"), WithRegisterer(reg))
+
+	// Another tenant fills most of the disk.
+	filler := filepath.Join(disk, "filler")
+	require.NoError(t, os.WriteFile(filler, randomBytes(50, 6<<20), 0o644))
+
+	data := randomBytes(51, 4<<20)
+	_, err := s.Fetch(context.Background(), descOf(data), &memSource{data: data}, nil)
+	require.ErrorIs(t, err, ErrDiskFull)
+	require.ErrorContains(t, err, "free on disk")
+	require.Equal(t, 1.0, testutil.ToFloat64(s.m.diskFull))
+	requireOnlyVerifiedBlobs(t, s.Root())
+	entries, _ := os.ReadDir(partialDir(s.Root()))
+	require.Empty(t, entries, "a refused download leaves nothing behind")
+
+	// The kernel's own ENOSPC maps to the same error.
+	f, err := os.Create(filepath.Join(disk, "big"))
+	require.NoError(t, err)
+	require.ErrorIs(t, allocate(f, 64<<20), ErrDiskFull)
+	f.Close()
+	os.Remove(filepath.Join(disk, "big"))
+
+	// The store stays usable: once space is back, the same fetch succeeds.
+	require.NoError(t, os.Remove(filler))
+	_, err = s.Fetch(context.Background(), descOf(data), &memSource{data: data}, nil)
+	require.NoError(t, err)
+
+	// Our own old blobs are evicted to make room on a full disk.
+	require.NoError(t, os.WriteFile(filler, randomBytes(52, 3<<20), 0o644))
+	other := randomBytes(53, 3<<20)
+	_, err = s.Fetch(context.Background(), descOf(other), &memSource{data: other}, nil)
+	require.NoError(t, err)
+	_, err = s.Stat(descOf(data).Digest)
+	require.ErrorIs(t, err, ErrNotFound)
+	requireOnlyVerifiedBlobs(t, s.Root())
+}
+
+// httpOpener reads a blob with HTTP range requests (the cache's own tests
+// cannot use pkg/prefetch: the cache imports no other weightd package).
+type httpOpener struct{ url string }
+
+func (h httpOpener) OpenRange(ctx context.Context, off int64) (io.ReadCloser, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, h.url, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Range", fmt.Sprintf("bytes=%d-", off))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusPartialContent {
+		resp.Body.Close()
+		return nil, fmt.Errorf("status %s", resp.Status)
+	}
+	return resp.Body, nil
+}
+
+// TestHelperIngestProcess is the child of TestKilledDuringIngest: it fetches
+// one blob into a store and exits. It does nothing in a normal test run.
+func TestHelperIngestProcess(t *testing.T) {
+	root := os.Getenv("WEIGHTD_HELPER_ROOT")
+	if root == "" {
+		return
+	}
+	size, _ := strconv.ParseInt(os.Getenv("WEIGHTD_HELPER_SIZE"), 10, 64)
+	s, err := Open(root, WithChunkSize(256<<10), WithCheckpointInterval(10*time.Millisecond), WithBudget(0, 0))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	desc := Descriptor{Digest: digest.Digest(os.Getenv("WEIGHTD_HELPER_DIGEST")), Size: size}
+	if _, err := s.Fetch(context.Background(), desc, httpOpener{os.Getenv("WEIGHTD_HELPER_URL")}, nil); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(3)
+	}
+	s.Close()
+	os.Exit(0)
+}
+
+// TestKilledDuringIngest kills a process ingesting a blob with SIGKILL at
+// random points, 20 times. After every kill nothing unverified is visible and
+// the store opens cleanly; the last run ends with the verified blob.
+func TestKilledDuringIngest(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns 20 processes")
+	}
+	data := randomBytes(60, 64<<20)
+	desc := descOf(data)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Throttled to about 40 MB/s so that kills land mid-download.
+		http.ServeContent(w, r, "blob", time.Time{}, &slowReader{r: bytes.NewReader(data)})
+	}))
+	defer srv.Close()
+
+	root := t.TempDir()
+	rng := rand.New(rand.NewPCG(1, 2))
+	var progress []int64
+	run := func(kill time.Duration) error {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperIngestProcess$")
+		cmd.Env = append(os.Environ(),
+			"WEIGHTD_HELPER_ROOT="+root, "WEIGHTD_HELPER_URL="+srv.URL,
+			"WEIGHTD_HELPER_DIGEST="+string(desc.Digest), "WEIGHTD_HELPER_SIZE="+strconv.Itoa(len(data)))
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		require.NoError(t, cmd.Start())
+		if kill > 0 {
+			time.Sleep(kill)
+			cmd.Process.Signal(syscall.SIGKILL)
+		}
+		err := cmd.Wait()
+		if err != nil && kill == 0 {
+			return fmt.Errorf("%w: %s", err, stderr.String())
+		}
+		return nil
+	}
+	for round := range 20 {
+		require.NoError(t, run(time.Duration(20+rng.IntN(130))*time.Millisecond))
+		requireOnlyVerifiedBlobs(t, root)
+		s, err := Open(root, WithChunkSize(256<<10))
+		require.NoError(t, err, "round %d: the store opens after a kill", round)
+		if f, err := s.Open(desc.Digest); err == nil {
+			got, _ := io.ReadAll(f)
+			f.Close()
+			require.True(t, bytes.Equal(data, got), "round %d: a readable blob is the right blob", round)
+		} else {
+			require.ErrorIs(t, err, ErrNotFound)
+		}
+		if st := s.readState(desc); st != nil {
+			progress = append(progress, st.Verified)
+		}
+		require.NoError(t, s.Close())
+	}
+	require.NoError(t, run(0))
+	requireOnlyVerifiedBlobs(t, root)
+	s := openStore(t, root, WithChunkSize(256<<10))
+	info, err := s.Stat(desc.Digest)
+	require.NoError(t, err)
+	require.Equal(t, desc, info.Descriptor)
+	require.NotEmpty(t, progress, "some kills landed mid-download with progress saved")
+	t.Logf("saved progress seen after kills: %v", progress)
+}
+
+type slowReader struct{ r *bytes.Reader }
+
+func (s *slowReader) Read(p []byte) (int, error) {
+	if len(p) > 32<<10 {
+		p = p[:32<<10]
+	}
+	time.Sleep(800 * time.Microsecond)
+	return s.r.Read(p)
+}
+
+func (s *slowReader) Seek(off int64, whence int) (int64, error) { return s.r.Seek(off, whence) }
