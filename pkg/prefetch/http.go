@@ -205,7 +205,8 @@ type httpBlob struct {
 // "Content-Range: bytes off-(size-1)/size"; a total other than the expected
 // size is a permanent cache.ErrSizeMismatch. A 200 (a server that ignores
 // Range) must have the expected Content-Length when it has one, and its first
-// off bytes are read and discarded, so resuming works, slowly, even there.
+// off bytes are read and discarded before OpenRange returns, so resuming works,
+// slowly, even there (the cache's stall timeout bounds how long that may take).
 func (b *httpBlob) OpenRange(ctx context.Context, off int64) (io.ReadCloser, error) {
 	if off < 0 || off > b.size {
 		return nil, cache.Permanent(fmt.Errorf("%w: offset %d outside a blob of %d bytes", cache.ErrInvalid, off, b.size))
@@ -230,11 +231,9 @@ func (b *httpBlob) OpenRange(ctx context.Context, off int64) (io.ReadCloser, err
 			return nil, fmt.Errorf("GET %s: skipping %d bytes of a response that ignored Range: %w", redact(b.url), off, err)
 		}
 	}
-	// Never hand on more than the blob holds, whatever the server sends.
-	return struct {
-		io.Reader
-		io.Closer
-	}{io.LimitReader(resp.Body, b.size-off), resp.Body}, nil
+	// Bytes past the blob's end are left for the cache to notice (a permanent
+	// size mismatch), not hidden.
+	return resp.Body, nil
 }
 
 func (b *httpBlob) check(resp *http.Response, off int64) error {

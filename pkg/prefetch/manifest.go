@@ -311,6 +311,9 @@ func (p *jsonParser) array(elem func() error) error {
 func (p *jsonParser) value(v any) error {
 	var raw json.RawMessage
 	if err := p.dec.Decode(&raw); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
 		return err
 	}
 	if bytes.Equal(raw, []byte("null")) {

@@ -1,0 +1,184 @@
+package prefetch_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/prefetch"
+)
+
+const hex64 = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+func TestParseRef(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		in        string
+		canonical string // "" means the input itself
+		digest    string
+	}{
+		{in: "https://example.com/models/llama/model.json"},
+		{in: "http://127.0.0.1:8080/m/model.json"},
+		{in: "https://[::1]:8443/model.json"},
+		{in: "HTTPS://Example.COM/Path/Model.json", canonical: "https://example.com/Path/Model.json"},
+		{in: "https://bucket.s3.amazonaws.com/w/model.bin?X-Amz-Signature=abc&X-Amz-Expires=60#sha256:" + hex64, digest: "sha256:" + hex64},
+		{in: "https://example.com/a%20b/file.bin#sha256:" + hex64, digest: "sha256:" + hex64},
+		{in: "https://example.com/model.json?"},
+		{in: "https://example.com/" + strings.Repeat("a", prefetch.MaxRefLength-len("https://example.com/"))},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in[:min(len(tt.in), 60)], func(t *testing.T) {
+			t.Parallel()
+			r, err := prefetch.ParseRef(tt.in)
+			require.NoError(t, err)
+			assert.Equal(t, prefetch.KindHTTP, r.Kind)
+			assert.Equal(t, tt.digest, r.Digest.String())
+			want := tt.canonical
+			if want == "" {
+				want = tt.in
+			}
+			assert.Equal(t, want, r.String())
+			again, err := prefetch.ParseRef(r.String())
+			require.NoError(t, err)
+			assert.Equal(t, r.String(), again.String())
+		})
+	}
+}
+
+func TestParseRefInvalid(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		in, why string
+	}{
+		{"", "not of the form"},
+		{"example.com/model.json", "not of the form"},
+		{"ftp://example.com/model.json", "unsupported scheme"},
+		{"oci://registry/repo:tag", "unsupported scheme"},
+		{"https:/example.com/model.json", "not of the form"},
+		{"https:///model.json", "host is missing"},
+		{"https://:443/model.json", "host is missing"},
+		{"https://example.com:/model.json", "empty port"},
+		{"https://example.com:http/model.json", "invalid port"},
+		{"https://user:pass@example.com/model.json", "user information"},
+		{"https://user@example.com/model.json", "user information"},
+		{"https://example.com", "must name a file"},
+		{"https://example.com/", "must name a file"},
+		{"https://example.com/models/", "must name a file"},
+		{"https://example.com/model.json ", "printable ASCII"},
+		{"https://example.com/mo del.json", "printable ASCII"},
+		{"https://example.com/model.json\n", "printable ASCII"},
+		{"https://example.com/mödel.json", "printable ASCII"},
+		{"https://example.com/\x00", "printable ASCII"},
+		{"https://example.com/%zz", "invalid URL escape"},
+		{"https://example.com/" + strings.Repeat("a", prefetch.MaxRefLength), "longer than"},
+		{"https://example.com/file.bin#", "fragment must be a sha256 digest"},
+		{"https://example.com/file.bin#abc", "fragment must be a sha256 digest"},
+		{"https://example.com/file.bin#sha256:" + strings.ToUpper(hex64), "fragment must be a sha256 digest"},
+		{"https://example.com/file.bin#sha256:" + hex64[:63], "fragment must be a sha256 digest"},
+		{"https://example.com/file.bin#sha512:" + hex64 + hex64, "fragment must be a sha256 digest"},
+		{"https://example.com/file.bin#sha256:" + hex64 + "#x", "fragment must be a sha256 digest"},
+		{"https://example.com/file.bin#sha256%3A" + hex64, "fragment must be a sha256 digest"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in[:min(len(tt.in), 60)], func(t *testing.T) {
+			t.Parallel()
+			_, err := prefetch.ParseRef(tt.in)
+			require.Error(t, err)
+			assert.ErrorIs(t, err, cache.ErrInvalid)
+			assert.ErrorContains(t, err, tt.why)
+			assert.True(t, strings.HasPrefix(err.Error(), "parsing reference "), err.Error())
+			assert.Less(t, len(err.Error()), 400, "errors quote a truncated reference")
+		})
+	}
+}
+
+func TestRefRedacted(t *testing.T) {
+	t.Parallel()
+	r, err := prefetch.ParseRef("https://b.example/w.bin?X-Amz-Signature=secret#sha256:" + hex64)
+	require.NoError(t, err)
+	assert.Equal(t, "https://b.example/w.bin?REDACTED#sha256:"+hex64, r.Redacted())
+	assert.Contains(t, r.String(), "secret", "String is the canonical reference, query included")
+
+	r, err = prefetch.ParseRef("https://b.example/model.json")
+	require.NoError(t, err)
+	assert.Equal(t, r.String(), r.Redacted())
+	assert.Empty(t, prefetch.Ref{}.String())
+}
+
+func ExampleParseRef() {
+	r, err := prefetch.ParseRef("HTTPS://Weights.Example.com/llama/model-00001-of-00002.safetensors#sha256:" + hex64)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(r.Kind, r.URL.Host, r.Digest.Encoded()[:12])
+	fmt.Println(r)
+
+	_, err = prefetch.ParseRef("https://user:secret@example.com/model.json")
+	fmt.Println(errors.Is(err, cache.ErrInvalid))
+	// Output:
+	// http weights.example.com 0123456789ab
+	// https://weights.example.com/llama/model-00001-of-00002.safetensors#sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef
+	// true
+}
+
+func FuzzParseRef(f *testing.F) {
+	for _, s := range []string{
+		"https://example.com/models/llama/model.json",
+		"http://127.0.0.1:8080/m/model.json",
+		"https://[::1]:8443/model.json",
+		"https://[fe80::1%25en0]/model.json",
+		"HTTPS://Example.COM/Path/Model.json",
+		"https://bucket.s3.amazonaws.com/w/model.bin?X-Amz-Signature=abc&X-Amz-Expires=60#sha256:" + hex64,
+		"https://example.com/a%20b/file.bin#sha256:" + hex64,
+		"https://example.com/a%2Fb/c;d,e/f:g@h/model.json",
+		"https://example.com/model.json?",
+		"https://example.com/model.json?a=%zz",
+		"https://user:pass@example.com/model.json",
+		"https://example.com/file.bin#sha256:" + strings.ToUpper(hex64),
+		"https://example.com:/model.json",
+		"https:///model.json",
+		"https:model.json",
+		"oci://registry.example.com/repo:tag",
+		"hf://org/name@main",
+		"",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		r, err := prefetch.ParseRef(s)
+		if err != nil {
+			if !errors.Is(err, cache.ErrInvalid) {
+				t.Fatalf("error %v does not wrap cache.ErrInvalid", err)
+			}
+			return
+		}
+		if r.Kind != prefetch.KindHTTP || r.URL == nil {
+			t.Fatalf("accepted %q as %+v", s, r)
+		}
+		if r.URL.User != nil || r.URL.Host == "" || r.URL.Fragment != "" {
+			t.Fatalf("accepted %q with URL %#v", s, r.URL)
+		}
+		if r.Digest != "" {
+			if err := cache.ValidateDigest(r.Digest); err != nil {
+				t.Fatalf("accepted %q with digest %q: %v", s, r.Digest, err)
+			}
+		}
+		canon := r.String()
+		again, err := prefetch.ParseRef(canon)
+		if err != nil {
+			t.Fatalf("canonical form %q of %q does not parse: %v", canon, s, err)
+		}
+		if again.String() != canon || again.Digest != r.Digest {
+			t.Fatalf("%q: canonical form %q reparses as %q", s, canon, again.String())
+		}
+		if len(r.Redacted()) > len(canon)+len("REDACTED") {
+			t.Fatalf("redacted form %q longer than expected", r.Redacted())
+		}
+	})
+}
