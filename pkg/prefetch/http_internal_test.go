@@ -1,0 +1,104 @@
+package prefetch
+
+import (
+	"net/url"
+	"testing"
+
+	"github.com/opencontainers/go-digest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/weightd/weightd/pkg/cache"
+)
+
+func TestFileURL(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		manifest string
+		file     ManifestFile
+		want     string // "" for an error
+	}{
+		{"https://h.example/models/llama/model.json", ManifestFile{Path: "config.json"}, "https://h.example/models/llama/config.json"},
+		{"https://h.example/models/llama/model.json?sig=1", ManifestFile{Path: "sub/w.bin"}, "https://h.example/models/llama/sub/w.bin"},
+		{"https://h.example/model.json", ManifestFile{Path: "a b/c?d#e%f"}, "https://h.example/a%20b/c%3Fd%23e%25f"},
+		{"https://h.example/m/model.json", ManifestFile{Path: "a:b"}, "https://h.example/m/a:b"},
+		{"https://h.example/m/model.json", ManifestFile{Path: "x", URL: "../blobs/x?sig=2"}, "https://h.example/blobs/x?sig=2"},
+		{"https://h.example/m/model.json", ManifestFile{Path: "x", URL: "/abs/x"}, "https://h.example/abs/x"},
+		{"https://h.example/m/model.json", ManifestFile{Path: "x", URL: "//cdn.example/x"}, "https://cdn.example/x"},
+		{"https://h.example/m/model.json", ManifestFile{Path: "x", URL: "https://bucket.example/x?X-Amz-Signature=s"}, "https://bucket.example/x?X-Amz-Signature=s"},
+		{"http://h.example/m/model.json", ManifestFile{Path: "x", URL: "https://bucket.example/x"}, "https://bucket.example/x"},
+		{"https://h.example/m/model.json", ManifestFile{Path: "x", URL: "http://bucket.example/x"}, ""}, // no downgrade
+		{"https://h.example/m/model.json", ManifestFile{Path: "x", URL: "dir/"}, ""},                     // names no file
+	}
+	for _, tt := range tests {
+		t.Run(tt.file.Path+" "+tt.file.URL, func(t *testing.T) {
+			t.Parallel()
+			base, err := url.Parse(tt.manifest)
+			require.NoError(t, err)
+			got, err := tt.file.fileURL(base)
+			if tt.want == "" {
+				assert.ErrorIs(t, err, cache.ErrInvalid)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got.String())
+		})
+	}
+}
+
+func TestSingleFileModel(t *testing.T) {
+	t.Parallel()
+	d := digest.Digest("sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef")
+	tests := []struct {
+		url, name, file string
+	}{
+		{"https://example.com:8443/v1/llama/model.bin", "example.com-8443/v1-llama-model.bin", "model.bin"},
+		{"https://example.com/w.safetensors", "example.com/w.safetensors", "w.safetensors"},
+		{"http://[::1]:8080/a--b/..c/x.bin", "1-8080/a-b-..c-x.bin", "x.bin"},
+		{"https://example.com/%2E%2E", "example.com/file", "blob"},
+		{"https://example.com/dir/%E6%A8%A1%E5%9E%8B", "example.com/dir", "blob"},
+		{"https://example.com/_/.hidden.", "example.com/hidden", "hidden"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.url, func(t *testing.T) {
+			t.Parallel()
+			u, err := url.Parse(tt.url)
+			require.NoError(t, err)
+			m := singleFileModel(u, d, 42)
+			require.NoError(t, m.Validate())
+			assert.Equal(t, "0123456789ab", m.Revision)
+			assert.Equal(t, []cache.File{{Path: tt.file, Descriptor: cache.Descriptor{Digest: d, Size: 42}}}, m.Files)
+			assert.Equal(t, tt.name, m.Name)
+		})
+	}
+}
+
+func TestParseContentRange(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		in                 string
+		first, last, total int64
+		ok                 bool
+	}{
+		{"bytes 0-99/100", 0, 99, 100, true},
+		{"bytes 5-5/*", 5, 5, -1, true},
+		{"bytes 0-99/99", 0, 0, 0, false},
+		{"bytes 9-1/100", 0, 0, 0, false},
+		{"bytes -1-5/100", 0, 0, 0, false},
+		{"bytes +1-5/100", 0, 0, 0, false},
+		{"bytes 0-5", 0, 0, 0, false},
+		{"bytes */100", 0, 0, 0, false},
+		{"items 0-5/100", 0, 0, 0, false},
+		{"bytes 0-99999999999999999999/100", 0, 0, 0, false},
+		{"", 0, 0, 0, false},
+	}
+	for _, tt := range tests {
+		first, last, total, err := parseContentRange(tt.in)
+		if !tt.ok {
+			assert.Error(t, err, tt.in)
+			continue
+		}
+		require.NoError(t, err, tt.in)
+		assert.Equal(t, []int64{tt.first, tt.last, tt.total}, []int64{first, last, total}, tt.in)
+	}
+}

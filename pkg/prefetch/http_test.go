@@ -1,0 +1,440 @@
+package prefetch_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/origin"
+	"github.com/weightd/weightd/pkg/prefetch"
+)
+
+// blobData is a test blob and its digest.
+func blobData(n int) ([]byte, digest.Digest) {
+	data := make([]byte, n)
+	for i := range data {
+		data[i] = byte(i*7 + i>>8)
+	}
+	return data, digest.FromBytes(data)
+}
+
+// resolveFile resolves a digest-pinned reference to url and returns its one
+// opener.
+func resolveFile(t *testing.T, src *prefetch.HTTPSource, rawURL string, d digest.Digest) (*prefetch.Resolution, cache.RangeOpener) {
+	t.Helper()
+	ref, err := prefetch.ParseRef(rawURL + "#" + d.String())
+	require.NoError(t, err)
+	res, err := src.Resolve(t.Context(), ref)
+	require.NoError(t, err)
+	require.Contains(t, res.Blobs, d)
+	return res, res.Blobs[d]
+}
+
+// rangeHandler answers HEAD with the blob's size and GET with getFn.
+func rangeHandler(data []byte, getFn func(w http.ResponseWriter, r *http.Request, off int64)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodHead {
+			w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+			return
+		}
+		off := int64(0)
+		if rng := r.Header.Get("Range"); rng != "" {
+			var err error
+			off, err = strconv.ParseInt(strings.TrimSuffix(strings.TrimPrefix(rng, "bytes="), "-"), 10, 64)
+			if err != nil {
+				http.Error(w, "bad range", http.StatusBadRequest)
+				return
+			}
+		}
+		getFn(w, r, off)
+	})
+}
+
+func TestHTTPBlobOpenRange(t *testing.T) {
+	t.Parallel()
+	data, d := blobData(10_000)
+	n := int64(len(data))
+	partial := func(first, last, total int64, body []byte) func(http.ResponseWriter, *http.Request, int64) {
+		return func(w http.ResponseWriter, _ *http.Request, _ int64) {
+			w.Header().Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", first, last, total))
+			w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+			w.WriteHeader(http.StatusPartialContent)
+			w.Write(body)
+		}
+	}
+	status := func(code int) func(http.ResponseWriter, *http.Request, int64) {
+		return func(w http.ResponseWriter, _ *http.Request, _ int64) { http.Error(w, "no", code) }
+	}
+	tests := []struct {
+		name      string
+		get       func(w http.ResponseWriter, r *http.Request, off int64)
+		off       int64
+		want      []byte // nil: an error is expected
+		permanent bool
+		is        error
+	}{
+		{name: "range honoured", off: 1234, want: data[1234:],
+			get: func(w http.ResponseWriter, r *http.Request, _ int64) {
+				http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(data))
+			}},
+		{name: "range from zero", off: 0, want: data,
+			get: func(w http.ResponseWriter, r *http.Request, _ int64) {
+				http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(data))
+			}},
+		{name: "range ignored at zero", off: 0, want: data,
+			get: func(w http.ResponseWriter, _ *http.Request, _ int64) { w.Write(data) }},
+		{name: "range ignored, prefix discarded", off: 6000, want: data[6000:],
+			get: func(w http.ResponseWriter, _ *http.Request, _ int64) { w.Write(data) }},
+		{name: "range ignored, wrong length", off: 0, permanent: true, is: cache.ErrSizeMismatch,
+			get: func(w http.ResponseWriter, _ *http.Request, _ int64) { w.Write(data[:500]) }},
+		{name: "wrong total", off: 100, permanent: true, is: cache.ErrSizeMismatch,
+			get: partial(100, n, n+1, data[100:])},
+		{name: "wrong start", off: 100, get: partial(0, n-1, n, data)},
+		{name: "wrong end", off: 100, get: partial(100, n-2, n, data[100:n-1])},
+		{name: "no total", off: 100, want: data[100:],
+			get: func(w http.ResponseWriter, _ *http.Request, _ int64) {
+				w.Header().Set("Content-Range", fmt.Sprintf("bytes 100-%d/*", n-1))
+				w.WriteHeader(http.StatusPartialContent)
+				w.Write(data[100:])
+			}},
+		{name: "garbled Content-Range", off: 100,
+			get: func(w http.ResponseWriter, _ *http.Request, _ int64) {
+				w.Header().Set("Content-Range", "bytes=100-")
+				w.WriteHeader(http.StatusPartialContent)
+			}},
+		{name: "Content-Length disagrees", off: 100,
+			get: func(w http.ResponseWriter, _ *http.Request, _ int64) {
+				w.Header().Set("Content-Range", fmt.Sprintf("bytes 100-%d/%d", n-1, n))
+				w.Header().Set("Content-Length", "50")
+				w.WriteHeader(http.StatusPartialContent)
+				w.Write(data[100:150])
+			}},
+		{name: "416", off: 100, permanent: true, is: cache.ErrSizeMismatch, get: status(http.StatusRequestedRangeNotSatisfiable)},
+		{name: "400", off: 0, permanent: true, get: status(http.StatusBadRequest)},
+		{name: "401", off: 0, permanent: true, get: status(http.StatusUnauthorized)},
+		{name: "403", off: 0, permanent: true, get: status(http.StatusForbidden)},
+		{name: "404", off: 0, permanent: true, get: status(http.StatusNotFound)},
+		{name: "410", off: 0, permanent: true, get: status(http.StatusGone)},
+		{name: "408", off: 0, get: status(http.StatusRequestTimeout)},
+		{name: "429", off: 0, get: status(http.StatusTooManyRequests)},
+		{name: "500", off: 0, get: status(http.StatusInternalServerError)},
+		{name: "502", off: 0, get: status(http.StatusBadGateway)},
+		{name: "503", off: 0, get: status(http.StatusServiceUnavailable)},
+		{name: "304", off: 0, get: status(http.StatusNotModified)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := httptest.NewServer(rangeHandler(data, tt.get))
+			defer srv.Close()
+			_, op := resolveFile(t, prefetch.NewHTTPSource(srv.Client()), srv.URL+"/w.bin?sig=secret", d)
+
+			body, err := op.OpenRange(t.Context(), tt.off)
+			if tt.want == nil {
+				require.Error(t, err)
+				assert.Equal(t, tt.permanent, errors.Is(err, cache.ErrPermanent), "permanent: %v", err)
+				if tt.is != nil {
+					assert.ErrorIs(t, err, tt.is)
+				}
+				assert.NotContains(t, err.Error(), "secret", "errors carry no query")
+				return
+			}
+			require.NoError(t, err)
+			defer body.Close()
+			got, err := io.ReadAll(body)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got)
+		})
+	}
+}
+
+func TestHTTPBlobStatusError(t *testing.T) {
+	t.Parallel()
+	data, d := blobData(100)
+	srv := httptest.NewServer(rangeHandler(data, func(w http.ResponseWriter, _ *http.Request, _ int64) {
+		http.Error(w, "gone", http.StatusNotFound)
+	}))
+	defer srv.Close()
+	_, op := resolveFile(t, prefetch.NewHTTPSource(srv.Client()), srv.URL+"/w.bin", d)
+	_, err := op.OpenRange(t.Context(), 0)
+	var se *prefetch.StatusError
+	require.ErrorAs(t, err, &se)
+	assert.Equal(t, http.StatusNotFound, se.StatusCode)
+	assert.Equal(t, http.MethodGet, se.Method)
+	assert.Equal(t, srv.URL+"/w.bin", se.URL)
+}
+
+func TestHTTPBlobEdges(t *testing.T) {
+	t.Parallel()
+	data, d := blobData(100)
+	var gets int
+	var mu sync.Mutex
+	srv := httptest.NewServer(rangeHandler(data, func(w http.ResponseWriter, r *http.Request, _ int64) {
+		mu.Lock()
+		gets++
+		mu.Unlock()
+		http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(data))
+	}))
+	defer srv.Close()
+	_, op := resolveFile(t, prefetch.NewHTTPSource(srv.Client()), srv.URL+"/w.bin", d)
+
+	body, err := op.OpenRange(t.Context(), 100)
+	require.NoError(t, err, "the end of the blob is an empty read")
+	got, err := io.ReadAll(body)
+	require.NoError(t, err)
+	assert.Empty(t, got)
+	assert.Zero(t, gets, "no request for an empty range")
+
+	for _, off := range []int64{-1, 101} {
+		_, err := op.OpenRange(t.Context(), off)
+		assert.ErrorIs(t, err, cache.ErrPermanent, "offset %d", off)
+		assert.ErrorIs(t, err, cache.ErrInvalid, "offset %d", off)
+	}
+
+	// A dead origin is a transient error.
+	srv.Close()
+	_, err = op.OpenRange(t.Context(), 0)
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, cache.ErrPermanent)
+
+	// A cancelled context is reported as such.
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	_, err = op.OpenRange(ctx, 0)
+	assert.ErrorIs(t, err, context.Canceled)
+}
+
+func TestHTTPSourceHeaders(t *testing.T) {
+	t.Parallel()
+	data, d := blobData(100)
+	agents := make(chan string, 4)
+	ranges := make(chan string, 4)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		agents <- r.Header.Get("User-Agent")
+		ranges <- r.Method + " " + r.Header.Get("Range") + " " + r.Header.Get("Accept-Encoding")
+		http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(data))
+	}))
+	defer srv.Close()
+	_, op := resolveFile(t, prefetch.NewHTTPSource(srv.Client(), prefetch.WithVersion("1.2.3")), srv.URL+"/w.bin", d)
+	body, err := op.OpenRange(t.Context(), 10)
+	require.NoError(t, err)
+	body.Close()
+	assert.Equal(t, "weightd/1.2.3", <-agents)
+	assert.Equal(t, "weightd/1.2.3", <-agents)
+	assert.Equal(t, "HEAD  ", <-ranges)
+	assert.Equal(t, "GET bytes=10- identity", <-ranges)
+}
+
+func TestHTTPSourceResolveFile(t *testing.T) {
+	t.Parallel()
+	data, d := blobData(5000)
+	tests := []struct {
+		name string
+		head func(w http.ResponseWriter)
+		data []byte
+	}{
+		{"HEAD", nil, data},
+		{"HEAD refused", func(w http.ResponseWriter) { w.WriteHeader(http.StatusMethodNotAllowed) }, data},
+		{"HEAD forbidden (presigned for GET)", func(w http.ResponseWriter) { w.WriteHeader(http.StatusForbidden) }, data},
+		{"HEAD refused, empty file", func(w http.ResponseWriter) { w.WriteHeader(http.StatusNotImplemented) }, []byte{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method == http.MethodHead && tt.head != nil {
+					tt.head(w)
+					return
+				}
+				http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(tt.data))
+			}))
+			defer srv.Close()
+			res, _ := resolveFile(t, prefetch.NewHTTPSource(srv.Client()), srv.URL+"/models/llama/w.bin", d)
+			host := strings.ReplaceAll(strings.TrimPrefix(srv.URL, "http://"), ":", "-")
+			assert.Equal(t, cache.Model{
+				Name:     host + "/models-llama-w.bin",
+				Revision: d.Encoded()[:12],
+				Files:    []cache.File{{Path: "w.bin", Descriptor: cache.Descriptor{Digest: d, Size: int64(len(tt.data))}}},
+			}, res.Model)
+		})
+	}
+}
+
+func TestHTTPSourceResolveFileErrors(t *testing.T) {
+	t.Parallel()
+	_, d := blobData(10)
+	tests := []struct {
+		name      string
+		handler   http.HandlerFunc
+		permanent bool
+	}{
+		{"404", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNotFound) }, true},
+		{"503", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) }, false},
+		{"HEAD and GET forbidden", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusForbidden) }, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := httptest.NewServer(tt.handler)
+			defer srv.Close()
+			ref, err := prefetch.ParseRef(srv.URL + "/w.bin#" + d.String())
+			require.NoError(t, err)
+			_, err = prefetch.NewHTTPSource(srv.Client()).Resolve(t.Context(), ref)
+			require.Error(t, err)
+			assert.Equal(t, tt.permanent, errors.Is(err, cache.ErrPermanent), err.Error())
+			assert.True(t, strings.HasPrefix(err.Error(), "resolving "+ref.String()), err.Error())
+		})
+	}
+}
+
+// startOrigin generates a model and serves it; it returns the server and the
+// manifest.
+func startOrigin(t *testing.T, spec origin.Spec, opts ...origin.ServerOption) (*origin.Server, *origin.Manifest) {
+	t.Helper()
+	dir := t.TempDir()
+	m, err := origin.Generate(dir, spec)
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	s := origin.NewServer(ln, dir, opts...)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		assert.NoError(t, <-done)
+	})
+	return s, m
+}
+
+func TestHTTPSourceResolveManifest(t *testing.T) {
+	t.Parallel()
+	s, m := startOrigin(t, origin.Spec{Name: "org/gen", Files: 5, TotalBytes: 1 << 20, Seed: 9})
+	ref, err := prefetch.ParseRef(s.URL() + "/" + origin.ManifestName)
+	require.NoError(t, err)
+	res, err := prefetch.NewHTTPSource(nil).Resolve(t.Context(), ref)
+	require.NoError(t, err)
+
+	assert.Equal(t, m.Name, res.Model.Name)
+	assert.Equal(t, m.Revision, res.Model.Revision)
+	require.Len(t, res.Model.Files, len(m.Files))
+	for i, f := range m.Files {
+		assert.Equal(t, cache.File{Path: f.Path, Descriptor: cache.Descriptor{Digest: f.Digest(), Size: f.Size}}, res.Model.Files[i])
+		body, err := res.Blobs[f.Digest()].OpenRange(t.Context(), 0)
+		require.NoError(t, err)
+		h := sha256.New()
+		n, err := io.Copy(h, body)
+		body.Close()
+		require.NoError(t, err)
+		assert.Equal(t, f.Size, n)
+		assert.Equal(t, f.Digest(), digest.NewDigest(digest.SHA256, h), f.Path)
+	}
+}
+
+func TestHTTPSourceResolveManifestFileURLs(t *testing.T) {
+	t.Parallel()
+	data, d := blobData(300)
+	var mu sync.Mutex
+	var paths []string
+	mux := http.NewServeMux()
+	mux.HandleFunc("/m/model.json", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, manifestJSON(
+			fileJSON("a dir/w.bin", 300, d.Encoded()),
+			`{"path":"same.bin","size":300,"sha256":"`+d.Encoded()+`","url":"../blobs/other.bin"}`,
+		))
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		paths = append(paths, r.URL.EscapedPath())
+		mu.Unlock()
+		http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(data))
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	ref, err := prefetch.ParseRef(srv.URL + "/m/model.json")
+	require.NoError(t, err)
+	res, err := prefetch.NewHTTPSource(srv.Client()).Resolve(t.Context(), ref)
+	require.NoError(t, err)
+	assert.Len(t, res.Model.Files, 2)
+	assert.Len(t, res.Blobs, 1, "one blob, two files")
+	body, err := res.Blobs[d].OpenRange(t.Context(), 0)
+	require.NoError(t, err)
+	body.Close()
+	assert.Equal(t, []string{"/m/a%20dir/w.bin"}, paths, "the first file's URL serves the blob")
+}
+
+func TestHTTPSourceResolveManifestErrors(t *testing.T) {
+	t.Parallel()
+	good := manifestJSON(fileJSON("a", 1, hexA))
+	tests := []struct {
+		name      string
+		handler   http.HandlerFunc
+		permanent bool
+		is        error
+	}{
+		{"404", func(w http.ResponseWriter, _ *http.Request) { http.NotFound(w, nil) }, true, nil},
+		{"500", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusInternalServerError) }, false, nil},
+		{"206", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusPartialContent) }, false, nil},
+		{"invalid manifest", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, good[:20]) }, true, cache.ErrInvalid},
+		{"path escapes", func(w http.ResponseWriter, _ *http.Request) {
+			fmt.Fprint(w, manifestJSON(fileJSON("../../etc/passwd", 1, hexA)))
+		}, true, cache.ErrInvalid},
+		{"declared too large", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Length", strconv.Itoa(prefetch.MaxManifestSize+1))
+			fmt.Fprint(w, good)
+		}, true, cache.ErrInvalid},
+		{"streamed too large", func(w http.ResponseWriter, _ *http.Request) {
+			w.(http.Flusher).Flush() // chunked: no Content-Length
+			fmt.Fprint(w, good)
+			pad := bytes.Repeat([]byte(" "), 1<<20)
+			for range 17 {
+				if _, err := w.Write(pad); err != nil {
+					return
+				}
+			}
+		}, true, cache.ErrInvalid},
+		{"cut short", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Length", "1000")
+			fmt.Fprint(w, good[:20])
+		}, false, io.ErrUnexpectedEOF},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := httptest.NewServer(tt.handler)
+			defer srv.Close()
+			ref, err := prefetch.ParseRef(srv.URL + "/model.json")
+			require.NoError(t, err)
+			_, err = prefetch.NewHTTPSource(srv.Client()).Resolve(t.Context(), ref)
+			require.Error(t, err)
+			assert.Equal(t, tt.permanent, errors.Is(err, cache.ErrPermanent), err.Error())
+			if tt.is != nil {
+				assert.ErrorIs(t, err, tt.is)
+			}
+		})
+	}
+}
+
+func TestHTTPSourceUnsupported(t *testing.T) {
+	t.Parallel()
+	_, err := prefetch.NewHTTPSource(nil).Resolve(t.Context(), prefetch.Ref{Kind: "oci"})
+	assert.ErrorIs(t, err, errors.ErrUnsupported)
+	assert.ErrorIs(t, err, cache.ErrPermanent)
+}
