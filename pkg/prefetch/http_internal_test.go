@@ -28,7 +28,7 @@ func TestFileURL(t *testing.T) {
 		{"https://h.example/m/model.json", ManifestFile{Path: "x", URL: "https://bucket.example/x?X-Amz-Signature=s"}, "https://bucket.example/x?X-Amz-Signature=s"},
 		{"http://h.example/m/model.json", ManifestFile{Path: "x", URL: "https://bucket.example/x"}, "https://bucket.example/x"},
 		{"https://h.example/m/model.json", ManifestFile{Path: "x", URL: "http://bucket.example/x"}, ""}, // no downgrade
-		{"https://h.example/m/model.json", ManifestFile{Path: "x", URL: "dir/"}, ""},                     // names no file
+		{"https://h.example/m/model.json", ManifestFile{Path: "x", URL: "dir/"}, ""},                    // names no file
 	}
 	for _, tt := range tests {
 		t.Run(tt.file.Path+" "+tt.file.URL, func(t *testing.T) {
