@@ -22,7 +22,6 @@ import (
 	"syscall"
 
 	"github.com/alecthomas/kong"
-	kongyaml "github.com/alecthomas/kong-yaml"
 )
 
 // Set with -ldflags "-X main.version=... -X main.commit=...".
@@ -70,7 +69,7 @@ func newParser(c *cli, stdout, stderr io.Writer, exit func(int)) (*kong.Kong, er
 		kong.Description("weightd prefetches model weights onto GPU nodes and keeps them in a verified local cache."),
 		kong.Writers(stdout, stderr),
 		kong.Exit(exit),
-		kong.Configuration(kongyaml.Loader),
+		kong.Configuration(loadYAMLConfig),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
 		kong.Vars{"default_api": defaultAPI},
 	)

@@ -78,10 +78,10 @@ type lineProgress struct {
 	ref   string
 	every time.Duration
 
-	state     prefetch.JobState
-	last      time.Time // when the last line was written
-	t0        time.Time // first fetching status: the start of the rate
-	done0     int64
+	state prefetch.JobState
+	last  time.Time // when the last line was written
+	t0    time.Time // first fetching status: the start of the rate
+	done0 int64
 }
 
 func (p *lineProgress) update(st prefetch.JobStatus) {

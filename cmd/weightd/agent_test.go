@@ -1,0 +1,220 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/weightd/weightd/pkg/api"
+	"github.com/weightd/weightd/pkg/origin"
+	"github.com/weightd/weightd/pkg/prefetch"
+)
+
+// shortTempDir returns a temporary directory with a short path: unix socket
+// paths are limited to about 100 bytes, and t.TempDir can be longer.
+func shortTempDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "wd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// startAgent runs an agent, wired by newAgent, on a unix socket until the
+// test ends; it returns the API address.
+func startAgent(t *testing.T) string {
+	t.Helper()
+	dir := shortTempDir(t)
+	addr := "unix://" + filepath.Join(dir, "api.sock")
+	a, err := newAgent(agentConfig{
+		Root: filepath.Join(dir, "cache"), API: addr, ChunkSize: 1 << 20,
+		MaxJobs: 2, ShutdownTimeout: 5 * time.Second,
+	}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	})
+	client, err := api.NewClient(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := waitReady(t.Context(), client, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return addr
+}
+
+// startOrigin serves a generated model and returns the manifest's URL.
+func startOrigin(t *testing.T, files int, size int64) (string, *origin.Server) {
+	t.Helper()
+	dir := t.TempDir()
+	if _, err := origin.Generate(dir, origin.Spec{Name: "test/model", Files: files, TotalBytes: size, Seed: 7}); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := origin.NewServer(ln, dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("origin: %v", err)
+		}
+	})
+	return srv.URL() + "/" + origin.ManifestName, srv
+}
+
+// runCLI runs the command line in-process and returns its exit code and output.
+func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = run(t.Context(), args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestFetchWait(t *testing.T) {
+	t.Parallel()
+	addr := startAgent(t)
+	ref, _ := startOrigin(t, 3, 3<<20)
+
+	code, stdout, stderr := runCLI(t, "fetch", "--wait", "--api", addr, ref)
+	if code != 0 {
+		t.Fatalf("exit %d; stderr:\n%s", code, stderr)
+	}
+	dir := strings.TrimSpace(stdout)
+	if !strings.Contains(dir, "models--test--model/snapshots/") {
+		t.Fatalf("stdout %q, want the model directory", stdout)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
+		t.Fatal(err)
+	}
+	// Not a terminal: plain progress lines.
+	if !strings.Contains(stderr, "ready test/model@") {
+		t.Errorf("stderr %q, want a final progress line", stderr)
+	}
+
+	code, stdout, _ = runCLI(t, "fetch", "--wait", "--json", "--api", addr, ref)
+	var st prefetch.JobStatus
+	if err := json.Unmarshal([]byte(stdout), &st); code != 0 || err != nil || st.State != prefetch.StateReady || st.Dir != dir {
+		t.Fatalf("--json: exit %d, %v, %+v", code, err, st)
+	}
+
+	code, stdout, _ = runCLI(t, "fetch", "--api", addr, ref)
+	if code != 0 || !strings.HasPrefix(stdout, "job ") {
+		t.Fatalf("without --wait: exit %d, %q", code, stdout)
+	}
+
+	code, stdout, stderr = runCLI(t, "status", "--api", addr)
+	if code != 0 || !strings.Contains(stdout, "3 blobs") || !strings.Contains(stdout, "ready") {
+		t.Fatalf("status: exit %d\n%s%s", code, stdout, stderr)
+	}
+	code, stdout, _ = runCLI(t, "status", "--json", "--api", addr)
+	var status api.Status
+	if err := json.Unmarshal([]byte(stdout), &status); code != 0 || err != nil || status.Cache.Blobs != 3 {
+		t.Fatalf("status --json: exit %d, %v, %+v", code, err, status)
+	}
+}
+
+func TestFetchWaitFails(t *testing.T) {
+	t.Parallel()
+	addr := startAgent(t)
+	notFound := httptest.NewServer(http.NotFoundHandler())
+	t.Cleanup(notFound.Close)
+
+	tests := []struct {
+		name, ref, stderrHas string
+	}{
+		{"bad reference", "ftp://example.com/model.json", "parsing reference"},
+		{"not a URL", "llama", "parsing reference"},
+		{"origin answers 404", notFound.URL + "/model.json", "404"},
+		{"file pinned by digest not found", notFound.URL + "/model.bin#sha256:" + strings.Repeat("ab", 32), "404"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			code, stdout, stderr := runCLI(t, "fetch", "--wait", "--api", addr, tt.ref)
+			if code == 0 || !strings.Contains(stderr, tt.stderrHas) {
+				t.Fatalf("exit %d, stderr %q; want a failure mentioning %q", code, stderr, tt.stderrHas)
+			}
+			if stdout != "" {
+				t.Errorf("stdout %q, want nothing", stdout)
+			}
+		})
+	}
+
+	code, _, stderr := runCLI(t, "fetch", "--wait", "--api", "unix:///nonexistent/weightd.sock", "https://example.com/m.json")
+	if code == 0 || !strings.Contains(stderr, "nonexistent") {
+		t.Fatalf("no agent: exit %d, stderr %q", code, stderr)
+	}
+}
+
+func TestDemo(t *testing.T) {
+	t.Parallel()
+	dir := shortTempDir(t)
+	code, stdout, stderr := runCLI(t, "demo", "--files", "3", "--size", "24MiB", "--dir", dir)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	for _, want := range []string{
+		"3 files, 24.0 MiB (25165824 bytes)",
+		"cache hit",
+		"models--weightd--demo-model/snapshots/",
+		"-> ../../../../blobs/sha256/",
+		"weightd_cache_stored_bytes 2.5165824e+07",
+		`weightd_prefetch_jobs_total{outcome="ready"} 2`,
+		"/metrics | grep weightd_",
+	} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("summary lacks %q:\n%s", want, stdout)
+		}
+	}
+	// Cleaned up: what the demo made in --dir is gone.
+	for _, sub := range []string{"origin", "cache", "weightd.sock"} {
+		if _, err := os.Stat(filepath.Join(dir, sub)); !os.IsNotExist(err) {
+			t.Errorf("%s left behind: %v", sub, err)
+		}
+	}
+}
+
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	code, stdout, _ := runCLI(t, "version")
+	if code != 0 || !strings.HasPrefix(stdout, "weightd dev (commit dev, go1.") {
+		t.Fatalf("exit %d, %q", code, stdout)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	t.Parallel()
+	code, _, stderr := runCLI(t, "frobnicate")
+	if code != 2 || !strings.Contains(stderr, "unexpected argument frobnicate") {
+		t.Fatalf("unknown command: exit %d, %q", code, stderr)
+	}
+	code, stdout, _ := runCLI(t, "--help")
+	if code != 0 || !strings.Contains(stdout, "Commands:") {
+		t.Fatalf("--help: exit %d, %q", code, stdout)
+	}
+}

@@ -1,0 +1,173 @@
+package main
+
+import (
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// parseArgs parses args like main does and returns the filled command line.
+func parseArgs(args ...string) (*cli, string, error) {
+	var c cli
+	parser, err := newParser(&c, io.Discard, io.Discard, func(int) {})
+	if err != nil {
+		return nil, "", err
+	}
+	kctx, err := parser.Parse(args)
+	if err != nil {
+		return nil, "", err
+	}
+	return &c, kctx.Command(), nil
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestAgentConfig(t *testing.T) {
+	nested := writeFile(t, "nested.yaml", `
+agent:
+  root: /data/weightd
+  api: tcp://127.0.0.1:7000
+  chunk-size: 32MiB
+  budget-bytes: 1073741824
+  budget-percent: 50
+  max-jobs: 3
+  metrics-addr: ""
+  log-level: debug
+  log-format: json
+`)
+	flat := writeFile(t, "flat.yaml", "agent-root: /flat\nagent-budget-bytes: 2GiB\n")
+	typo := writeFile(t, "typo.yaml", "agent:\n  budget_percent: 50\n")
+	defaults := agentCmd{agentConfig: agentConfig{
+		Root: "/var/lib/weightd", API: defaultAPI, MetricsAddr: "127.0.0.1:9464", ChunkSize: 16 << 20,
+		BudgetPercent: 80, MaxJobs: 2, ShutdownTimeout: 15 * time.Second,
+	}, LogLevel: slog.LevelInfo, LogFormat: "text"}
+
+	tests := []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		want    func(c *agentCmd)
+		wantErr string
+	}{
+		{name: "defaults", args: nil, want: func(*agentCmd) {}},
+		{
+			name: "flags",
+			args: []string{"--root", "/r", "--api", "tcp://127.0.0.1:9000", "--metrics-addr=", "--chunk-size", "4MiB",
+				"--budget-bytes", "100GB", "--budget-percent", "70.5", "--max-jobs", "8", "--log-level", "warn", "--log-format", "json",
+				"--shutdown-timeout", "3s"},
+			want: func(c *agentCmd) {
+				c.Root, c.API, c.MetricsAddr, c.ChunkSize = "/r", "tcp://127.0.0.1:9000", "", 4<<20
+				c.BudgetBytes, c.BudgetPercent, c.MaxJobs = 100e9, 70.5, 8
+				c.LogLevel, c.LogFormat, c.ShutdownTimeout = slog.LevelWarn, "json", 3*time.Second
+			},
+		},
+		{
+			name: "environment",
+			env: map[string]string{"WEIGHTD_ROOT": "/env", "WEIGHTD_CHUNK_SIZE": "1MiB", "WEIGHTD_BUDGET_PERCENT": "10",
+				"WEIGHTD_MAX_JOBS": "5", "WEIGHTD_LOG_FORMAT": "json", "WEIGHTD_API": "unix:///tmp/x.sock"},
+			want: func(c *agentCmd) {
+				c.Root, c.ChunkSize, c.BudgetPercent, c.MaxJobs, c.LogFormat, c.API = "/env", 1<<20, 10, 5, "json", "unix:///tmp/x.sock"
+			},
+		},
+		{
+			name: "yaml file",
+			args: []string{"--config", nested},
+			want: func(c *agentCmd) {
+				c.Config = "" // compared apart
+				c.Root, c.API, c.ChunkSize, c.BudgetBytes, c.BudgetPercent = "/data/weightd", "tcp://127.0.0.1:7000", 32<<20, 1<<30, 50
+				c.MaxJobs, c.MetricsAddr, c.LogLevel, c.LogFormat = 3, "", slog.LevelDebug, "json"
+			},
+		},
+		{
+			name: "yaml file from the environment, flat keys",
+			env:  map[string]string{"WEIGHTD_CONFIG": flat},
+			want: func(c *agentCmd) { c.Config, c.Root, c.BudgetBytes = "", "/flat", 2<<30 },
+		},
+		{
+			name: "flag beats environment beats file",
+			args: []string{"--config", nested, "--max-jobs", "9"},
+			env:  map[string]string{"WEIGHTD_MAX_JOBS": "7", "WEIGHTD_BUDGET_PERCENT": "33"},
+			want: func(c *agentCmd) {
+				c.Config = ""
+				c.Root, c.API, c.ChunkSize, c.BudgetBytes = "/data/weightd", "tcp://127.0.0.1:7000", 32<<20, 1<<30
+				c.MetricsAddr, c.LogLevel, c.LogFormat = "", slog.LevelDebug, "json"
+				c.MaxJobs, c.BudgetPercent = 9, 33
+			},
+		},
+		{name: "unknown yaml key", args: []string{"--config", typo}, wantErr: "unknown keys agent-budget_percent"},
+		{name: "missing config file", args: []string{"--config", "/nonexistent.yaml"}, wantErr: "nonexistent.yaml"},
+		{name: "bad size", args: []string{"--chunk-size", "12 parsecs"}, wantErr: `size "12 parsecs"`},
+		{name: "bad log format", args: []string{"--log-format", "xml"}, wantErr: "must be one of"},
+		{name: "bad log level", args: []string{"--log-level", "loud"}, wantErr: "loud"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			c, cmd, err := parseArgs(append([]string{"agent"}, tt.args...)...)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cmd != "agent" {
+				t.Fatalf("command %q", cmd)
+			}
+			want := defaults
+			tt.want(&want)
+			got := c.Agent
+			got.Config = ""
+			if got != want {
+				t.Fatalf("got  %+v\nwant %+v", got, want)
+			}
+		})
+	}
+}
+
+func TestClientCommandsConfig(t *testing.T) {
+	c, cmd, err := parseArgs("fetch", "https://example.com/m/model.json", "--wait", "--json", "--timeout", "5m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fetchCmd{Ref: "https://example.com/m/model.json", Wait: true, API: defaultAPI, JSON: true, Timeout: 5 * time.Minute}
+	if cmd != "fetch <ref>" || c.Fetch != want {
+		t.Fatalf("fetch: %q %+v", cmd, c.Fetch)
+	}
+
+	t.Setenv("WEIGHTD_API", "tcp://127.0.0.1:7000")
+	c, _, err = parseArgs("status", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Status != (statusCmd{API: "tcp://127.0.0.1:7000", JSON: true}) {
+		t.Fatalf("status: %+v", c.Status)
+	}
+
+	c, _, err = parseArgs("demo", "--size", "512MiB", "--files", "3", "--keep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Demo.Size != 512<<20 || c.Demo.Files != 3 || !c.Demo.Keep || c.Demo.LogLevel != slog.LevelWarn {
+		t.Fatalf("demo: %+v", c.Demo)
+	}
+
+	if _, _, err := parseArgs("fetch"); err == nil || !strings.Contains(err.Error(), "<ref>") {
+		t.Fatalf("fetch without a reference: %v", err)
+	}
+}

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func TestParseSize(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		in   string
+		want byteSize
+		err  string
+	}{
+		{"0", 0, ""},
+		{"1048576", 1 << 20, ""},
+		{"512MiB", 512 << 20, ""},
+		{"1GiB", 1 << 30, ""},
+		{"1 GiB", 1 << 30, ""},
+		{"1gib", 1 << 30, ""},
+		{"16M", 16 << 20, ""},
+		{"2Gi", 2 << 30, ""},
+		{"1GB", 1e9, ""},
+		{"2.5GB", 2.5e9, ""},
+		{"1.5KiB", 1536, ""},
+		{"100kB", 100e3, ""},
+		{"3TB", 3e12, ""},
+		{"7B", 7, ""},
+		{"", 0, "want a number"},
+		{"GiB", 0, "want a number"},
+		{"-1GiB", 0, "want a number"},
+		{"1 parsec", 0, "want a number"},
+		{"1.2.3MB", 0, "invalid syntax"},
+		{"9223372036854775807", 1<<63 - 1, ""},
+		{"9223372036854775808", 0, "out of range"},
+		{"8388608TiB", 0, "too large"},
+		{"9000000000000000000.5TB", 0, "too large"},
+	}
+	for _, tt := range tests {
+		got, err := parseSize(tt.in)
+		if tt.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Errorf("parseSize(%q) = %d, %v; want an error with %q", tt.in, got, err, tt.err)
+			}
+			continue
+		}
+		if err != nil || got != tt.want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", tt.in, got, err, tt.want)
+		}
+	}
+}
+
+func TestFormatBytes(t *testing.T) {
+	t.Parallel()
+	for n, want := range map[int64]string{0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 24 << 20: "24.0 MiB", 1 << 30: "1.0 GiB", 3 << 40: "3.0 TiB", 1<<63 - 1: "8192.0 PiB"} {
+		if got := formatBytes(n); got != want {
+			t.Errorf("formatBytes(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+// FuzzParseSize checks that parseSize never panics nor returns a negative
+// size, and that a plain integer is read exactly.
+func FuzzParseSize(f *testing.F) {
+	for _, s := range []string{"1GiB", "512MiB", "2.5GB", "0", "1e9", "9223372036854775807", ".", "1..2k"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, err := parseSize(s)
+		if err != nil {
+			return
+		}
+		if n < 0 {
+			t.Fatalf("parseSize(%q) = %d: negative", s, n)
+		}
+		if i, err := strconv.ParseInt(s, 10, 64); err == nil && int64(n) != i {
+			t.Fatalf("parseSize(%q) = %d, want %d", s, n, i)
+		}
+	})
+}
