@@ -1,0 +1,59 @@
+package cache
+
+import (
+	"context"
+	"fmt"
+	"testing"
+)
+
+// BenchmarkFetch measures verified ingest from memory into the store: the
+// ceiling the cache itself sets (hashing, writing, fsync), with no network.
+func BenchmarkFetch(b *testing.B) {
+	for _, size := range []int{1 << 20, 64 << 20, 256 << 20} {
+		data := randomBytes(uint64(size), size)
+		desc := descOf(data)
+		b.Run(fmt.Sprintf("%dMiB", size>>20), func(b *testing.B) {
+			b.SetBytes(int64(size))
+			for b.Loop() {
+				b.StopTimer()
+				s, err := Open(b.TempDir(), WithBudget(0, 0))
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				if _, err := s.Fetch(context.Background(), desc, &memSource{data: data}, nil); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				s.Close()
+				b.StartTimer()
+			}
+		})
+	}
+}
+
+// BenchmarkMaterialize measures laying out a cached model as links: O(files).
+func BenchmarkMaterialize(b *testing.B) {
+	for _, files := range []int{10, 100, 1000} {
+		b.Run(fmt.Sprintf("%dfiles", files), func(b *testing.B) {
+			s, err := Open(b.TempDir(), WithBudget(0, 0))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			m := Model{Name: "bench/m", Revision: "main"}
+			for i := range files {
+				data := randomBytes(uint64(i), 4096)
+				if _, err := s.Fetch(context.Background(), descOf(data), &memSource{data: data}, nil); err != nil {
+					b.Fatal(err)
+				}
+				m.Files = append(m.Files, File{Path: fmt.Sprintf("d%d/f%d", i%10, i), Descriptor: descOf(data)})
+			}
+			for b.Loop() {
+				if _, err := s.Materialize(m); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
