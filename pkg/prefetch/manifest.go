@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/opencontainers/go-digest"
@@ -108,6 +109,7 @@ func parseManifest(data []byte) (*Manifest, error) {
 		return nil, fmt.Errorf("%w: larger than %d bytes", cache.ErrInvalid, MaxManifestSize)
 	}
 	p := jsonParser{dec: json.NewDecoder(bytes.NewReader(data))}
+	p.dec.UseNumber()
 	var m Manifest
 	err := p.object(func(key string) error {
 		switch key {
@@ -228,9 +230,9 @@ func (f ManifestFile) fileURL(manifestURL *url.URL) (*url.URL, error) {
 
 var errUnknownKey = errors.New("unknown key")
 
-// jsonParser is a strict, streaming reader of the manifest's JSON: keys are
-// matched exactly, each at most once, values may not be null, and nothing may
-// follow the document.
+// jsonParser is a strict, streaming reader of the manifest's JSON, token by
+// token: keys are matched exactly, each at most once, values must have their
+// type (null is not a string), and nothing may follow the document.
 type jsonParser struct {
 	dec *json.Decoder
 }
@@ -306,23 +308,38 @@ func (p *jsonParser) array(elem func() error) error {
 	return p.delim(']')
 }
 
-// value decodes the next value into v, refusing null (which encoding/json
-// would silently accept as "leave v alone").
-func (p *jsonParser) value(v any) error {
-	var raw json.RawMessage
-	if err := p.dec.Decode(&raw); err != nil {
-		if errors.Is(err, io.EOF) {
-			err = io.ErrUnexpectedEOF
-		}
+// str reads a string value.
+func (p *jsonParser) str(s *string) error {
+	tok, err := p.token()
+	if err != nil {
 		return err
 	}
-	if bytes.Equal(raw, []byte("null")) {
-		return errors.New("null not allowed")
+	v, ok := tok.(string)
+	if !ok {
+		return fmt.Errorf("want a string, got %s", describe(tok))
 	}
-	return json.Unmarshal(raw, v)
+	*s = v
+	return nil
 }
 
-func (p *jsonParser) str(s *string) error { return p.value(s) }
+// int reads an integer value: digits only, no fraction or exponent, within
+// int64.
+func (p *jsonParser) int(n *int64) error {
+	tok, err := p.token()
+	if err != nil {
+		return err
+	}
+	num, ok := tok.(json.Number)
+	if !ok {
+		return fmt.Errorf("want an integer, got %s", describe(tok))
+	}
+	v, err := strconv.ParseInt(string(num), 10, 64)
+	if err != nil {
+		return fmt.Errorf("want an integer, got %s", truncate(string(num)))
+	}
+	*n = v
+	return nil
+}
 
 func (p *jsonParser) file() (ManifestFile, error) {
 	var f ManifestFile
@@ -331,7 +348,7 @@ func (p *jsonParser) file() (ManifestFile, error) {
 		case "path":
 			return p.str(&f.Path)
 		case "size":
-			return p.value(&f.Size)
+			return p.int(&f.Size)
 		case "sha256":
 			return p.str(&f.SHA256)
 		case "url":
@@ -356,6 +373,10 @@ func describe(tok json.Token) string {
 		return fmt.Sprintf("%q", t)
 	case string:
 		return "a string"
+	case json.Number:
+		return "a number"
+	case bool:
+		return "a boolean"
 	case nil:
 		return "null"
 	default:
