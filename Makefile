@@ -1,0 +1,85 @@
+# weightd — the verbs people type. `make demo` runs the main job on an
+# embedded origin; `make test` is what CI runs (.ci/run).
+
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+GO      ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo dev)
+LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+BIN     := bin/weightd
+
+# Flags for `weightd demo`, e.g. make demo DEMO_FLAGS="--size 4GiB --files 16".
+DEMO_FLAGS ?=
+# How long each fuzz target runs under `make fuzz`.
+FUZZTIME ?= 20s
+# golangci-lint, installed into .tools/ from the Go module proxy by `make lint`.
+GOLANGCI_LINT_VERSION ?= v2.15.0
+TOOLS := $(CURDIR)/.tools
+
+.PHONY: build demo test test-deps lint bench fuzz clean
+
+## build: bin/weightd, with the version and commit stamped in
+build:
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/weightd
+
+## demo: an embedded origin and an in-process agent fetch a generated 1 GiB model twice
+demo: build
+	./$(BIN) demo $(DEMO_FLAGS)
+
+## test-deps: install what the tests need on a fresh Debian machine (the race detector needs a C toolchain)
+test-deps:
+	@if ! command -v gcc >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing gcc for the race detector"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null; \
+	  else \
+	    echo "the race detector needs gcc: install it (apt-get install gcc libc6-dev)" >&2; exit 1; \
+	  fi; \
+	fi
+
+## test: go vet and every test with the race detector
+test: test-deps
+	$(GO) version
+	$(GO) vet ./...
+	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 30m ./...
+
+## lint: gofmt, go vet and golangci-lint (installed into .tools/ from the module proxy)
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	@if [ ! -x $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION) ]; then \
+	  echo "installing golangci-lint $(GOLANGCI_LINT_VERSION) into .tools/ (a few minutes, once)"; \
+	  GOBIN=$(TOOLS)/tmp $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION); \
+	  mv $(TOOLS)/tmp/golangci-lint $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION); rmdir $(TOOLS)/tmp; \
+	fi
+	$(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION) run ./...
+
+## bench: run every whole-system benchmark under bench/*/ (each prints JSON lines)
+bench:
+	@if ! command -v curl >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing curl (bench/ingest's baseline)" >&2; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl ca-certificates >/dev/null; \
+	fi
+	@found=0; \
+	for d in bench/*/; do \
+	  [ -f "$$d/main.go" ] || continue; found=1; \
+	  echo "# $${d%/}" >&2; \
+	  $(GO) run ./$${d%/}; \
+	done; \
+	if [ $$found = 0 ]; then echo "no benchmarks under bench/ yet" >&2; fi
+
+## fuzz: run each Fuzz* target for $(FUZZTIME)
+fuzz:
+	@targets=$$(grep -r --include='*_test.go' -o '^func Fuzz[A-Za-z0-9_]*' cmd pkg 2>/dev/null | sed 's/:func /:/' || true); \
+	if [ -z "$$targets" ]; then echo "no fuzz targets"; exit 0; fi; \
+	for t in $$targets; do \
+	  dir=$$(dirname "$${t%%:*}"); name=$${t##*:}; \
+	  echo "# $$name in ./$$dir"; \
+	  $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) ./$$dir; \
+	done
+
+## clean: remove build outputs
+clean:
+	rm -rf bin
