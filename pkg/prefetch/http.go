@@ -28,7 +28,7 @@ import (
 // model "example.com-8443/v1-llama-model.bin" at revision "0123456789ab" with
 // the one file "model.bin". Its size is learned with a HEAD request, or with a
 // GET of its first byte where HEAD is refused (presigned URLs are signed for
-// one method).
+// one method) or reports no length.
 type HTTPSource struct {
 	client    *http.Client
 	userAgent string
@@ -128,7 +128,7 @@ func (s *HTTPSource) resolveFile(ctx context.Context, ref Ref) (*Resolution, err
 }
 
 // size learns a file's size with HEAD, falling back to a GET of its first
-// byte when HEAD is refused.
+// byte when HEAD is refused or reports no Content-Length.
 func (s *HTTPSource) size(ctx context.Context, u *url.URL) (int64, error) {
 	resp, err := s.do(ctx, http.MethodHead, u, nil)
 	if err != nil {
@@ -137,10 +137,9 @@ func (s *HTTPSource) size(ctx context.Context, u *url.URL) (int64, error) {
 	resp.Body.Close()
 	switch resp.StatusCode {
 	case http.StatusOK:
-		if resp.ContentLength < 0 {
-			return 0, cache.Permanent(fmt.Errorf("%w: HEAD %s: no Content-Length", cache.ErrInvalid, redact(u)))
+		if resp.ContentLength >= 0 {
+			return resp.ContentLength, nil
 		}
-		return resp.ContentLength, nil
 	case http.StatusForbidden, http.StatusMethodNotAllowed, http.StatusNotImplemented:
 	default:
 		return 0, statusError(resp, u)
@@ -313,6 +312,7 @@ type StatusError struct {
 	Status     string
 }
 
+// Error says which request got which status.
 func (e *StatusError) Error() string {
 	return fmt.Sprintf("%s %s: HTTP %s", e.Method, e.URL, e.Status)
 }

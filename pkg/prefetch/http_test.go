@@ -252,6 +252,7 @@ func TestHTTPSourceResolveFile(t *testing.T) {
 		{"HEAD", nil, data},
 		{"HEAD refused", func(w http.ResponseWriter) { w.WriteHeader(http.StatusMethodNotAllowed) }, data},
 		{"HEAD forbidden (presigned for GET)", func(w http.ResponseWriter) { w.WriteHeader(http.StatusForbidden) }, data},
+		{"HEAD without length", func(w http.ResponseWriter) { w.WriteHeader(http.StatusOK) }, data},
 		{"HEAD refused, empty file", func(w http.ResponseWriter) { w.WriteHeader(http.StatusNotImplemented) }, []byte{}},
 	}
 	for _, tt := range tests {

@@ -3,6 +3,7 @@ package prefetch
 import (
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/opencontainers/go-digest"
@@ -124,10 +125,17 @@ func checkHTTPURL(u *url.URL) error {
 		return fmt.Errorf("%w: host is missing", cache.ErrInvalid)
 	case strings.HasSuffix(u.Host, ":"):
 		return fmt.Errorf("%w: empty port", cache.ErrInvalid)
+	case u.Port() != "" && !validPort(u.Port()):
+		return fmt.Errorf("%w: port %q out of range", cache.ErrInvalid, truncate(u.Port()))
 	case u.Path == "" || strings.HasSuffix(u.Path, "/"):
 		return fmt.Errorf("%w: URL path must name a file", cache.ErrInvalid)
 	}
 	return nil
+}
+
+func validPort(p string) bool {
+	n, err := strconv.Atoi(p)
+	return err == nil && n >= 1 && n <= 65535
 }
 
 // String returns the canonical form of the reference: ParseRef(r.String())
