@@ -124,7 +124,9 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 		if a.metLn, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
 			return nil, fmt.Errorf("listening for metrics: %w", err)
 		}
-		a.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		a.metrics = mux
 	}
 	return a, nil
 }

@@ -79,12 +79,16 @@ func (c *demoCmd) Run(e *env) (err error) {
 		return err
 	}
 
+	apiAddr := "unix://" + filepath.Join(dir, "weightd.sock")
+	client, err := api.NewClient(apiAddr)
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return fmt.Errorf("listening for the origin: %w", err)
 	}
 	org := origin.NewServer(ln, originDir)
-	apiAddr := "unix://" + filepath.Join(dir, "weightd.sock")
 	a, err := newAgent(agentConfig{
 		Root:            cacheDir,
 		API:             apiAddr,
@@ -98,10 +102,6 @@ func (c *demoCmd) Run(e *env) (err error) {
 		ln.Close()
 		return err
 	}
-	client, err := api.NewClient(apiAddr)
-	if err != nil {
-		return err
-	}
 
 	ctx, cancel := context.WithCancel(e.ctx)
 	defer cancel()
@@ -109,11 +109,10 @@ func (c *demoCmd) Run(e *env) (err error) {
 	g.Go(func() error { return org.Run(gctx) })
 	g.Go(func() error { return a.Run(gctx) })
 	g.Go(func() error {
-		res, err := demoScript(gctx, client, org, manifestInfo.Size(), a.MetricsAddr(), e.stderr)
+		res, err := demoScript(gctx, client, org, m, manifestInfo.Size(), a.MetricsAddr(), e.stderr)
 		if err != nil {
 			return err
 		}
-		res.manifest = m
 		printDemoSummary(e.stdout, res, a.MetricsAddr(), apiAddr, cacheDir)
 		if c.Keep {
 			fmt.Fprintln(e.stdout, "\nthe agent and origin keep running; press Ctrl-C to stop")
@@ -149,11 +148,11 @@ func (c *demoCmd) workDir() (string, func() error, error) {
 // demoScript is the client side of the demo: wait for the agent, fetch the
 // model, fetch it again, check that the second fetch came from the cache and
 // read the agent's metrics.
-func demoScript(ctx context.Context, client *api.Client, org *origin.Server, manifestSize int64, metricsAddr string, progressTo io.Writer) (*demoResult, error) {
+func demoScript(ctx context.Context, client *api.Client, org *origin.Server, m *origin.Manifest, manifestSize int64, metricsAddr string, progressTo io.Writer) (*demoResult, error) {
 	if err := waitReady(ctx, client, 10*time.Second); err != nil {
 		return nil, err
 	}
-	res := &demoResult{ref: org.URL() + "/" + origin.ManifestName}
+	res := &demoResult{manifest: m, ref: org.URL() + "/" + origin.ManifestName}
 	fetch := func(label string) (prefetch.JobStatus, time.Duration, int64, error) {
 		fmt.Fprintf(progressTo, "%s fetch of %s\n", label, res.ref)
 		before, t0 := org.BytesServed(), time.Now()
@@ -247,7 +246,8 @@ func printDemoSummary(w io.Writer, r *demoResult, metricsAddr, apiAddr, cacheDir
 	for _, l := range listLinks(r.first.Dir, 3) {
 		fmt.Fprintf(w, "                   %s\n", l)
 	}
-	fmt.Fprintf(w, "  use it         HF_HUB_CACHE=%s python -c 'import transformers; ...' (the hub layout; no copy)\n", filepath.Join(cacheDir, "models"))
+	fmt.Fprintf(w, "  use it         HF_HUB_CACHE=%s finds %s at revision %s (hub layout, no copy)\n",
+		filepath.Join(cacheDir, "models"), r.manifest.Name, r.manifest.Revision)
 	fmt.Fprintf(w, "  agent status   weightd status --api %s\n", apiAddr)
 	fmt.Fprintf(w, "  metrics        curl -s http://%s/metrics | grep weightd_   (live while the demo runs; --keep keeps it up)\n", metricsAddr)
 	for _, m := range r.metrics {

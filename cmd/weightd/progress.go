@@ -50,7 +50,6 @@ func (p *barProgress) update(st prefetch.JobStatus) {
 			progressbar.OptionSetElapsedTime(true),
 			progressbar.OptionSetWidth(30),
 			progressbar.OptionThrottle(100*time.Millisecond),
-			progressbar.OptionEnableColorCodes(true),
 			progressbar.OptionSetTheme(progressbar.ThemeUnicode),
 		)
 	}

@@ -62,7 +62,10 @@ func parseSize(s string) (byteSize, error) {
 // Decode implements kong.MapperValue: it accepts a string with units from a
 // flag or an environment variable, and a plain number from YAML.
 func (b *byteSize) Decode(ctx *kong.DecodeContext) error {
-	tok := ctx.Scan.Pop()
+	tok, err := ctx.Scan.PopValue("size")
+	if err != nil {
+		return err
+	}
 	switch v := tok.Value.(type) {
 	case string:
 		n, err := parseSize(v)
