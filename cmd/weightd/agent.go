@@ -160,6 +160,9 @@ func (a *agent) ready(context.Context) error {
 // Run runs every component until ctx ends or one of them fails, shuts the
 // servers down gracefully, and closes the cache.
 func (a *agent) Run(ctx context.Context) error {
+	defer context.AfterFunc(ctx, func() {
+		a.log.Info("shutting down gracefully; a second SIGINT or SIGTERM exits at once", "cause", context.Cause(ctx))
+	})()
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		a.running.Store(true)

@@ -137,10 +137,6 @@ func signalContext(parent context.Context, stderr io.Writer, exit func(int)) (co
 		signal.Notify(second, os.Interrupt, syscall.SIGTERM)
 		defer signal.Stop(second)
 		stop()
-		if parent.Err() != nil {
-			return
-		}
-		fmt.Fprintln(stderr, "weightd: shutting down; send the signal again to exit now")
 		select {
 		case s := <-second:
 			fmt.Fprintf(stderr, "weightd: %v again, exiting now\n", s)

@@ -157,7 +157,7 @@ func TestAgentProcessSecondSignalExitsAtOnce(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
-	for !strings.Contains(logs.String(), "send the signal again") {
+	for !strings.Contains(logs.String(), "shutting down gracefully") {
 		if ctx.Err() != nil {
 			t.Fatalf("the agent did not start shutting down; output:\n%s", logs.String())
 		}

@@ -27,7 +27,7 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
-	return fmt.Sprintf("weightd agent: %s (HTTP %d)", e.Message, e.StatusCode)
+	return fmt.Sprintf("agent: %s (HTTP %d)", e.Message, e.StatusCode)
 }
 
 // Is makes errors.Is(err, ErrNotFound) true for a 404 answer.

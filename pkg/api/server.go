@@ -192,11 +192,11 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	case err != nil:
-		s.log.Warn("submitting fetch", "ref", req.Ref, "err", err)
+		s.log.Warn("submitting fetch", "err", err)
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
-	s.log.Info("fetch submitted", "ref", req.Ref, "job", st.ID)
+	s.log.Debug("fetch submitted", "ref", st.Ref, "job", st.ID)
 	writeJSON(w, http.StatusAccepted, st)
 }
 
