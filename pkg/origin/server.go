@@ -109,7 +109,7 @@ type Server struct {
 }
 
 // NewServer returns a server of dir on ln. It starts nothing: call Run, or use
-// the Server as a handler.
+// the Server as a handler (ln may then be nil, and URL and Run are not used).
 func NewServer(ln net.Listener, dir string, opts ...ServerOption) *Server {
 	s := &Server{ln: ln, dir: dir}
 	s.stopCtx, s.stop = context.WithCancel(context.Background())

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -620,4 +621,43 @@ func TestJobStatusJSON(t *testing.T) {
 		"filesDone":0,"filesTotal":0,"created":"2025-01-02T03:04:05Z"}`, string(data))
 	assert.True(t, prefetch.StateFailed.Finished())
 	assert.False(t, prefetch.StateFetching.Finished())
+}
+
+// BenchmarkQueueIngest fetches a model from a local origin into a cold store
+// through the queue: resolve, download, verify, commit, materialise.
+func BenchmarkQueueIngest(b *testing.B) {
+	for _, size := range []int64{64 << 20, 512 << 20} {
+		for _, files := range []int{1, 4} {
+			b.Run(fmt.Sprintf("%dMiB/files=%d", size>>20, files), func(b *testing.B) {
+				dir := b.TempDir()
+				spec := origin.Spec{Name: "org/bench", Files: files, TotalBytes: size, Seed: 1}
+				m, err := origin.Generate(dir, spec)
+				require.NoError(b, err)
+				ln, err := net.Listen("tcp", "127.0.0.1:0")
+				require.NoError(b, err)
+				srv := origin.NewServer(ln, dir)
+				ctx, cancel := context.WithCancel(b.Context())
+				defer cancel()
+				go srv.Run(ctx)
+
+				b.SetBytes(m.TotalBytes())
+				for b.Loop() {
+					store, err := cache.Open(b.TempDir())
+					require.NoError(b, err)
+					q := prefetch.NewQueue(store, prefetch.NewHTTPSource(nil))
+					qctx, qcancel := context.WithCancel(ctx)
+					done := make(chan error, 1)
+					go func() { done <- q.Run(qctx) }()
+					j, err := q.Submit(srv.URL() + "/" + origin.ManifestName)
+					require.NoError(b, err)
+					_, err = j.Wait(ctx)
+					require.NoError(b, err)
+					qcancel()
+					require.NoError(b, <-done)
+					require.NoError(b, store.Close())
+				}
+				b.ReportMetric(float64(srv.BytesServed())/float64(b.N)/float64(m.TotalBytes()), "egress/size")
+			})
+		}
+	}
 }
