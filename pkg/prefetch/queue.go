@@ -399,10 +399,14 @@ func (q *Queue) finish(j *Job, dir string, err error) {
 	}
 	q.mu.Unlock()
 
-	st := j.finish(dir, err, time.Now())
-	outcome := string(st.State)
+	// Metrics first: whoever sees the job done sees it counted.
+	now, outcome := time.Now(), string(StateReady)
+	if err != nil {
+		outcome = string(StateFailed)
+	}
 	q.metrics.jobs.WithLabelValues(outcome).Inc()
-	q.metrics.seconds.WithLabelValues(outcome).Observe(st.Finished.Sub(st.Created).Seconds())
+	q.metrics.seconds.WithLabelValues(outcome).Observe(now.Sub(j.Status().Created).Seconds())
+	st := j.finish(dir, err, now)
 	if err != nil {
 		q.cfg.logger.Warn("prefetch job failed", "job", j.id, "ref", st.Ref, "err", err)
 		return
