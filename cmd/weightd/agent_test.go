@@ -57,7 +57,9 @@ func startAgent(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := waitReady(t.Context(), client, 10*time.Second); err != nil {
+	readyCtx, cancelReady := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancelReady()
+	if err := client.WaitReady(readyCtx); err != nil {
 		t.Fatal(err)
 	}
 	return addr

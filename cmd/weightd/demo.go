@@ -149,7 +149,9 @@ func (c *demoCmd) workDir() (string, func() error, error) {
 // model, fetch it again, check that the second fetch came from the cache and
 // read the agent's metrics.
 func demoScript(ctx context.Context, client *api.Client, org *origin.Server, m *origin.Manifest, manifestSize int64, metricsAddr string, progressTo io.Writer) (*demoResult, error) {
-	if err := waitReady(ctx, client, 10*time.Second); err != nil {
+	readyCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := client.WaitReady(readyCtx); err != nil {
 		return nil, err
 	}
 	res := &demoResult{manifest: m, ref: org.URL() + "/" + origin.ManifestName}
@@ -182,25 +184,6 @@ func demoScript(ctx context.Context, client *api.Client, org *origin.Server, m *
 		return nil, err
 	}
 	return res, nil
-}
-
-// waitReady polls the agent's readiness until it answers or timeout passes.
-func waitReady(ctx context.Context, client *api.Client, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := client.Ready(ctx)
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for the agent: %w", err)
-		case <-tick.C:
-		}
-	}
 }
 
 // scrapeMetrics reads the agent's /metrics and keeps the weightd_ samples

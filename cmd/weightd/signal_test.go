@@ -96,7 +96,9 @@ func startAgentProcess(t *testing.T) (*exec.Cmd, string, *syncBuffer) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := waitReady(t.Context(), client, 20*time.Second); err != nil {
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	if err := client.WaitReady(ctx); err != nil {
 		t.Fatalf("%v; agent output:\n%s", err, logs.String())
 	}
 	fi, err := os.Stat(sock)

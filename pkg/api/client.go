@@ -101,6 +101,28 @@ func (c *Client) Ready(ctx context.Context) error {
 	return c.do(ctx, http.MethodGet, "/readyz", nil, nil)
 }
 
+// WaitReady polls Ready until the agent is ready; if ctx ends first it
+// returns why the agent was not ready (or could not be reached).
+func (c *Client) WaitReady(ctx context.Context) error {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	var why error
+	for {
+		err := c.Ready(ctx)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() == nil || why == nil {
+			why = err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the agent: %w", why)
+		case <-tick.C:
+		}
+	}
+}
+
 // Watch calls fn with each status of job id, in order, until the job ends,
 // and returns its final status. It returns an error if ctx ends first or the
 // stream breaks before the job has ended.

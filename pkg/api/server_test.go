@@ -333,9 +333,19 @@ func TestHealthAndReadiness(t *testing.T) {
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusServiceUnavailable || apiErr.Message != "queue not running" {
 		t.Fatalf("readyz while not ready = %v", err)
 	}
-	mu.Lock()
-	ready = nil
-	mu.Unlock()
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if err := c.WaitReady(short); err == nil || !strings.Contains(err.Error(), "queue not running") {
+		t.Fatalf("WaitReady while not ready = %v", err)
+	}
+	time.AfterFunc(50*time.Millisecond, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		ready = nil
+	})
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatalf("WaitReady: %v", err)
+	}
 	if err := c.Ready(ctx); err != nil {
 		t.Fatalf("readyz when ready: %v", err)
 	}
