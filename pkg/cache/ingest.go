@@ -329,6 +329,7 @@ func (s *Store) transfer(ctx context.Context, f *flight, src RangeOpener, file *
 			}
 			c.Write(p.buf[:p.n])
 			end := p.off + int64(p.n)
+			f.report(end)
 			if end == chunkEnd(p.off) {
 				select {
 				case written <- chunkDone{index: p.off / st.ChunkSize, data: c.Sum(nil)}:
@@ -365,7 +366,6 @@ func (s *Store) transfer(ctx context.Context, f *flight, src RangeOpener, file *
 			st.Chunks = append(st.Chunks, w.data...)
 			st.HashState = h.data
 			st.Verified = chunkEnd(st.Verified)
-			f.report(st.Verified)
 			if st.Verified < desc.Size && time.Since(last) >= s.opts.checkpoint {
 				if err := s.checkpoint(file, st); err != nil {
 					cpErr = err

@@ -46,13 +46,17 @@ var (
 	ErrPermanent = errors.New("permanent source error")
 )
 
-// Permanent marks err as not worth retrying.
+// Permanent marks err as not worth retrying; its message is err's.
 func Permanent(err error) error {
 	if err == nil || errors.Is(err, ErrPermanent) {
 		return err
 	}
-	return fmt.Errorf("%w: %w", ErrPermanent, err)
+	return permanentError{err}
 }
+
+type permanentError struct{ error }
+
+func (e permanentError) Unwrap() []error { return []error{e.error, ErrPermanent} }
 
 // Descriptor names a blob: its sha256 digest and its size in bytes.
 type Descriptor struct {
@@ -94,12 +98,14 @@ func ParseDigest(s string) (digest.Digest, error) {
 type RangeOpener interface {
 	// OpenRange returns a reader of the blob's bytes starting at offset off
 	// and running to the end of the blob. Errors wrapped with Permanent are
-	// not retried.
+	// not retried. The store's stall timeout covers OpenRange too: a source
+	// that sends nothing for that long, opening or reading, is retried.
 	OpenRange(ctx context.Context, off int64) (io.ReadCloser, error)
 }
 
-// Progress reports bytes of a blob that are durable and verified so far.
-// It is called from the download goroutine and must not block.
+// Progress reports the bytes of a blob received and written so far (they
+// become visible only once the whole blob is verified). It is called from the
+// download goroutines, every piece of about 1 MiB, and must not block.
 type Progress func(done, total int64)
 
 // Info describes a complete blob in the store.

@@ -488,7 +488,7 @@ func TestQueueFetchFailure(t *testing.T) {
 	st, err := wait(t, j)
 	require.ErrorIs(t, err, boom)
 	assert.Equal(t, prefetch.StateFailed, st.State)
-	assert.Equal(t, `fetching f1 (`+m.Files[1].Digest.String()+`): permanent source error: boom`, st.Error)
+	assert.Equal(t, `fetching f1 (`+m.Files[1].Digest.String()+`): boom`, st.Error)
 }
 
 func TestQueueWatch(t *testing.T) {
