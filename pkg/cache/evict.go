@@ -101,13 +101,14 @@ func (s *Store) makeRoom(need int64, self digest.Digest) error {
 	}
 }
 
-// lruCandidate picks the least recently used unpinned blob or idle partial.
+// lruCandidate picks the least recently used blob that is neither pinned nor
+// held, or idle partial.
 func (s *Store) lruCandidate(self digest.Digest) (d digest.Digest, isPartial, ok bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	var oldest time.Time
 	for cand, r := range s.blobs {
-		if len(r.Pins) == 0 && (!ok || r.LastAccess.Before(oldest)) {
+		if len(r.Pins) == 0 && s.holds[cand] == 0 && (!ok || r.LastAccess.Before(oldest)) {
 			d, oldest, ok, isPartial = cand, r.LastAccess, true, false
 		}
 	}
@@ -141,9 +142,9 @@ func (s *Store) evict(d digest.Digest, isPartial bool) error {
 		defer s.modelsMu.Unlock()
 		s.mu.Lock()
 		r, ok := s.blobs[d]
-		if !ok || len(r.Pins) > 0 {
+		if !ok || len(r.Pins) > 0 || s.holds[d] > 0 {
 			s.mu.Unlock()
-			return nil // gone or pinned since it was picked
+			return nil // gone, pinned or held since it was picked
 		}
 		delete(s.blobs, d)
 		s.mu.Unlock()

@@ -55,6 +55,7 @@ type Store struct {
 	blobs    map[digest.Digest]*record
 	flights  map[digest.Digest]*flight
 	partials map[digest.Digest]int64 // idle partial downloads on disk → reserved bytes
+	holds    map[digest.Digest]int   // in-memory holds against eviction (see Hold)
 	reserved int64                   // bytes reserved by downloads in flight
 	closed   bool
 
@@ -119,6 +120,7 @@ func Open(root string, opts ...Option) (*Store, error) {
 		blobs:    make(map[digest.Digest]*record),
 		flights:  make(map[digest.Digest]*flight),
 		partials: make(map[digest.Digest]int64),
+		holds:    make(map[digest.Digest]int),
 	}
 	if err := s.load(); err != nil {
 		cancel()
@@ -313,6 +315,26 @@ func (s *Store) Usage() Usage {
 // Pins survive restarts.
 func (s *Store) Pin(d digest.Digest, owner string) error {
 	return s.updatePins(d, owner, true)
+}
+
+// Hold keeps the blob d from eviction, whether it is present yet or not,
+// until release is called (once). Unlike a pin it lives in memory only: it
+// protects work in progress, such as the first files of a model while the
+// last ones download.
+func (s *Store) Hold(d digest.Digest) (release func()) {
+	s.mu.Lock()
+	s.holds[d]++
+	s.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			if s.holds[d]--; s.holds[d] <= 0 {
+				delete(s.holds, d)
+			}
+			s.mu.Unlock()
+		})
+	}
 }
 
 // Unpin drops owner's pin on d. Unpinning what is not pinned is not an error.

@@ -380,3 +380,24 @@ func TestMaterializeRejectsMissingBlobsAndBadPaths(t *testing.T) {
 	}})
 	require.ErrorIs(t, err, ErrInvalid)
 }
+
+func TestHoldProtectsFromEviction(t *testing.T) {
+	t.Parallel()
+	s := openStore(t, t.TempDir(), WithBudget(2*100<<10, 0))
+	a, b, c := randomBytes(70, 100<<10), randomBytes(71, 100<<10), randomBytes(72, 100<<10)
+	release := s.Hold(descOf(a).Digest) // held before it is even present
+	for _, data := range [][]byte{a, b, c} {
+		_, err := s.Fetch(context.Background(), descOf(data), &memSource{data: data}, nil)
+		require.NoError(t, err)
+	}
+	_, err := s.Stat(descOf(a).Digest)
+	require.NoError(t, err, "held blob kept although least recently used")
+	_, err = s.Stat(descOf(b).Digest)
+	require.ErrorIs(t, err, ErrNotFound)
+	release()
+	release() // idempotent
+	_, err = s.Fetch(context.Background(), descOf(b), &memSource{data: b}, nil)
+	require.NoError(t, err)
+	_, err = s.Stat(descOf(a).Digest)
+	require.ErrorIs(t, err, ErrNotFound, "released blob is evictable again")
+}

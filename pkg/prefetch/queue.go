@@ -26,6 +26,9 @@ type Store interface {
 	// Materialize lays out a model whose blobs are all present and returns
 	// its directory.
 	Materialize(m cache.Model) (string, error)
+	// Hold keeps a blob from eviction, present or not yet, until released:
+	// a model's first files must survive while its last ones download.
+	Hold(d digest.Digest) (release func())
 }
 
 // ErrQueueStopped is returned by Submit once the queue's Run has returned,
@@ -337,6 +340,9 @@ func (q *Queue) run(ctx context.Context, j *Job) (string, error) {
 	}
 	slices.SortStableFunc(blobs, func(a, b blob) int { return cmp.Compare(b.Size, a.Size) })
 	j.plan(res.Model)
+	for _, b := range blobs {
+		defer q.store.Hold(b.Digest)()
+	}
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(q.cfg.files)

@@ -299,6 +299,23 @@ type fakeStore struct {
 
 	mu      sync.Mutex
 	fetched []cache.Descriptor
+	held    map[digest.Digest]int
+}
+
+func (s *fakeStore) Hold(d digest.Digest) func() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held == nil {
+		s.held = make(map[digest.Digest]int)
+	}
+	s.held[d]++
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.held[d]--; s.held[d] == 0 {
+			delete(s.held, d)
+		}
+	}
 }
 
 func (s *fakeStore) Fetch(ctx context.Context, desc cache.Descriptor, _ cache.RangeOpener, progress cache.Progress) (cache.Info, error) {
@@ -329,6 +346,13 @@ func (s *fakeStore) Fetch(ctx context.Context, desc cache.Descriptor, _ cache.Ra
 }
 
 func (s *fakeStore) Materialize(m cache.Model) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, f := range m.Files {
+		if s.held[f.Digest] == 0 {
+			return "", fmt.Errorf("file %s was not held against eviction until materialised", f.Path)
+		}
+	}
 	return "/models/" + m.Name + "/" + m.Revision, nil
 }
 
@@ -390,6 +414,9 @@ func TestQueueLargestFirst(t *testing.T) {
 		sizes = append(sizes, d.Size)
 	}
 	assert.Equal(t, []int64{70, 60, 50, 40, 30, 20, 10}, sizes)
+	store.mu.Lock()
+	assert.Empty(t, store.held, "holds are released when the job ends")
+	store.mu.Unlock()
 }
 
 func TestQueueSharedBlobFetchedOnce(t *testing.T) {
