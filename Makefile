@@ -54,7 +54,7 @@ lint:
 	  GOBIN=$(TOOLS)/tmp $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION); \
 	  mv $(TOOLS)/tmp/golangci-lint $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION); rmdir $(TOOLS)/tmp; \
 	fi
-	$(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION) run ./...
+	$(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION) run --config .ci/golangci.yml ./...
 
 ## bench: run every whole-system benchmark under bench/*/ (each prints JSON lines)
 bench:

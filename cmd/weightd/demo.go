@@ -121,10 +121,7 @@ func (c *demoCmd) Run(e *env) (err error) {
 		cancel()
 		return nil
 	})
-	if err := g.Wait(); err != nil && !(c.Keep && e.ctx.Err() != nil) {
-		return err
-	}
-	return nil
+	return g.Wait()
 }
 
 // workDir returns the demo's working directory and how to remove what the

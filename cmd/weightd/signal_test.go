@@ -88,8 +88,8 @@ func startAgentProcess(t *testing.T) (*exec.Cmd, string, *syncBuffer) {
 	}
 	t.Cleanup(func() {
 		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
 		}
 	})
 	client, err := api.NewClient(addr)
@@ -114,7 +114,11 @@ func waitExit(t *testing.T, cmd *exec.Cmd, timeout time.Duration, logs *syncBuff
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	select {
-	case <-done:
+	case err := <-done:
+		var exit *exec.ExitError
+		if err != nil && !errors.As(err, &exit) {
+			t.Fatalf("waiting for the agent: %v", err)
+		}
 		return cmd.ProcessState.ExitCode()
 	case <-time.After(timeout):
 		t.Fatalf("the agent did not exit within %v; output:\n%s", timeout, logs.String())

@@ -317,7 +317,7 @@ func TestWatchStopsOnClientDisconnect(t *testing.T) {
 
 func TestHealthAndReadiness(t *testing.T) {
 	t.Parallel()
-	var ready error = errors.New("queue not running")
+	ready := errors.New("queue not running")
 	var mu sync.Mutex
 	_, c := newTestServer(t, newFakeJobs(), WithReadiness(func(context.Context) error {
 		mu.Lock()

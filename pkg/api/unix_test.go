@@ -121,7 +121,7 @@ func testOrigin(t *testing.T, files map[string][]byte) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mux.HandleFunc("/m/model.json", func(w http.ResponseWriter, _ *http.Request) { w.Write(manifest) })
+	mux.HandleFunc("/m/model.json", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(manifest) })
 	ts := httptest.NewServer(mux)
 	t.Cleanup(ts.Close)
 	return ts.URL + "/m/model.json"
@@ -154,12 +154,16 @@ func TestOverUnixSocketWithQueue(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	queueDone := make(chan error, 1)
 	go func() { queueDone <- q.Run(ctx) }()
-	go hs.Serve(ln)
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(ln) }()
 	defer func() {
 		cancel()
 		hs.Close()
 		if err := <-queueDone; err != nil {
 			t.Errorf("queue: %v", err)
+		}
+		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+			t.Errorf("serving: %v", err)
 		}
 	}()
 
