@@ -160,6 +160,9 @@ func (s *Store) evict(d digest.Digest, isPartial bool) error {
 			return err
 		}
 	}
+	if !isPartial {
+		s.emit(Event{Kind: EventRemoved, Digest: d})
+	}
 	s.log.Info("evicted", "digest", d, "bytes", size, "partial", isPartial)
 	s.m.evictions.Inc()
 	s.m.evictedBytes.Add(float64(size))

@@ -3,6 +3,7 @@ package cache
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -136,7 +137,7 @@ func TestKilledDuringIngest(t *testing.T) {
 	if testing.Short() {
 		t.Skip("spawns 20 processes")
 	}
-	data := randomBytes(60, 64<<20)
+	data := randomBytes(60, 32<<20)
 	desc := descOf(data)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// Throttled to about 40 MB/s so that kills land mid-download.
@@ -147,7 +148,16 @@ func TestKilledDuringIngest(t *testing.T) {
 	root := t.TempDir()
 	rng := rand.New(rand.NewPCG(1, 2))
 	var progress []int64
-	run := func(kill time.Duration) error {
+	statePath := filepath.Join(partialDir(root), desc.Digest.Encoded()+".state")
+	saved := func() int64 {
+		var st partialState
+		if b, err := os.ReadFile(statePath); err == nil && json.Unmarshal(b, &st) == nil {
+			return st.Hashed
+		}
+		return 0
+	}
+	// run starts the child and kills it when killAt says so (nil: let it finish).
+	run := func(killAt func() bool) error {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperIngestProcess$")
 		cmd.Env = append(os.Environ(),
 			"WEIGHTD_HELPER_ROOT="+root, "WEIGHTD_HELPER_URL="+srv.URL,
@@ -155,18 +165,45 @@ func TestKilledDuringIngest(t *testing.T) {
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		require.NoError(t, cmd.Start())
-		if kill > 0 {
-			time.Sleep(kill)
-			cmd.Process.Signal(syscall.SIGKILL)
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		if killAt == nil {
+			if err := <-exited; err != nil {
+				return fmt.Errorf("%w: %s", err, stderr.String())
+			}
+			return nil
 		}
-		err := cmd.Wait()
-		if err != nil && kill == 0 {
-			return fmt.Errorf("%w: %s", err, stderr.String())
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && !killAt(); {
+			select {
+			case <-exited:
+				return nil // finished before the kill point
+			case <-time.After(2 * time.Millisecond):
+			}
 		}
+		cmd.Process.Signal(syscall.SIGKILL)
+		<-exited
 		return nil
 	}
 	for round := range 20 {
-		require.NoError(t, run(time.Duration(20+rng.IntN(130))*time.Millisecond))
+		var killAt func() bool
+		if round%4 == 0 {
+			// Early: during start-up, reservation or the first request.
+			at := time.Now().Add(time.Duration(rng.IntN(60)) * time.Millisecond)
+			killAt = func() bool { return time.Now().After(at) }
+		} else {
+			// Mid-download: once the saved progress passes a random point
+			// ahead (plus a random delay, so kills also land between checkpoints).
+			target := saved() + rng.Int64N(int64(len(data))/8) + 1
+			delay := time.Duration(rng.IntN(20)) * time.Millisecond
+			var reached time.Time
+			killAt = func() bool {
+				if reached.IsZero() && saved() >= target {
+					reached = time.Now()
+				}
+				return !reached.IsZero() && time.Since(reached) >= delay
+			}
+		}
+		require.NoError(t, run(killAt))
 		requireOnlyVerifiedBlobs(t, root)
 		s, err := Open(root, WithChunkSize(256<<10))
 		require.NoError(t, err, "round %d: the store opens after a kill", round)
@@ -178,11 +215,11 @@ func TestKilledDuringIngest(t *testing.T) {
 			require.ErrorIs(t, err, ErrNotFound)
 		}
 		if st := s.readState(desc); st != nil {
-			progress = append(progress, st.Verified)
+			progress = append(progress, st.Hashed)
 		}
 		require.NoError(t, s.Close())
 	}
-	require.NoError(t, run(0))
+	require.NoError(t, run(nil))
 	requireOnlyVerifiedBlobs(t, root)
 	s := openStore(t, root, WithChunkSize(256<<10))
 	info, err := s.Stat(desc.Digest)

@@ -61,8 +61,8 @@ func FuzzValidateModelName(f *testing.F) {
 // FuzzPartialState feeds arbitrary bytes as a saved download state: a torn
 // or tampered file must be rejected or accepted consistently, never panic.
 func FuzzPartialState(f *testing.F) {
-	f.Add([]byte(`{"version":1,"digest":"sha256:` + strings.Repeat("a", 64) + `","size":10,"chunkSize":65536,"verified":10,"chunks":"","hashState":""}`))
-	f.Add([]byte(`{"version":1,"chunkSize":0,"verified":5}`))
+	f.Add([]byte(`{"version":2,"digest":"sha256:` + strings.Repeat("a", 64) + `","size":10,"chunkSize":65536,"have":"AQ==","chunks":"` + strings.Repeat("A", 43) + `=","hashed":10,"hashState":""}`))
+	f.Add([]byte(`{"version":2,"chunkSize":0,"hashed":5}`))
 	f.Add([]byte(`{`))
 	root := f.TempDir()
 	s, err := Open(root, WithChunkSize(64<<10))
@@ -79,8 +79,14 @@ func FuzzPartialState(f *testing.F) {
 		if st == nil {
 			return
 		}
-		if st.Verified > desc.Size || int64(len(st.Chunks)) != (st.Verified+st.ChunkSize-1)/st.ChunkSize*32 {
+		n := chunkCount(desc.Size, st.ChunkSize)
+		if st.Hashed > desc.Size || len(st.Chunks) != n*32 || len(st.Have) != (n+7)/8 {
 			t.Fatalf("accepted inconsistent state %+v", st)
+		}
+		for i := range int(st.Hashed / st.ChunkSize) {
+			if !st.has(i) {
+				t.Fatalf("hashed prefix covers missing chunk %d", i)
+			}
 		}
 	})
 }

@@ -42,6 +42,7 @@ type flight struct {
 	// guarded by Store.mu
 	waiters   int
 	abandoned bool
+	partial   *Partial // set once the data file is open
 
 	subsMu sync.Mutex
 	subs   map[int]Progress
@@ -174,8 +175,17 @@ func (s *Store) startFlight(desc Descriptor, src RangeOpener) *flight {
 	return f
 }
 
+// ChunkFiller is a source that fills a download chunk by chunk, in any
+// order, from many places at once (the peer-to-peer swarm). When the source
+// given to Fetch implements it, Fetch calls Fill instead of streaming.
+type ChunkFiller interface {
+	// Fill makes every chunk of p present (Partial.WriteChunk), or returns
+	// an error. The store then verifies the whole blob and commits it.
+	Fill(ctx context.Context, p *Partial) error
+}
+
 // download runs one flight: reserve and allocate space, resume or start the
-// partial file, stream, verify and commit.
+// partial file, fill it (streaming or chunk by chunk), verify and commit.
 func (s *Store) download(ctx context.Context, f *flight, src RangeOpener) (Info, error) {
 	if err := ctx.Err(); err != nil {
 		return Info{}, err
@@ -190,22 +200,32 @@ func (s *Store) download(ctx context.Context, f *flight, src RangeOpener) (Info,
 		return Info{}, err
 	}
 	defer file.Close()
-	st, whole := s.resumeState(file, desc)
-	if st.Verified > 0 {
-		s.log.Info("resuming download", "digest", desc.Digest, "from", st.Verified, "size", desc.Size)
-	}
-	f.report(st.Verified)
+	p := s.openPartial(f, file)
+	f.report(p.Present())
+	s.mu.Lock()
+	f.partial = p
+	s.mu.Unlock()
+	s.emit(Event{Kind: EventPartial, Digest: desc.Digest})
 
-	err = s.transfer(ctx, f, src, file, st, whole)
+	if filler, ok := src.(ChunkFiller); ok {
+		err = filler.Fill(ctx, p)
+		if err == nil {
+			err = p.Verify()
+		}
+	} else {
+		err = s.transfer(ctx, f, src, p)
+	}
 	if err == nil {
 		var info Info
-		info, err = s.commit(file, st)
+		info, err = s.commit(p)
 		if err == nil {
 			s.m.ingestSeconds.Observe(time.Since(start).Seconds())
 			s.log.Info("blob stored", "digest", desc.Digest, "size", desc.Size, "seconds", time.Since(start).Seconds())
+			s.emit(Event{Kind: EventComplete, Digest: desc.Digest})
 			return info, nil
 		}
 	}
+	s.emit(Event{Kind: EventRemoved, Digest: desc.Digest})
 	switch {
 	case errors.Is(err, ErrDigestMismatch), errors.Is(err, ErrSizeMismatch):
 		s.m.verificationFailures.Inc()
@@ -215,6 +235,11 @@ func (s *Store) download(ctx context.Context, f *flight, src RangeOpener) (Info,
 		s.dropPartial(desc, false)
 	default:
 		// Keep what was verified for a later resume; it stays evictable.
+		if p.Present() > 0 {
+			if cerr := p.checkpoint(true); cerr != nil {
+				s.log.Warn("saving download progress", "digest", desc.Digest, "err", cerr)
+			}
+		}
 		s.dropPartial(desc, true)
 	}
 	return Info{}, err
@@ -235,21 +260,6 @@ func (s *Store) dropPartial(desc Descriptor, keep bool) {
 	s.updateGauges()
 }
 
-// resumeState loads and checks the saved progress of a download, or starts
-// from zero.
-func (s *Store) resumeState(file *os.File, desc Descriptor) (*partialState, hashState) {
-	if st := s.readState(desc); st != nil {
-		whole, err := verifyResume(file, st)
-		if err == nil {
-			return st, whole
-		}
-		s.log.Warn("partial download failed verification; starting over", "digest", desc.Digest, "err", err)
-	}
-	return &partialState{
-		Version: partialStateVersion, Digest: desc.Digest, Size: desc.Size, ChunkSize: s.opts.chunkSize,
-	}, sha256.New().(hashState)
-}
-
 // piece is a slice of the blob travelling down the pipeline: the reader fills
 // it, the hasher and the writer each consume it, the last one recycles it.
 type piece struct {
@@ -265,16 +275,20 @@ type chunkDone struct {
 	data  []byte // the chunk's sha256 (writer) or the whole-blob hash state after it (hasher)
 }
 
-// transfer streams [st.Verified, size) from src into file through three
-// concurrent stages: read (with retries), hash the whole blob, and write plus
-// hash each chunk. The committer records a chunk once both stages are done
-// with it and checkpoints the progress every checkpoint interval.
-func (s *Store) transfer(ctx context.Context, f *flight, src RangeOpener, file *os.File, st *partialState, whole hashState) error {
+// transfer streams the blob from src into p, from the end of its hashed
+// prefix to the end, through three concurrent stages: read (with retries),
+// hash the whole blob, and write plus hash each chunk. The committer marks a
+// chunk present once both stages are done with it, so the chunk server can
+// serve it at once, and checkpoints the progress every interval.
+func (s *Store) transfer(ctx context.Context, f *flight, src RangeOpener, p *Partial) error {
 	desc := f.desc
-	if st.Verified == desc.Size {
-		st.HashState = mustMarshal(whole)
+	p.mu.Lock()
+	from := p.st.Hashed
+	p.mu.Unlock()
+	if from == desc.Size {
 		return nil
 	}
+	whole := p.whole // the stream owns the hash: no advanceHash runs in this mode
 	g, ctx := errgroup.WithContext(ctx)
 	free := make(chan *piece, pieces)
 	for range pieces {
@@ -284,21 +298,22 @@ func (s *Store) transfer(ctx context.Context, f *flight, src RangeOpener, file *
 	toWrite := make(chan *piece, pieces)
 	hashed := make(chan chunkDone, 4)
 	written := make(chan chunkDone, 4)
-	recycle := func(p *piece) {
-		if p.pending.Add(-1) == 0 {
-			free <- p
+	recycle := func(pc *piece) {
+		if pc.pending.Add(-1) == 0 {
+			free <- pc
 		}
 	}
-	chunkEnd := func(off int64) int64 { return min((off/st.ChunkSize+1)*st.ChunkSize, desc.Size) }
+	cs := p.cs
+	chunkEnd := func(off int64) int64 { return min((off/cs+1)*cs, desc.Size) }
 
 	g.Go(func() error {
 		defer close(toHash)
 		defer close(toWrite)
-		return s.read(ctx, src, desc, st.Verified, chunkEnd, free, func(p *piece) error {
-			p.pending.Store(2)
+		return s.read(ctx, src, desc, from, chunkEnd, free, func(pc *piece) error {
+			pc.pending.Store(2)
 			for _, out := range []chan *piece{toHash, toWrite} {
 				select {
-				case out <- p:
+				case out <- pc:
 				case <-ctx.Done():
 					return ctx.Err()
 				}
@@ -307,46 +322,42 @@ func (s *Store) transfer(ctx context.Context, f *flight, src RangeOpener, file *
 		})
 	})
 	g.Go(func() error {
-		for p := range toHash {
-			whole.Write(p.buf[:p.n])
-			end := p.off + int64(p.n)
-			if end == chunkEnd(p.off) {
+		for pc := range toHash {
+			whole.Write(pc.buf[:pc.n])
+			if end := pc.off + int64(pc.n); end == chunkEnd(pc.off) {
 				select {
-				case hashed <- chunkDone{index: p.off / st.ChunkSize, data: mustMarshal(whole)}:
+				case hashed <- chunkDone{index: pc.off / cs, data: mustMarshal(whole)}:
 				case <-ctx.Done():
 					return ctx.Err()
 				}
 			}
-			recycle(p)
+			recycle(pc)
 		}
 		return nil
 	})
 	g.Go(func() error {
 		c := sha256.New()
-		for p := range toWrite {
-			if _, err := file.WriteAt(p.buf[:p.n], p.off); err != nil {
-				return fmt.Errorf("writing %s: %w", file.Name(), diskErr(err))
+		for pc := range toWrite {
+			if _, err := p.file.WriteAt(pc.buf[:pc.n], pc.off); err != nil {
+				return fmt.Errorf("writing %s: %w", p.file.Name(), diskErr(err))
 			}
-			c.Write(p.buf[:p.n])
-			end := p.off + int64(p.n)
+			c.Write(pc.buf[:pc.n])
+			end := pc.off + int64(pc.n)
 			f.report(end)
-			if end == chunkEnd(p.off) {
+			if end == chunkEnd(pc.off) {
 				select {
-				case written <- chunkDone{index: p.off / st.ChunkSize, data: c.Sum(nil)}:
+				case written <- chunkDone{index: pc.off / cs, data: c.Sum(nil)}:
 				case <-ctx.Done():
 					return ctx.Err()
 				}
 				c.Reset()
 			}
-			recycle(p)
+			recycle(pc)
 		}
 		return nil
 	})
-	// The committer owns st: it only ever describes chunks both stages finished.
-	var cpErr error
 	g.Go(func() error {
-		last := time.Now()
-		for st.Verified < desc.Size {
+		for next := from / cs; next < int64(p.n); next++ {
 			var h, w chunkDone
 			for _, ch := range []chan chunkDone{hashed, written} {
 				select {
@@ -360,40 +371,19 @@ func (s *Store) transfer(ctx context.Context, f *flight, src RangeOpener, file *
 					return ctx.Err()
 				}
 			}
-			if h.index != w.index || h.index*st.ChunkSize != st.Verified {
-				return fmt.Errorf("internal error: chunk %d/%d out of order at byte %d", h.index, w.index, st.Verified)
+			if h.index != next || w.index != next {
+				return fmt.Errorf("internal error: chunks %d/%d arrived, want %d", h.index, w.index, next)
 			}
-			st.Chunks = append(st.Chunks, w.data...)
-			st.HashState = h.data
-			st.Verified = chunkEnd(st.Verified)
-			if st.Verified < desc.Size && time.Since(last) >= s.opts.checkpoint {
-				if err := s.checkpoint(file, st); err != nil {
-					cpErr = err
+			p.markStreamed(int(next), w.data, h.data)
+			if next < int64(p.n)-1 {
+				if err := p.checkpoint(false); err != nil {
 					return err
 				}
-				last = time.Now()
 			}
 		}
 		return nil
 	})
-	err := g.Wait()
-	if err != nil && cpErr == nil && st.Verified > 0 && st.Verified < desc.Size && !errors.Is(err, ErrDiskFull) {
-		// Keep the progress made so far for the next attempt or run.
-		if cerr := s.checkpoint(file, st); cerr != nil {
-			s.log.Warn("saving download progress", "digest", desc.Digest, "err", cerr)
-		}
-	}
-	return err
-}
-
-func (s *Store) checkpoint(file *os.File, st *partialState) error {
-	if err := fdatasync(file); err != nil {
-		return fmt.Errorf("syncing partial %s: %w", st.Digest, err)
-	}
-	if err := s.saveState(st); err != nil {
-		return fmt.Errorf("saving progress of %s: %w", st.Digest, err)
-	}
-	return nil
+	return g.Wait()
 }
 
 // read pulls [from, size) from src into pieces that never straddle a chunk,
@@ -509,21 +499,24 @@ func (w *watchdogReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// commit checks the whole blob against its digest and makes it visible:
-// fsync, read-only, rename into blobs/, fsync the directory, index it.
-func (s *Store) commit(file *os.File, st *partialState) (Info, error) {
+// commit makes a verified download visible: fsync, read-only, rename into
+// blobs/, fsync the directory, index it.
+func (s *Store) commit(p *Partial) (Info, error) {
+	p.mu.Lock()
+	st := p.st.clone()
+	p.mu.Unlock()
 	h := sha256.New().(hashState)
-	if err := h.UnmarshalBinary(st.HashState); err != nil {
-		return Info{}, fmt.Errorf("restoring hash state: %w", err)
+	if err := h.UnmarshalBinary(st.HashState); err != nil || st.Hashed != st.Size {
+		return Info{}, fmt.Errorf("internal error: committing %s with %d of %d bytes hashed", st.Digest, st.Hashed, st.Size)
 	}
 	if got := digest.NewDigest(digest.SHA256, h); got != st.Digest {
 		s.log.Warn("downloaded blob does not match its digest", "want", st.Digest, "got", got)
 		return Info{}, fmt.Errorf("%w: got %s", ErrDigestMismatch, got)
 	}
-	if err := fdatasync(file); err != nil {
-		return Info{}, fmt.Errorf("syncing %s: %w", file.Name(), err)
+	if err := fdatasync(p.file); err != nil {
+		return Info{}, fmt.Errorf("syncing %s: %w", p.file.Name(), err)
 	}
-	if err := file.Chmod(0o444); err != nil {
+	if err := p.file.Chmod(0o444); err != nil {
 		return Info{}, err
 	}
 	dst, _ := s.BlobPath(st.Digest)

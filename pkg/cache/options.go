@@ -21,6 +21,7 @@ type options struct {
 	attempts      int
 	backoff       time.Duration
 	checkpoint    time.Duration
+	events        func(Event)
 }
 
 func defaultOptions() options {
@@ -113,6 +114,16 @@ func WithCheckpointInterval(d time.Duration) Option {
 			return fmt.Errorf("%w: checkpoint interval %v", ErrInvalid, d)
 		}
 		o.checkpoint = d
+		return nil
+	}
+}
+
+// WithEvents calls fn when the store starts downloading a blob, verifies a
+// chunk of it, completes it, or drops it: what a node announces to its peers.
+// fn runs on the store's goroutines and must not block.
+func WithEvents(fn func(Event)) Option {
+	return func(o *options) error {
+		o.events = fn
 		return nil
 	}
 }

@@ -3,30 +3,331 @@ package cache
 import (
 	"bytes"
 	"crypto/sha256"
-	"encoding"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 )
 
-const partialStateVersion = 1
+const partialStateVersion = 2
 
-// partialState is the persisted progress of a download: the bytes in
-// [0, Verified) are durable in the data file, their chunk hashes are in
-// Chunks, and HashState is the sha256 state after hashing exactly them.
+// partialState is the persisted progress of a download. Chunk i is present
+// (bit i of Have) when its bytes are durable in the data file and hash to
+// Chunks[i]. The whole-blob sha256 state HashState covers [0, Hashed), a
+// prefix of present chunks.
 type partialState struct {
 	Version   int           `json:"version"`
 	Digest    digest.Digest `json:"digest"`
 	Size      int64         `json:"size"`
 	ChunkSize int64         `json:"chunkSize"`
-	Verified  int64         `json:"verified"`
+	Have      []byte        `json:"have"`
 	Chunks    []byte        `json:"chunks"`
+	Hashed    int64         `json:"hashed"`
 	HashState []byte        `json:"hashState"`
+}
+
+func chunkCount(size, chunkSize int64) int { return int((size + chunkSize - 1) / chunkSize) }
+
+func (st *partialState) has(i int) bool { return st.Have[i/8]&(1<<(i%8)) != 0 }
+
+func (st *partialState) set(i int, sum []byte) {
+	st.Have[i/8] |= 1 << (i % 8)
+	copy(st.Chunks[i*sha256.Size:], sum)
+}
+
+func (st *partialState) clear(i int) { st.Have[i/8] &^= 1 << (i % 8) }
+
+func (st *partialState) clone() partialState {
+	c := *st
+	c.Have, c.Chunks, c.HashState = bytes.Clone(st.Have), bytes.Clone(st.Chunks), bytes.Clone(st.HashState)
+	return c
+}
+
+func newPartialState(desc Descriptor, chunkSize int64) *partialState {
+	n := chunkCount(desc.Size, chunkSize)
+	return &partialState{
+		Version: partialStateVersion, Digest: desc.Digest, Size: desc.Size, ChunkSize: chunkSize,
+		Have: make([]byte, (n+7)/8), Chunks: make([]byte, n*sha256.Size),
+		HashState: mustMarshal(sha256.New().(hashState)),
+	}
+}
+
+// Partial is a download in progress: a pre-allocated data file filled chunk
+// by chunk, in any order, from any source. A ChunkFiller gets one from Fetch;
+// the chunk server reads its present chunks while it fills. It is safe for
+// concurrent use.
+type Partial struct {
+	s    *Store
+	desc Descriptor
+	file *os.File
+	f    *flight
+	n    int
+	cs   int64
+
+	mu      sync.Mutex
+	st      *partialState
+	present int64 // bytes in present chunks
+
+	hashMu sync.Mutex // serialises advancing the whole-blob hash
+	whole  hashState  // covers [0, st.Hashed); guarded by hashMu
+
+	cpMu   sync.Mutex
+	lastCP time.Time
+}
+
+// Descriptor is the blob being downloaded.
+func (p *Partial) Descriptor() Descriptor { return p.desc }
+
+// ChunkSize is the size of every chunk but the last.
+func (p *Partial) ChunkSize() int64 { return p.cs }
+
+// Chunks is the number of chunks.
+func (p *Partial) Chunks() int { return p.n }
+
+// ChunkLen is the size of chunk i.
+func (p *Partial) ChunkLen(i int) int64 { return min(p.cs, p.desc.Size-int64(i)*p.cs) }
+
+// Has reports whether chunk i is present and verified.
+func (p *Partial) Has(i int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return i >= 0 && i < p.n && p.st.has(i)
+}
+
+// Missing lists the chunks not yet present, in order.
+func (p *Partial) Missing() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []int
+	for i := range p.n {
+		if !p.st.has(i) {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// Present is the number of bytes in present chunks.
+func (p *Partial) Present() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.present
+}
+
+// state returns a copy of the bitmap and chunk hashes.
+func (p *Partial) state() (have, hashes []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return bytes.Clone(p.st.Have), bytes.Clone(p.st.Chunks)
+}
+
+// WriteChunk stores chunk i. With want set, data must hash to it or the
+// chunk is refused with ErrDigestMismatch and nothing is marked; with want
+// nil (a trusted origin) the hash is computed and recorded as the chunk's.
+// A chunk already present is left as it is. The whole blob is still checked
+// against its digest before it is committed.
+func (p *Partial) WriteChunk(i int, data []byte, want []byte) error {
+	if i < 0 || i >= p.n {
+		return fmt.Errorf("%w: chunk %d of %d", ErrInvalid, i, p.n)
+	}
+	if int64(len(data)) != p.ChunkLen(i) {
+		return fmt.Errorf("%w: chunk %d is %d bytes, want %d", ErrSizeMismatch, i, len(data), p.ChunkLen(i))
+	}
+	sum := sha256.Sum256(data)
+	if want != nil && !bytes.Equal(sum[:], want) {
+		return fmt.Errorf("%w: chunk %d", ErrDigestMismatch, i)
+	}
+	if p.Has(i) {
+		return nil
+	}
+	// Concurrent writers of one chunk (endgame duplicates) write identical,
+	// verified bytes, so their writes may overlap harmlessly.
+	if _, err := p.file.WriteAt(data, int64(i)*p.cs); err != nil {
+		return fmt.Errorf("writing chunk %d of %s: %w", i, p.desc.Digest, diskErr(err))
+	}
+	p.s.m.ingestBytes.Add(float64(len(data)))
+	p.mu.Lock()
+	if !p.st.has(i) {
+		p.st.set(i, sum[:])
+		p.present += int64(len(data))
+	}
+	present := p.present
+	p.mu.Unlock()
+	p.f.report(present)
+	p.s.emit(Event{Kind: EventChunk, Digest: p.desc.Digest, Chunk: i})
+	if err := p.advanceHash(); err != nil {
+		return err
+	}
+	return p.checkpoint(false)
+}
+
+// Invalidate forgets chunk i: its recorded hash was wrong (a lying chunk map)
+// and it must be fetched again.
+func (p *Partial) Invalidate(i int) {
+	p.hashMu.Lock()
+	defer p.hashMu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if i < 0 || i >= p.n || !p.st.has(i) {
+		return
+	}
+	p.st.clear(i)
+	p.present -= p.ChunkLen(i)
+	if int64(i)*p.cs < p.st.Hashed {
+		p.whole = sha256.New().(hashState)
+		p.st.Hashed, p.st.HashState = 0, mustMarshal(p.whole)
+	}
+}
+
+// advanceHash feeds the whole-blob hash with the present chunks that extend
+// its prefix, reading them back from the data file (usually the page cache).
+// Whoever holds hashMu does the work; the others return at once, and the
+// holder re-checks before it lets go, so no chunk is left behind.
+func (p *Partial) advanceHash() error {
+	for {
+		if !p.hashMu.TryLock() {
+			return nil
+		}
+		err := p.hashPrefix()
+		p.hashMu.Unlock()
+		if err != nil {
+			return err
+		}
+		p.mu.Lock()
+		next := int(p.st.Hashed / p.cs)
+		more := p.st.Hashed < p.desc.Size && p.st.has(next)
+		p.mu.Unlock()
+		if !more {
+			return nil
+		}
+	}
+}
+
+// hashPrefix runs with hashMu held.
+func (p *Partial) hashPrefix() error {
+	var buf []byte
+	for {
+		p.mu.Lock()
+		off := p.st.Hashed
+		ok := off < p.desc.Size && p.st.has(int(off/p.cs))
+		p.mu.Unlock()
+		if !ok {
+			return nil
+		}
+		i := int(off / p.cs)
+		if buf == nil {
+			buf = make([]byte, 1<<20)
+		}
+		if _, err := io.CopyBuffer(p.whole, io.NewSectionReader(p.file, off, p.ChunkLen(i)), buf); err != nil {
+			return fmt.Errorf("hashing chunk %d of %s: %w", i, p.desc.Digest, err)
+		}
+		state := mustMarshal(p.whole)
+		p.mu.Lock()
+		p.st.Hashed, p.st.HashState = off+p.ChunkLen(i), state
+		p.mu.Unlock()
+	}
+}
+
+// Verify checks the whole blob against its digest once every chunk is
+// present. A mismatch (ErrDigestMismatch) means a chunk map was wrong.
+func (p *Partial) Verify() error {
+	if missing := p.Missing(); len(missing) > 0 {
+		return fmt.Errorf("%w: %d chunks of %s still missing", ErrInvalid, len(missing), p.desc.Digest)
+	}
+	p.hashMu.Lock()
+	defer p.hashMu.Unlock()
+	if err := p.hashPrefix(); err != nil {
+		return err
+	}
+	if got := digest.NewDigest(digest.SHA256, p.whole); got != p.desc.Digest {
+		return fmt.Errorf("%w: got %s", ErrDigestMismatch, got)
+	}
+	return nil
+}
+
+// markStreamed records chunk i of a sequential download that hashes the
+// whole blob as it goes: state is the whole-blob hash after the chunk.
+func (p *Partial) markStreamed(i int, sum, state []byte) {
+	p.mu.Lock()
+	if !p.st.has(i) {
+		p.present += p.ChunkLen(i)
+	}
+	p.st.set(i, sum)
+	p.st.Hashed, p.st.HashState = int64(i)*p.cs+p.ChunkLen(i), state
+	p.mu.Unlock()
+	p.s.emit(Event{Kind: EventChunk, Digest: p.desc.Digest, Chunk: i})
+}
+
+// checkpoint makes the progress durable: fsync the data, then save the state
+// (atomically). Unless forced, it runs at most once per checkpoint interval.
+func (p *Partial) checkpoint(force bool) error {
+	p.cpMu.Lock()
+	defer p.cpMu.Unlock()
+	if !force && time.Since(p.lastCP) < p.s.opts.checkpoint {
+		return nil
+	}
+	p.mu.Lock()
+	st := p.st.clone()
+	p.mu.Unlock()
+	if err := fdatasync(p.file); err != nil {
+		return fmt.Errorf("syncing partial %s: %w", st.Digest, err)
+	}
+	b, err := json.Marshal(&st)
+	if err == nil {
+		err = writeFileAtomic(p.s.partialStatePath(st.Digest), b, 0o600)
+	}
+	if err != nil {
+		return fmt.Errorf("saving progress of %s: %w", st.Digest, err)
+	}
+	p.lastCP = time.Now()
+	return nil
+}
+
+// openPartial resumes the saved progress of desc in file, keeping only the
+// chunks that still hash to their recorded sums, or starts from nothing.
+func (s *Store) openPartial(f *flight, file *os.File) *Partial {
+	desc := f.desc
+	p := &Partial{s: s, desc: desc, file: file, f: f, cs: s.opts.chunkSize, lastCP: time.Now()}
+	p.n = chunkCount(desc.Size, p.cs)
+	p.st = s.readState(desc)
+	if p.st == nil {
+		p.st = newPartialState(desc, p.cs)
+	}
+	buf := make([]byte, 1<<20)
+	h := sha256.New()
+	prefixOK := true
+	for i := range p.n {
+		if !p.st.has(i) {
+			continue
+		}
+		h.Reset()
+		_, err := io.CopyBuffer(h, io.NewSectionReader(file, int64(i)*p.cs, p.ChunkLen(i)), buf)
+		if err != nil || !bytes.Equal(h.Sum(nil), p.st.Chunks[i*sha256.Size:(i+1)*sha256.Size]) {
+			s.log.Warn("dropping a saved chunk that no longer matches its hash", "digest", desc.Digest, "chunk", i)
+			p.st.clear(i)
+			if int64(i)*p.cs < p.st.Hashed {
+				prefixOK = false
+			}
+			continue
+		}
+		p.present += p.ChunkLen(i)
+	}
+	p.whole = sha256.New().(hashState)
+	if !prefixOK || p.whole.UnmarshalBinary(p.st.HashState) != nil {
+		p.whole = sha256.New().(hashState)
+		p.st.Hashed, p.st.HashState = 0, mustMarshal(p.whole)
+	}
+	if p.present > 0 {
+		s.log.Info("resuming download", "digest", desc.Digest, "present", p.present, "size", desc.Size)
+	}
+	return p
 }
 
 func (s *Store) partialData(d digest.Digest) string {
@@ -85,44 +386,21 @@ func (s *Store) readState(desc Descriptor) *partialState {
 		s.log.Warn("discarding unreadable partial state", "digest", desc.Digest, "err", err)
 		return nil
 	}
-	nChunks := (st.Verified + st.ChunkSize - 1) / max(st.ChunkSize, 1)
+	cs := s.opts.chunkSize
+	n := chunkCount(desc.Size, cs)
 	switch {
-	case st.Version != partialStateVersion, st.Digest != desc.Digest, st.Size != desc.Size,
-		st.ChunkSize != s.opts.chunkSize, st.Verified < 0, st.Verified > st.Size,
-		st.Verified%st.ChunkSize != 0 && st.Verified != st.Size,
-		int64(len(st.Chunks)) != nChunks*sha256.Size:
+	case st.Version != partialStateVersion, st.Digest != desc.Digest, st.Size != desc.Size, st.ChunkSize != cs,
+		len(st.Have) != (n+7)/8, len(st.Chunks) != n*sha256.Size,
+		st.Hashed < 0, st.Hashed > st.Size, st.Hashed%cs != 0 && st.Hashed != st.Size:
 		s.log.Info("partial state does not match; starting over", "digest", desc.Digest)
 		return nil
 	}
+	for i := range int(st.Hashed / cs) {
+		if !st.has(i) {
+			return nil
+		}
+	}
 	return &st
-}
-
-// verifyResume re-reads the durable prefix of a partial download and checks
-// every chunk against its recorded hash, so a resumed download continues only
-// from bytes that are really on disk. It returns the whole-blob hash restored
-// at the end of the prefix.
-func verifyResume(f *os.File, st *partialState) (hashState, error) {
-	h := sha256.New()
-	if err := h.(encoding.BinaryUnmarshaler).UnmarshalBinary(st.HashState); err != nil {
-		return nil, fmt.Errorf("restoring hash state: %w", err)
-	}
-	chunks, err := hashChunks(f, st.Verified, st.ChunkSize)
-	if err != nil {
-		return nil, fmt.Errorf("reading the verified prefix: %w", err)
-	}
-	if !bytes.Equal(chunks, st.Chunks) {
-		return nil, errors.New("chunks on disk do not match their recorded hashes")
-	}
-	return h.(hashState), nil
-}
-
-// saveState persists st atomically: temp file, fsync, rename, fsync dir.
-func (s *Store) saveState(st *partialState) error {
-	b, err := json.Marshal(st)
-	if err != nil {
-		return err
-	}
-	return writeFileAtomic(s.partialStatePath(st.Digest), b, 0o600)
 }
 
 func (s *Store) removePartial(d digest.Digest) {

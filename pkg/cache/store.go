@@ -16,6 +16,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 )
 
 var (
@@ -103,7 +104,7 @@ func Open(root string, opts ...Option) (*Store, error) {
 	}
 	db, err := bolt.Open(filepath.Join(root, "index.db"), 0o600, &bolt.Options{Timeout: time.Second})
 	if err != nil {
-		if errors.Is(err, bolt.ErrTimeout) {
+		if errors.Is(err, bolterrors.ErrTimeout) {
 			return nil, fmt.Errorf("opening cache index in %s: in use by another process", root)
 		}
 		return nil, fmt.Errorf("opening cache index in %s: %w", root, err)
@@ -422,53 +423,45 @@ func blobsDir(root string) string   { return filepath.Join(root, "blobs", "sha25
 func partialDir(root string) string { return filepath.Join(root, "partial") }
 func modelsDir(root string) string  { return filepath.Join(root, "models") }
 
-// ChunkMap is the list of per-chunk sha256 hashes of a blob: it lets a
-// receiver verify each chunk from an untrusted source before writing it.
-type ChunkMap struct {
-	ChunkSize int64    `json:"chunkSize"`
-	Hashes    [][]byte `json:"hashes"`
-}
-
-// ChunkMap returns the chunk map of the complete blob d, computing and saving
-// it if the index lost it (a blob recovered after a crash).
-func (s *Store) ChunkMap(d digest.Digest) (ChunkMap, error) {
+// chunkHashes returns the chunk size and concatenated chunk hashes of the
+// complete blob d, computing and saving them if the index lost them (a blob
+// recovered after a crash).
+func (s *Store) chunkHashes(d digest.Digest) (int64, []byte, error) {
 	info, err := s.Stat(d)
 	if err != nil {
-		return ChunkMap{}, err
+		return 0, nil, err
 	}
 	s.mu.RLock()
 	r := s.blobs[d]
 	s.mu.RUnlock()
-	if r == nil || r.ChunkSize == 0 {
-		f, err := s.Open(d)
-		if err != nil {
-			return ChunkMap{}, err
-		}
-		chunks, err := hashChunks(f, info.Size, s.opts.chunkSize)
-		f.Close()
-		if err != nil {
-			return ChunkMap{}, fmt.Errorf("hashing chunks of %s: %w", d, err)
-		}
-		s.mu.Lock()
-		if cur, ok := s.blobs[d]; ok {
-			next := *cur
-			next.ChunkSize, next.Chunks = s.opts.chunkSize, chunks
-			s.blobs[d] = &next
-			r = &next
-		}
-		s.mu.Unlock()
-		if r == nil {
-			return ChunkMap{}, fmt.Errorf("blob %s: %w", d, ErrNotFound)
-		}
-		if err := s.putBlob(d, r); err != nil {
-			s.log.Warn("saving chunk map", "digest", d, "err", err)
-		}
+	if r != nil && r.ChunkSize != 0 {
+		return r.ChunkSize, r.Chunks, nil
 	}
-	cm := ChunkMap{ChunkSize: r.ChunkSize}
-	for i := 0; i < len(r.Chunks); i += sha256.Size {
-		cm.Hashes = append(cm.Hashes, r.Chunks[i:i+sha256.Size])
+	f, err := s.Open(d)
+	if err != nil {
+		return 0, nil, err
 	}
-	return cm, nil
+	chunks, err := hashChunks(f, info.Size, s.opts.chunkSize)
+	f.Close()
+	if err != nil {
+		return 0, nil, fmt.Errorf("hashing chunks of %s: %w", d, err)
+	}
+	s.mu.Lock()
+	cur, ok := s.blobs[d]
+	if ok {
+		next := *cur
+		next.ChunkSize, next.Chunks = s.opts.chunkSize, chunks
+		s.blobs[d] = &next
+		r = &next
+	}
+	s.mu.Unlock()
+	if !ok {
+		return 0, nil, fmt.Errorf("blob %s: %w", d, ErrNotFound)
+	}
+	if err := s.putBlob(d, r); err != nil {
+		s.log.Warn("saving chunk hashes", "digest", d, "err", err)
+	}
+	return r.ChunkSize, chunks, nil
 }
 
 func hashChunks(r io.ReaderAt, size, chunkSize int64) ([]byte, error) {

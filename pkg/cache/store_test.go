@@ -43,14 +43,17 @@ func TestFetchStoresVerifiedBlob(t *testing.T) {
 		entries, _ := os.ReadDir(partialDir(s.Root()))
 		require.Empty(t, entries, "no partial left after commit")
 
-		cm, err := s.ChunkMap(info.Digest)
+		cs, err := s.ChunkState(info.Digest)
 		require.NoError(t, err)
-		require.Len(t, cm.Hashes, (size+64<<10-1)/(64<<10))
-		for i, h := range cm.Hashes {
+		require.True(t, cs.Complete)
+		n := (size + 64<<10 - 1) / (64 << 10)
+		require.Len(t, cs.Hashes, n*32)
+		for i := range n {
 			end := min((i+1)*64<<10, size)
 			sum := sha256.Sum256(data[i*64<<10 : end])
-			require.Equal(t, sum[:], h, "chunk %d", i)
+			require.Equal(t, sum[:], cs.Hash(i), "chunk %d", i)
 		}
+		require.False(t, cs.Has(n))
 		// A second fetch is a hit and does not touch the source.
 		_, err = s.Fetch(context.Background(), descOf(data), src, nil)
 		require.NoError(t, err)
@@ -254,9 +257,10 @@ func TestRestartReconcilesIndexWithDisk(t *testing.T) {
 	_, err = os.Stat(filepath.Join(blobsDir(root), "junk"))
 	require.ErrorIs(t, err, os.ErrNotExist)
 	// The chunk map is still there after a restart.
-	cm, err := s2.ChunkMap(descOf(a).Digest)
+	cs, err := s2.ChunkState(descOf(a).Digest)
 	require.NoError(t, err)
-	require.Len(t, cm.Hashes, 1)
+	require.True(t, cs.Has(0))
+	require.Len(t, cs.Hashes, 32)
 }
 
 func TestSecondProcessCannotOpenRoot(t *testing.T) {
