@@ -149,20 +149,15 @@ func runSize(ctx context.Context, work, originDir, originURL, bin string, size i
 	}, nil
 }
 
-// waitReady polls the agent's API until it answers.
+// waitReady waits, at most 30 s, until the agent's API answers.
 func waitReady(ctx context.Context, addr string) error {
 	client, err := api.NewClient(addr)
 	if err != nil {
 		return err
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		if _, err := client.Status(ctx); err == nil {
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return fmt.Errorf("agent at %s not ready after 30s", addr)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return client.WaitReady(ctx)
 }
 
 // peakRSS reads the high-water mark of a process's resident memory.
