@@ -28,7 +28,7 @@ build:
 demo: build
 	./$(BIN) demo $(DEMO_FLAGS)
 
-## test-deps: install what the tests need on a fresh Debian machine (the race detector needs a C toolchain)
+## test-deps: install what the tests need on a fresh Debian machine (a C toolchain for the race detector, iproute2 for the multi-host tests)
 test-deps:
 	@if ! command -v gcc >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -36,6 +36,14 @@ test-deps:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null; \
 	  else \
 	    echo "the race detector needs gcc: install it (apt-get install gcc libc6-dev)" >&2; exit 1; \
+	  fi; \
+	fi
+	@if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing iproute2 for the multi-host tests (internal/testbed)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iproute2 >/dev/null; \
+	  else \
+	    echo "the multi-host tests need root and ip and tc (apt-get install iproute2); without them they skip, or fail under CI=true" >&2; \
 	  fi; \
 	fi
 

@@ -1,0 +1,321 @@
+package testbed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestConfigRejected(t *testing.T) {
+	t.Parallel()
+	for _, cfg := range []Config{
+		{Hosts: 0},
+		{Hosts: MaxHosts + 1},
+		{Hosts: 2, LinkMbit: -1},
+		{Name: "Upper", Hosts: 2},
+		{Name: "-lead", Hosts: 2},
+		{Name: "has_underscore", Hosts: 2},
+		{Name: strings.Repeat("a", 33), Hosts: 2},
+	} {
+		if tb, err := New(t.Context(), cfg); err == nil {
+			tb.Close()
+			t.Errorf("New(%+v) succeeded", cfg)
+		} else if errors.Is(err, ErrUnavailable) {
+			t.Errorf("New(%+v): %v, want a configuration error", cfg, err)
+		}
+	}
+}
+
+func TestTestbedOf(t *testing.T) {
+	t.Parallel()
+	for ns, want := range map[string]string{
+		"wdt-swarm-br":     "swarm",
+		"wdt-swarm-h0":     "swarm",
+		"wdt-swarm-h17":    "swarm",
+		"wdt-p12-3-h4":     "p12-3",
+		"wdt-a-h1-br":      "a-h1",
+		"wdt-a-h1-h2":      "a-h1",
+		"wdt-x":            "",
+		"wdt-x-hy":         "",
+		"other-swarm-br":   "",
+		"wdt-swarm-h":      "",
+		"wdt-swarm-br-h01": "swarm-br",
+	} {
+		if got := testbedOf(ns); got != want {
+			t.Errorf("testbedOf(%q) = %q, want %q", ns, got, want)
+		}
+	}
+}
+
+func TestSubnetPrefix(t *testing.T) {
+	t.Parallel()
+	for i, want := range map[int]string{0: "198.18.0.0/24", 255: "198.18.255.0/24", 256: "198.19.0.0/24", subnets - 1: "198.19.255.0/24"} {
+		if got := subnetPrefix(i).String(); got != want {
+			t.Errorf("subnetPrefix(%d) = %s, want %s", i, got, want)
+		}
+	}
+}
+
+// rootView is what the root namespace's interfaces look like.
+func rootView(t *testing.T) []string {
+	t.Helper()
+	ifs, err := net.Interfaces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, i := range ifs {
+		addrs, err := i.Addrs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, fmt.Sprintf("%s %v", i.Name, addrs))
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestEchoBetweenHosts(t *testing.T) {
+	t.Parallel()
+	Require(t)
+	before := rootView(t)
+	tb := NewT(t, Config{Hosts: 2})
+	if after := rootView(t); !slices.Equal(before, after) {
+		t.Errorf("root namespace changed:\nbefore %q\nafter  %q", before, after)
+	}
+	hosts := tb.Hosts()
+	if len(hosts) != 2 {
+		t.Fatalf("%d hosts, want 2", len(hosts))
+	}
+	for i, h := range hosts {
+		if want := fmt.Sprintf("wdt-%s-h%d", tb.Name(), i); h.NS != want || h.Name != "h"+strconv.Itoa(i) {
+			t.Errorf("host %d is %s in %s, want h%d in %s", i, h.Name, h.NS, i, want)
+		}
+		if !tb.Subnet().Contains(h.Addr) || !netip.MustParsePrefix("198.18.0.0/15").Contains(h.Addr) {
+			t.Errorf("%s has %s, outside %s", h.Name, h.Addr, tb.Subnet())
+		}
+	}
+	if hosts[0].Addr == hosts[1].Addr {
+		t.Fatalf("both hosts have %s", hosts[0].Addr)
+	}
+	addr := netip.AddrPortFrom(hosts[0].Addr, 7000).String()
+	serve(t, hosts[0], "echo", addr)
+	got, err := send(t, hosts[1], addr, "hello from h1")
+	if err != nil || got != "hello from h1" {
+		t.Fatalf("echo from h1 to h0: %q, %v", got, err)
+	}
+	// Each host has its own loopback.
+	serve(t, hosts[1], "echo", "127.0.0.1:7001")
+	if got, err := send(t, hosts[1], "127.0.0.1:7001", "lo"); err != nil || got != "lo" {
+		t.Errorf("echo on h1's loopback: %q, %v", got, err)
+	}
+	if _, err := send(t, hosts[0], "127.0.0.1:7001", "lo"); err == nil {
+		t.Errorf("h0 reached h1's loopback server")
+	}
+}
+
+// transfer sends size bytes from one host to the other and returns the
+// receiver's rate in Mbit/s.
+func transfer(t *testing.T, from, to *Host, port uint16, size int64) float64 {
+	t.Helper()
+	addr := netip.AddrPortFrom(to.Addr, port).String()
+	out := serve(t, to, "sink", addr)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := helper(t, ctx, from, "source", addr, strconv.FormatInt(size, 10)).Run(); err != nil {
+		t.Fatalf("sending from %s: %v", from.Name, err)
+	}
+	line, err := out.ReadString('\n')
+	if err != nil {
+		t.Fatalf("reading the sink's result: %v", err)
+	}
+	var (
+		n   int64
+		sec float64
+	)
+	if _, err := fmt.Sscan(line, &n, &sec); err != nil || n != size || sec <= 0 {
+		t.Fatalf("sink said %q (%v), want %d bytes", line, err, size)
+	}
+	return float64(n) * 8 / sec / 1e6
+}
+
+func TestShapedThroughput(t *testing.T) {
+	Require(t)
+	const (
+		mbit = 100
+		size = 8 << 20
+	)
+	tb := NewT(t, Config{Hosts: 2, LinkMbit: mbit})
+	h := tb.Hosts()
+	steps := []struct {
+		name     string
+		from, to int // links of h0 (the sender) and h1 (the receiver)
+		lo, hi   float64
+	}{
+		{name: "both", from: mbit, to: mbit, lo: 0.6, hi: 1.1},
+		{name: "upload", from: mbit, to: 0, lo: 0.6, hi: 1.1},
+		{name: "download", from: 0, to: mbit, lo: 0.6, hi: 1.1},
+		{name: "unshaped", from: 0, to: 0, lo: 2, hi: 1e9},
+	}
+	for i, s := range steps {
+		if err := tb.SetLink(h[0], s.from); err != nil {
+			t.Fatal(err)
+		}
+		if err := tb.SetLink(h[1], s.to); err != nil {
+			t.Fatal(err)
+		}
+		rate := transfer(t, h[0], h[1], uint16(7100+i), size)
+		ratio := rate / mbit
+		t.Logf("%s: %.1f Mbit/s, %.2f of %d", s.name, rate, ratio, mbit)
+		if ratio < s.lo || ratio > s.hi {
+			t.Errorf("%s: %.1f Mbit/s is %.2f of %d Mbit/s, want %.1f to %.1f", s.name, rate, ratio, mbit, s.lo, s.hi)
+		}
+	}
+}
+
+func TestDownUp(t *testing.T) {
+	t.Parallel()
+	tb := NewT(t, Config{Hosts: 2})
+	h := tb.Hosts()
+	addr := netip.AddrPortFrom(h[0].Addr, 7200).String()
+	serve(t, h[0], "echo", addr)
+	if _, err := send(t, h[1], addr, "before"); err != nil {
+		t.Fatalf("before Down: %v", err)
+	}
+	if err := tb.Down(h[0]); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := send(t, h[1], addr, "down"); err == nil {
+		t.Fatalf("h0 is down but echoed %q", got)
+	}
+	if err := tb.Up(h[0]); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	for range 10 { // the port forwards at once; allow ARP a moment
+		if _, err = send(t, h[1], addr, "after"); err == nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("after Up: %v", err)
+	}
+}
+
+func TestCloseRemovesEverything(t *testing.T) {
+	t.Parallel()
+	Require(t)
+	tb, err := New(t.Context(), Config{Hosts: 3, LinkMbit: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tb.Close() })
+	sleeper := tb.Hosts()[1].Command(context.Background(), "sleep", "60")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- sleeper.Wait() }()
+
+	if _, err := New(t.Context(), Config{Name: tb.Name(), Hosts: 1}); !errors.Is(err, ErrInUse) {
+		t.Errorf("second testbed named %s: %v, want ErrInUse", tb.Name(), err)
+	}
+	if err := tb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(5 * time.Second):
+		sleeper.Process.Kill()
+		t.Errorf("a process in the testbed outlived Close")
+	}
+	assertGone(t, tb.Name())
+	if err := tb.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	if err := tb.SetLink(tb.Hosts()[0], 10); err == nil {
+		t.Errorf("SetLink after Close succeeded")
+	}
+}
+
+// assertGone checks that nothing of testbed name is left.
+func assertGone(t *testing.T, name string) {
+	t.Helper()
+	entries, err := os.ReadDir(netnsDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if testbedOf(e.Name()) == name {
+			t.Errorf("namespace %s is left", e.Name())
+		}
+	}
+	if _, err := os.Stat(stateDir + "/" + name); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("marker of %s is left (%v)", name, err)
+	}
+}
+
+func TestStaleTestbedRemoved(t *testing.T) {
+	t.Parallel()
+	Require(t)
+	tl, err := findTools()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A dead owner: a process that has exited.
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("stale%d", os.Getpid())
+	orphan := fmt.Sprintf("wdt-orphan%d-h0", os.Getpid()) // no marker at all
+	for _, ns := range []string{nsPrefix + name + "-br", nsPrefix + name + "-h0", orphan} {
+		if err := run(t.Context(), tl.ip, "netns", "add", ns); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { deleteNamespaces(tl, []string{ns}) })
+	}
+	if err := os.WriteFile(stateDir+"/"+name, fmt.Appendf(nil, "%d 1 7\n", dead.Process.Pid), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { release(name) })
+
+	NewT(t, Config{Hosts: 1})
+	assertGone(t, name)
+	if _, err := os.Stat(netnsDir + "/" + orphan); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("orphan namespace %s is left (%v)", orphan, err)
+	}
+}
+
+func TestManyHosts(t *testing.T) {
+	t.Parallel()
+	Require(t)
+	start := time.Now()
+	tb := NewT(t, Config{Hosts: 20, LinkMbit: 100})
+	t.Logf("20 shaped hosts up in %v", time.Since(start).Round(time.Millisecond))
+	hosts := tb.Hosts()
+	seen := make(map[netip.Addr]bool)
+	for _, h := range hosts {
+		if seen[h.Addr] {
+			t.Errorf("%s shares %s", h.Name, h.Addr)
+		}
+		seen[h.Addr] = true
+	}
+	addr := netip.AddrPortFrom(hosts[0].Addr, 7300).String()
+	serve(t, hosts[0], "echo", addr)
+	for _, h := range []*Host{hosts[1], hosts[10], hosts[19]} {
+		if got, err := send(t, h, addr, h.Name); err != nil || got != h.Name {
+			t.Errorf("echo from %s to h0: %q, %v", h.Name, got, err)
+		}
+	}
+}
