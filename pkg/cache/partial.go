@@ -114,6 +114,16 @@ func (p *Partial) Missing() []int {
 	return out
 }
 
+// Hash returns the recorded sha256 of chunk i, or nil if it is not present.
+func (p *Partial) Hash(i int) []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if i < 0 || i >= p.n || !p.st.has(i) {
+		return nil
+	}
+	return bytes.Clone(p.st.Chunks[i*sha256.Size : (i+1)*sha256.Size])
+}
+
 // Present is the number of bytes in present chunks.
 func (p *Partial) Present() int64 {
 	p.mu.Lock()

@@ -1,0 +1,215 @@
+package p2p
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/opencontainers/go-digest"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/weightd/weightd/pkg/cache"
+)
+
+func randomBlob(seed uint64, n int) []byte {
+	b := make([]byte, n)
+	rand.NewChaCha8([32]byte{byte(seed), byte(seed >> 8)}).Read(b)
+	return b
+}
+
+func descOf(b []byte) cache.Descriptor {
+	return cache.Descriptor{Digest: digest.FromBytes(b), Size: int64(len(b))}
+}
+
+// memOrigin serves a blob from memory as a cache.RangeOpener.
+type memOrigin []byte
+
+func (m memOrigin) OpenRange(_ context.Context, off int64) (io.ReadCloser, error) {
+	return io.NopCloser(bytes.NewReader(m[off:])), nil
+}
+
+const testChunk = 64 << 10
+
+func newTestStore(t *testing.T, opts ...cache.Option) *cache.Store {
+	t.Helper()
+	s, err := cache.Open(t.TempDir(), append([]cache.Option{cache.WithChunkSize(testChunk), cache.WithBudget(0, 0)}, opts...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func get(t *testing.T, url string, header ...string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	require.NoError(t, err)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, b
+}
+
+func TestChunkServerServesVerifiedChunks(t *testing.T) {
+	t.Parallel()
+	store := newTestStore(t)
+	data := randomBlob(1, 3*testChunk+100)
+	_, err := store.Fetch(context.Background(), descOf(data), memOrigin(data), nil)
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	srv, err := NewChunkServer(store, reg)
+	require.NoError(t, err)
+	ts := httptest.NewServer(srv.Handler())
+	defer ts.Close()
+	d := descOf(data).Digest
+
+	resp, body := get(t, ts.URL+fmt.Sprintf(statePath, d))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	st, err := DecodeChunkState(body)
+	require.NoError(t, err)
+	require.True(t, st.Complete)
+	require.Equal(t, int64(len(data)), st.Size)
+	for i := range 4 {
+		sum := sha256.Sum256(data[i*testChunk : min((i+1)*testChunk, len(data))])
+		require.Equal(t, sum[:], st.Hash(i))
+		resp, body := get(t, ts.URL+fmt.Sprintf(chunkPath, d, i))
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		require.Equal(t, data[i*testChunk:min((i+1)*testChunk, len(data))], body)
+	}
+	// A byte range inside a chunk.
+	resp, body = get(t, ts.URL+fmt.Sprintf(chunkPath, d, 1), "Range", "bytes=10-19")
+	require.Equal(t, http.StatusPartialContent, resp.StatusCode)
+	require.Equal(t, data[testChunk+10:testChunk+20], body)
+	require.Equal(t, fmt.Sprintf("bytes 10-19/%d", testChunk), resp.Header.Get("Content-Range"))
+	resp, _ = get(t, ts.URL+fmt.Sprintf(chunkPath, d, 1), "Range", "bytes=999999-")
+	require.Equal(t, http.StatusRequestedRangeNotSatisfiable, resp.StatusCode)
+	require.Equal(t, float64(len(data)+10), testutil.ToFloat64(srv.m.servedBytes))
+
+	for _, tc := range []struct {
+		path string
+		code int
+	}{
+		{fmt.Sprintf(chunkPath, d, 4), http.StatusNotFound},
+		{fmt.Sprintf(chunkPath, digest.FromString("other"), 0), http.StatusNotFound},
+		{fmt.Sprintf(statePath, digest.FromString("other")), http.StatusNotFound},
+		{"/v1/blobs/sha256:zz/chunks/0", http.StatusBadRequest},
+		{"/v1/blobs/" + d.String() + "/chunks/-1", http.StatusBadRequest},
+		{"/v1/blobs/" + d.String() + "/chunks/01", http.StatusBadRequest},
+		{"/v1/blobs/" + d.String() + "/chunks/x", http.StatusBadRequest},
+		{"/v1/blobs/..%2f..%2fetc%2fpasswd/chunks/0", http.StatusBadRequest},
+	} {
+		resp, _ := get(t, ts.URL+tc.path)
+		require.Equal(t, tc.code, resp.StatusCode, tc.path)
+	}
+}
+
+func TestChunkServerServesOnlyVerifiedChunksOfDownloadInFlight(t *testing.T) {
+	t.Parallel()
+	store := newTestStore(t)
+	srv, err := NewChunkServer(store, nil)
+	require.NoError(t, err)
+	ts := httptest.NewServer(srv.Handler())
+	defer ts.Close()
+	data := randomBlob(2, 3*testChunk)
+	d := descOf(data).Digest
+	checked := make(chan struct{})
+	_, err = store.Fetch(context.Background(), descOf(data), fillFunc(func(ctx context.Context, p *cache.Partial) error {
+		require.NoError(t, p.WriteChunk(2, data[2*testChunk:], nil))
+		resp, body := get(t, ts.URL+fmt.Sprintf(statePath, d))
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		st, err := DecodeChunkState(body)
+		require.NoError(t, err)
+		require.False(t, st.Complete)
+		require.Equal(t, []bool{false, false, true}, []bool{st.Has(0), st.Has(1), st.Has(2)})
+		resp, _ = get(t, ts.URL+fmt.Sprintf(chunkPath, d, 0))
+		require.Equal(t, http.StatusNotFound, resp.StatusCode)
+		resp, body = get(t, ts.URL+fmt.Sprintf(chunkPath, d, 2))
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		require.Equal(t, data[2*testChunk:], body)
+		close(checked)
+		require.NoError(t, p.WriteChunk(0, data[:testChunk], nil))
+		return p.WriteChunk(1, data[testChunk:2*testChunk], nil)
+	}), nil)
+	require.NoError(t, err)
+	<-checked
+}
+
+func TestChunkServerUploadSlots(t *testing.T) {
+	t.Parallel()
+	store := newTestStore(t)
+	data := randomBlob(3, testChunk)
+	_, err := store.Fetch(context.Background(), descOf(data), memOrigin(data), nil)
+	require.NoError(t, err)
+	srv, err := NewChunkServer(store, nil, WithMaxUploads(1))
+	require.NoError(t, err)
+	srv.slots <- struct{}{} // one upload in progress
+	ts := httptest.NewServer(srv.Handler())
+	defer ts.Close()
+	resp, _ := get(t, ts.URL+fmt.Sprintf(chunkPath, descOf(data).Digest, 0))
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	<-srv.slots
+	resp, _ = get(t, ts.URL+fmt.Sprintf(chunkPath, descOf(data).Digest, 0))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// fillFunc adapts a function to a cache source that fills chunk by chunk.
+type fillFunc func(ctx context.Context, p *cache.Partial) error
+
+func (f fillFunc) Fill(ctx context.Context, p *cache.Partial) error { return f(ctx, p) }
+
+func (fillFunc) OpenRange(context.Context, int64) (io.ReadCloser, error) {
+	return nil, fmt.Errorf("not a stream")
+}
+
+func TestChunkStateRoundTrip(t *testing.T) {
+	t.Parallel()
+	st := cache.ChunkState{Size: 5*testChunk + 1, ChunkSize: testChunk, Have: []byte{0b101001}, Hashes: make([]byte, 6*32)}
+	for _, i := range []int{0, 3, 5} {
+		copy(st.Hashes[i*32:], bytes.Repeat([]byte{byte(i + 1)}, 32))
+	}
+	got, err := DecodeChunkState(EncodeChunkState(st))
+	require.NoError(t, err)
+	require.Equal(t, st, got)
+	for name, b := range map[string][]byte{
+		"empty":          nil,
+		"bad magic":      []byte("XXXX\x01\x00" + string(make([]byte, 16))),
+		"trailing":       append(EncodeChunkState(st), 0),
+		"short":          EncodeChunkState(st)[:30],
+		"bits past end":  EncodeChunkState(cache.ChunkState{Size: 1, ChunkSize: testChunk, Have: []byte{0b10}, Hashes: make([]byte, 32)}),
+		"tiny chunks":    EncodeChunkState(cache.ChunkState{Size: 10, ChunkSize: 1, Have: make([]byte, 2)}),
+		"complete holes": EncodeChunkState(cache.ChunkState{Size: 2 * testChunk, ChunkSize: testChunk, Complete: true, Have: []byte{1}, Hashes: make([]byte, 64)}),
+	} {
+		_, err := DecodeChunkState(b)
+		require.Error(t, err, name)
+	}
+}
+
+func FuzzDecodeChunkState(f *testing.F) {
+	f.Add(EncodeChunkState(cache.ChunkState{Size: 3 * testChunk, ChunkSize: testChunk, Have: []byte{0b101}, Hashes: make([]byte, 96)}))
+	f.Add(EncodeChunkState(cache.ChunkState{Size: testChunk, ChunkSize: testChunk, Complete: true, Have: []byte{1}, Hashes: make([]byte, 32)}))
+	f.Add([]byte("WDCS\x01\x00"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		st, err := DecodeChunkState(b)
+		if err != nil {
+			return
+		}
+		n := chunksOf(st.Size, st.ChunkSize)
+		if len(st.Hashes) != n*32 || len(st.Have) != (n+7)/8 {
+			t.Fatalf("inconsistent state: %d chunks, %d hash bytes, %d bitmap bytes", n, len(st.Hashes), len(st.Have))
+		}
+		if !bytes.Equal(EncodeChunkState(st), b) {
+			t.Fatal("accepted a non-canonical encoding")
+		}
+	})
+}
