@@ -94,7 +94,7 @@ func (e *membershipEvents) NotifyJoin(n *memberlist.Node) {
 	}
 	m.router.joined(n.Name)
 	m.setPeer(n)
-	m.log.Debug("peer joined", "peer", n.Name, "addr", n.Address())
+	m.log.Info("peer joined", "peer", n.Name, "addr", n.Address())
 }
 
 // NotifyUpdate records a peer's new metadata or address.
@@ -119,7 +119,8 @@ func (e *membershipEvents) NotifyLeave(n *memberlist.Node) {
 	m.mu.Unlock()
 	m.metrics.peers.Set(float64(count))
 	m.router.Forget(n.Name)
-	m.log.Debug("peer left", "peer", n.Name, "addr", n.Address())
+	// A graceful leave is StateLeft; a node found dead by probes, StateDead.
+	m.log.Info("peer left", "peer", n.Name, "addr", n.Address(), "graceful", n.State == memberlist.StateLeft)
 }
 
 func (m *Membership) setPeer(n *memberlist.Node) {

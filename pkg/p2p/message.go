@@ -74,8 +74,6 @@ const (
 	maxStateSize = 64 << 10
 	// maxEventSize is the largest event: version, name, holding.
 	maxEventSize = 1 + 1 + maxNameLen + holdingSize
-	// stateHeaderMax is the largest state header: version, flags, clock, name.
-	stateHeaderMax = 1 + 1 + 8 + 1 + maxNameLen
 )
 
 // errMalformed is wrapped by every decoding error.
@@ -190,16 +188,21 @@ func decodeEvent(b []byte) (holdingEvent, error) {
 // are left out. It fails on an invalid name or holding, or when maxSize
 // cannot hold even the header.
 func encodeState(st holdingState, maxSize int) ([]byte, error) {
+	if err := validateName(st.Node); err != nil {
+		return nil, err
+	}
+	header := 1 + 1 + 8 + 1 + len(st.Node)
 	maxSize = min(maxSize, maxStateSize)
-	if maxSize < stateHeaderMax {
-		return nil, fmt.Errorf("%w: state size limit %d", cache.ErrInvalid, maxSize)
+	if maxSize < header {
+		return nil, fmt.Errorf("%w: state size limit %d under its header's %d bytes", cache.ErrInvalid, maxSize, header)
 	}
-	fit := min(len(st.Holdings), (maxSize-(3+8+len(st.Node)))/holdingSize)
-	b := make([]byte, 0, 3+8+len(st.Node)+fit*holdingSize)
-	b = append(b, stateVersion, 0)
+	fit := min(len(st.Holdings), (maxSize-header)/holdingSize)
+	b := make([]byte, 0, header+fit*holdingSize)
+	flags := byte(0)
 	if st.Truncated || fit < len(st.Holdings) {
-		b[1] |= stateTruncated
+		flags |= stateTruncated
 	}
+	b = append(b, stateVersion, flags)
 	b = binary.BigEndian.AppendUint64(b, st.Clock)
 	b, err := appendName(b, st.Node)
 	if err != nil {
