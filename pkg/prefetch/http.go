@@ -207,20 +207,46 @@ type httpBlob struct {
 // off bytes are read and discarded before OpenRange returns, so resuming works,
 // slowly, even there (the cache's stall timeout bounds how long that may take).
 func (b *httpBlob) OpenRange(ctx context.Context, off int64) (io.ReadCloser, error) {
+	return b.openRange(ctx, off, b.size)
+}
+
+// OpenBoundedRange GETs bytes [off, off+n) of the blob, so that a chunk from
+// the origin costs the origin exactly its bytes (the swarm reads chunks this
+// way). The reader ends after n bytes.
+func (b *httpBlob) OpenBoundedRange(ctx context.Context, off, n int64) (io.ReadCloser, error) {
+	if n < 0 || off+n > b.size {
+		return nil, cache.Permanent(fmt.Errorf("%w: bytes %d+%d outside a blob of %d bytes", cache.ErrInvalid, off, n, b.size))
+	}
+	body, err := b.openRange(ctx, off, off+n)
+	if err != nil {
+		return nil, err
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.LimitReader(body, n), body}, nil
+}
+
+// openRange GETs [off, end) of the blob; see OpenRange.
+func (b *httpBlob) openRange(ctx context.Context, off, end int64) (io.ReadCloser, error) {
 	if off < 0 || off > b.size {
 		return nil, cache.Permanent(fmt.Errorf("%w: offset %d outside a blob of %d bytes", cache.ErrInvalid, off, b.size))
 	}
-	if off == b.size {
+	if off == end {
 		return http.NoBody, nil
 	}
 	resp, err := b.src.do(ctx, http.MethodGet, b.url, func(h http.Header) {
-		h.Set("Range", "bytes="+strconv.FormatInt(off, 10)+"-")
+		spec := "bytes=" + strconv.FormatInt(off, 10) + "-"
+		if end < b.size {
+			spec += strconv.FormatInt(end-1, 10)
+		}
+		h.Set("Range", spec)
 		h.Set("Accept-Encoding", "identity")
 	})
 	if err != nil {
 		return nil, err
 	}
-	if err := b.check(resp, off); err != nil {
+	if err := b.check(resp, off, end); err != nil {
 		drainClose(resp.Body)
 		return nil, fmt.Errorf("GET %s: %w", redact(b.url), err)
 	}
@@ -235,7 +261,7 @@ func (b *httpBlob) OpenRange(ctx context.Context, off int64) (io.ReadCloser, err
 	return resp.Body, nil
 }
 
-func (b *httpBlob) check(resp *http.Response, off int64) error {
+func (b *httpBlob) check(resp *http.Response, off, end int64) error {
 	switch resp.StatusCode {
 	case http.StatusPartialContent:
 		cr := resp.Header.Get("Content-Range")
@@ -245,8 +271,8 @@ func (b *httpBlob) check(resp *http.Response, off int64) error {
 			return fmt.Errorf("Content-Range %q: %w", truncate(cr), err)
 		case total >= 0 && total != b.size:
 			return cache.Permanent(fmt.Errorf("%w: origin has %d bytes, want %d", cache.ErrSizeMismatch, total, b.size))
-		case first != off || last != b.size-1:
-			return fmt.Errorf("Content-Range %q: want bytes %d-%d/%d", truncate(cr), off, b.size-1, b.size)
+		case first != off || last != end-1:
+			return fmt.Errorf("Content-Range %q: want bytes %d-%d/%d", truncate(cr), off, end-1, b.size)
 		case resp.ContentLength >= 0 && resp.ContentLength != last-first+1:
 			return fmt.Errorf("Content-Length %d disagrees with Content-Range %q", resp.ContentLength, truncate(cr))
 		}

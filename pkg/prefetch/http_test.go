@@ -439,3 +439,35 @@ func TestHTTPSourceUnsupported(t *testing.T) {
 	assert.ErrorIs(t, err, errors.ErrUnsupported)
 	assert.ErrorIs(t, err, cache.ErrPermanent)
 }
+
+func TestHTTPBlobOpenBoundedRange(t *testing.T) {
+	t.Parallel()
+	data, d := blobData(1000)
+	var mu sync.Mutex
+	var ranges []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		ranges = append(ranges, r.Header.Get("Range"))
+		mu.Unlock()
+		http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(data))
+	}))
+	defer srv.Close()
+	_, op := resolveFile(t, prefetch.NewHTTPSource(srv.Client()), srv.URL+"/b.bin", d)
+	bounded, ok := op.(interface {
+		OpenBoundedRange(ctx context.Context, off, n int64) (io.ReadCloser, error)
+	})
+	require.True(t, ok, "HTTP blobs read bounded ranges")
+	for _, tc := range []struct{ off, n int64 }{{10, 10}, {0, 1000}, {990, 10}, {500, 0}} {
+		body, err := bounded.OpenBoundedRange(t.Context(), tc.off, tc.n)
+		require.NoError(t, err)
+		got, err := io.ReadAll(body)
+		body.Close()
+		require.NoError(t, err)
+		assert.Equal(t, data[tc.off:tc.off+tc.n], got)
+	}
+	mu.Lock()
+	assert.Contains(t, ranges, "bytes=10-19", "the origin is asked for exactly the bytes needed")
+	mu.Unlock()
+	_, err := bounded.OpenBoundedRange(t.Context(), 995, 10)
+	assert.ErrorIs(t, err, cache.ErrInvalid)
+}
