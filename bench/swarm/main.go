@@ -1,0 +1,481 @@
+// Command swarm measures how long N weightd agents, each on its own host,
+// take to hold one blob of S bytes when every host's link carries B bit/s,
+// against the physical limit S/B and against the naive baseline of every
+// host downloading the blob from the origin.
+//
+// It builds a testbed (internal/testbed: network namespaces on a bridge, so
+// it needs root and iproute2) of one origin host and N agent hosts, every
+// link shaped to B in both directions. The origin (pkg/origin, serving a
+// generated blob) runs in the origin host: the bench re-executes itself
+// there, and reads the origin's egress through a unix socket. The naive
+// baseline re-executes the bench in each agent host as a downloader, all
+// started at the same moment; naive_last_s is when the last one has the
+// whole blob, verified. Then, for each mode, fresh agents with empty caches
+// (`weightd agent`, one per host, joined into one swarm when the agent has
+// the peer-to-peer flags) are asked through their API to fetch the blob:
+//
+//   - simultaneous: all at the same moment;
+//   - staggered: one per second, each timed from its own request;
+//   - churn: all at once, and the last agent is killed (SIGKILL) when it
+//     holds half the blob; the figures are over the survivors.
+//
+// Each mode prints one JSON line on stdout (logs go to stderr):
+//
+//	{"bench":"swarm","mode":"simultaneous","nodes":N,"size_bytes":S,"link_mbit":B,
+//	 "limit_s":S*8/(B*1e6),"first_s":…,"p50_s":…,"last_s":…,"time_ratio":last_s/limit_s,
+//	 "origin_ratio":origin_bytes/S,"naive_last_s":…,"speedup_vs_naive":naive_last_s/last_s}
+//
+// naive_last_s and speedup_vs_naive are null with -naive=false. A fetch that
+// fails makes the bench exit non-zero. Everything (namespaces, processes,
+// the temporary directory) is removed at the end and on SIGINT or SIGTERM;
+// a second signal exits at once, and the next run removes what is left.
+//
+//	go run ./bench/swarm -quick     # 4 nodes, 64 MiB, 200 Mbit/s: under a minute
+//	go run ./bench/swarm            # 8 nodes, 512 MiB, 100 Mbit/s: the issue's figures
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"math"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/weightd/weightd/internal/testbed"
+	"github.com/weightd/weightd/pkg/origin"
+)
+
+// originPort is the origin's port on the origin host.
+const originPort = 8080
+
+// modes are the modes the bench knows, in the order it runs them.
+var modes = []string{"simultaneous", "staggered", "churn"}
+
+// options are the bench's flags.
+type options struct {
+	nodes    int
+	sizeMiB  int64
+	linkMbit int
+	chunkMiB int
+	modes    []string
+	naive    bool
+	weightd  string
+}
+
+// result is one line of output.
+type result struct {
+	Bench          string   `json:"bench"`
+	Mode           string   `json:"mode"`
+	Nodes          int      `json:"nodes"`
+	SizeBytes      int64    `json:"size_bytes"`
+	LinkMbit       int      `json:"link_mbit"`
+	LimitS         float64  `json:"limit_s"`
+	FirstS         float64  `json:"first_s"`
+	P50S           float64  `json:"p50_s"`
+	LastS          float64  `json:"last_s"`
+	TimeRatio      float64  `json:"time_ratio"`
+	OriginRatio    float64  `json:"origin_ratio"`
+	NaiveLastS     *float64 `json:"naive_last_s"`
+	SpeedupVsNaive *float64 `json:"speedup_vs_naive"`
+}
+
+func main() {
+	var (
+		o        options
+		modeList string
+		quick    bool
+		// The programs the bench runs inside the testbed's hosts.
+		serveDir, listen, control string
+		downloadURL, sha          string
+		size                      int64
+		timeout                   time.Duration
+	)
+	flag.IntVar(&o.nodes, "nodes", 8, "agent hosts")
+	flag.Int64Var(&o.sizeMiB, "size-mib", 512, "blob size in MiB")
+	flag.IntVar(&o.linkMbit, "link-mbit", 100, "every host's link, each direction, in Mbit/s")
+	flag.IntVar(&o.chunkMiB, "chunk-mib", 16, "the agents' chunk size in MiB")
+	flag.StringVar(&modeList, "modes", strings.Join(modes, ","), "comma-separated modes to run: "+strings.Join(modes, ", "))
+	flag.BoolVar(&o.naive, "naive", true, "measure the naive baseline (every host downloads from the origin)")
+	flag.StringVar(&o.weightd, "weightd", "", "weightd binary (default: go build ./cmd/weightd into the temporary directory)")
+	flag.BoolVar(&quick, "quick", false, "a run of under a minute: 4 nodes, 64 MiB, 200 Mbit/s unless set otherwise")
+	flag.StringVar(&serveDir, "serve-origin", "", "internal: serve this directory as the origin (in the origin host)")
+	flag.StringVar(&listen, "listen", "", "internal: the origin's address")
+	flag.StringVar(&control, "control", "", "internal: the origin's control socket")
+	flag.StringVar(&downloadURL, "download", "", "internal: download this URL as the naive baseline (in an agent host)")
+	flag.StringVar(&sha, "sha256", "", "internal: the download's expected sha256")
+	flag.Int64Var(&size, "size", 0, "internal: the download's expected size in bytes")
+	flag.DurationVar(&timeout, "timeout", 0, "internal: the download's time limit")
+	flag.Parse()
+	log.SetFlags(log.Ltime | log.Lmicroseconds)
+	log.SetPrefix("bench/swarm: ")
+
+	var err error
+	switch {
+	case serveDir != "":
+		err = serveOrigin(serveDir, listen, control)
+	case downloadURL != "":
+		err = download(downloadURL, sha, size, timeout)
+	default:
+		if quick {
+			set := make(map[string]bool)
+			flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+			for name, v := range map[string]string{"nodes": "4", "size-mib": "64", "link-mbit": "200"} {
+				if !set[name] {
+					_ = flag.Set(name, v)
+				}
+			}
+		}
+		o.modes = strings.Split(modeList, ",")
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		context.AfterFunc(ctx, stop) // after the first signal, a second one kills
+		err = run(ctx, o)
+		if ctx.Err() != nil { // what failed then is the interruption's doing
+			err = errors.New("interrupted; everything was torn down")
+		}
+		stop()
+	}
+	if err != nil {
+		log.Print(err)
+		os.Exit(1)
+	}
+}
+
+func (o options) validate() error {
+	switch {
+	case o.nodes < 1 || o.nodes > testbed.MaxHosts-1:
+		return fmt.Errorf("-nodes %d: want 1 to %d", o.nodes, testbed.MaxHosts-1)
+	case o.sizeMiB < 1:
+		return fmt.Errorf("-size-mib %d: want at least 1", o.sizeMiB)
+	case o.linkMbit < 1:
+		return fmt.Errorf("-link-mbit %d: want at least 1", o.linkMbit)
+	case o.chunkMiB < 1:
+		return fmt.Errorf("-chunk-mib %d: want at least 1", o.chunkMiB)
+	}
+	for _, m := range o.modes {
+		if !slices.Contains(modes, m) {
+			return fmt.Errorf("-modes: unknown mode %q (want %s)", m, strings.Join(modes, ", "))
+		}
+		if m == "churn" && o.nodes < 2 {
+			return errors.New("-modes churn needs at least 2 nodes: one to kill, one to survive")
+		}
+	}
+	return nil
+}
+
+// bench is what every phase of a run shares.
+type bench struct {
+	options
+	work     string // the temporary directory
+	exe      string // this program, to re-execute in the hosts
+	p2p      bool   // the agents take the peer-to-peer flags
+	size     int64
+	file     origin.File
+	url      string // the blob on the origin
+	control  string // the origin's control socket
+	hosts    []*testbed.Host
+	limit    time.Duration // S/B
+	deadline time.Duration // the most a phase may take
+}
+
+func run(ctx context.Context, o options) error {
+	if err := o.validate(); err != nil {
+		return err
+	}
+	if err := testbed.Available(); err != nil {
+		return fmt.Errorf("the swarm bench runs on the namespace testbed: %w", err)
+	}
+	b := &bench{options: o, size: o.sizeMiB << 20}
+	b.limit = time.Duration(float64(b.size) * 8 / (float64(o.linkMbit) * 1e6) * float64(time.Second))
+	// Without sharing every agent pulls from the one origin: N·S/B, plus a
+	// second per node for staggered starts, with room to spare.
+	b.deadline = 3*time.Duration(o.nodes)*b.limit + time.Duration(o.nodes)*time.Second + 2*time.Minute
+	var err error
+	if b.exe, err = os.Executable(); err != nil {
+		return err
+	}
+	if b.work, err = os.MkdirTemp("", "weightd-bench-swarm-"); err != nil {
+		return err
+	}
+	defer os.RemoveAll(b.work)
+
+	bin := o.weightd
+	if bin == "" {
+		bin = filepath.Join(b.work, "weightd")
+		log.Print("building weightd")
+		if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/weightd").CombinedOutput(); err != nil {
+			return fmt.Errorf("building weightd (run from the repository root, or pass -weightd): %w\n%s", err, out)
+		}
+	}
+	o.weightd = bin
+	b.options = o
+	if b.p2p, err = hasP2P(ctx, bin); err != nil {
+		return err
+	}
+	if !b.p2p {
+		log.Print("warning: this weightd agent has no peer-to-peer flags: every agent fetches from the origin (origin_ratio ≈ nodes)")
+	}
+
+	originDir := filepath.Join(b.work, "origin")
+	m, err := origin.Generate(originDir, origin.Spec{Name: "bench/swarm", Files: 1, TotalBytes: b.size, Seed: 1})
+	if err != nil {
+		return err
+	}
+	b.file = m.Files[0]
+
+	start := time.Now()
+	tb, err := testbed.New(ctx, testbed.Config{Name: fmt.Sprintf("swarm-%d", os.Getpid()), Hosts: o.nodes + 1, LinkMbit: o.linkMbit})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := tb.Close(); err != nil {
+			log.Print(err)
+		}
+	}()
+	all := tb.Hosts()
+	b.hosts = all[1:]
+	log.Printf("testbed %s: origin and %d hosts at %d Mbit/s up in %v; blob of %d MiB, limit S/B = %.2fs",
+		tb.Name(), o.nodes, o.linkMbit, time.Since(start).Round(time.Millisecond), o.sizeMiB, b.limit.Seconds())
+
+	addr := netip.AddrPortFrom(all[0].Addr, originPort)
+	b.url = "http://" + addr.String() + "/" + b.file.Path
+	b.control = filepath.Join(b.work, "origin.sock")
+	stopOrigin, err := startOrigin(ctx, all[0], b.exe, originDir, addr.String(), b.control)
+	if err != nil {
+		return err
+	}
+	defer stopOrigin()
+
+	var naive *float64
+	if o.naive {
+		d, err := b.runNaive(ctx)
+		if err != nil {
+			return fmt.Errorf("naive baseline: %w", err)
+		}
+		naive = ptr(round(d.Seconds()))
+	}
+	for _, mode := range o.modes {
+		r, err := b.runMode(ctx, mode)
+		if err != nil {
+			return fmt.Errorf("mode %s: %w", mode, err)
+		}
+		if naive != nil {
+			r.NaiveLastS = naive
+			r.SpeedupVsNaive = ptr(round(*naive / r.LastS))
+		}
+		if err := json.NewEncoder(os.Stdout).Encode(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startOrigin runs the origin in host h and waits (10 s at most) until it
+// answers on its control socket. stop ends it (SIGTERM).
+func startOrigin(ctx context.Context, h *testbed.Host, exe, dir, addr, control string) (stop func(), err error) {
+	octx, cancel := context.WithCancel(ctx)
+	cmd := h.Command(octx, exe, "-serve-origin", dir, "-listen", addr, "-control", control)
+	cmd.Stderr = &lineWriter{prefix: "origin: ", w: os.Stderr}
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
+	if err := cmd.Start(); err != nil {
+		cancel()
+		return nil, fmt.Errorf("starting the origin: %w", err)
+	}
+	exited := make(chan struct{})
+	var werr error
+	go func() {
+		werr = cmd.Wait()
+		close(exited)
+	}()
+	stop = func() {
+		cancel()
+		<-exited
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := originBytes(ctx, control); err == nil {
+			return stop, nil
+		}
+		select {
+		case <-exited:
+			return nil, fmt.Errorf("the origin exited at start: %v", werr)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			stop()
+			return nil, fmt.Errorf("the origin did not answer on %s within 10s", control)
+		}
+	}
+}
+
+// runNaive has every agent host download the blob from the origin at the
+// same moment, and returns when the last one finished.
+func (b *bench) runNaive(ctx context.Context) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.deadline)
+	defer cancel()
+	before, err := originBytes(ctx, b.control)
+	if err != nil {
+		return 0, err
+	}
+	type proc struct {
+		cmd   *exec.Cmd
+		start func() error // closes its stdin: the signal to start
+	}
+	var procs []proc
+	defer func() {
+		for _, p := range procs {
+			p.cmd.Process.Kill()
+			p.cmd.Wait()
+		}
+	}()
+	for _, h := range b.hosts {
+		cmd := h.Command(ctx, b.exe, "-download", b.url, "-sha256", b.file.SHA256,
+			"-size", fmt.Sprint(b.size), "-timeout", b.deadline.String())
+		cmd.Stderr = &lineWriter{prefix: h.Name + " (naive): ", w: os.Stderr}
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			return 0, err
+		}
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			return 0, err
+		}
+		if err := cmd.Start(); err != nil {
+			return 0, err
+		}
+		procs = append(procs, proc{cmd: cmd, start: stdin.Close})
+		ready := make([]byte, len("ready\n"))
+		if _, err := io.ReadFull(stdout, ready); err != nil || string(ready) != "ready\n" {
+			return 0, fmt.Errorf("downloader in %s did not start: %q, %v", h.Name, ready, err)
+		}
+	}
+	start := time.Now()
+	for _, p := range procs {
+		if err := p.start(); err != nil {
+			return 0, err
+		}
+	}
+	took := make([]time.Duration, len(procs))
+	errs := make([]error, len(procs))
+	done := make(chan int, len(procs))
+	for i, p := range procs {
+		go func() {
+			if err := p.cmd.Wait(); err != nil {
+				errs[i] = fmt.Errorf("%s: %w", b.hosts[i].Name, err)
+			}
+			took[i] = time.Since(start)
+			done <- i
+		}()
+	}
+	for range procs {
+		<-done
+	}
+	procs = nil // all waited for
+	if err := errors.Join(errs...); err != nil {
+		return 0, err
+	}
+	after, err := originBytes(ctx, b.control)
+	if err != nil {
+		return 0, err
+	}
+	last := slices.Max(took)
+	log.Printf("naive: %d hosts each downloaded from the origin: last %.2fs (%.2f × S/B), origin sent %.2f × S",
+		len(b.hosts), last.Seconds(), last.Seconds()/b.limit.Seconds(), float64(after-before)/float64(b.size))
+	return last, nil
+}
+
+// runMode runs one mode with fresh agents and caches and returns its line.
+func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.deadline)
+	defer cancel()
+	dir := filepath.Join(b.work, mode)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return result{}, err
+	}
+	defer os.RemoveAll(dir)
+	syscall.Sync() // the previous phase's write-back must not slow this one
+
+	agents, err := startAgents(ctx, b.hosts, b.weightd, dir, b.chunkMiB, b.p2p)
+	if err != nil {
+		return result{}, err
+	}
+	defer agents.close()
+	before, err := originBytes(ctx, b.control)
+	if err != nil {
+		return result{}, err
+	}
+
+	n := len(agents.agents)
+	delays := make([]time.Duration, n)
+	victim := -1
+	switch mode {
+	case "staggered":
+		for i := range delays {
+			delays[i] = time.Duration(i) * time.Second
+		}
+	case "churn":
+		victim = n - 1
+	}
+	took, err := fetchAll(ctx, agents.agents, b.url+"#sha256:"+b.file.SHA256, delays, victim, b.size/2)
+	if err != nil {
+		if ctx.Err() == context.DeadlineExceeded {
+			err = fmt.Errorf("%w (not done after %v)", err, b.deadline)
+		}
+		return result{}, err
+	}
+	after, err := originBytes(ctx, b.control)
+	if err != nil {
+		return result{}, err
+	}
+
+	var secs []float64
+	for i, d := range took {
+		if i != victim {
+			secs = append(secs, d.Seconds())
+		}
+	}
+	slices.Sort(secs)
+	limit := b.limit.Seconds()
+	r := result{
+		Bench: "swarm", Mode: mode, Nodes: n, SizeBytes: b.size, LinkMbit: b.linkMbit,
+		LimitS:      round(limit),
+		FirstS:      round(secs[0]),
+		P50S:        round(secs[int(math.Ceil(float64(len(secs))/2))-1]),
+		LastS:       round(secs[len(secs)-1]),
+		TimeRatio:   round(secs[len(secs)-1] / limit),
+		OriginRatio: round(float64(after-before) / float64(b.size)),
+	}
+	log.Printf("%s: %s; origin sent %.2f × S", mode, describe(agents.agents, took, victim), r.OriginRatio)
+	return r, nil
+}
+
+// describe lists each agent's time, for the log.
+func describe(agents []*agent, took []time.Duration, victim int) string {
+	var parts []string
+	for i, a := range agents {
+		if i == victim {
+			parts = append(parts, a.host.Name+" killed")
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s %.2fs", a.host.Name, took[i].Seconds()))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func ptr(f float64) *float64 { return &f }
+
+// round keeps three decimals.
+func round(f float64) float64 { return math.Round(f*1000) / 1000 }
