@@ -33,6 +33,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -149,11 +150,16 @@ func findTools() (tools, error) {
 // root and ip and tc are installed. Otherwise the error wraps ErrUnavailable
 // and says what is missing.
 func Available() error {
-	if os.Geteuid() != 0 {
-		return fmt.Errorf("%w: needs root (network namespaces, veth, tc)", ErrUnavailable)
-	}
-	_, err := findTools()
+	_, err := available()
 	return err
+}
+
+// available is Available that also returns the tools' paths.
+func available() (tools, error) {
+	if os.Geteuid() != 0 {
+		return tools{}, fmt.Errorf("%w: needs root (network namespaces, veth, tc)", ErrUnavailable)
+	}
+	return findTools()
 }
 
 // New creates a testbed of cfg.Hosts hosts, every link shaped to
@@ -164,10 +170,7 @@ func New(ctx context.Context, cfg Config) (*Testbed, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("creating testbed: %w", err)
 	}
-	if err := Available(); err != nil {
-		return nil, fmt.Errorf("creating testbed: %w", err)
-	}
-	tl, err := findTools()
+	tl, err := available()
 	if err != nil {
 		return nil, fmt.Errorf("creating testbed: %w", err)
 	}
@@ -334,12 +337,13 @@ func (t *Testbed) setPort(h *Host, state string) error {
 
 // check returns an error unless h is one of t's hosts.
 func (t *Testbed) check(h *Host) error {
-	for _, x := range t.hosts {
-		if x == h {
-			return nil
-		}
+	if h == nil {
+		return fmt.Errorf("nil host for testbed %s", t.name)
 	}
-	return fmt.Errorf("host %v is not of testbed %s", h, t.name)
+	if slices.Contains(t.hosts, h) {
+		return nil
+	}
+	return fmt.Errorf("host %s (%s) is not of testbed %s", h.Name, h.NS, t.name)
 }
 
 // Close kills every process still running in the testbed's namespaces,
