@@ -210,17 +210,14 @@ func run(ctx context.Context, o options) error {
 	}
 	defer os.RemoveAll(b.work)
 
-	bin := o.weightd
-	if bin == "" {
-		bin = filepath.Join(b.work, "weightd")
+	if b.weightd == "" {
+		b.weightd = filepath.Join(b.work, "weightd")
 		log.Print("building weightd")
-		if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/weightd").CombinedOutput(); err != nil {
+		if out, err := exec.CommandContext(ctx, "go", "build", "-o", b.weightd, "./cmd/weightd").CombinedOutput(); err != nil {
 			return fmt.Errorf("building weightd (run from the repository root, or pass -weightd): %w\n%s", err, out)
 		}
 	}
-	o.weightd = bin
-	b.options = o
-	if b.p2p, err = hasP2P(ctx, bin); err != nil {
+	if b.p2p, err = hasP2P(ctx, b.weightd); err != nil {
 		return err
 	}
 	if !b.p2p {
