@@ -119,8 +119,7 @@ func (e *membershipEvents) NotifyLeave(n *memberlist.Node) {
 	m.mu.Unlock()
 	m.metrics.peers.Set(float64(count))
 	m.router.Forget(n.Name)
-	// A graceful leave is StateLeft; a node found dead by probes, StateDead.
-	m.log.Info("peer left", "peer", n.Name, "addr", n.Address(), "graceful", n.State == memberlist.StateLeft)
+	m.log.Info("peer left", "peer", n.Name, "addr", n.Address())
 }
 
 func (m *Membership) setPeer(n *memberlist.Node) {
