@@ -49,6 +49,7 @@ const sendPiece = 256 << 10
 // index 400; no path is derived from anything but a validated digest.
 type ChunkServer struct {
 	store  ChunkStore
+	origin func(digest.Digest) bool // whether this node fetches d from the origin
 	slots  chan struct{} // chunk uploads at once; nil for no limit
 	upload *rate.Limiter
 	log    *slog.Logger
@@ -78,6 +79,13 @@ func WithMaxUploads(n int) ServerOption {
 			s.slots = make(chan struct{}, n)
 		}
 	}
+}
+
+// WithOriginRole tells peers, in each blob's chunk state, whether this node
+// fetches that blob from the origin (Swarm.FetchesFromOrigin): they then
+// leave the origin alone and trust this node's chunk hashes first.
+func WithOriginRole(fetches func(digest.Digest) bool) ServerOption {
+	return func(s *ChunkServer) { s.origin = fetches }
 }
 
 // WithServerLogger sets the logger; the server is silent by default.
@@ -144,7 +152,7 @@ func (s *ChunkServer) serveState(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, "state", statusOf(err), err)
 		return
 	}
-	b := EncodeChunkState(st)
+	b := EncodeChunkState(st, s.origin != nil && s.origin(d))
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.Write(b)
@@ -266,7 +274,7 @@ func parseRange(h string, n int64) (start, end int64, ok bool) {
 
 // Chunk state wire format, all integers big-endian:
 //
-//	magic "WDCS" | version 1 | flags (bit 0: complete) | size uint64 | chunk size uint64 |
+//	magic "WDCS" | version 1 | flags (bit 0: complete, bit 1: fetching from the origin) | size uint64 | chunk size uint64 |
 //	have bitmap (ceil(chunks/8) bytes, bit i LSB-first = chunk i) | sha256 of each present chunk, in order
 const (
 	chunkStateMagic      = "WDCS"
@@ -280,14 +288,18 @@ const (
 	maxChunkStateChunks    = 16 << 20
 )
 
-// EncodeChunkState encodes st for the wire.
-func EncodeChunkState(st cache.ChunkState) []byte {
+// EncodeChunkState encodes st for the wire; origin says whether this node
+// fetches the blob from the origin.
+func EncodeChunkState(st cache.ChunkState, origin bool) []byte {
 	n := chunksOf(st.Size, st.ChunkSize)
 	b := make([]byte, 0, chunkStateHeaderSize+len(st.Have)+n*32)
 	b = append(b, chunkStateMagic...)
 	b = append(b, chunkStateVersion, 0)
 	if st.Complete {
-		b[5] = 1
+		b[5] |= 1
+	}
+	if origin {
+		b[5] |= 2
 	}
 	b = binary.BigEndian.AppendUint64(b, uint64(st.Size))
 	b = binary.BigEndian.AppendUint64(b, uint64(st.ChunkSize))
@@ -300,9 +312,18 @@ func EncodeChunkState(st cache.ChunkState) []byte {
 	return b
 }
 
-// DecodeChunkState decodes a peer's chunk state, rejecting anything
-// malformed or out of bounds; it never trusts a length it has not checked.
-func DecodeChunkState(b []byte) (cache.ChunkState, error) {
+// DecodeChunkState decodes a peer's chunk state and whether it fetches the
+// blob from the origin, rejecting anything malformed or out of bounds; it
+// never trusts a length it has not checked.
+func DecodeChunkState(b []byte) (st cache.ChunkState, origin bool, err error) {
+	st, err = decodeChunkState(b)
+	if err != nil {
+		return cache.ChunkState{}, false, err
+	}
+	return st, b[5]&2 != 0, nil
+}
+
+func decodeChunkState(b []byte) (cache.ChunkState, error) {
 	var st cache.ChunkState
 	if len(b) < chunkStateHeaderSize || string(b[:4]) != chunkStateMagic {
 		return st, errors.New("chunk state: bad header")
@@ -310,7 +331,7 @@ func DecodeChunkState(b []byte) (cache.ChunkState, error) {
 	if b[4] != chunkStateVersion {
 		return st, fmt.Errorf("chunk state: unknown version %d", b[4])
 	}
-	if b[5]&^1 != 0 {
+	if b[5]&^3 != 0 {
 		return st, fmt.Errorf("chunk state: unknown flags %#x", b[5])
 	}
 	size, cs := binary.BigEndian.Uint64(b[6:]), binary.BigEndian.Uint64(b[14:])
@@ -325,7 +346,7 @@ func DecodeChunkState(b []byte) (cache.ChunkState, error) {
 	if len(rest) < (n+7)/8 {
 		return st, errors.New("chunk state: short bitmap")
 	}
-	st = cache.ChunkState{Size: int64(size), ChunkSize: int64(cs), Complete: b[5] == 1, Have: append([]byte(nil), rest[:(n+7)/8]...)}
+	st = cache.ChunkState{Size: int64(size), ChunkSize: int64(cs), Complete: b[5]&1 != 0, Have: append([]byte(nil), rest[:(n+7)/8]...)}
 	if n%8 != 0 && st.Have[len(st.Have)-1]>>(n%8) != 0 {
 		return cache.ChunkState{}, errors.New("chunk state: bits set past the last chunk")
 	}

@@ -76,7 +76,7 @@ func TestChunkServerServesVerifiedChunks(t *testing.T) {
 
 	resp, body := get(t, ts.URL+fmt.Sprintf(statePath, d))
 	require.Equal(t, http.StatusOK, resp.StatusCode)
-	st, err := DecodeChunkState(body)
+	st, _, err := DecodeChunkState(body)
 	require.NoError(t, err)
 	require.True(t, st.Complete)
 	require.Equal(t, int64(len(data)), st.Size)
@@ -128,7 +128,7 @@ func TestChunkServerServesOnlyVerifiedChunksOfDownloadInFlight(t *testing.T) {
 		require.NoError(t, p.WriteChunk(2, data[2*testChunk:], nil))
 		resp, body := get(t, ts.URL+fmt.Sprintf(statePath, d))
 		require.Equal(t, http.StatusOK, resp.StatusCode)
-		st, err := DecodeChunkState(body)
+		st, _, err := DecodeChunkState(body)
 		require.NoError(t, err)
 		require.False(t, st.Complete)
 		require.Equal(t, []bool{false, false, true}, []bool{st.Has(0), st.Has(1), st.Has(2)})
@@ -178,29 +178,33 @@ func TestChunkStateRoundTrip(t *testing.T) {
 	for _, i := range []int{0, 3, 5} {
 		copy(st.Hashes[i*32:], bytes.Repeat([]byte{byte(i + 1)}, 32))
 	}
-	got, err := DecodeChunkState(EncodeChunkState(st))
-	require.NoError(t, err)
-	require.Equal(t, st, got)
+	for _, origin := range []bool{false, true} {
+		got, gotOrigin, err := DecodeChunkState(EncodeChunkState(st, origin))
+		require.NoError(t, err)
+		require.Equal(t, st, got)
+		require.Equal(t, origin, gotOrigin)
+	}
 	for name, b := range map[string][]byte{
 		"empty":          nil,
 		"bad magic":      []byte("XXXX\x01\x00" + string(make([]byte, 16))),
-		"trailing":       append(EncodeChunkState(st), 0),
-		"short":          EncodeChunkState(st)[:30],
-		"bits past end":  EncodeChunkState(cache.ChunkState{Size: 1, ChunkSize: testChunk, Have: []byte{0b10}, Hashes: make([]byte, 32)}),
-		"tiny chunks":    EncodeChunkState(cache.ChunkState{Size: 10, ChunkSize: 1, Have: make([]byte, 2)}),
-		"complete holes": EncodeChunkState(cache.ChunkState{Size: 2 * testChunk, ChunkSize: testChunk, Complete: true, Have: []byte{1}, Hashes: make([]byte, 64)}),
+		"trailing":       append(EncodeChunkState(st, false), 0),
+		"short":          EncodeChunkState(st, false)[:30],
+		"bits past end":  EncodeChunkState(cache.ChunkState{Size: 1, ChunkSize: testChunk, Have: []byte{0b10}, Hashes: make([]byte, 32)}, false),
+		"tiny chunks":    EncodeChunkState(cache.ChunkState{Size: 10, ChunkSize: 1, Have: make([]byte, 2)}, false),
+		"complete holes": EncodeChunkState(cache.ChunkState{Size: 2 * testChunk, ChunkSize: testChunk, Complete: true, Have: []byte{1}, Hashes: make([]byte, 64)}, false),
 	} {
-		_, err := DecodeChunkState(b)
+		_, _, err := DecodeChunkState(b)
 		require.Error(t, err, name)
 	}
 }
 
 func FuzzDecodeChunkState(f *testing.F) {
-	f.Add(EncodeChunkState(cache.ChunkState{Size: 3 * testChunk, ChunkSize: testChunk, Have: []byte{0b101}, Hashes: make([]byte, 96)}))
-	f.Add(EncodeChunkState(cache.ChunkState{Size: testChunk, ChunkSize: testChunk, Complete: true, Have: []byte{1}, Hashes: make([]byte, 32)}))
+	f.Add(EncodeChunkState(cache.ChunkState{Size: 3 * testChunk, ChunkSize: testChunk, Have: []byte{0b101}, Hashes: make([]byte, 96)}, false))
+	f.Add(EncodeChunkState(cache.ChunkState{Size: testChunk, ChunkSize: testChunk, Complete: true, Have: []byte{1}, Hashes: make([]byte, 32)}, false))
 	f.Add([]byte("WDCS\x01\x00"))
+	f.Add(EncodeChunkState(cache.ChunkState{Size: testChunk, ChunkSize: testChunk, Have: []byte{0}}, true))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		st, err := DecodeChunkState(b)
+		st, origin, err := DecodeChunkState(b)
 		if err != nil {
 			return
 		}
@@ -208,7 +212,7 @@ func FuzzDecodeChunkState(f *testing.F) {
 		if len(st.Hashes) != n*32 || len(st.Have) != (n+7)/8 {
 			t.Fatalf("inconsistent state: %d chunks, %d hash bytes, %d bitmap bytes", n, len(st.Hashes), len(st.Have))
 		}
-		if !bytes.Equal(EncodeChunkState(st), b) {
+		if !bytes.Equal(EncodeChunkState(st, origin), b) {
 			t.Fatal("accepted a non-canonical encoding")
 		}
 	})

@@ -1,0 +1,777 @@
+package p2p
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+
+	"github.com/weightd/weightd/pkg/cache"
+)
+
+// Directory is what the swarm needs to know of the cluster: who is alive,
+// who holds what, and where their chunk servers are. *Membership and its
+// Router together provide it (see NewDirectory).
+type Directory interface {
+	LocalName() string
+	Members() []Peer
+	Peer(name string) (Peer, bool)
+	Holders(d digest.Digest) []Holder
+}
+
+// BoundedOpener is an origin that can read a bounded byte range, so that a
+// chunk from the origin costs the origin exactly the chunk's bytes.
+type BoundedOpener interface {
+	OpenBoundedRange(ctx context.Context, off, n int64) (io.ReadCloser, error)
+}
+
+// SwarmConfig tunes the swarm downloader. The zero value of a field means
+// its default.
+type SwarmConfig struct {
+	MaxInFlight    int           // chunk requests in flight per blob, all sources together (default 8)
+	PerPeer        int           // requests in flight to one peer (default 2)
+	OriginInFlight int           // requests in flight to the origin (default 2)
+	OriginFetchers int           // nodes that fetch one blob from the origin (default 1)
+	Refresh        time.Duration // how often holders' chunk states are re-read while downloading (default 250ms)
+	Settle         time.Duration // how long to let gossip settle before taking the origin role (default 1s)
+	BanFor         time.Duration // how long a lying or failing peer is shunned (default 5m)
+	MinRate        int64         // the slowest acceptable transfer, bytes/s: request timeouts scale with it (default 1 MiB/s)
+	DownloadLimit  int64         // bytes/s for all chunk downloads together; 0 means no limit
+}
+
+func (c SwarmConfig) withDefaults() SwarmConfig {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&c.MaxInFlight, 8)
+	def(&c.PerPeer, 2)
+	def(&c.OriginInFlight, 2)
+	def(&c.OriginFetchers, 1)
+	if c.Refresh <= 0 {
+		c.Refresh = 250 * time.Millisecond
+	}
+	if c.Settle <= 0 {
+		c.Settle = time.Second
+	}
+	if c.BanFor <= 0 {
+		c.BanFor = 5 * time.Minute
+	}
+	if c.MinRate <= 0 {
+		c.MinRate = 1 << 20
+	}
+	return c
+}
+
+// Swarm downloads blobs from many peers at once and from the origin as one
+// more source. Each blob is fetched chunk by chunk: rarest chunks first, a
+// bounded number of requests per peer, each chunk verified against the chunk
+// map before it is written, duplicates for the last chunks, timeouts scaled
+// to the chunk size, bans for peers that lie or fail. Only the nodes chosen
+// by rendezvous hashing of the digest (normally one) fetch from the origin;
+// the others fetch from peers, which pass on each chunk as soon as they have
+// verified it, so a blob flows through the cluster as a pipeline.
+type Swarm struct {
+	dir      Directory
+	client   *http.Client
+	cfg      SwarmConfig
+	download *rate.Limiter
+	log      *slog.Logger
+	m        *swarmMetrics
+
+	mu     sync.Mutex
+	bans   map[string]time.Time
+	origin map[digest.Digest]bool // blobs this node fetches from the origin for the cluster
+}
+
+type swarmMetrics struct {
+	received   *prometheus.CounterVec
+	latency    *prometheus.HistogramVec
+	bans       *prometheus.CounterVec
+	mismatches prometheus.Counter
+	originRole prometheus.Counter
+}
+
+// NewSwarm returns a swarm downloader over dir. client carries the chunk
+// requests (nil for a default one). Metrics are registered on reg (nil for none).
+func NewSwarm(dir Directory, client *http.Client, cfg SwarmConfig, log *slog.Logger, reg prometheus.Registerer) (*Swarm, error) {
+	if client == nil {
+		client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8, IdleConnTimeout: time.Minute}}
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	cfg = cfg.withDefaults()
+	s := &Swarm{dir: dir, client: client, cfg: cfg, download: newLimiter(cfg.DownloadLimit), log: log,
+		bans: map[string]time.Time{}, origin: map[digest.Digest]bool{}}
+	s.m = &swarmMetrics{
+		received: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "weightd_p2p_received_bytes_total", Help: "Verified chunk bytes received, by source (peer or origin).",
+		}, []string{"source"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "weightd_p2p_chunk_fetch_seconds", Help: "Time to fetch and verify one chunk, by source.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+		}, []string{"source"}),
+		bans: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "weightd_p2p_peer_bans_total", Help: "Peers banned for a while, by reason.",
+		}, []string{"reason"}),
+		mismatches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "weightd_p2p_chunkmap_mismatches_total", Help: "Chunks or chunk maps from peers that did not match.",
+		}),
+		originRole: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "weightd_p2p_origin_fetcher_total", Help: "Blobs this node fetched from the origin on behalf of the cluster.",
+		}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{s.m.received, s.m.latency, s.m.bans, s.m.mismatches, s.m.originRole} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("registering swarm metrics: %w", err)
+			}
+		}
+	}
+	return s, nil
+}
+
+// Source returns a blob source for the cache that fills the blob from the
+// swarm, with origin as the origin. It streams from origin alone if asked to
+// stream.
+func (s *Swarm) Source(desc cache.Descriptor, origin cache.RangeOpener) cache.RangeOpener {
+	return &swarmSource{s: s, desc: desc, origin: origin}
+}
+
+type swarmSource struct {
+	s      *Swarm
+	desc   cache.Descriptor
+	origin cache.RangeOpener
+}
+
+func (src *swarmSource) OpenRange(ctx context.Context, off int64) (io.ReadCloser, error) {
+	return src.origin.OpenRange(ctx, off)
+}
+
+func (src *swarmSource) Fill(ctx context.Context, p *cache.Partial) error {
+	f := &fill{s: src.s, p: p, origin: src.origin, d: p.Descriptor().Digest, start: time.Now(),
+		peers: map[string]*peerView{}, inflight: map[int]int{}, supplier: map[int]string{}, asked: map[int]string{},
+		results: make(chan chunkResult, src.s.cfg.MaxInFlight*2), states: make(chan stateResult, 64)}
+	return f.run(ctx)
+}
+
+// FetchesFromOrigin reports whether this node is fetching d from the origin
+// for the cluster; the chunk server tells peers (WithOriginRole).
+func (s *Swarm) FetchesFromOrigin(d digest.Digest) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.origin[d]
+}
+
+func (s *Swarm) setOrigin(d digest.Digest, on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if on {
+		s.origin[d] = true
+	} else {
+		delete(s.origin, d)
+	}
+}
+
+// Banned reports whether peer is shunned now.
+func (s *Swarm) Banned(peer string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return time.Now().Before(s.bans[peer])
+}
+
+func (s *Swarm) ban(peer, reason string) {
+	s.mu.Lock()
+	already := time.Now().Before(s.bans[peer])
+	s.bans[peer] = time.Now().Add(s.cfg.BanFor)
+	s.mu.Unlock()
+	if already {
+		return // several requests in flight failed the same way
+	}
+	s.m.bans.WithLabelValues(reason).Inc()
+	s.log.Warn("banning peer", "peer", peer, "reason", reason, "for", s.cfg.BanFor)
+}
+
+// rendezvous orders names by their hash with d: every node computes the same
+// order from the same set, and removing one name keeps the others' order.
+func rendezvous(d digest.Digest, names []string) []string {
+	score := func(n string) uint64 {
+		h := fnv.New64a()
+		h.Write([]byte(d))
+		h.Write([]byte{0})
+		h.Write([]byte(n))
+		return h.Sum64()
+	}
+	out := slices.Clone(names)
+	slices.SortFunc(out, func(a, b string) int {
+		sa, sb := score(a), score(b)
+		switch {
+		case sa > sb:
+			return -1
+		case sa < sb:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// peerView is what one download knows of one holder.
+type peerView struct {
+	name     string
+	addr     string
+	origin   bool // announced that it fetches this blob from the origin
+	state    cache.ChunkState
+	known    bool // state has been read at least once
+	reading  bool // a state request is in flight
+	readAt   time.Time
+	inflight int
+	failures int
+	busyTill time.Time
+}
+
+type chunkResult struct {
+	chunk int
+	peer  string // "" for the origin
+	err   error
+	bytes int64
+	took  time.Duration
+}
+
+type stateResult struct {
+	peer   string
+	state  cache.ChunkState
+	origin bool
+	err    error
+}
+
+// fill is one blob's download through the swarm.
+type fill struct {
+	s      *Swarm
+	p      *cache.Partial
+	origin cache.RangeOpener
+	d      digest.Digest
+	start  time.Time
+
+	peers          map[string]*peerView
+	inflight       map[int]int    // chunk → requests in flight
+	supplier       map[int]string // chunk → the peer it came from ("" origin)
+	asked          map[int]string // chunk → the peer first asked for it (endgame duplicates go elsewhere)
+	originRole     bool
+	originInflight int
+	originFailures int
+	originPause    time.Time
+	wg             sync.WaitGroup
+	results        chan chunkResult
+	states         chan stateResult
+}
+
+func (f *fill) run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer func() {
+		cancel()
+		f.wg.Wait()
+		f.s.setOrigin(f.d, false)
+	}()
+	tick := time.NewTicker(f.s.cfg.Refresh / 2)
+	defer tick.Stop()
+	for {
+		missing := f.p.Missing()
+		if len(missing) == 0 {
+			cancel() // endgame duplicates still running
+			f.wg.Wait()
+			return f.verify(ctx)
+		}
+		f.refresh(ctx)
+		f.decideOrigin()
+		if err := f.schedule(ctx, missing); err != nil {
+			return err
+		}
+		select {
+		case r := <-f.results:
+			if err := f.handle(r); err != nil {
+				return err
+			}
+		case st := <-f.states:
+			f.updateState(st)
+		case <-tick.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// refresh learns new holders from gossip and re-reads stale chunk states.
+func (f *fill) refresh(ctx context.Context) {
+	for _, h := range f.s.dir.Holders(f.d) {
+		pv := f.peers[h.Peer]
+		if pv == nil {
+			peer, ok := f.s.dir.Peer(h.Peer)
+			if !ok || peer.Meta.ChunkAddr == "" {
+				continue
+			}
+			pv = &peerView{name: h.Peer, addr: peer.Meta.ChunkAddr}
+			f.peers[h.Peer] = pv
+		}
+	}
+	alive := map[string]bool{}
+	for _, m := range f.s.dir.Members() {
+		alive[m.Name] = true
+	}
+	for name, pv := range f.peers {
+		if !alive[name] {
+			if pv.inflight == 0 && !pv.reading {
+				delete(f.peers, name) // left the cluster
+			}
+			continue
+		}
+		if pv.reading || f.s.Banned(name) || (pv.known && pv.state.Complete) || time.Since(pv.readAt) < f.s.cfg.Refresh {
+			continue
+		}
+		pv.reading, pv.readAt = true, time.Now()
+		f.wg.Add(1)
+		go func(name, addr string) {
+			defer f.wg.Done()
+			st, origin, err := f.s.readState(ctx, addr, f.d)
+			select {
+			case f.states <- stateResult{peer: name, state: st, origin: origin, err: err}:
+			case <-ctx.Done():
+			}
+		}(name, pv.addr)
+	}
+}
+
+func (f *fill) updateState(r stateResult) {
+	pv := f.peers[r.peer]
+	if pv == nil {
+		return
+	}
+	pv.reading = false
+	if r.err != nil {
+		f.s.log.Debug("reading peer chunk state", "peer", r.peer, "digest", f.d, "err", r.err)
+		return
+	}
+	desc := f.p.Descriptor()
+	if r.state.Size != desc.Size || r.state.ChunkSize != f.p.ChunkSize() {
+		f.s.log.Warn("peer's chunk state does not fit the blob", "peer", r.peer, "digest", f.d,
+			"size", r.state.Size, "chunkSize", r.state.ChunkSize)
+		f.s.ban(r.peer, "bad_state")
+		return
+	}
+	pv.state, pv.origin, pv.known = r.state, r.origin, true
+}
+
+// decideOrigin takes the origin role when this node ranks first among the
+// nodes that want the blob (or the chosen one has not shown up after its
+// turn), and no peer already fetches it from the origin or holds it whole.
+func (f *fill) decideOrigin() {
+	if f.originRole {
+		return
+	}
+	fetchers, names := 0, []string{f.s.dir.LocalName()}
+	for _, h := range f.s.dir.Holders(f.d) {
+		if f.s.Banned(h.Peer) {
+			continue
+		}
+		if h.Complete {
+			return // a peer can serve every chunk
+		}
+		if pv := f.peers[h.Peer]; pv != nil && pv.origin {
+			fetchers++
+		}
+		names = append(names, h.Peer)
+	}
+	if fetchers >= f.s.cfg.OriginFetchers {
+		return
+	}
+	rank := slices.Index(rendezvous(f.d, names), f.s.dir.LocalName())
+	alone := len(f.s.dir.Members()) == 0
+	turn := f.s.cfg.Settle * time.Duration(1+max(0, rank-(f.s.cfg.OriginFetchers-1)))
+	if alone || time.Since(f.start) >= turn {
+		f.originRole = true
+		f.s.m.originRole.Inc()
+		f.s.setOrigin(f.d, true)
+		f.s.log.Info("fetching from the origin for the cluster", "digest", f.d, "rank", rank, "candidates", len(names))
+	}
+}
+
+// schedule starts requests until the limits are reached: the rarest chunk a
+// peer with a free slot has, else (as the origin fetcher) the first chunk
+// nobody has from the origin, else endgame duplicates.
+func (f *fill) schedule(ctx context.Context, missing []int) error {
+	cfg := f.s.cfg
+	total := f.originInflight
+	for _, pv := range f.peers {
+		total += pv.inflight
+	}
+	rand.Shuffle(len(missing), func(i, j int) { missing[i], missing[j] = missing[j], missing[i] })
+	for total < cfg.MaxInFlight {
+		chunk, peer := f.pickFromPeers(missing, false)
+		if chunk < 0 && f.useOrigin() {
+			chunk = f.firstUnheld(missing)
+			if chunk >= 0 {
+				f.launchOrigin(ctx, chunk)
+				total++
+				continue
+			}
+		}
+		if chunk < 0 {
+			chunk, peer = f.pickFromPeers(missing, true)
+		}
+		if chunk < 0 {
+			return nil
+		}
+		f.launchPeer(ctx, chunk, peer)
+		total++
+	}
+	return nil
+}
+
+// pickFromPeers returns the rarest missing chunk not in flight (or, for
+// endgame, in flight once) that a usable peer has, and the least loaded such
+// peer; -1 if none.
+func (f *fill) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
+	if endgame {
+		for _, i := range missing {
+			if f.inflight[i] == 0 {
+				return -1, nil // not the endgame yet: some chunk is not even asked for
+			}
+		}
+		if len(missing) > f.s.cfg.MaxInFlight {
+			return -1, nil
+		}
+	}
+	best, bestCount := -1, 0
+	var bestPeer *peerView
+	now := time.Now()
+	for _, i := range missing {
+		if (!endgame && f.inflight[i] != 0) || (endgame && f.inflight[i] != 1) {
+			continue
+		}
+		count := 0
+		var pick *peerView
+		for _, pv := range f.peers {
+			if !pv.known || !pv.state.Has(i) {
+				continue
+			}
+			count++
+			if pv.inflight >= f.s.cfg.PerPeer || now.Before(pv.busyTill) || f.s.Banned(pv.name) ||
+				(endgame && f.asked[i] == pv.name) {
+				continue
+			}
+			if pick == nil || pv.inflight < pick.inflight {
+				pick = pv
+			}
+		}
+		if pick != nil && (best < 0 || count < bestCount) {
+			best, bestCount, bestPeer = i, count, pick
+		}
+	}
+	return best, bestPeer
+}
+
+func (f *fill) useOrigin() bool {
+	return f.originRole && f.originInflight < f.s.cfg.OriginInFlight && time.Now().After(f.originPause)
+}
+
+// firstUnheld is the lowest missing chunk not in flight that no known peer
+// has: the origin fetcher extends the swarm's prefix in order.
+func (f *fill) firstUnheld(missing []int) int {
+	best := -1
+	for _, i := range missing {
+		if f.inflight[i] != 0 || (best >= 0 && i > best) {
+			continue
+		}
+		held := false
+		for _, pv := range f.peers {
+			if pv.known && pv.state.Has(i) && !f.s.Banned(pv.name) {
+				held = true
+				break
+			}
+		}
+		if !held {
+			best = i
+		}
+	}
+	return best
+}
+
+func (f *fill) launchPeer(ctx context.Context, i int, pv *peerView) {
+	f.inflight[i]++
+	pv.inflight++
+	if f.inflight[i] == 1 {
+		f.asked[i] = pv.name
+	}
+	want := f.trustedHash(i, pv)
+	n := f.p.ChunkLen(i)
+	timeout := 5*time.Second + time.Duration(n*int64(time.Second)/f.s.cfg.MinRate)
+	f.wg.Add(1)
+	go func(name, addr string) {
+		defer f.wg.Done()
+		start := time.Now()
+		err := f.s.fetchChunk(ctx, addr, f.d, i, n, timeout, func(data []byte) error {
+			return f.p.WriteChunk(i, data, want)
+		})
+		f.report(ctx, chunkResult{chunk: i, peer: name, err: err, bytes: n, took: time.Since(start)})
+	}(pv.name, pv.addr)
+}
+
+// trustedHash is the hash chunk i must have: the one an origin fetcher
+// advertises if any does (it hashed the origin's bytes), else the serving
+// peer's own. A serving peer that disagrees with an origin fetcher is lying.
+func (f *fill) trustedHash(i int, from *peerView) []byte {
+	own := from.state.Hash(i)
+	for _, pv := range f.peers {
+		if pv.origin && pv.known && pv != from {
+			if h := pv.state.Hash(i); h != nil {
+				if !bytes.Equal(h, own) {
+					f.s.m.mismatches.Inc()
+				}
+				return h
+			}
+		}
+	}
+	return own
+}
+
+func (f *fill) launchOrigin(ctx context.Context, i int) {
+	f.inflight[i]++
+	f.originInflight++
+	n := f.p.ChunkLen(i)
+	off := int64(i) * f.p.ChunkSize()
+	timeout := 5*time.Second + time.Duration(n*int64(time.Second)/f.s.cfg.MinRate)
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		start := time.Now()
+		err := f.s.fetchOrigin(ctx, f.origin, off, n, timeout, func(data []byte) error {
+			return f.p.WriteChunk(i, data, nil)
+		})
+		f.report(ctx, chunkResult{chunk: i, err: err, bytes: n, took: time.Since(start)})
+	}()
+}
+
+func (f *fill) report(ctx context.Context, r chunkResult) {
+	select {
+	case f.results <- r:
+	case <-ctx.Done():
+	}
+}
+
+// handle books a finished request: credit or penalise its source.
+func (f *fill) handle(r chunkResult) error {
+	f.inflight[r.chunk]--
+	source := "peer"
+	if r.peer == "" {
+		source = "origin"
+		f.originInflight--
+	} else if pv := f.peers[r.peer]; pv != nil {
+		pv.inflight--
+	}
+	if r.err == nil {
+		if _, dup := f.supplier[r.chunk]; !dup {
+			f.supplier[r.chunk] = r.peer
+			f.s.m.received.WithLabelValues(source).Add(float64(r.bytes))
+			f.s.m.latency.WithLabelValues(source).Observe(r.took.Seconds())
+		}
+		if pv := f.peers[r.peer]; pv != nil {
+			pv.failures = 0
+		}
+		if r.peer == "" {
+			f.originFailures = 0
+		}
+		return nil
+	}
+	if errors.Is(r.err, context.Canceled) {
+		return nil
+	}
+	if errors.Is(r.err, cache.ErrDiskFull) {
+		return r.err
+	}
+	if r.peer == "" {
+		if errors.Is(r.err, cache.ErrPermanent) {
+			return fmt.Errorf("origin: %w", r.err)
+		}
+		f.originFailures++
+		if f.originFailures >= 5 {
+			return fmt.Errorf("origin failed %d times in a row: %w", f.originFailures, r.err)
+		}
+		f.originPause = time.Now().Add(time.Duration(f.originFailures) * 200 * time.Millisecond)
+		f.s.log.Warn("origin chunk failed; retrying", "digest", f.d, "chunk", r.chunk, "err", r.err)
+		return nil
+	}
+	pv := f.peers[r.peer]
+	switch {
+	case errors.Is(r.err, errBusy):
+		if pv != nil {
+			pv.busyTill = time.Now().Add(f.s.cfg.Refresh)
+		}
+	case errors.Is(r.err, cache.ErrDigestMismatch):
+		f.s.m.mismatches.Inc()
+		f.s.ban(r.peer, "corrupt_chunk")
+	default:
+		f.s.log.Debug("peer chunk failed", "peer", r.peer, "digest", f.d, "chunk", r.chunk, "err", r.err)
+		if pv != nil {
+			pv.failures++
+			pv.state.Have = nil // re-read before trusting it again
+			pv.known = false
+			if pv.failures >= 3 {
+				f.s.ban(r.peer, "failing")
+			}
+		}
+	}
+	return nil
+}
+
+// verify checks the whole blob; if a wrong chunk map let bad chunks in, it
+// refetches the chunks that came from peers from the origin, bans the peers
+// whose chunks differ, and checks again.
+func (f *fill) verify(ctx context.Context) error {
+	err := f.p.Verify()
+	if !errors.Is(err, cache.ErrDigestMismatch) {
+		return err
+	}
+	f.s.log.Warn("blob from the swarm failed verification; repairing from the origin", "digest", f.d)
+	blamed := map[string]bool{}
+	for i := range f.p.Chunks() {
+		peer, fromPeer := f.supplier[i]
+		if !fromPeer || peer == "" {
+			continue
+		}
+		n := f.p.ChunkLen(i)
+		err := f.s.fetchOrigin(ctx, f.origin, int64(i)*f.p.ChunkSize(), n, 5*time.Minute, func(data []byte) error {
+			sum := sha256.Sum256(data)
+			if bytes.Equal(sum[:], f.p.Hash(i)) {
+				return nil
+			}
+			f.p.Invalidate(i)
+			if !blamed[peer] {
+				blamed[peer] = true
+				f.s.m.mismatches.Inc()
+				f.s.ban(peer, "wrong_chunk_map")
+			}
+			return f.p.WriteChunk(i, data, nil)
+		})
+		if err != nil {
+			return fmt.Errorf("repairing chunk %d of %s from the origin: %w", i, f.d, err)
+		}
+		f.supplier[i] = ""
+	}
+	return f.p.Verify()
+}
+
+var errBusy = errors.New("peer busy")
+
+// readState asks a peer's chunk server for its chunk state of d, and
+// whether it fetches d from the origin.
+func (s *Swarm) readState(ctx context.Context, addr string, d digest.Digest) (cache.ChunkState, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+fmt.Sprintf(statePath, d), nil)
+	if err != nil {
+		return cache.ChunkState{}, false, err
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return cache.ChunkState{}, false, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+		return cache.ChunkState{}, false, fmt.Errorf("chunk state from %s: %s", addr, resp.Status)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, chunkStateHeaderSize+maxChunkStateChunks/8+maxChunkStateChunks*32+1))
+	if err != nil {
+		return cache.ChunkState{}, false, err
+	}
+	return DecodeChunkState(b)
+}
+
+// fetchChunk downloads chunk i (n bytes) of d from a peer and hands it to
+// write, within timeout.
+func (s *Swarm) fetchChunk(ctx context.Context, addr string, d digest.Digest, i int, n int64, timeout time.Duration, write func([]byte) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+fmt.Sprintf(chunkPath, d, i), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
+		return errBusy
+	default:
+		return fmt.Errorf("chunk %d from %s: %s", i, addr, resp.Status)
+	}
+	if resp.ContentLength != n {
+		return fmt.Errorf("chunk %d from %s: %d bytes, want %d", i, addr, resp.ContentLength, n)
+	}
+	return s.readInto(ctx, resp.Body, n, write)
+}
+
+// fetchOrigin downloads [off, off+n) from the origin and hands it to write.
+func (s *Swarm) fetchOrigin(ctx context.Context, origin cache.RangeOpener, off, n int64, timeout time.Duration, write func([]byte) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var body io.ReadCloser
+	var err error
+	if b, ok := origin.(BoundedOpener); ok {
+		body, err = b.OpenBoundedRange(ctx, off, n)
+	} else {
+		body, err = origin.OpenRange(ctx, off)
+	}
+	if err != nil {
+		return err
+	}
+	defer body.Close()
+	return s.readInto(ctx, body, n, write)
+}
+
+// chunkBuffers recycles chunk-sized buffers: memory stays bounded by the
+// requests in flight however large the blob.
+var chunkBuffers sync.Pool
+
+// readInto reads exactly n bytes of r into a pooled buffer, paced by the
+// download limit, and hands them to write.
+func (s *Swarm) readInto(ctx context.Context, r io.Reader, n int64, write func([]byte) error) error {
+	bp, _ := chunkBuffers.Get().(*[]byte)
+	if bp == nil || int64(cap(*bp)) < n {
+		b := make([]byte, n)
+		bp = &b
+	}
+	defer chunkBuffers.Put(bp)
+	buf := (*bp)[:n]
+	for off := int64(0); off < n; {
+		k := min(n-off, sendPiece)
+		if s.download != nil {
+			if err := s.download.WaitN(ctx, int(k)); err != nil {
+				return err
+			}
+		}
+		if _, err := io.ReadFull(r, buf[off:off+k]); err != nil {
+			return fmt.Errorf("reading at byte %d of %d: %w", off, n, err)
+		}
+		off += k
+	}
+	return write(buf)
+}

@@ -1,0 +1,335 @@
+package p2p
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/weightd/weightd/pkg/cache"
+)
+
+// countingOrigin serves a blob from memory and counts the bytes it sends.
+type countingOrigin struct {
+	data []byte
+	sent atomic.Int64
+	down atomic.Bool // refuses every request when set
+}
+
+func (o *countingOrigin) OpenRange(ctx context.Context, off int64) (io.ReadCloser, error) {
+	return o.OpenBoundedRange(ctx, off, int64(len(o.data))-off)
+}
+
+func (o *countingOrigin) OpenBoundedRange(_ context.Context, off, n int64) (io.ReadCloser, error) {
+	if o.down.Load() {
+		return nil, errors.New("origin unreachable")
+	}
+	return io.NopCloser(&countingReader{r: bytes.NewReader(o.data[off : off+n]), n: &o.sent}), nil
+}
+
+type countingReader struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// swarmNode is one in-process agent: store, membership, chunk server, swarm.
+type swarmNode struct {
+	name   string
+	store  *cache.Store
+	m      *Membership
+	swarm  *Swarm
+	server *ChunkServer
+	stop   context.CancelFunc
+	done   chan struct{}
+}
+
+type swarmNodeOpts struct {
+	wrap   func(http.Handler) http.Handler // around the chunk server
+	upload int64
+}
+
+func startSwarmNode(t *testing.T, name string, seeds []string, o swarmNodeOpts) *swarmNode {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	router := NewRouter(time.Minute)
+	m, err := NewMembership(MembershipConfig{
+		NodeName: name, BindAddr: "127.0.0.1", Join: seeds, Fast: true,
+		Meta: NodeMeta{ChunkAddr: ln.Addr().String()},
+	}, router)
+	require.NoError(t, err)
+	store, err := cache.Open(t.TempDir(), cache.WithChunkSize(testChunk), cache.WithBudget(0, 0),
+		cache.WithEvents(Announcer(m, slog.New(slog.DiscardHandler))))
+	require.NoError(t, err)
+	swarm, err := NewSwarm(NewDirectory(m, router), nil, SwarmConfig{Settle: 300 * time.Millisecond, Refresh: 50 * time.Millisecond, BanFor: time.Minute}, nil, prometheus.NewRegistry())
+	require.NoError(t, err)
+	server, err := NewChunkServer(store, nil, WithOriginRole(swarm.FetchesFromOrigin), WithUploadLimit(o.upload))
+	require.NoError(t, err)
+	handler := server.Handler()
+	if o.wrap != nil {
+		handler = o.wrap(handler)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	n := &swarmNode{name: name, store: store, m: m, swarm: swarm, server: server, stop: cancel, done: make(chan struct{})}
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return m.Run(gctx) })
+	srv := &http.Server{Handler: handler}
+	g.Go(func() error {
+		go func() { <-gctx.Done(); srv.Close() }()
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	go func() {
+		g.Wait()
+		close(n.done)
+	}()
+	t.Cleanup(func() { n.kill(); store.Close() })
+	<-m.Ready()
+	return n
+}
+
+func (n *swarmNode) kill() {
+	n.stop()
+	<-n.done
+}
+
+// startSwarmCluster starts n nodes joined through the first and waits until
+// every node sees every other.
+func startSwarmCluster(t *testing.T, n int, opts map[int]swarmNodeOpts) []*swarmNode {
+	t.Helper()
+	nodes := []*swarmNode{startSwarmNode(t, "n0", nil, opts[0])}
+	for i := 1; i < n; i++ {
+		nodes = append(nodes, startSwarmNode(t, fmt.Sprintf("n%d", i), []string{nodes[0].m.LocalAddr()}, opts[i]))
+	}
+	require.Eventually(t, func() bool {
+		for _, nd := range nodes {
+			if len(nd.m.Members()) != n-1 {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 10*time.Millisecond)
+	return nodes
+}
+
+func (n *swarmNode) fetch(ctx context.Context, data []byte, origin cache.RangeOpener) error {
+	desc := descOf(data)
+	if _, err := n.store.Fetch(ctx, desc, n.swarm.Source(desc, origin), nil); err != nil {
+		return fmt.Errorf("%s: %w", n.name, err)
+	}
+	f, err := n.store.Open(desc.Digest)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	got, err := io.ReadAll(f)
+	if err != nil {
+		return err
+	}
+	if !bytes.Equal(got, data) {
+		return fmt.Errorf("%s: wrong bytes", n.name)
+	}
+	return nil
+}
+
+func TestSwarmOriginServesAboutOneCopy(t *testing.T) {
+	t.Parallel()
+	nodes := startSwarmCluster(t, 4, nil)
+	data := randomBlob(10, 40*testChunk)
+	origin := &countingOrigin{data: data}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	g, ctx := errgroup.WithContext(ctx)
+	for _, n := range nodes {
+		g.Go(func() error { return n.fetch(ctx, data, origin) })
+	}
+	require.NoError(t, g.Wait())
+	ratio := float64(origin.sent.Load()) / float64(len(data))
+	t.Logf("origin served %.2f copies to %d nodes", ratio, len(nodes))
+	require.LessOrEqual(t, ratio, 1.05, "the origin serves about one copy, not one per node")
+	var fromPeers float64
+	for _, n := range nodes {
+		fromPeers += testutil.ToFloat64(n.swarm.m.received.WithLabelValues("peer"))
+	}
+	require.GreaterOrEqual(t, fromPeers, float64(2*len(data)), "the other nodes got their bytes from peers")
+}
+
+func TestSwarmCompletesFromPeersWhenOriginIsGone(t *testing.T) {
+	t.Parallel()
+	nodes := startSwarmCluster(t, 3, nil)
+	data := randomBlob(11, 20*testChunk)
+	origin := &countingOrigin{data: data}
+	require.NoError(t, nodes[0].fetch(context.Background(), data, origin))
+	origin.down.Store(true) // one copy exists in the cluster; the origin goes away
+	require.Eventually(t, func() bool {
+		hs := nodes[1].swarm.dir.Holders(descOf(data).Digest)
+		return len(hs) == 1 && hs[0].Complete
+	}, 5*time.Second, 10*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	g, ctx := errgroup.WithContext(ctx)
+	for _, n := range nodes[1:] {
+		g.Go(func() error { return n.fetch(ctx, data, origin) })
+	}
+	require.NoError(t, g.Wait())
+}
+
+// corruptChunks flips a byte in every chunk body the wrapped server sends.
+func corruptChunks(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &bufferedResponse{header: http.Header{}}
+		next.ServeHTTP(rec, r)
+		body := rec.body.Bytes()
+		if strings.Contains(r.URL.Path, "/chunks/") && rec.code == http.StatusOK {
+			body[0] ^= 0xff
+		}
+		for k, v := range rec.header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(rec.code)
+		w.Write(body)
+	})
+}
+
+// bufferedResponse records a handler's response so a test can alter it.
+type bufferedResponse struct {
+	header http.Header
+	code   int
+	body   bytes.Buffer
+}
+
+func (b *bufferedResponse) Header() http.Header { return b.header }
+func (b *bufferedResponse) WriteHeader(code int) {
+	if b.code == 0 {
+		b.code = code
+	}
+}
+func (b *bufferedResponse) Write(p []byte) (int, error) {
+	if b.code == 0 {
+		b.code = http.StatusOK
+	}
+	return b.body.Write(p)
+}
+
+func TestSwarmBansPeerServingCorruptChunks(t *testing.T) {
+	t.Parallel()
+	nodes := startSwarmCluster(t, 2, map[int]swarmNodeOpts{0: {wrap: corruptChunks}})
+	data := randomBlob(12, 10*testChunk)
+	origin := &countingOrigin{data: data}
+	require.NoError(t, nodes[0].fetch(context.Background(), data, origin))
+	require.Eventually(t, func() bool { return len(nodes[1].swarm.dir.Holders(descOf(data).Digest)) == 1 }, 5*time.Second, 10*time.Millisecond)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, nodes[1].fetch(ctx, data, origin))
+	require.True(t, nodes[1].swarm.Banned("n0"), "the peer that served corrupt chunks is banned")
+	require.Equal(t, 1.0, testutil.ToFloat64(nodes[1].swarm.m.bans.WithLabelValues("corrupt_chunk")))
+}
+
+func TestSwarmRepairsWrongChunkMap(t *testing.T) {
+	// A peer whose chunk map matches its corrupt chunks passes every chunk
+	// check; only the whole-blob sha256 catches it.
+	data := randomBlob(13, 6*testChunk)
+	lie := func(st cache.ChunkState) cache.ChunkState {
+		st.Hashes = bytes.Clone(st.Hashes)
+		for i := range chunksOf(st.Size, st.ChunkSize) {
+			c := bytes.Clone(data[i*testChunk : min((i+1)*testChunk, len(data))])
+			c[0] ^= 0xff
+			sum := sha256.Sum256(c)
+			copy(st.Hashes[i*32:], sum[:])
+		}
+		return st
+	}
+	wrap := func(next http.Handler) http.Handler {
+		corrupt := corruptChunks(next)
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !strings.HasSuffix(r.URL.Path, "/state") {
+				corrupt.ServeHTTP(w, r)
+				return
+			}
+			rec := &bufferedResponse{header: http.Header{}}
+			next.ServeHTTP(rec, r)
+			st, origin, err := DecodeChunkState(rec.body.Bytes())
+			if err != nil {
+				http.Error(w, err.Error(), rec.code)
+				return
+			}
+			w.Write(EncodeChunkState(lie(st), origin))
+		})
+	}
+	nodes := startSwarmCluster(t, 2, map[int]swarmNodeOpts{0: {wrap: wrap}})
+	origin := &countingOrigin{data: data}
+	require.NoError(t, nodes[0].fetch(context.Background(), data, origin))
+	require.Eventually(t, func() bool { return len(nodes[1].swarm.dir.Holders(descOf(data).Digest)) == 1 }, 5*time.Second, 10*time.Millisecond)
+	sentBefore := origin.sent.Load()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, nodes[1].fetch(ctx, data, origin))
+	require.True(t, nodes[1].swarm.Banned("n0"))
+	require.Equal(t, 1.0, testutil.ToFloat64(nodes[1].swarm.m.bans.WithLabelValues("wrong_chunk_map")))
+	require.Equal(t, int64(len(data)), origin.sent.Load()-sentBefore, "the bad chunks were fetched again from the origin")
+}
+
+func TestSwarmSurvivesPeerKilledMidTransfer(t *testing.T) {
+	t.Parallel()
+	nodes := startSwarmCluster(t, 3, map[int]swarmNodeOpts{0: {upload: 2 << 20}})
+	data := randomBlob(14, 48*testChunk)
+	origin := &countingOrigin{data: data}
+	require.NoError(t, nodes[0].fetch(context.Background(), data, origin))
+	require.Eventually(t, func() bool { return len(nodes[1].swarm.dir.Holders(descOf(data).Digest)) == 1 }, 5*time.Second, 10*time.Millisecond)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	g, gctx := errgroup.WithContext(ctx)
+	for _, n := range nodes[1:] {
+		g.Go(func() error { return n.fetch(gctx, data, origin) })
+	}
+	// Kill the only complete holder once the others are under way (it
+	// uploads at 2 MiB/s, so 3 MiB of blob takes seconds).
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(nodes[0].server.m.servedBytes) > 256<<10
+	}, 10*time.Second, 5*time.Millisecond)
+	nodes[0].kill()
+	require.NoError(t, g.Wait())
+}
+
+func TestRendezvousIsStable(t *testing.T) {
+	t.Parallel()
+	d := digest.FromString("blob")
+	names := []string{"a", "b", "c", "d", "e"}
+	order := rendezvous(d, names)
+	require.ElementsMatch(t, names, order)
+	require.Equal(t, order, rendezvous(d, []string{"e", "d", "c", "b", "a"}), "independent of input order")
+	without := rendezvous(d, append(append([]string{}, order[:2]...), order[3:]...))
+	require.Equal(t, append(append([]string{}, order[:2]...), order[3:]...), without, "removing one keeps the rest in order")
+	other := rendezvous(digest.FromString("another"), names)
+	firsts := map[string]bool{order[0]: true, other[0]: true}
+	for i := range 20 {
+		firsts[rendezvous(digest.FromString(fmt.Sprint(i)), names)[0]] = true
+	}
+	require.Greater(t, len(firsts), 2, "different blobs pick different origin fetchers")
+}
