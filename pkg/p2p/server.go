@@ -50,7 +50,7 @@ const sendPiece = 256 << 10
 type ChunkServer struct {
 	store  ChunkStore
 	origin func(digest.Digest) bool // whether this node fetches d from the origin
-	slots  chan struct{} // chunk uploads at once; nil for no limit
+	slots  chan struct{}            // chunk uploads at once; nil for no limit
 	upload *rate.Limiter
 	log    *slog.Logger
 	m      *serverMetrics
