@@ -18,6 +18,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/p2p"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -33,6 +34,7 @@ type agentConfig struct {
 	BudgetPercent   float64       `help:"Most the cache may use, in percent of its filesystem; 0 for no limit." default:"80" env:"WEIGHTD_BUDGET_PERCENT"`
 	MaxJobs         int           `help:"Prefetch jobs run at once." default:"2" env:"WEIGHTD_MAX_JOBS"`
 	ShutdownTimeout time.Duration `help:"How long open API and metrics requests may take to finish at shutdown." default:"15s" env:"WEIGHTD_SHUTDOWN_TIMEOUT"`
+	p2pConfig
 }
 
 // agentCmd runs the agent.
@@ -64,6 +66,8 @@ type agent struct {
 	apiLn   net.Listener
 	metrics http.Handler
 	metLn   net.Listener // nil when metrics are disabled
+	peers   *peering     // nil when sharing with peers is disabled
+	peerRun []func(context.Context) error
 	running atomic.Bool
 }
 
@@ -93,16 +97,29 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 		}
 	}()
 
-	a.store, err = cache.Open(cfg.Root,
+	if a.peers, err = newPeering(cfg.p2pConfig, log, reg); err != nil {
+		return nil, err
+	}
+	storeOpts := []cache.Option{
 		cache.WithChunkSize(int64(cfg.ChunkSize)),
 		cache.WithBudget(int64(cfg.BudgetBytes), cfg.BudgetPercent),
 		cache.WithLogger(log.With("component", "cache")),
 		cache.WithRegisterer(reg),
-	)
+	}
+	if a.peers != nil {
+		storeOpts = append(storeOpts, cache.WithEvents(p2p.Announcer(a.peers.membership, log.With("component", "p2p"))))
+	}
+	a.store, err = cache.Open(cfg.Root, storeOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("opening cache: %w", err)
 	}
-	src := prefetch.NewHTTPSource(nil, prefetch.WithVersion(version))
+	var src prefetch.Source = prefetch.NewHTTPSource(nil, prefetch.WithVersion(version))
+	if a.peers != nil {
+		src = a.peers.source(src)
+		if a.peerRun, err = a.peers.serve(a.store, cfg.p2pConfig, log, reg); err != nil {
+			return nil, err
+		}
+	}
 	a.queue = prefetch.NewQueue(a.store, src,
 		prefetch.WithJobConcurrency(cfg.MaxJobs),
 		prefetch.WithLogger(log.With("component", "prefetch")),
@@ -173,6 +190,9 @@ func (a *agent) Run(ctx context.Context) error {
 	if a.metLn != nil {
 		g.Go(func() error { return serveHTTP(gctx, a.metLn, a.metrics, a.cfg.ShutdownTimeout, a.log) })
 	}
+	for _, run := range a.peerRun {
+		g.Go(func() error { return run(gctx) })
+	}
 	err := g.Wait()
 	if cerr := a.store.Close(); cerr != nil {
 		err = errors.Join(err, fmt.Errorf("closing cache: %w", cerr))
@@ -186,7 +206,11 @@ func (a *agent) Run(ctx context.Context) error {
 }
 
 func (a *agent) closeListeners() {
-	for _, ln := range []net.Listener{a.apiLn, a.metLn} {
+	lns := []net.Listener{a.apiLn, a.metLn}
+	if a.peers != nil {
+		lns = append(lns, a.peers.chunkLn)
+	}
+	for _, ln := range lns {
 		if ln != nil {
 			ln.Close()
 		}

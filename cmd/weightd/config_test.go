@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -51,6 +52,7 @@ agent:
 	defaults := agentCmd{agentConfig: agentConfig{
 		Root: "/var/lib/weightd", API: defaultAPI, MetricsAddr: "127.0.0.1:9464", ChunkSize: 16 << 20,
 		BudgetPercent: 80, MaxJobs: 2, ShutdownTimeout: 15 * time.Second,
+		p2pConfig: p2pConfig{GossipAddr: ":7946", ChunkAddr: ":7947", OriginFetchers: 1, MaxUploads: 4},
 	}, LogLevel: slog.LevelInfo, LogFormat: "text"}
 
 	tests := []struct {
@@ -133,7 +135,7 @@ agent:
 			tt.want(&want)
 			got := c.Agent
 			got.Config = ""
-			if got != want {
+			if !reflect.DeepEqual(got, want) {
 				t.Fatalf("got  %+v\nwant %+v", got, want)
 			}
 		})

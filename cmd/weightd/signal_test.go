@@ -80,7 +80,8 @@ func startAgentProcess(t *testing.T) (*exec.Cmd, string, *syncBuffer) {
 	sock := filepath.Join(dir, "run", "weightd.sock")
 	addr := "unix://" + sock
 	cmd := exec.Command(bin, "agent", "--root", filepath.Join(dir, "cache"), "--api", addr,
-		"--metrics-addr", "127.0.0.1:0", "--shutdown-timeout", "30s")
+		"--metrics-addr", "127.0.0.1:0", "--shutdown-timeout", "30s",
+		"--gossip-addr", "127.0.0.1:0", "--chunk-addr", "127.0.0.1:0")
 	var logs syncBuffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {

@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/opencontainers/go-digest"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/p2p"
+	"github.com/weightd/weightd/pkg/prefetch"
+)
+
+// p2pConfig is the peer-to-peer part of the agent's configuration.
+type p2pConfig struct {
+	GossipAddr     string   `help:"Gossip (memberlist) listen address, host:port; empty disables sharing with peers." default:":7946" env:"WEIGHTD_GOSSIP_ADDR"`
+	AdvertiseAddr  string   `help:"IP that peers reach this node at, when not the listen address." env:"WEIGHTD_ADVERTISE_ADDR"`
+	Join           []string `help:"Peers to join through, host:port, comma-separated." env:"WEIGHTD_JOIN" sep:","`
+	JoinDNS        string   `help:"DNS name whose A/AAAA records are peers to join (a headless Service), name[:port]." env:"WEIGHTD_JOIN_DNS"`
+	GossipKeyFile  string   `help:"File of gossip encryption keys, base64, one per line, the first used to encrypt; without it gossip is not encrypted." env:"WEIGHTD_GOSSIP_KEY_FILE"`
+	NodeName       string   `help:"Member name, unique in the cluster (default: the hostname)." env:"WEIGHTD_NODE_NAME"`
+	Zone           string   `help:"Topology zone of this node, told to peers." env:"WEIGHTD_ZONE"`
+	ChunkAddr      string   `help:"Chunk server listen address, host:port: peers download verified chunks from it." default:":7947" env:"WEIGHTD_CHUNK_ADDR"`
+	UploadLimit    byteSize `help:"Most bytes per second served to peers; 0 for no limit." default:"0" env:"WEIGHTD_UPLOAD_LIMIT"`
+	DownloadLimit  byteSize `help:"Most bytes per second downloaded from peers and the origin by the swarm; 0 for no limit." default:"0" env:"WEIGHTD_DOWNLOAD_LIMIT"`
+	OriginFetchers int      `help:"Nodes that fetch one blob from its origin for the whole cluster." default:"1" env:"WEIGHTD_ORIGIN_FETCHERS"`
+	MaxUploads     int      `help:"Chunk uploads served at once; more requests are sent to other peers." default:"4" env:"WEIGHTD_MAX_UPLOADS"`
+	FastGossip     bool     `help:"Short gossip intervals, for small clusters on one LAN and tests." env:"WEIGHTD_FAST_GOSSIP"`
+}
+
+// peering is the agent's peer-to-peer side: membership, content routing,
+// the chunk server and the swarm downloader.
+type peering struct {
+	membership *p2p.Membership
+	router     *p2p.Router
+	swarm      *p2p.Swarm
+	server     *p2p.ChunkServer
+	chunkLn    net.Listener
+	chunkHost  bool // the chunk address names a host; else the gossip address's is used
+}
+
+// newPeering builds the peer-to-peer side, or returns nil when gossip is
+// disabled. It opens the chunk server's listener and starts nothing.
+func newPeering(cfg p2pConfig, log *slog.Logger, reg prometheus.Registerer) (*peering, error) {
+	if cfg.GossipAddr == "" {
+		return nil, nil
+	}
+	host, portStr, err := net.SplitHostPort(cfg.GossipAddr)
+	if err != nil {
+		return nil, fmt.Errorf("--gossip-addr %q: %w", cfg.GossipAddr, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port < 0 || port > 65535 {
+		return nil, fmt.Errorf("--gossip-addr %q: bad port", cfg.GossipAddr)
+	}
+	keys, err := readGossipKeys(cfg.GossipKeyFile)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", cfg.ChunkAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listening for the chunk server: %w", err)
+	}
+	p := &peering{router: p2p.NewRouter(0), chunkLn: ln}
+	chunkHost, _, _ := net.SplitHostPort(cfg.ChunkAddr)
+	p.chunkHost = chunkHost != "" && !net.ParseIP(chunkHost).IsUnspecified()
+	meta := p2p.NodeMeta{Zone: cfg.Zone, Version: version}
+	if p.chunkHost {
+		meta.ChunkAddr = ln.Addr().String()
+	}
+	p.membership, err = p2p.NewMembership(p2p.MembershipConfig{
+		NodeName: cfg.NodeName, BindAddr: host, BindPort: port, AdvertiseAddr: cfg.AdvertiseAddr,
+		Join: cfg.Join, JoinDNS: cfg.JoinDNS, SecretKeys: keys, Meta: meta, Fast: cfg.FastGossip,
+		Logger: log.With("component", "membership"), Registerer: reg,
+	}, p.router)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	p.swarm, err = p2p.NewSwarm(p2p.NewDirectory(p.membership, p.router), nil, p2p.SwarmConfig{
+		OriginFetchers: cfg.OriginFetchers, DownloadLimit: int64(cfg.DownloadLimit),
+	}, log.With("component", "swarm"), reg)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// serve starts the chunk server on the store and keeps the membership up
+// until ctx ends. Once gossip is up, a chunk address without a host is
+// advertised on the gossip address's host.
+func (p *peering) serve(store *cache.Store, cfg p2pConfig, log *slog.Logger, reg prometheus.Registerer) (run []func(context.Context) error, err error) {
+	p.server, err = p2p.NewChunkServer(store, reg,
+		p2p.WithOriginRole(p.swarm.FetchesFromOrigin),
+		p2p.WithUploadLimit(int64(cfg.UploadLimit)),
+		p2p.WithMaxUploads(cfg.MaxUploads),
+		p2p.WithServerLogger(log.With("component", "chunkserver")))
+	if err != nil {
+		return nil, err
+	}
+	return []func(context.Context) error{
+		p.membership.Run,
+		func(ctx context.Context) error { return p.server.Run(ctx, p.chunkLn) },
+		func(ctx context.Context) error {
+			if p.chunkHost {
+				return nil
+			}
+			select {
+			case <-p.membership.Ready():
+			case <-ctx.Done():
+				return nil
+			}
+			host, _, err := net.SplitHostPort(p.membership.LocalAddr())
+			if err != nil {
+				return err
+			}
+			_, port, _ := net.SplitHostPort(p.chunkLn.Addr().String())
+			return p.membership.UpdateMeta(p2p.NodeMeta{ChunkAddr: net.JoinHostPort(host, port), Zone: cfg.Zone, Version: version})
+		},
+	}, nil
+}
+
+// source routes every blob the inner source resolves through the swarm.
+func (p *peering) source(inner prefetch.Source) prefetch.Source {
+	return swarmSource{inner: inner, swarm: p.swarm}
+}
+
+type swarmSource struct {
+	inner prefetch.Source
+	swarm *p2p.Swarm
+}
+
+func (s swarmSource) Resolve(ctx context.Context, ref prefetch.Ref) (*prefetch.Resolution, error) {
+	res, err := s.inner.Resolve(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	wrapped := make(map[digest.Digest]bool, len(res.Blobs))
+	for _, f := range res.Model.Files {
+		if op, ok := res.Blobs[f.Digest]; ok && !wrapped[f.Digest] {
+			res.Blobs[f.Digest] = s.swarm.Source(f.Descriptor, op)
+			wrapped[f.Digest] = true
+		}
+	}
+	return res, nil
+}
+
+// readGossipKeys reads base64 keys, one per line; blank lines and lines
+// starting with # are skipped.
+func readGossipKeys(path string) ([][]byte, error) {
+	if path == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading gossip keys: %w", err)
+	}
+	var keys [][]byte
+	for i, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		k, err := base64.StdEncoding.DecodeString(line)
+		if err != nil {
+			return nil, fmt.Errorf("gossip key file %s, line %d: not base64", path, i+1)
+		}
+		keys = append(keys, k)
+	}
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("gossip key file %s holds no key", path)
+	}
+	return keys, nil
+}
