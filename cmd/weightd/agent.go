@@ -125,13 +125,16 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 		prefetch.WithLogger(log.With("component", "prefetch")),
 		prefetch.WithRegisterer(reg),
 	)
-	a.api, err = api.NewServer(api.QueueJobs(a.queue), a.store,
+	apiOpts := []api.Option{
 		api.WithVersion(version),
 		api.WithReadiness(a.ready),
 		api.WithLogger(log.With("component", "api")),
 		api.WithRegisterer(reg),
-	)
-	if err != nil {
+	}
+	if a.peers != nil {
+		apiOpts = append(apiOpts, api.WithPeers(a.peers.list))
+	}
+	if a.api, err = api.NewServer(api.QueueJobs(a.queue), a.store, apiOpts...); err != nil {
 		return nil, err
 	}
 	if a.apiLn, err = api.Listen(cfg.API); err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/p2p"
 	"github.com/weightd/weightd/pkg/prefetch"
@@ -126,6 +127,15 @@ func (p *peering) serve(store *cache.Store, cfg p2pConfig, log *slog.Logger, reg
 			return p.membership.UpdateMeta(p2p.NodeMeta{ChunkAddr: net.JoinHostPort(host, port), Zone: cfg.Zone, Version: version})
 		},
 	}, nil
+}
+
+// list is the live peers, for the API's status.
+func (p *peering) list() []api.Peer {
+	var out []api.Peer
+	for _, m := range p.membership.Members() {
+		out = append(out, api.Peer{Name: m.Name, ChunkAddr: m.Meta.ChunkAddr, Zone: m.Meta.Zone})
+	}
+	return out
 }
 
 // source routes every blob the inner source resolves through the swarm.

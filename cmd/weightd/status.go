@@ -35,6 +35,10 @@ func (c *statusCmd) Run(e *env) error {
 	for _, f := range u.InFlight {
 		fmt.Fprintf(tw, "\t%s\t%s / %s (%.0f%%)\tfor %s\n", f.Digest, formatBytes(f.Done), formatBytes(f.Size), percent(f.Done, f.Size), f.HeldFor.Round(time.Second))
 	}
+	fmt.Fprintf(tw, "peers\t%d\n", len(st.Peers))
+	for _, p := range st.Peers {
+		fmt.Fprintf(tw, "\t%s\t%s\t%s\n", p.Name, p.ChunkAddr, p.Zone)
+	}
 	fmt.Fprintf(tw, "jobs\t%d\n", len(st.Jobs))
 	for _, j := range st.Jobs {
 		detail := j.Dir

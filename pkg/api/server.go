@@ -60,6 +60,14 @@ type Status struct {
 	Version string               `json:"version"`
 	Cache   cache.Usage          `json:"cache"`
 	Jobs    []prefetch.JobStatus `json:"jobs"`
+	Peers   []Peer               `json:"peers,omitempty"`
+}
+
+// Peer is another agent this one shares chunks with.
+type Peer struct {
+	Name      string `json:"name"`
+	ChunkAddr string `json:"chunkAddr"`
+	Zone      string `json:"zone,omitempty"`
 }
 
 // FetchRequest is the body of POST /v1/fetch.
@@ -79,6 +87,7 @@ type Server struct {
 	usage   Usage
 	version string
 	ready   func(context.Context) error
+	peers   func() []Peer
 	log     *slog.Logger
 	reqs    *prometheus.CounterVec
 	mux     *http.ServeMux
@@ -102,6 +111,11 @@ func WithReadiness(check func(context.Context) error) Option {
 		s.ready = check
 		return nil
 	}
+}
+
+// WithPeers sets where GET /v1/status learns the live peers.
+func WithPeers(peers func() []Peer) Option {
+	return func(s *Server) error { s.peers = peers; return nil }
 }
 
 // WithLogger sets the logger; the server is silent by default.
@@ -239,11 +253,15 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, Status{
+	st := Status{
 		Version: s.version,
 		Cache:   s.usage.Usage(),
 		Jobs:    nonNil(s.jobs.List()),
-	})
+	}
+	if s.peers != nil {
+		st.Peers = s.peers()
+	}
+	writeJSON(w, http.StatusOK, st)
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {

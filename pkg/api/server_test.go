@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -383,5 +384,27 @@ func TestRequestMetrics(t *testing.T) {
 	want := map[string]float64{"GET /v1/fetch/{id} 404": 1, "GET /v1/status 200": 1}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("weightd_api_requests_total = %v, want %v", got, want)
+	}
+}
+
+func TestStatusListsPeers(t *testing.T) {
+	t.Parallel()
+	peers := []Peer{{Name: "node-b", ChunkAddr: "10.0.0.2:7947", Zone: "z1"}}
+	srv, err := NewServer(newFakeJobs(), fakeUsage{}, WithPeers(func() []Peer { return peers }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	c, err := NewClient(ts.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(st.Peers, peers) {
+		t.Fatalf("peers %+v, want %+v", st.Peers, peers)
 	}
 }
