@@ -49,8 +49,9 @@ type Peer struct {
 	Meta NodeMeta
 }
 
-// MembershipConfig configures a Membership. The zero value of every field
-// but BindPort is usable; BindPort 0 picks a free port, for tests.
+// MembershipConfig configures a Membership. Every field is optional.
+// BindPort 0 picks a free port, which suits tests; a real cluster gossips on
+// a fixed port, the one its seeds and JoinDNS records are reached on.
 type MembershipConfig struct {
 	// NodeName is the unique member name, 1 to 255 bytes; default: the
 	// hostname.
