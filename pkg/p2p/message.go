@@ -173,7 +173,8 @@ func decodeEvent(b []byte) (holdingEvent, error) {
 	var ev holdingEvent
 	r := wireReader{b: b}
 	if v := r.byte(); v != eventVersion {
-		return ev, r.fail(fmt.Errorf("event version %d", v))
+		r.fail(fmt.Errorf("event version %d", v))
+		return ev, r.err
 	}
 	ev.Node = r.name()
 	ev.holding = r.holding()
@@ -227,11 +228,13 @@ func decodeState(b []byte) (holdingState, error) {
 	}
 	r := wireReader{b: b}
 	if v := r.byte(); v != stateVersion {
-		return st, r.fail(fmt.Errorf("state version %d", v))
+		r.fail(fmt.Errorf("state version %d", v))
+		return st, r.err
 	}
 	flags := r.byte()
 	if flags&^stateTruncated != 0 {
-		return st, r.fail(fmt.Errorf("state flags %#x", flags))
+		r.fail(fmt.Errorf("state flags %#x", flags))
+		return st, r.err
 	}
 	st.Truncated = flags&stateTruncated != 0
 	st.Clock = r.uint64()
@@ -305,7 +308,8 @@ func decodeMeta(b []byte) (NodeMeta, error) {
 	var meta NodeMeta
 	r := wireReader{b: b}
 	if v := r.byte(); v != metaVersion {
-		return meta, r.fail(fmt.Errorf("meta version %d", v))
+		r.fail(fmt.Errorf("meta version %d", v))
+		return meta, r.err
 	}
 	meta.ChunkAddr = r.string()
 	meta.Zone = r.string()
@@ -331,12 +335,11 @@ type wireReader struct {
 	err error
 }
 
-func (r *wireReader) fail(err error) error {
+func (r *wireReader) fail(err error) {
 	if r.err == nil {
 		r.err = fmt.Errorf("%w: %v", errMalformed, err)
 	}
 	r.b = nil
-	return r.err
 }
 
 func (r *wireReader) take(n int) []byte {
