@@ -115,7 +115,7 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 	}
 	var src prefetch.Source = prefetch.NewHTTPSource(nil, prefetch.WithVersion(version))
 	if a.peers != nil {
-		src = a.peers.source(src)
+		src = a.peers.source(src, log.With("component", "p2p"))
 		if a.peerRun, err = a.peers.serve(a.store, cfg.p2pConfig, log, reg); err != nil {
 			return nil, err
 		}

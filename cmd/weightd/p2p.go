@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -39,12 +41,13 @@ type p2pConfig struct {
 // peering is the agent's peer-to-peer side: membership, content routing,
 // the chunk server and the swarm downloader.
 type peering struct {
-	membership *p2p.Membership
-	router     *p2p.Router
-	swarm      *p2p.Swarm
-	server     *p2p.ChunkServer
-	chunkLn    net.Listener
-	chunkHost  bool // the chunk address names a host; else the gossip address's is used
+	membership  *p2p.Membership
+	router      *p2p.Router
+	swarm       *p2p.Swarm
+	resolutions *p2p.Resolutions
+	server      *p2p.ChunkServer
+	chunkLn     net.Listener
+	chunkHost   bool // the chunk address names a host; else the gossip address's is used
 }
 
 // newPeering builds the peer-to-peer side, or returns nil when gossip is
@@ -69,7 +72,7 @@ func newPeering(cfg p2pConfig, log *slog.Logger, reg prometheus.Registerer) (*pe
 	if err != nil {
 		return nil, fmt.Errorf("listening for the chunk server: %w", err)
 	}
-	p := &peering{router: p2p.NewRouter(0), chunkLn: ln}
+	p := &peering{router: p2p.NewRouter(0), resolutions: p2p.NewResolutions(4096), chunkLn: ln}
 	chunkHost, _, _ := net.SplitHostPort(cfg.ChunkAddr)
 	p.chunkHost = chunkHost != "" && !net.ParseIP(chunkHost).IsUnspecified()
 	meta := p2p.NodeMeta{Zone: cfg.Zone, Version: version}
@@ -103,6 +106,7 @@ func (p *peering) serve(store *cache.Store, cfg p2pConfig, log *slog.Logger, reg
 		p2p.WithOriginRole(p.swarm.FetchesFromOrigin),
 		p2p.WithUploadLimit(int64(cfg.UploadLimit)),
 		p2p.WithMaxUploads(cfg.MaxUploads),
+		p2p.WithResolutions(p.resolutions),
 		p2p.WithServerLogger(log.With("component", "chunkserver")))
 	if err != nil {
 		return nil, err
@@ -138,30 +142,70 @@ func (p *peering) list() []api.Peer {
 	return out
 }
 
-// source routes every blob the inner source resolves through the swarm.
-func (p *peering) source(inner prefetch.Source) prefetch.Source {
-	return swarmSource{inner: inner, swarm: p.swarm}
+// source routes every blob the inner source resolves through the swarm,
+// and resolves through peers when the origin cannot be reached.
+func (p *peering) source(inner prefetch.Source, log *slog.Logger) prefetch.Source {
+	return swarmSource{inner: inner, p: p, log: log}
 }
 
 type swarmSource struct {
 	inner prefetch.Source
-	swarm *p2p.Swarm
+	p     *peering
+	log   *slog.Logger
 }
 
 func (s swarmSource) Resolve(ctx context.Context, ref prefetch.Ref) (*prefetch.Resolution, error) {
 	res, err := s.inner.Resolve(ctx, ref)
-	if err != nil {
-		return nil, err
+	if err == nil {
+		s.p.resolutions.Put(ref.String(), res.Model)
+	} else {
+		if res, err = s.resolveFromPeers(ctx, ref, err); err != nil {
+			return nil, err
+		}
 	}
 	wrapped := make(map[digest.Digest]bool, len(res.Blobs))
 	for _, f := range res.Model.Files {
 		if op, ok := res.Blobs[f.Digest]; ok && !wrapped[f.Digest] {
-			res.Blobs[f.Digest] = s.swarm.Source(f.Descriptor, op)
+			res.Blobs[f.Digest] = s.p.swarm.Source(f.Descriptor, op)
 			wrapped[f.Digest] = true
 		}
 	}
 	return res, nil
 }
+
+// resolveFromPeers is the fallback when the origin fails to resolve ref:
+// peers that resolved it before say what it is; the blobs can then come only
+// from peers. A digest-pinned reference must resolve to its digest.
+func (s swarmSource) resolveFromPeers(ctx context.Context, ref prefetch.Ref, originErr error) (*prefetch.Resolution, error) {
+	if errors.Is(originErr, cache.ErrPermanent) {
+		return nil, originErr // the origin answered: the reference is wrong
+	}
+	m, err := s.p.swarm.ResolveFromPeers(ctx, ref.String(), func(m cache.Model) error {
+		if ref.Digest == "" {
+			return nil
+		}
+		for _, f := range m.Files {
+			if f.Digest == ref.Digest {
+				return nil
+			}
+		}
+		return fmt.Errorf("resolution does not name %s", ref.Digest)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w (and no peer could resolve it: %v)", originErr, err)
+	}
+	s.log.Warn("origin unreachable; resolved through a peer, fetching from peers only", "ref", ref.Redacted(), "err", originErr)
+	res := &prefetch.Resolution{Model: m, Blobs: make(map[digest.Digest]cache.RangeOpener, len(m.Files))}
+	for _, f := range m.Files {
+		res.Blobs[f.Digest] = unreachable{originErr}
+	}
+	return res, nil
+}
+
+// unreachable is the origin of a blob whose origin cannot be reached.
+type unreachable struct{ err error }
+
+func (u unreachable) OpenRange(context.Context, int64) (io.ReadCloser, error) { return nil, u.err }
 
 // readGossipKeys reads base64 keys, one per line; blank lines and lines
 // starting with # are skipped.

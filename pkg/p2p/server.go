@@ -42,18 +42,20 @@ const sendPiece = 256 << 10
 //
 //	GET /v1/blobs/{digest}/state        which chunks this node has, and their hashes (binary, see EncodeChunkState)
 //	GET /v1/blobs/{digest}/chunks/{i}   chunk i, or a byte range of it (Range: bytes=a-b)
+//	GET /v1/resolutions/{key}           how a reference resolved (with WithResolutions)
 //
 // Chunks of blobs still downloading are served as soon as they are verified.
 // Bytes go from the blob file to the socket with sendfile, paced by the
 // upload limit. Unknown or unverified content is 404, a malformed digest or
 // index 400; no path is derived from anything but a validated digest.
 type ChunkServer struct {
-	store  ChunkStore
-	origin func(digest.Digest) bool // whether this node fetches d from the origin
-	slots  chan struct{}            // chunk uploads at once; nil for no limit
-	upload *rate.Limiter
-	log    *slog.Logger
-	m      *serverMetrics
+	store       ChunkStore
+	origin      func(digest.Digest) bool // whether this node fetches d from the origin
+	slots       chan struct{}            // chunk uploads at once; nil for no limit
+	resolutions *Resolutions             // nil: none served
+	upload      *rate.Limiter
+	log         *slog.Logger
+	m           *serverMetrics
 }
 
 type serverMetrics struct {
@@ -88,6 +90,12 @@ func WithOriginRole(fetches func(digest.Digest) bool) ServerOption {
 	return func(s *ChunkServer) { s.origin = fetches }
 }
 
+// WithResolutions serves r to peers that cannot reach an origin to resolve
+// a reference themselves (GET /v1/resolutions/{sha256 of the reference}).
+func WithResolutions(r *Resolutions) ServerOption {
+	return func(s *ChunkServer) { s.resolutions = r }
+}
+
 // WithServerLogger sets the logger; the server is silent by default.
 func WithServerLogger(l *slog.Logger) ServerOption { return func(s *ChunkServer) { s.log = l } }
 
@@ -120,6 +128,9 @@ func (s *ChunkServer) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/blobs/{digest}/state", s.serveState)
 	mux.HandleFunc("GET /v1/blobs/{digest}/chunks/{index}", s.serveChunk)
+	if s.resolutions != nil {
+		mux.HandleFunc("GET "+resolutionPrefix+"{key}", s.serveResolution)
+	}
 	return mux
 }
 

@@ -60,6 +60,7 @@ type swarmNode struct {
 	m      *Membership
 	swarm  *Swarm
 	server *ChunkServer
+	res    *Resolutions
 	stop   context.CancelFunc
 	done   chan struct{}
 }
@@ -84,14 +85,15 @@ func startSwarmNode(t *testing.T, name string, seeds []string, o swarmNodeOpts) 
 	require.NoError(t, err)
 	swarm, err := NewSwarm(NewDirectory(m, router), nil, SwarmConfig{Settle: 300 * time.Millisecond, Refresh: 50 * time.Millisecond, BanFor: time.Minute}, nil, prometheus.NewRegistry())
 	require.NoError(t, err)
-	server, err := NewChunkServer(store, nil, WithOriginRole(swarm.FetchesFromOrigin), WithUploadLimit(o.upload))
+	res := NewResolutions(2)
+	server, err := NewChunkServer(store, nil, WithOriginRole(swarm.FetchesFromOrigin), WithUploadLimit(o.upload), WithResolutions(res))
 	require.NoError(t, err)
 	handler := server.Handler()
 	if o.wrap != nil {
 		handler = o.wrap(handler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	n := &swarmNode{name: name, store: store, m: m, swarm: swarm, server: server, stop: cancel, done: make(chan struct{})}
+	n := &swarmNode{name: name, store: store, m: m, swarm: swarm, server: server, res: res, stop: cancel, done: make(chan struct{})}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return m.Run(gctx) })
 	srv := &http.Server{Handler: handler}
@@ -332,4 +334,26 @@ func TestRendezvousIsStable(t *testing.T) {
 		firsts[rendezvous(digest.FromString(fmt.Sprint(i)), names)[0]] = true
 	}
 	require.Greater(t, len(firsts), 2, "different blobs pick different origin fetchers")
+}
+
+func TestResolveFromPeers(t *testing.T) {
+	t.Parallel()
+	nodes := startSwarmCluster(t, 3, nil)
+	m := cache.Model{Name: "org/m", Revision: "main", Files: []cache.File{{Path: "w.bin", Descriptor: descOf([]byte("x"))}}}
+	nodes[2].res.Put("https://origin/m.json", m)
+	any := func(cache.Model) error { return nil }
+	got, err := nodes[0].swarm.ResolveFromPeers(t.Context(), "https://origin/m.json", any)
+	require.NoError(t, err)
+	require.Equal(t, m, got)
+
+	_, err = nodes[0].swarm.ResolveFromPeers(t.Context(), "https://origin/other.json", any)
+	require.ErrorContains(t, err, "404")
+	_, err = nodes[0].swarm.ResolveFromPeers(t.Context(), "https://origin/m.json", func(cache.Model) error { return errors.New("wrong digest") })
+	require.ErrorContains(t, err, "wrong digest")
+
+	// The memory is bounded: the oldest resolution goes first.
+	nodes[2].res.Put("b", m)
+	nodes[2].res.Put("c", m)
+	_, err = nodes[0].swarm.ResolveFromPeers(t.Context(), "https://origin/m.json", any)
+	require.Error(t, err)
 }

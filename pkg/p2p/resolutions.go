@@ -1,0 +1,138 @@
+package p2p
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/weightd/weightd/pkg/cache"
+)
+
+// Resolutions remembers how references resolved to models (name, revision,
+// files with digests), so that a peer can still resolve a reference when its
+// origin cannot be reached. It keeps the most recent max entries and is safe
+// for concurrent use.
+type Resolutions struct {
+	max int
+
+	mu    sync.Mutex
+	m     map[string]cache.Model // by resolutionKey
+	order []string               // oldest first
+}
+
+// NewResolutions returns an empty memory of at most max resolutions.
+func NewResolutions(max int) *Resolutions {
+	return &Resolutions{max: max, m: make(map[string]cache.Model)}
+}
+
+// Put records that ref resolved to m.
+func (r *Resolutions) Put(ref string, m cache.Model) {
+	k := resolutionKey(ref)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.m[k]; !ok {
+		r.order = append(r.order, k)
+	}
+	r.m[k] = m
+	for len(r.order) > r.max {
+		delete(r.m, r.order[0])
+		r.order = r.order[1:]
+	}
+}
+
+func (r *Resolutions) get(key string) (cache.Model, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m, ok := r.m[key]
+	return m, ok
+}
+
+// resolutionKey names a reference on the wire without revealing it (a
+// presigned URL's query is a credential).
+func resolutionKey(ref string) string {
+	sum := sha256.Sum256([]byte(ref))
+	return hex.EncodeToString(sum[:])
+}
+
+// maxResolutionSize bounds a peer's answer.
+const maxResolutionSize = 16 << 20
+
+// ResolveFromPeers asks the live peers, one after the other, how ref
+// resolved, and returns the first answer that is a valid model and that
+// accept approves (for a digest-pinned reference: it names that digest).
+// Peers are members authenticated by the gossip key; the blobs themselves
+// are still verified against their digests.
+func (s *Swarm) ResolveFromPeers(ctx context.Context, ref string, accept func(cache.Model) error) (cache.Model, error) {
+	key := resolutionKey(ref)
+	var errs []error
+	for _, p := range s.dir.Members() {
+		if p.Meta.ChunkAddr == "" || s.Banned(p.Name) {
+			continue
+		}
+		m, err := s.askResolution(ctx, p.Meta.ChunkAddr, key)
+		if err == nil {
+			if err = m.Validate(); err == nil {
+				err = accept(m)
+			}
+		}
+		if err == nil {
+			s.log.Info("resolved from a peer", "peer", p.Name, "model", m.Name, "revision", m.Revision)
+			return m, nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", p.Name, err))
+	}
+	if len(errs) == 0 {
+		return cache.Model{}, errors.New("no peer to ask")
+	}
+	return cache.Model{}, errors.Join(errs...)
+}
+
+func (s *Swarm) askResolution(ctx context.Context, addr, key string) (cache.Model, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+resolutionPrefix+key, nil)
+	if err != nil {
+		return cache.Model{}, err
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return cache.Model{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return cache.Model{}, fmt.Errorf("resolution: %s", resp.Status)
+	}
+	var m cache.Model
+	dec := json.NewDecoder(io.LimitReader(resp.Body, maxResolutionSize))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return cache.Model{}, fmt.Errorf("resolution: %w", err)
+	}
+	return m, nil
+}
+
+// resolutionPrefix is the chunk server's route for resolutions.
+const resolutionPrefix = "/v1/resolutions/"
+
+func (s *ChunkServer) serveResolution(w http.ResponseWriter, r *http.Request) {
+	key := r.PathValue("key")
+	if len(key) != 64 {
+		s.fail(w, "resolution", http.StatusBadRequest, errors.New("resolution key: want 64 hex digits"))
+		return
+	}
+	m, ok := s.resolutions.get(key)
+	if !ok {
+		s.fail(w, "resolution", http.StatusNotFound, errors.New("resolution not known"))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(m)
+	s.m.requests.WithLabelValues("resolution", "200").Inc()
+}
