@@ -29,11 +29,14 @@ const (
 	chunkPort   = 7947
 )
 
-// p2pFlags are the agent's peer-to-peer flags.
+// p2pFlags are the agent's peer-to-peer flags. The hosts of a testbed
+// share the machine's hostname, the default node name: each agent is named
+// after its host instead.
 var p2pFlags = map[string]*regexp.Regexp{
 	"--gossip-addr": regexp.MustCompile(`--gossip-addr[=\s]`),
 	"--join":        regexp.MustCompile(`--join[=\s]`),
 	"--chunk-addr":  regexp.MustCompile(`--chunk-addr[=\s]`),
+	"--node-name":   regexp.MustCompile(`--node-name[=\s]`),
 }
 
 // hasP2P reports whether bin's agent takes the peer-to-peer flags. An agent
@@ -74,14 +77,15 @@ type agentSet struct {
 }
 
 // startAgents starts one agent in each host, its cache and socket under dir,
-// and waits (30 s at most) until each one's API answers. With p2p, the
-// agents join the first one's gossip. The agents stop when ctx ends or on
-// close.
+// and waits (30 s at most) until each one's API answers and, with p2p, until
+// each one lists every other as a peer. The first agent starts alone, so
+// that the others find it listening when they join through it. The agents
+// stop when ctx ends or on close.
 func startAgents(ctx context.Context, hosts []*testbed.Host, bin, dir string, chunkMiB int, p2p bool) (*agentSet, error) {
 	actx, stop := context.WithCancel(ctx)
 	set := &agentSet{stop: stop}
 	join := netip.AddrPortFrom(hosts[0].Addr, gossipPort).String()
-	for _, h := range hosts {
+	start := func(h *testbed.Host) (*agent, error) {
 		sock := "unix://" + filepath.Join(dir, h.Name+".sock")
 		args := []string{
 			"agent",
@@ -96,11 +100,11 @@ func startAgents(ctx context.Context, hosts []*testbed.Host, bin, dir string, ch
 				"--gossip-addr", netip.AddrPortFrom(h.Addr, gossipPort).String(),
 				"--join", join,
 				"--chunk-addr", netip.AddrPortFrom(h.Addr, chunkPort).String(),
+				"--node-name", h.Name,
 			)
 		}
 		client, err := api.NewClient(sock)
 		if err != nil {
-			set.close()
 			return nil, err
 		}
 		cmd := h.Command(actx, bin, args...)
@@ -109,7 +113,6 @@ func startAgents(ctx context.Context, hosts []*testbed.Host, bin, dir string, ch
 		cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 		cmd.WaitDelay = 15 * time.Second
 		if err := cmd.Start(); err != nil {
-			set.close()
 			return nil, fmt.Errorf("starting the agent in %s: %w", h.Name, err)
 		}
 		a := &agent{host: h, cmd: cmd, client: client, exited: make(chan struct{})}
@@ -118,14 +121,38 @@ func startAgents(ctx context.Context, hosts []*testbed.Host, bin, dir string, ch
 			close(a.exited)
 		}()
 		set.agents = append(set.agents, a)
+		return a, nil
 	}
-	errs := make([]error, len(set.agents))
-	var wg sync.WaitGroup
-	for i, a := range set.agents {
-		wg.Go(func() { errs[i] = a.waitReady(ctx, 30*time.Second) })
+	// each runs f on every agent at once and joins the errors.
+	each := func(f func(*agent) error) error {
+		errs := make([]error, len(set.agents))
+		var wg sync.WaitGroup
+		for i, a := range set.agents {
+			wg.Go(func() { errs[i] = f(a) })
+		}
+		wg.Wait()
+		return errors.Join(errs...)
 	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	const wait = 30 * time.Second
+	err := func() error {
+		seed, err := start(hosts[0])
+		if err != nil {
+			return err
+		}
+		if err := seed.waitReady(ctx, wait); err != nil {
+			return err
+		}
+		for _, h := range hosts[1:] {
+			if _, err := start(h); err != nil {
+				return err
+			}
+		}
+		if err := each(func(a *agent) error { return a.waitReady(ctx, wait) }); err != nil || !p2p {
+			return err
+		}
+		return each(func(a *agent) error { return a.waitPeers(ctx, len(hosts)-1, wait) })
+	}()
+	if err != nil {
 		set.close()
 		return nil, err
 	}
@@ -153,6 +180,38 @@ func (a *agent) waitReady(ctx context.Context, timeout time.Duration) error {
 		}
 	}
 	return nil
+}
+
+// waitPeers polls the agent's status until it lists n peers other than
+// itself, the agent exits or timeout passes.
+func (a *agent) waitPeers(ctx context.Context, n int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	seen := -1
+	for {
+		st, err := a.client.Status(ctx)
+		if err != nil {
+			return fmt.Errorf("agent in %s: %w", a.host.Name, err)
+		}
+		seen = 0
+		for _, p := range st.Peers {
+			if p.Name != a.host.Name {
+				seen++
+			}
+		}
+		if seen >= n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("agent in %s lists %d peers after %v, want %d", a.host.Name, seen, timeout, n)
+		}
+		select {
+		case <-a.exited:
+			return fmt.Errorf("agent in %s exited while joining: %v", a.host.Name, a.err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // kill sends the agent SIGKILL, as a node that dies.

@@ -1,6 +1,7 @@
 package testbed
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -134,6 +136,12 @@ func transfer(t *testing.T, from, to *Host, port uint16, size int64) float64 {
 	if err := helper(t, ctx, from, "source", addr, strconv.FormatInt(size, 10)).Run(); err != nil {
 		t.Fatalf("sending from %s: %v", from.Name, err)
 	}
+	return sinkRate(t, out, size)
+}
+
+// sinkRate reads a sink's result and returns its rate in Mbit/s.
+func sinkRate(t *testing.T, out *bufio.Reader, size int64) float64 {
+	t.Helper()
 	line, err := out.ReadString('\n')
 	if err != nil {
 		t.Fatalf("reading the sink's result: %v", err)
@@ -178,6 +186,43 @@ func TestShapedThroughput(t *testing.T) {
 		t.Logf("%s: %.1f Mbit/s, %.2f of %d", s.name, rate, ratio, mbit)
 		if ratio < s.lo || ratio > s.hi {
 			t.Errorf("%s: %.1f Mbit/s is %.2f of %d Mbit/s, want %.1f to %.1f", s.name, rate, ratio, mbit, s.lo, s.hi)
+		}
+	}
+}
+
+// Every host sends to the next and receives from the previous at once, as in
+// a swarm: each link carries its rate both ways.
+func TestFullDuplexRing(t *testing.T) {
+	Require(t)
+	const (
+		hosts = 4
+		mbit  = 100
+		size  = 8 << 20
+	)
+	tb := NewT(t, Config{Hosts: hosts, LinkMbit: mbit})
+	h := tb.Hosts()
+	var sinks []*bufio.Reader
+	for _, x := range h {
+		sinks = append(sinks, serve(t, x, "sink", netip.AddrPortFrom(x.Addr, 7400).String()))
+	}
+	errs := make([]error, hosts)
+	var wg sync.WaitGroup
+	for i, x := range h {
+		to := netip.AddrPortFrom(h[(i+1)%hosts].Addr, 7400).String()
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			errs[i] = helper(t, ctx, x, "source", to, strconv.Itoa(size)).Run()
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	for i, out := range sinks {
+		rate := sinkRate(t, out, size)
+		if ratio := rate / mbit; ratio < 0.6 || ratio > 1.1 {
+			t.Errorf("h%d received %.1f Mbit/s, %.2f of %d, want 0.6 to 1.1", i, rate, ratio, mbit)
 		}
 	}
 }
