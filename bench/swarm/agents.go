@@ -12,6 +12,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -212,6 +214,55 @@ func (a *agent) waitPeers(ctx context.Context, n int, timeout time.Duration) err
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// cpu returns the CPU time (user and system) the agent has used so far,
+// from fields 14 and 15 of /proc/<pid>/stat, in USER_HZ ticks (100 per
+// second on Linux).
+func (a *agent) cpu() (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", a.cmd.Process.Pid))
+	if err != nil {
+		return 0, err
+	}
+	i := bytes.LastIndexByte(b, ')') // the command name may hold spaces
+	f := strings.Fields(string(b[i+1:]))
+	if i < 0 || len(f) < 13 {
+		return 0, fmt.Errorf("parsing /proc/%d/stat", a.cmd.Process.Pid)
+	}
+	var ticks int64
+	for _, x := range f[11:13] { // fields 14 and 15; f[0] is field 3
+		n, err := strconv.ParseInt(x, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("parsing /proc/%d/stat: %w", a.cmd.Process.Pid, err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / 100, nil
+}
+
+// machineBusy returns the CPU time the whole machine has spent busy (all
+// but idle and iowait), over all cores, from /proc/stat.
+func machineBusy() (time.Duration, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0, errors.New("parsing /proc/stat")
+	}
+	var ticks int64
+	for i, x := range f[1:] {
+		n, err := strconv.ParseInt(x, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("parsing /proc/stat: %w", err)
+		}
+		if i != 3 && i != 4 && i < 8 { // not idle or iowait, nor guest (counted in user)
+			ticks += n
+		}
+	}
+	return time.Duration(ticks) * time.Second / 100, nil
 }
 
 // kill sends the agent SIGKILL, as a node that dies.

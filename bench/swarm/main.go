@@ -48,6 +48,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -426,11 +427,19 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 	case "churn":
 		victim = n - 1
 	}
+	cpu0, err := sampleCPU(agents.agents, -1)
+	if err != nil {
+		return result{}, err
+	}
 	took, err := fetchAll(ctx, agents.agents, b.url+"#sha256:"+b.file.SHA256, delays, victim, b.size/2)
 	if err != nil {
 		if ctx.Err() == context.DeadlineExceeded {
 			err = fmt.Errorf("%w (not done after %v)", err, b.deadline)
 		}
+		return result{}, err
+	}
+	cpu1, err := sampleCPU(agents.agents, victim)
+	if err != nil {
 		return result{}, err
 	}
 	after, err := originBytes(ctx, b.control)
@@ -456,7 +465,49 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 		OriginRatio: round(float64(after-before) / float64(b.size)),
 	}
 	log.Printf("%s: %s; origin sent %.2f × S", mode, describe(agents.agents, took, victim), r.OriginRatio)
+	log.Printf("%s: %s", mode, cpu1.since(cpu0, victim))
 	return r, nil
+}
+
+// cpuSample is the CPU time used so far by the machine and by each agent.
+type cpuSample struct {
+	at      time.Time
+	machine time.Duration
+	agents  []time.Duration
+}
+
+// sampleCPU reads the machine's and every agent's CPU time, except agent skip's.
+func sampleCPU(agents []*agent, skip int) (cpuSample, error) {
+	s := cpuSample{at: time.Now(), agents: make([]time.Duration, len(agents))}
+	var err error
+	if s.machine, err = machineBusy(); err != nil {
+		return s, err
+	}
+	for i, a := range agents {
+		if i == skip {
+			continue
+		}
+		if s.agents[i], err = a.cpu(); err != nil {
+			return s, fmt.Errorf("reading the CPU time of the agent in %s: %w", a.host.Name, err)
+		}
+	}
+	return s, nil
+}
+
+// since says how busy the CPUs were from s0 to s, leaving out agent skip:
+// if the machine was near 100%, the CPU rather than the links may have set
+// the time (the machine's figure includes whatever else runs on it).
+func (s cpuSample) since(s0 cpuSample, skip int) string {
+	wall := s.at.Sub(s0.at).Seconds()
+	cores := float64(runtime.NumCPU())
+	var agents time.Duration
+	for i := range s.agents {
+		if i != skip {
+			agents += s.agents[i] - s0.agents[i]
+		}
+	}
+	return fmt.Sprintf("over %.1fs the agents used %.1f CPU-seconds (%.0f%% of %d cores), the machine was %.0f%% busy",
+		wall, agents.Seconds(), 100*agents.Seconds()/wall/cores, int(cores), 100*(s.machine-s0.machine).Seconds()/wall/cores)
 }
 
 // describe lists each agent's time, for the log.
