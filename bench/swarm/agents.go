@@ -188,13 +188,12 @@ func (a *agent) waitReady(ctx context.Context, timeout time.Duration) error {
 // itself, the agent exits or timeout passes.
 func (a *agent) waitPeers(ctx context.Context, n int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
-	seen := -1
 	for {
 		st, err := a.client.Status(ctx)
 		if err != nil {
 			return fmt.Errorf("agent in %s: %w", a.host.Name, err)
 		}
-		seen = 0
+		seen := 0
 		for _, p := range st.Peers {
 			if p.Name != a.host.Name {
 				seen++

@@ -335,8 +335,8 @@ func (b *bench) runNaive(ctx context.Context) (time.Duration, error) {
 	var procs []proc
 	defer func() {
 		for _, p := range procs {
-			p.cmd.Process.Kill()
-			p.cmd.Wait()
+			_ = p.cmd.Process.Kill() // on the way out after a failure: only reaping matters
+			_ = p.cmd.Wait()
 		}
 	}()
 	for _, h := range b.hosts {

@@ -53,7 +53,9 @@ func runHelper(args []string) error {
 		if err != nil {
 			return err
 		}
-		ln.(*net.TCPListener).SetDeadline(deadline)
+		if err := ln.(*net.TCPListener).SetDeadline(deadline); err != nil {
+			return err
+		}
 		fmt.Println("ready")
 		if cmd == "sink" {
 			return sink(ln, deadline)
@@ -63,10 +65,11 @@ func runHelper(args []string) error {
 			if err != nil {
 				return err
 			}
-			c.SetDeadline(deadline)
 			go func() {
 				defer c.Close()
-				io.Copy(c, c)
+				if c.SetDeadline(deadline) == nil {
+					_, _ = io.Copy(c, c) // the client sees what came back
+				}
 			}()
 		}
 		return nil
@@ -79,7 +82,9 @@ func runHelper(args []string) error {
 			return err
 		}
 		defer c.Close()
-		c.SetDeadline(time.Now().Add(time.Second))
+		if err := c.SetDeadline(time.Now().Add(time.Second)); err != nil {
+			return err
+		}
 		if _, err := fmt.Fprintln(c, args[2]); err != nil {
 			return err
 		}
@@ -102,7 +107,9 @@ func runHelper(args []string) error {
 			return err
 		}
 		defer c.Close()
-		c.SetDeadline(deadline)
+		if err := c.SetDeadline(deadline); err != nil {
+			return err
+		}
 		buf := make([]byte, 64<<10)
 		for i := range buf {
 			buf[i] = byte(i * 7)
@@ -128,7 +135,9 @@ func sink(ln net.Listener, deadline time.Time) error {
 		return err
 	}
 	defer c.Close()
-	c.SetDeadline(deadline)
+	if err := c.SetDeadline(deadline); err != nil {
+		return err
+	}
 	buf := make([]byte, 256<<10)
 	n, err := c.Read(buf)
 	if err != nil {

@@ -279,9 +279,12 @@ func TestCloseRemovesEverything(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-exited:
+	case err := <-exited:
+		if err == nil {
+			t.Errorf("the process in the testbed exited on its own, before Close killed it")
+		}
 	case <-time.After(5 * time.Second):
-		sleeper.Process.Kill()
+		_ = sleeper.Process.Kill()
 		t.Errorf("a process in the testbed outlived Close")
 	}
 	assertGone(t, tb.Name())
@@ -328,12 +331,20 @@ func TestStaleTestbedRemoved(t *testing.T) {
 		if err := run(t.Context(), tl.ip, "netns", "add", ns); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { deleteNamespaces(tl, []string{ns}) })
+		t.Cleanup(func() {
+			if err := deleteNamespaces(tl, []string{ns}); err != nil {
+				t.Error(err)
+			}
+		})
 	}
 	if err := os.WriteFile(stateDir+"/"+name, fmt.Appendf(nil, "%d 1 7\n", dead.Process.Pid), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { release(name) })
+	t.Cleanup(func() {
+		if err := release(name); err != nil {
+			t.Error(err)
+		}
+	})
 
 	NewT(t, Config{Hosts: 1})
 	assertGone(t, name)
