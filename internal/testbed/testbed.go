@@ -15,7 +15,9 @@
 //
 // Processes run inside a host through Host.Command (`ip netns exec`). The
 // filesystem is shared: unix sockets and files under a test directory are
-// reachable from the root namespace and from every host.
+// reachable from the root namespace and from every host. So is the
+// hostname: a program that names itself after it (a gossip member name)
+// must be given the host's Name instead.
 //
 // Creating a testbed needs root and the iproute2 tools (ip, tc); Available
 // says whether they are there, and NewT skips a test without them (or fails
