@@ -190,6 +190,9 @@ type bench struct {
 	deadline time.Duration // the most a phase may take
 }
 
+// run builds the testbed, the origin and, unless given, weightd, measures
+// the naive baseline and then each mode, printing a line per mode, and
+// tears everything down.
 func run(ctx context.Context, o options) error {
 	if err := o.validate(); err != nil {
 		return err
