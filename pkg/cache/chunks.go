@@ -2,6 +2,7 @@ package cache
 
 import (
 	"bytes"
+	"errors"
 	"crypto/sha256"
 	"fmt"
 	"os"
@@ -96,11 +97,13 @@ func (s *Store) OpenChunk(d digest.Digest, i int) (f *os.File, off, n int64, err
 		}
 		// Open by path: a fresh descriptor the caller may seek and close.
 		f, err := os.Open(s.partialData(d))
+		if errors.Is(err, os.ErrNotExist) {
+			// Committed (renamed) between the check and the open.
+			p, _ := s.BlobPath(d)
+			f, err = os.Open(p)
+		}
 		if err != nil {
-			// Committed between the check and the open: fall through to the blob.
-			if f, err = s.Open(d); err != nil {
-				return nil, 0, 0, err
-			}
+			return nil, 0, 0, fmt.Errorf("chunk %d of %s: %w", i, d, ErrNotFound)
 		}
 		return f, int64(i) * p.cs, p.ChunkLen(i), nil
 	}

@@ -286,7 +286,11 @@ func (f *fill) run(ctx context.Context) error {
 	defer func() {
 		cancel()
 		f.wg.Wait()
-		f.s.setOrigin(f.d, false)
+		if f.originRole {
+			// Peers keep seeing the role until the blob is committed and
+			// its state says complete.
+			time.AfterFunc(time.Minute, func() { f.s.setOrigin(f.d, false) })
+		}
 	}()
 	tick := time.NewTicker(f.s.cfg.Refresh / 2)
 	defer tick.Stop()
@@ -383,15 +387,19 @@ func (f *fill) decideOrigin() {
 	if f.originRole {
 		return
 	}
-	fetchers, names := 0, []string{f.s.dir.LocalName()}
+	fetchers, unknown, names := 0, 0, []string{f.s.dir.LocalName()}
 	for _, h := range f.s.dir.Holders(f.d) {
 		if f.s.Banned(h.Peer) {
 			continue
 		}
-		if h.Complete {
+		pv := f.peers[h.Peer]
+		if h.Complete || (pv != nil && pv.known && pv.state.Complete) {
 			return // a peer can serve every chunk
 		}
-		if pv := f.peers[h.Peer]; pv != nil && pv.origin {
+		switch {
+		case pv == nil || !pv.known:
+			unknown++
+		case pv.origin:
 			fetchers++
 		}
 		names = append(names, h.Peer)
@@ -402,6 +410,11 @@ func (f *fill) decideOrigin() {
 	rank := slices.Index(rendezvous(f.d, names), f.s.dir.LocalName())
 	alone := len(f.s.dir.Members()) == 0
 	turn := f.s.cfg.Settle * time.Duration(1+max(0, rank-(f.s.cfg.OriginFetchers-1)))
+	// Until every holder's chunk state has been read, one of them may
+	// already be the origin fetcher; wait for it, within reason.
+	if unknown > 0 && time.Since(f.start) < turn+2*f.s.cfg.Settle {
+		return
+	}
 	if alone || time.Since(f.start) >= turn {
 		f.originRole = true
 		f.s.m.originRole.Inc()
@@ -628,8 +641,8 @@ func (f *fill) handle(r chunkResult) error {
 		f.s.log.Debug("peer chunk failed", "peer", r.peer, "digest", f.d, "chunk", r.chunk, "err", r.err)
 		if pv != nil {
 			pv.failures++
-			pv.state.Have = nil // re-read before trusting it again
-			pv.known = false
+			pv.busyTill = time.Now().Add(2 * f.s.cfg.Refresh)
+			pv.readAt = time.Time{} // re-read its state before asking again
 			if pv.failures >= 3 {
 				f.s.ban(r.peer, "failing")
 			}

@@ -171,6 +171,10 @@ func TestSwarmOriginServesAboutOneCopy(t *testing.T) {
 	require.NoError(t, g.Wait())
 	ratio := float64(origin.sent.Load()) / float64(len(data))
 	t.Logf("origin served %.2f copies to %d nodes", ratio, len(nodes))
+	for _, n := range nodes {
+		t.Logf("%s: origin role %v, from origin %v, from peers %v", n.name, testutil.ToFloat64(n.swarm.m.originRole),
+			testutil.ToFloat64(n.swarm.m.received.WithLabelValues("origin")), testutil.ToFloat64(n.swarm.m.received.WithLabelValues("peer")))
+	}
 	require.LessOrEqual(t, ratio, 1.05, "the origin serves about one copy, not one per node")
 	var fromPeers float64
 	for _, n := range nodes {
