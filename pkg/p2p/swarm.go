@@ -269,8 +269,9 @@ type fill struct {
 	start  time.Time
 
 	peers          map[string]*peerView
-	inflight       map[int]int    // chunk → requests in flight
-	supplier       map[int]string // chunk → the peer it came from ("" origin)
+	inflight       map[int]int // chunk → requests in flight
+	supplierMu     sync.Mutex
+	supplier       map[int]string // chunk → the peer it came from ("" origin); written by request goroutines
 	asked          map[int]string // chunk → the peer first asked for it (endgame duplicates go elsewhere)
 	originRole     bool
 	originInflight int
@@ -281,8 +282,10 @@ type fill struct {
 	states         chan stateResult
 }
 
-func (f *fill) run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
+func (f *fill) run(parent context.Context) error {
+	// Requests run under ctx; the final check and repair under parent, after
+	// the endgame duplicates have been cancelled.
+	ctx, cancel := context.WithCancel(parent)
 	defer func() {
 		cancel()
 		f.wg.Wait()
@@ -299,7 +302,7 @@ func (f *fill) run(ctx context.Context) error {
 		if len(missing) == 0 {
 			cancel() // endgame duplicates still running
 			f.wg.Wait()
-			return f.verify(ctx)
+			return f.verify(parent)
 		}
 		f.refresh(ctx)
 		f.decideOrigin()
@@ -538,7 +541,7 @@ func (f *fill) launchPeer(ctx context.Context, i int, pv *peerView) {
 		defer f.wg.Done()
 		start := time.Now()
 		err := f.s.fetchChunk(ctx, addr, f.d, i, n, timeout, func(data []byte) error {
-			return f.p.WriteChunk(i, data, want)
+			return f.write(i, data, want, name)
 		})
 		f.report(ctx, chunkResult{chunk: i, peer: name, err: err, bytes: n, took: time.Since(start)})
 	}(pv.name, pv.addr)
@@ -573,10 +576,24 @@ func (f *fill) launchOrigin(ctx context.Context, i int) {
 		defer f.wg.Done()
 		start := time.Now()
 		err := f.s.fetchOrigin(ctx, f.origin, off, n, timeout, func(data []byte) error {
-			return f.p.WriteChunk(i, data, nil)
+			return f.write(i, data, nil, "")
 		})
 		f.report(ctx, chunkResult{chunk: i, err: err, bytes: n, took: time.Since(start)})
 	}()
+}
+
+// write stores chunk i and records who supplied it (the first to, when
+// endgame duplicates race), for the repair after a failed final check.
+func (f *fill) write(i int, data, want []byte, supplier string) error {
+	if err := f.p.WriteChunk(i, data, want); err != nil {
+		return err
+	}
+	f.supplierMu.Lock()
+	if _, ok := f.supplier[i]; !ok {
+		f.supplier[i] = supplier
+	}
+	f.supplierMu.Unlock()
+	return nil
 }
 
 func (f *fill) report(ctx context.Context, r chunkResult) {
@@ -597,11 +614,8 @@ func (f *fill) handle(r chunkResult) error {
 		pv.inflight--
 	}
 	if r.err == nil {
-		if _, dup := f.supplier[r.chunk]; !dup {
-			f.supplier[r.chunk] = r.peer
-			f.s.m.received.WithLabelValues(source).Add(float64(r.bytes))
-			f.s.m.latency.WithLabelValues(source).Observe(r.took.Seconds())
-		}
+		f.s.m.received.WithLabelValues(source).Add(float64(r.bytes))
+		f.s.m.latency.WithLabelValues(source).Observe(r.took.Seconds())
 		if pv := f.peers[r.peer]; pv != nil {
 			pv.failures = 0
 		}
