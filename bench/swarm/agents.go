@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,38 +30,6 @@ const (
 	chunkPort   = 7947
 )
 
-// p2pFlags are the agent's peer-to-peer flags. The hosts of a testbed
-// share the machine's hostname, the default node name: each agent is named
-// after its host instead.
-var p2pFlags = map[string]*regexp.Regexp{
-	"--gossip-addr": regexp.MustCompile(`--gossip-addr[=\s]`),
-	"--join":        regexp.MustCompile(`--join[=\s]`),
-	"--chunk-addr":  regexp.MustCompile(`--chunk-addr[=\s]`),
-	"--node-name":   regexp.MustCompile(`--node-name[=\s]`),
-}
-
-// hasP2P reports whether bin's agent takes the peer-to-peer flags. An agent
-// with only some of them is an error: their names changed and the bench
-// must follow.
-func hasP2P(ctx context.Context, bin string) (bool, error) {
-	out, err := exec.CommandContext(ctx, bin, "agent", "--help").CombinedOutput()
-	if err != nil {
-		return false, fmt.Errorf("%s agent --help: %w: %s", bin, err, bytes.TrimSpace(out))
-	}
-	var have, missing []string
-	for name, re := range p2pFlags {
-		if re.Match(out) {
-			have = append(have, name)
-		} else {
-			missing = append(missing, name)
-		}
-	}
-	if len(have) > 0 && len(missing) > 0 {
-		return false, fmt.Errorf("%s agent has %q but not %q: the peer-to-peer flags changed, update bench/swarm", bin, have, missing)
-	}
-	return len(missing) == 0, nil
-}
-
 // agent is one weightd agent running in a host of the testbed.
 type agent struct {
 	host   *testbed.Host
@@ -79,11 +46,11 @@ type agentSet struct {
 }
 
 // startAgents starts one agent in each host, its cache and socket under dir,
-// and waits (30 s at most) until each one's API answers and, with p2p, until
-// each one lists every other as a peer. The first agent starts alone, so
+// and waits (30 s at most) until each one's API answers and lists every
+// other as a peer. The first agent starts alone, so
 // that the others find it listening when they join through it. The agents
 // stop when ctx ends or on close.
-func startAgents(ctx context.Context, hosts []*testbed.Host, bin, dir string, chunkMiB int, p2p bool) (*agentSet, error) {
+func startAgents(ctx context.Context, hosts []*testbed.Host, bin, dir string, chunkMiB int, extra []string) (*agentSet, error) {
 	actx, stop := context.WithCancel(ctx)
 	set := &agentSet{stop: stop}
 	join := netip.AddrPortFrom(hosts[0].Addr, gossipPort).String()
@@ -96,15 +63,13 @@ func startAgents(ctx context.Context, hosts []*testbed.Host, bin, dir string, ch
 			"--metrics-addr", netip.AddrPortFrom(h.Addr, metricsPort).String(),
 			"--log-level", "warn",
 			"--chunk-size", fmt.Sprintf("%dMiB", chunkMiB),
+			"--gossip-addr", netip.AddrPortFrom(h.Addr, gossipPort).String(),
+			"--join", join,
+			"--chunk-addr", netip.AddrPortFrom(h.Addr, chunkPort).String(),
+			// The hosts share the machine's hostname, the default node name.
+			"--node-name", h.Name,
 		}
-		if p2p {
-			args = append(args,
-				"--gossip-addr", netip.AddrPortFrom(h.Addr, gossipPort).String(),
-				"--join", join,
-				"--chunk-addr", netip.AddrPortFrom(h.Addr, chunkPort).String(),
-				"--node-name", h.Name,
-			)
-		}
+		args = append(args, extra...)
 		client, err := api.NewClient(sock)
 		if err != nil {
 			return nil, err
@@ -149,7 +114,7 @@ func startAgents(ctx context.Context, hosts []*testbed.Host, bin, dir string, ch
 				return err
 			}
 		}
-		if err := each(func(a *agent) error { return a.waitReady(ctx, wait) }); err != nil || !p2p {
+		if err := each(func(a *agent) error { return a.waitReady(ctx, wait) }); err != nil {
 			return err
 		}
 		return each(func(a *agent) error { return a.waitPeers(ctx, len(hosts)-1, wait) })

@@ -66,13 +66,14 @@ var modes = []string{"simultaneous", "staggered", "churn"}
 
 // options are the bench's flags.
 type options struct {
-	nodes    int
-	sizeMiB  int64
-	linkMbit int
-	chunkMiB int
-	modes    []string
-	naive    bool
-	weightd  string
+	nodes     int
+	sizeMiB   int64
+	linkMbit  int
+	chunkMiB  int
+	modes     []string
+	naive     bool
+	weightd   string
+	agentArgs string // more flags for every agent
 }
 
 // result is one line of output.
@@ -110,6 +111,7 @@ func main() {
 	flag.StringVar(&modeList, "modes", strings.Join(modes, ","), "comma-separated modes to run: "+strings.Join(modes, ", "))
 	flag.BoolVar(&o.naive, "naive", true, "measure the naive baseline (every host downloads from the origin)")
 	flag.StringVar(&o.weightd, "weightd", "", "weightd binary (default: go build ./cmd/weightd into the temporary directory)")
+	flag.StringVar(&o.agentArgs, "agent-args", "", "more flags for every agent, space-separated (tuning experiments)")
 	flag.BoolVar(&quick, "quick", false, "a run of under a minute: 4 nodes, 64 MiB, 200 Mbit/s unless set otherwise")
 	flag.StringVar(&serveDir, "serve-origin", "", "internal: serve this directory as the origin (in the origin host)")
 	flag.StringVar(&listen, "listen", "", "internal: the origin's address")
@@ -180,7 +182,6 @@ type bench struct {
 	options
 	work     string // the temporary directory
 	exe      string // this program, to re-execute in the hosts
-	p2p      bool   // the agents take the peer-to-peer flags
 	size     int64
 	file     origin.File
 	url      string // the blob on the origin
@@ -220,12 +221,6 @@ func run(ctx context.Context, o options) error {
 		if out, err := exec.CommandContext(ctx, "go", "build", "-o", b.weightd, "./cmd/weightd").CombinedOutput(); err != nil {
 			return fmt.Errorf("building weightd (run from the repository root, or pass -weightd): %w\n%s", err, out)
 		}
-	}
-	if b.p2p, err = hasP2P(ctx, b.weightd); err != nil {
-		return err
-	}
-	if !b.p2p {
-		log.Print("warning: this weightd agent has no peer-to-peer flags: every agent fetches from the origin (origin_ratio ≈ nodes)")
 	}
 
 	originDir := filepath.Join(b.work, "origin")
@@ -409,7 +404,7 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 	defer os.RemoveAll(dir)
 	syscall.Sync() // the previous phase's write-back must not slow this one
 
-	agents, err := startAgents(ctx, b.hosts, b.weightd, dir, b.chunkMiB, b.p2p)
+	agents, err := startAgents(ctx, b.hosts, b.weightd, dir, b.chunkMiB, strings.Fields(b.agentArgs))
 	if err != nil {
 		return result{}, err
 	}

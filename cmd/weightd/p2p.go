@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 	"github.com/prometheus/client_golang/prometheus"
@@ -88,9 +89,11 @@ func newPeering(cfg p2pConfig, log *slog.Logger, reg prometheus.Registerer) (*pe
 		ln.Close()
 		return nil, err
 	}
-	p.swarm, err = p2p.NewSwarm(p2p.NewDirectory(p.membership, p.router), nil, p2p.SwarmConfig{
-		OriginFetchers: cfg.OriginFetchers, DownloadLimit: int64(cfg.DownloadLimit),
-	}, log.With("component", "swarm"), reg)
+	swarmCfg := p2p.SwarmConfig{OriginFetchers: cfg.OriginFetchers, DownloadLimit: int64(cfg.DownloadLimit)}
+	if cfg.FastGossip {
+		swarmCfg.Settle = 300 * time.Millisecond // gossip reaches everyone well within it
+	}
+	p.swarm, err = p2p.NewSwarm(p2p.NewDirectory(p.membership, p.router), nil, swarmCfg, log.With("component", "swarm"), reg)
 	if err != nil {
 		ln.Close()
 		return nil, err

@@ -2,8 +2,8 @@ package cache
 
 import (
 	"bytes"
-	"errors"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"os"
 

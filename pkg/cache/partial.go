@@ -172,7 +172,7 @@ func (p *Partial) WriteChunk(i int, data []byte, want []byte) error {
 	p.mu.Unlock()
 	p.f.report(present)
 	p.s.emit(Event{Kind: EventChunk, Digest: p.desc.Digest, Chunk: i})
-	if err := p.advanceHash(); err != nil {
+	if err := p.advanceHash(i, data); err != nil {
 		return err
 	}
 	return p.checkpoint(false)
@@ -197,15 +197,16 @@ func (p *Partial) Invalidate(i int) {
 }
 
 // advanceHash feeds the whole-blob hash with the present chunks that extend
-// its prefix, reading them back from the data file (usually the page cache).
-// Whoever holds hashMu does the work; the others return at once, and the
-// holder re-checks before it lets go, so no chunk is left behind.
-func (p *Partial) advanceHash() error {
+// its prefix: chunk i from data, which the caller just wrote, the others read
+// back from the data file (usually the page cache). Whoever holds hashMu does
+// the work; the others return at once, and the holder re-checks before it
+// lets go, so no chunk is left behind.
+func (p *Partial) advanceHash(i int, data []byte) error {
 	for {
 		if !p.hashMu.TryLock() {
 			return nil
 		}
-		err := p.hashPrefix()
+		err := p.hashPrefix(i, data)
 		p.hashMu.Unlock()
 		if err != nil {
 			return err
@@ -220,8 +221,8 @@ func (p *Partial) advanceHash() error {
 	}
 }
 
-// hashPrefix runs with hashMu held.
-func (p *Partial) hashPrefix() error {
+// hashPrefix runs with hashMu held; chunk known, if not -1, is data.
+func (p *Partial) hashPrefix(known int, data []byte) error {
 	var buf []byte
 	for {
 		p.mu.Lock()
@@ -232,11 +233,15 @@ func (p *Partial) hashPrefix() error {
 			return nil
 		}
 		i := int(off / p.cs)
-		if buf == nil {
-			buf = make([]byte, 1<<20)
-		}
-		if _, err := io.CopyBuffer(p.whole, io.NewSectionReader(p.file, off, p.ChunkLen(i)), buf); err != nil {
-			return fmt.Errorf("hashing chunk %d of %s: %w", i, p.desc.Digest, err)
+		if i == known {
+			p.whole.Write(data)
+		} else {
+			if buf == nil {
+				buf = make([]byte, 1<<20)
+			}
+			if _, err := io.CopyBuffer(p.whole, io.NewSectionReader(p.file, off, p.ChunkLen(i)), buf); err != nil {
+				return fmt.Errorf("hashing chunk %d of %s: %w", i, p.desc.Digest, err)
+			}
 		}
 		state := mustMarshal(p.whole)
 		p.mu.Lock()
@@ -253,7 +258,7 @@ func (p *Partial) Verify() error {
 	}
 	p.hashMu.Lock()
 	defer p.hashMu.Unlock()
-	if err := p.hashPrefix(); err != nil {
+	if err := p.hashPrefix(-1, nil); err != nil {
 		return err
 	}
 	if got := digest.NewDigest(digest.SHA256, p.whole); got != p.desc.Digest {

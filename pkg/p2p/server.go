@@ -2,16 +2,17 @@ package p2p
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math/bits"
 	"net"
 	"net/http"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -40,7 +41,7 @@ const sendPiece = 256 << 10
 
 // ChunkServer serves verified chunks to peers over HTTP:
 //
-//	GET /v1/blobs/{digest}/state        which chunks this node has, and their hashes (binary, see EncodeChunkState)
+//	GET /v1/blobs/{digest}/state        which chunks this node has, and their hashes (binary, see EncodePeerState; ?since=K&wait=D waits for news)
 //	GET /v1/blobs/{digest}/chunks/{i}   chunk i, or a byte range of it (Range: bytes=a-b)
 //	GET /v1/resolutions/{key}           how a reference resolved (with WithResolutions)
 //
@@ -53,6 +54,9 @@ type ChunkServer struct {
 	origin      func(digest.Digest) bool // whether this node fetches d from the origin
 	slots       chan struct{}            // chunk uploads at once; nil for no limit
 	resolutions *Resolutions             // nil: none served
+	sent        sentLog
+	uploadingMu sync.Mutex
+	uploading   map[chunkKey]bool // chunks being sent now                  // chunks sent to peers, told in each state
 	upload      *rate.Limiter
 	log         *slog.Logger
 	m           *serverMetrics
@@ -152,22 +156,62 @@ func (s *ChunkServer) Run(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
+// maxStateWait bounds how long a state request may wait for news.
+const maxStateWait = 2 * time.Second
+
+// serveState answers with the blob's state. With "?since=K&wait=D" it first
+// waits, up to D (at most 2 s), until this node has more than K chunks of the
+// blob or holds it whole: peers learn of each verified chunk within
+// milliseconds without polling in a tight loop.
 func (s *ChunkServer) serveState(w http.ResponseWriter, r *http.Request) {
 	d, err := cache.ParseDigest(r.PathValue("digest"))
 	if err != nil {
 		s.fail(w, "state", http.StatusBadRequest, err)
 		return
 	}
-	st, err := s.store.ChunkState(d)
-	if err != nil {
-		s.fail(w, "state", statusOf(err), err)
-		return
+	since, wait := -1, time.Duration(0)
+	if v := r.URL.Query().Get("since"); v != "" {
+		if since, err = strconv.Atoi(v); err != nil || since < 0 {
+			s.fail(w, "state", http.StatusBadRequest, fmt.Errorf("since %q", v))
+			return
+		}
 	}
-	b := EncodeChunkState(st, s.origin != nil && s.origin(d))
-	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-	w.Write(b)
-	s.m.requests.WithLabelValues("state", "200").Inc()
+	if v := r.URL.Query().Get("wait"); v != "" {
+		if wait, err = time.ParseDuration(v); err != nil || wait < 0 {
+			s.fail(w, "state", http.StatusBadRequest, fmt.Errorf("wait %q", v))
+			return
+		}
+	}
+	deadline := time.Now().Add(min(wait, maxStateWait))
+	for {
+		st, err := s.store.ChunkState(d)
+		news := err == nil && (st.Complete || countBits(st.Have) > since)
+		if news || time.Now().After(deadline) {
+			if err != nil {
+				s.fail(w, "state", statusOf(err), err)
+				return
+			}
+			b := EncodePeerState(PeerState{ChunkState: st, Origin: s.origin != nil && s.origin(d), Sent: s.sent.get(d, st.Have)})
+			w.Header().Set("Content-Type", "application/octet-stream")
+			w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+			w.Write(b)
+			s.m.requests.WithLabelValues("state", "200").Inc()
+			return
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func countBits(b []byte) int {
+	n := 0
+	for _, x := range b {
+		n += bits.OnesCount8(x)
+	}
+	return n
 }
 
 func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
@@ -186,16 +230,26 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 		case s.slots <- struct{}{}:
 			defer func() { <-s.slots }()
 		default:
+			w.Header().Set(busyHeader, "server")
 			s.fail(w, "chunk", http.StatusServiceUnavailable, errors.New("all upload slots busy"))
 			return
 		}
 	}
+	// One upload of a chunk at a time: a second requester is better served
+	// by the first, once it has the chunk, than by this node's upload twice.
+	if !s.startUpload(chunkKey{d, i}) {
+		w.Header().Set(busyHeader, "chunk")
+		s.fail(w, "chunk", http.StatusServiceUnavailable, errors.New("chunk already being sent"))
+		return
+	}
+	defer s.endUpload(chunkKey{d, i})
 	f, off, n, err := s.store.OpenChunk(d, i)
 	if err != nil {
 		s.fail(w, "chunk", statusOf(err), err)
 		return
 	}
 	defer f.Close()
+	s.sent.mark(d, i)
 	code := http.StatusOK
 	if h := r.Header.Get("Range"); h != "" {
 		start, end, ok := parseRange(h, n)
@@ -232,6 +286,83 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 		}
 		n -= sent
 	}
+}
+
+// busyHeader says, on a 503, whether the chunk or the whole server is busy.
+const busyHeader = "Weightd-Busy"
+
+type chunkKey struct {
+	d digest.Digest
+	i int
+}
+
+func (s *ChunkServer) startUpload(k chunkKey) bool {
+	s.uploadingMu.Lock()
+	defer s.uploadingMu.Unlock()
+	if s.uploading[k] {
+		return false
+	}
+	if s.uploading == nil {
+		s.uploading = make(map[chunkKey]bool)
+	}
+	s.uploading[k] = true
+	return true
+}
+
+func (s *ChunkServer) endUpload(k chunkKey) {
+	s.uploadingMu.Lock()
+	delete(s.uploading, k)
+	s.uploadingMu.Unlock()
+}
+
+// sentLog remembers which chunks of the most recent blobs this server has
+// sent to some peer.
+type sentLog struct {
+	mu    sync.Mutex
+	m     map[digest.Digest][]byte
+	order []digest.Digest // oldest first
+}
+
+// maxSentBlobs bounds the blobs a sentLog remembers.
+const maxSentBlobs = 256
+
+func (l *sentLog) mark(d digest.Digest, i int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.m == nil {
+		l.m = make(map[digest.Digest][]byte)
+	}
+	b, ok := l.m[d]
+	if !ok {
+		l.order = append(l.order, d)
+		if len(l.order) > maxSentBlobs {
+			delete(l.m, l.order[0])
+			l.order = l.order[1:]
+		}
+	}
+	if len(b) <= i/8 {
+		b = append(b, make([]byte, i/8+1-len(b))...)
+	}
+	b[i/8] |= 1 << (i % 8)
+	l.m[d] = b
+}
+
+// get returns the sent bitmap of d shaped like have (and a subset of it),
+// or nil when nothing was sent.
+func (l *sentLog) get(d digest.Digest, have []byte) []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b, ok := l.m[d]
+	if !ok {
+		return nil
+	}
+	out := make([]byte, len(have))
+	for i := range out {
+		if i < len(b) {
+			out[i] = b[i] & have[i]
+		}
+	}
+	return out
 }
 
 func (s *ChunkServer) fail(w http.ResponseWriter, route string, code int, err error) {
@@ -281,107 +412,6 @@ func parseRange(h string, n int64) (start, end int64, ok bool) {
 		end = min(last+1, n)
 	}
 	return start, end, true
-}
-
-// Chunk state wire format, all integers big-endian:
-//
-//	magic "WDCS" | version 1 | flags (bit 0: complete, bit 1: fetching from the origin) | size uint64 | chunk size uint64 |
-//	have bitmap (ceil(chunks/8) bytes, bit i LSB-first = chunk i) | sha256 of each present chunk, in order
-const (
-	chunkStateMagic      = "WDCS"
-	chunkStateVersion    = 1
-	chunkStateHeaderSize = 4 + 1 + 1 + 8 + 8
-	// Bounds on what a peer may claim: a blob of at most 16 TiB, chunks of
-	// 64 KiB to 1 GiB, at most 16 Mi chunks.
-	maxChunkStateSize      = 16 << 40
-	minChunkStateChunkSize = 64 << 10
-	maxChunkStateChunkSize = 1 << 30
-	maxChunkStateChunks    = 16 << 20
-)
-
-// EncodeChunkState encodes st for the wire; origin says whether this node
-// fetches the blob from the origin.
-func EncodeChunkState(st cache.ChunkState, origin bool) []byte {
-	n := chunksOf(st.Size, st.ChunkSize)
-	b := make([]byte, 0, chunkStateHeaderSize+len(st.Have)+n*32)
-	b = append(b, chunkStateMagic...)
-	b = append(b, chunkStateVersion, 0)
-	if st.Complete {
-		b[5] |= 1
-	}
-	if origin {
-		b[5] |= 2
-	}
-	b = binary.BigEndian.AppendUint64(b, uint64(st.Size))
-	b = binary.BigEndian.AppendUint64(b, uint64(st.ChunkSize))
-	b = append(b, st.Have...)
-	for i := range n {
-		if st.Has(i) {
-			b = append(b, st.Hash(i)...)
-		}
-	}
-	return b
-}
-
-// DecodeChunkState decodes a peer's chunk state and whether it fetches the
-// blob from the origin, rejecting anything malformed or out of bounds; it
-// never trusts a length it has not checked.
-func DecodeChunkState(b []byte) (st cache.ChunkState, origin bool, err error) {
-	st, err = decodeChunkState(b)
-	if err != nil {
-		return cache.ChunkState{}, false, err
-	}
-	return st, b[5]&2 != 0, nil
-}
-
-func decodeChunkState(b []byte) (cache.ChunkState, error) {
-	var st cache.ChunkState
-	if len(b) < chunkStateHeaderSize || string(b[:4]) != chunkStateMagic {
-		return st, errors.New("chunk state: bad header")
-	}
-	if b[4] != chunkStateVersion {
-		return st, fmt.Errorf("chunk state: unknown version %d", b[4])
-	}
-	if b[5]&^3 != 0 {
-		return st, fmt.Errorf("chunk state: unknown flags %#x", b[5])
-	}
-	size, cs := binary.BigEndian.Uint64(b[6:]), binary.BigEndian.Uint64(b[14:])
-	if size > maxChunkStateSize || cs < minChunkStateChunkSize || cs > maxChunkStateChunkSize {
-		return st, fmt.Errorf("chunk state: size %d, chunk size %d out of bounds", size, cs)
-	}
-	n := chunksOf(int64(size), int64(cs))
-	if n > maxChunkStateChunks {
-		return st, fmt.Errorf("chunk state: %d chunks", n)
-	}
-	rest := b[chunkStateHeaderSize:]
-	if len(rest) < (n+7)/8 {
-		return st, errors.New("chunk state: short bitmap")
-	}
-	st = cache.ChunkState{Size: int64(size), ChunkSize: int64(cs), Complete: b[5]&1 != 0, Have: append([]byte(nil), rest[:(n+7)/8]...)}
-	if n%8 != 0 && st.Have[len(st.Have)-1]>>(n%8) != 0 {
-		return cache.ChunkState{}, errors.New("chunk state: bits set past the last chunk")
-	}
-	rest = rest[(n+7)/8:]
-	present := 0
-	for i := range n {
-		if st.Has(i) {
-			present++
-		}
-	}
-	if st.Complete && present != n {
-		return cache.ChunkState{}, errors.New("chunk state: complete but chunks missing")
-	}
-	if len(rest) != present*32 {
-		return cache.ChunkState{}, fmt.Errorf("chunk state: %d bytes of hashes for %d chunks", len(rest), present)
-	}
-	st.Hashes = make([]byte, n*32)
-	for i := range n {
-		if st.Has(i) {
-			copy(st.Hashes[i*32:], rest[:32])
-			rest = rest[32:]
-		}
-	}
-	return st, nil
 }
 
 func chunksOf(size, chunkSize int64) int {

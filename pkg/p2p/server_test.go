@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 	"github.com/prometheus/client_golang/prometheus"
@@ -76,7 +77,7 @@ func TestChunkServerServesVerifiedChunks(t *testing.T) {
 
 	resp, body := get(t, ts.URL+fmt.Sprintf(statePath, d))
 	require.Equal(t, http.StatusOK, resp.StatusCode)
-	st, _, err := DecodeChunkState(body)
+	st, err := DecodePeerState(body)
 	require.NoError(t, err)
 	require.True(t, st.Complete)
 	require.Equal(t, int64(len(data)), st.Size)
@@ -128,7 +129,7 @@ func TestChunkServerServesOnlyVerifiedChunksOfDownloadInFlight(t *testing.T) {
 		require.NoError(t, p.WriteChunk(2, data[2*testChunk:], nil))
 		resp, body := get(t, ts.URL+fmt.Sprintf(statePath, d))
 		require.Equal(t, http.StatusOK, resp.StatusCode)
-		st, _, err := DecodeChunkState(body)
+		st, err := DecodePeerState(body)
 		require.NoError(t, err)
 		require.False(t, st.Complete)
 		require.Equal(t, []bool{false, false, true}, []bool{st.Has(0), st.Has(1), st.Has(2)})
@@ -172,39 +173,85 @@ func (fillFunc) OpenRange(context.Context, int64) (io.ReadCloser, error) {
 	return nil, fmt.Errorf("not a stream")
 }
 
-func TestChunkStateRoundTrip(t *testing.T) {
+func TestPeerStateRoundTrip(t *testing.T) {
 	t.Parallel()
 	st := cache.ChunkState{Size: 5*testChunk + 1, ChunkSize: testChunk, Have: []byte{0b101001}, Hashes: make([]byte, 6*32)}
 	for _, i := range []int{0, 3, 5} {
 		copy(st.Hashes[i*32:], bytes.Repeat([]byte{byte(i + 1)}, 32))
 	}
-	for _, origin := range []bool{false, true} {
-		got, gotOrigin, err := DecodeChunkState(EncodeChunkState(st, origin))
+	for _, p := range []PeerState{
+		{ChunkState: st},
+		{ChunkState: st, Origin: true},
+		{ChunkState: st, Sent: []byte{0b100001}},
+	} {
+		got, err := DecodePeerState(EncodePeerState(p))
 		require.NoError(t, err)
-		require.Equal(t, st, got)
-		require.Equal(t, origin, gotOrigin)
+		require.Equal(t, p, got)
 	}
+	enc := func(p PeerState) []byte { return EncodePeerState(p) }
 	for name, b := range map[string][]byte{
 		"empty":          nil,
 		"bad magic":      []byte("XXXX\x01\x00" + string(make([]byte, 16))),
-		"trailing":       append(EncodeChunkState(st, false), 0),
-		"short":          EncodeChunkState(st, false)[:30],
-		"bits past end":  EncodeChunkState(cache.ChunkState{Size: 1, ChunkSize: testChunk, Have: []byte{0b10}, Hashes: make([]byte, 32)}, false),
-		"tiny chunks":    EncodeChunkState(cache.ChunkState{Size: 10, ChunkSize: 1, Have: make([]byte, 2)}, false),
-		"complete holes": EncodeChunkState(cache.ChunkState{Size: 2 * testChunk, ChunkSize: testChunk, Complete: true, Have: []byte{1}, Hashes: make([]byte, 64)}, false),
+		"trailing":       append(enc(PeerState{ChunkState: st}), 0),
+		"short":          enc(PeerState{ChunkState: st})[:30],
+		"bits past end":  enc(PeerState{ChunkState: cache.ChunkState{Size: 1, ChunkSize: testChunk, Have: []byte{0b10}, Hashes: make([]byte, 32)}}),
+		"tiny chunks":    enc(PeerState{ChunkState: cache.ChunkState{Size: 10, ChunkSize: 1, Have: make([]byte, 2)}}),
+		"complete holes": enc(PeerState{ChunkState: cache.ChunkState{Size: 2 * testChunk, ChunkSize: testChunk, Complete: true, Have: []byte{1}, Hashes: make([]byte, 64)}}),
+		"sent, not held": enc(PeerState{ChunkState: st, Sent: []byte{0b10}}),
 	} {
-		_, _, err := DecodeChunkState(b)
+		_, err := DecodePeerState(b)
 		require.Error(t, err, name)
 	}
 }
 
-func FuzzDecodeChunkState(f *testing.F) {
-	f.Add(EncodeChunkState(cache.ChunkState{Size: 3 * testChunk, ChunkSize: testChunk, Have: []byte{0b101}, Hashes: make([]byte, 96)}, false))
-	f.Add(EncodeChunkState(cache.ChunkState{Size: testChunk, ChunkSize: testChunk, Complete: true, Have: []byte{1}, Hashes: make([]byte, 32)}, false))
+func TestChunkServerTellsSentChunksAndWaitsForNews(t *testing.T) {
+	t.Parallel()
+	store := newTestStore(t)
+	srv, err := NewChunkServer(store, nil)
+	require.NoError(t, err)
+	ts := httptest.NewServer(srv.Handler())
+	defer ts.Close()
+	data := randomBlob(4, 3*testChunk)
+	d := descOf(data).Digest
+	_, err = store.Fetch(context.Background(), descOf(data), fillFunc(func(ctx context.Context, p *cache.Partial) error {
+		require.NoError(t, p.WriteChunk(0, data[:testChunk], nil))
+		get(t, ts.URL+fmt.Sprintf(chunkPath, d, 0))
+		resp, body := get(t, ts.URL+fmt.Sprintf(statePath, d))
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		st, err := DecodePeerState(body)
+		require.NoError(t, err)
+		require.True(t, st.WasSent(0))
+		require.False(t, st.WasSent(1))
+
+		// A state request that already knows one chunk waits for the next.
+		answered := make(chan PeerState)
+		go func() {
+			_, body := get(t, ts.URL+fmt.Sprintf(statePath, d)+"?since=1&wait=2s")
+			st, _ := DecodePeerState(body)
+			answered <- st
+		}()
+		select {
+		case <-answered:
+			t.Fatal("answered without news")
+		case <-time.After(200 * time.Millisecond):
+		}
+		require.NoError(t, p.WriteChunk(2, data[2*testChunk:], nil))
+		st = <-answered
+		require.True(t, st.Has(2), "answered with the news")
+		return p.WriteChunk(1, data[testChunk:2*testChunk], nil)
+	}), nil)
+	require.NoError(t, err)
+	resp, _ := get(t, ts.URL+fmt.Sprintf(statePath, d)+"?since=x")
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+}
+
+func FuzzDecodePeerState(f *testing.F) {
+	f.Add(EncodePeerState(PeerState{ChunkState: cache.ChunkState{Size: 3 * testChunk, ChunkSize: testChunk, Have: []byte{0b101}, Hashes: make([]byte, 96)}, Sent: []byte{1}}))
+	f.Add(EncodePeerState(PeerState{ChunkState: cache.ChunkState{Size: testChunk, ChunkSize: testChunk, Complete: true, Have: []byte{1}, Hashes: make([]byte, 32)}}))
+	f.Add(EncodePeerState(PeerState{ChunkState: cache.ChunkState{Size: testChunk, ChunkSize: testChunk, Have: []byte{0}}, Origin: true}))
 	f.Add([]byte("WDCS\x01\x00"))
-	f.Add(EncodeChunkState(cache.ChunkState{Size: testChunk, ChunkSize: testChunk, Have: []byte{0}}, true))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		st, origin, err := DecodeChunkState(b)
+		st, err := DecodePeerState(b)
 		if err != nil {
 			return
 		}
@@ -212,7 +259,7 @@ func FuzzDecodeChunkState(f *testing.F) {
 		if len(st.Hashes) != n*32 || len(st.Have) != (n+7)/8 {
 			t.Fatalf("inconsistent state: %d chunks, %d hash bytes, %d bitmap bytes", n, len(st.Hashes), len(st.Have))
 		}
-		if !bytes.Equal(EncodeChunkState(st, origin), b) {
+		if !bytes.Equal(EncodePeerState(st), b) {
 			t.Fatal("accepted a non-canonical encoding")
 		}
 	})

@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -43,9 +44,9 @@ type BoundedOpener interface {
 type SwarmConfig struct {
 	MaxInFlight    int           // chunk requests in flight per blob, all sources together (default 8)
 	PerPeer        int           // requests in flight to one peer (default 2)
-	OriginInFlight int           // requests in flight to the origin (default 2)
+	OriginInFlight int           // requests in flight to the origin (default 3)
 	OriginFetchers int           // nodes that fetch one blob from the origin (default 1)
-	Refresh        time.Duration // how often holders' chunk states are re-read while downloading (default 250ms)
+	Refresh        time.Duration // the least time between two reads of one holder's chunk state; each read waits at the holder for news (default 50ms)
 	Settle         time.Duration // how long to let gossip settle before taking the origin role (default 1s)
 	BanFor         time.Duration // how long a lying or failing peer is shunned (default 5m)
 	MinRate        int64         // the slowest acceptable transfer, bytes/s: request timeouts scale with it (default 1 MiB/s)
@@ -60,10 +61,10 @@ func (c SwarmConfig) withDefaults() SwarmConfig {
 	}
 	def(&c.MaxInFlight, 8)
 	def(&c.PerPeer, 2)
-	def(&c.OriginInFlight, 2)
+	def(&c.OriginInFlight, 3)
 	def(&c.OriginFetchers, 1)
 	if c.Refresh <= 0 {
-		c.Refresh = 250 * time.Millisecond
+		c.Refresh = 50 * time.Millisecond
 	}
 	if c.Settle <= 0 {
 		c.Settle = time.Second
@@ -233,16 +234,17 @@ func rendezvous(d digest.Digest, names []string) []string {
 
 // peerView is what one download knows of one holder.
 type peerView struct {
-	name     string
-	addr     string
-	origin   bool // announced that it fetches this blob from the origin
-	state    cache.ChunkState
-	known    bool // state has been read at least once
-	reading  bool // a state request is in flight
-	readAt   time.Time
-	inflight int
-	failures int
-	busyTill time.Time
+	name      string
+	addr      string
+	state     PeerState
+	known     bool // state has been read at least once
+	reading   bool // a state request is in flight
+	readAt    time.Time
+	inflight  int
+	failures  int
+	busyTill  time.Time
+	chunkBusy map[int]time.Time // chunks it is sending to someone else now
+	sentSeen  map[int]time.Time // when we first saw it had sent a chunk we miss
 }
 
 type chunkResult struct {
@@ -254,10 +256,9 @@ type chunkResult struct {
 }
 
 type stateResult struct {
-	peer   string
-	state  cache.ChunkState
-	origin bool
-	err    error
+	peer  string
+	state PeerState
+	err   error
 }
 
 // fill is one blob's download through the swarm.
@@ -277,6 +278,7 @@ type fill struct {
 	originInflight int
 	originFailures int
 	originPause    time.Time
+	chunkTime      time.Duration // recent time to fetch one chunk (moving average)
 	wg             sync.WaitGroup
 	results        chan chunkResult
 	states         chan stateResult
@@ -332,7 +334,7 @@ func (f *fill) refresh(ctx context.Context) {
 			if !ok || peer.Meta.ChunkAddr == "" {
 				continue
 			}
-			pv = &peerView{name: h.Peer, addr: peer.Meta.ChunkAddr}
+			pv = &peerView{name: h.Peer, addr: peer.Meta.ChunkAddr, chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{}}
 			f.peers[h.Peer] = pv
 		}
 	}
@@ -351,12 +353,16 @@ func (f *fill) refresh(ctx context.Context) {
 			continue
 		}
 		pv.reading, pv.readAt = true, time.Now()
+		since := -1 // unknown: answer at once
+		if pv.known {
+			since = countBits(pv.state.Have) // answer when it has more
+		}
 		f.wg.Add(1)
 		go func(name, addr string) {
 			defer f.wg.Done()
-			st, origin, err := f.s.readState(ctx, addr, f.d)
+			st, err := f.s.readState(ctx, addr, f.d, since)
 			select {
-			case f.states <- stateResult{peer: name, state: st, origin: origin, err: err}:
+			case f.states <- stateResult{peer: name, state: st, err: err}:
 			case <-ctx.Done():
 			}
 		}(name, pv.addr)
@@ -380,42 +386,65 @@ func (f *fill) updateState(r stateResult) {
 		f.s.ban(r.peer, "bad_state")
 		return
 	}
-	pv.state, pv.origin, pv.known = r.state, r.origin, true
+	pv.state, pv.known = r.state, true
+	now := time.Now()
+	for i := range f.p.Chunks() {
+		if _, seen := pv.sentSeen[i]; !seen && pv.state.WasSent(i) {
+			pv.sentSeen[i] = now
+		}
+	}
 }
 
 // decideOrigin takes the origin role when this node ranks first among the
 // nodes that want the blob (or the chosen one has not shown up after its
 // turn), and no peer already fetches it from the origin or holds it whole.
 func (f *fill) decideOrigin() {
-	if f.originRole {
-		return
-	}
-	fetchers, unknown, names := 0, 0, []string{f.s.dir.LocalName()}
+	fetchers, unknown, names := []string(nil), 0, []string{f.s.dir.LocalName()}
 	for _, h := range f.s.dir.Holders(f.d) {
 		if f.s.Banned(h.Peer) {
 			continue
 		}
 		pv := f.peers[h.Peer]
-		if h.Complete || (pv != nil && pv.known && pv.state.Complete) {
+		if !f.originRole && (h.Complete || (pv != nil && pv.known && pv.state.Complete)) {
 			return // a peer can serve every chunk
 		}
 		switch {
 		case pv == nil || !pv.known:
 			unknown++
-		case pv.origin:
-			fetchers++
+		case pv.state.Origin:
+			fetchers = append(fetchers, h.Peer)
 		}
 		names = append(names, h.Peer)
 	}
-	if fetchers >= f.s.cfg.OriginFetchers {
+	order := rendezvous(f.d, names)
+	if f.originRole {
+		// Two nodes took the role (a slow gossip, a partition that healed):
+		// the one ranked lower yields, so the origin serves one copy.
+		if len(fetchers) >= f.s.cfg.OriginFetchers {
+			mine := slices.Index(order, f.s.dir.LocalName())
+			above := 0
+			for _, p := range fetchers {
+				if slices.Index(order, p) < mine {
+					above++
+				}
+			}
+			if above >= f.s.cfg.OriginFetchers {
+				f.originRole = false
+				f.s.setOrigin(f.d, false)
+				f.s.log.Info("yielding the origin role", "digest", f.d, "to", fetchers)
+			}
+		}
 		return
 	}
-	rank := slices.Index(rendezvous(f.d, names), f.s.dir.LocalName())
+	if len(fetchers) >= f.s.cfg.OriginFetchers {
+		return
+	}
+	rank := slices.Index(order, f.s.dir.LocalName())
 	alone := len(f.s.dir.Members()) == 0
 	turn := f.s.cfg.Settle * time.Duration(1+max(0, rank-(f.s.cfg.OriginFetchers-1)))
 	// Until every holder's chunk state has been read, one of them may
 	// already be the origin fetcher; wait for it, within reason.
-	if unknown > 0 && time.Since(f.start) < turn+2*f.s.cfg.Settle {
+	if unknown > 0 && time.Since(f.start) < turn+5*f.s.cfg.Settle {
 		return
 	}
 	if alone || time.Since(f.start) >= turn {
@@ -472,7 +501,10 @@ func (f *fill) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 			return -1, nil
 		}
 	}
-	best, bestCount := -1, 0
+	// Score: rarer is better, and a chunk its holder has not yet sent to
+	// anyone beats one it has (the others can get that one from whoever
+	// received it), so a holder's upload goes to distinct chunks.
+	best, bestScore := -1, 0
 	var bestPeer *peerView
 	now := time.Now()
 	for _, i := range missing {
@@ -486,16 +518,30 @@ func (f *fill) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 				continue
 			}
 			count++
-			if pv.inflight >= f.s.cfg.PerPeer || now.Before(pv.busyTill) || f.s.Banned(pv.name) ||
-				(endgame && f.asked[i] == pv.name) {
+			if pv.inflight >= f.s.cfg.PerPeer || now.Before(pv.busyTill) || now.Before(pv.chunkBusy[i]) ||
+				f.s.Banned(pv.name) || (endgame && f.asked[i] == pv.name) {
 				continue
 			}
-			if pick == nil || pv.inflight < pick.inflight {
+			if pick == nil || (pick.state.WasSent(i) && !pv.state.WasSent(i)) ||
+				(pick.state.WasSent(i) == pv.state.WasSent(i) && pv.inflight < pick.inflight) {
 				pick = pv
 			}
 		}
-		if pick != nil && (best < 0 || count < bestCount) {
-			best, bestCount, bestPeer = i, count, pick
+		if pick == nil {
+			continue
+		}
+		// The only holder already sent this chunk to someone, who will
+		// pass it on soon: wait a little for that copy rather than spend
+		// the holder's upload on it twice.
+		if count == 1 && !endgame && pick.state.WasSent(i) && now.Sub(pick.sentSeen[i]) < f.holdoff() {
+			continue
+		}
+		score := 2 * count
+		if pick.state.WasSent(i) {
+			score++
+		}
+		if best < 0 || score < bestScore {
+			best, bestScore, bestPeer = i, score, pick
 		}
 	}
 	return best, bestPeer
@@ -553,7 +599,7 @@ func (f *fill) launchPeer(ctx context.Context, i int, pv *peerView) {
 func (f *fill) trustedHash(i int, from *peerView) []byte {
 	own := from.state.Hash(i)
 	for _, pv := range f.peers {
-		if pv.origin && pv.known && pv != from {
+		if pv.state.Origin && pv.known && pv != from {
 			if h := pv.state.Hash(i); h != nil {
 				if !bytes.Equal(h, own) {
 					f.s.m.mismatches.Inc()
@@ -616,6 +662,8 @@ func (f *fill) handle(r chunkResult) error {
 	if r.err == nil {
 		f.s.m.received.WithLabelValues(source).Add(float64(r.bytes))
 		f.s.m.latency.WithLabelValues(source).Observe(r.took.Seconds())
+		f.chunkTime = (3*f.chunkTime + r.took) / 4
+		f.s.log.Debug("chunk fetched", "digest", f.d, "chunk", r.chunk, "from", cmp.Or(r.peer, "origin"), "took", r.took)
 		if pv := f.peers[r.peer]; pv != nil {
 			pv.failures = 0
 		}
@@ -644,6 +692,10 @@ func (f *fill) handle(r chunkResult) error {
 	}
 	pv := f.peers[r.peer]
 	switch {
+	case errors.Is(r.err, errChunkBusy):
+		if pv != nil {
+			pv.chunkBusy[r.chunk] = time.Now().Add(f.s.cfg.Refresh)
+		}
 	case errors.Is(r.err, errBusy):
 		if pv != nil {
 			pv.busyTill = time.Now().Add(f.s.cfg.Refresh)
@@ -702,31 +754,52 @@ func (f *fill) verify(ctx context.Context) error {
 	return f.p.Verify()
 }
 
-var errBusy = errors.New("peer busy")
+var (
+	errBusy      = errors.New("peer busy")
+	errChunkBusy = errors.New("peer busy sending this chunk")
+)
 
-// readState asks a peer's chunk server for its chunk state of d, and
-// whether it fetches d from the origin.
-func (s *Swarm) readState(ctx context.Context, addr string, d digest.Digest) (cache.ChunkState, bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+// holdoff is how long to wait for a chunk to come from the peer its only
+// holder sent it to: about one chunk's transfer time.
+func (f *fill) holdoff() time.Duration {
+	if f.chunkTime == 0 {
+		return 500 * time.Millisecond
+	}
+	return min(f.chunkTime*3/2, 5*time.Second)
+}
+
+// stateWait is how long a state request may wait for news at the peer.
+const stateWait = time.Second
+
+// readState asks a peer's chunk server for its state of d. With since >= 0
+// the server answers once it has more than since chunks (or after
+// stateWait), so a chunk is known to its requesters within milliseconds of
+// being verified.
+func (s *Swarm) readState(ctx context.Context, addr string, d digest.Digest, since int) (PeerState, error) {
+	ctx, cancel := context.WithTimeout(ctx, stateWait+5*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+fmt.Sprintf(statePath, d), nil)
+	url := "http://" + addr + fmt.Sprintf(statePath, d)
+	if since >= 0 {
+		url += fmt.Sprintf("?since=%d&wait=%s", since, stateWait)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return cache.ChunkState{}, false, err
+		return PeerState{}, err
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return cache.ChunkState{}, false, err
+		return PeerState{}, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
-		return cache.ChunkState{}, false, fmt.Errorf("chunk state from %s: %s", addr, resp.Status)
+		return PeerState{}, fmt.Errorf("chunk state from %s: %s", addr, resp.Status)
 	}
-	b, err := io.ReadAll(io.LimitReader(resp.Body, chunkStateHeaderSize+maxChunkStateChunks/8+maxChunkStateChunks*32+1))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxChunkStateBytes+1))
 	if err != nil {
-		return cache.ChunkState{}, false, err
+		return PeerState{}, err
 	}
-	return DecodeChunkState(b)
+	return DecodePeerState(b)
 }
 
 // fetchChunk downloads chunk i (n bytes) of d from a peer and hands it to
@@ -746,6 +819,9 @@ func (s *Swarm) fetchChunk(ctx context.Context, addr string, d digest.Digest, i 
 	switch resp.StatusCode {
 	case http.StatusOK:
 	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
+		if resp.Header.Get(busyHeader) == "chunk" {
+			return errChunkBusy
+		}
 		return errBusy
 	default:
 		return fmt.Errorf("chunk %d from %s: %s", i, addr, resp.Status)

@@ -278,12 +278,13 @@ func TestSwarmRepairsWrongChunkMap(t *testing.T) {
 			}
 			rec := &bufferedResponse{header: http.Header{}}
 			next.ServeHTTP(rec, r)
-			st, origin, err := DecodeChunkState(rec.body.Bytes())
+			st, err := DecodePeerState(rec.body.Bytes())
 			if err != nil {
 				http.Error(w, err.Error(), rec.code)
 				return
 			}
-			w.Write(EncodeChunkState(lie(st), origin))
+			st.ChunkState = lie(st.ChunkState)
+			w.Write(EncodePeerState(st))
 		})
 	}
 	nodes := startSwarmCluster(t, 2, map[int]swarmNodeOpts{0: {wrap: wrap}})

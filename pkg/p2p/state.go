@@ -1,0 +1,152 @@
+package p2p
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/weightd/weightd/pkg/cache"
+)
+
+// PeerState is what a chunk server says about one blob: the chunks it has
+// verified and their hashes, whether it fetches the blob from the origin,
+// and which chunks it has already sent to some peer, so that requesters
+// spread its upload over different chunks and pass them on to each other.
+type PeerState struct {
+	cache.ChunkState
+	Origin bool
+	Sent   []byte // bitmap like Have; nil when the server sent nothing yet
+}
+
+// WasSent reports whether the server has already sent chunk i to a peer.
+func (p PeerState) WasSent(i int) bool {
+	return i >= 0 && i/8 < len(p.Sent) && p.Sent[i/8]&(1<<(i%8)) != 0
+}
+
+// Chunk state wire format, all integers big-endian:
+//
+//	magic "WDCS" | version 1 | flags | size uint64 | chunk size uint64 |
+//	have bitmap (ceil(chunks/8) bytes, bit i LSB-first = chunk i) |
+//	[sent bitmap, same length, a subset of have, when flag 4] |
+//	sha256 of each present chunk, in order
+//
+// flags: 1 complete, 2 fetching from the origin, 4 sent bitmap present.
+const (
+	chunkStateMagic      = "WDCS"
+	chunkStateVersion    = 1
+	chunkStateHeaderSize = 4 + 1 + 1 + 8 + 8
+	flagComplete         = 1
+	flagOrigin           = 2
+	flagSent             = 4
+	// Bounds on what a peer may claim: a blob of at most 16 TiB, chunks of
+	// 64 KiB to 1 GiB, at most 16 Mi chunks.
+	maxChunkStateSize      = 16 << 40
+	minChunkStateChunkSize = 64 << 10
+	maxChunkStateChunkSize = 1 << 30
+	maxChunkStateChunks    = 16 << 20
+	// maxChunkStateBytes bounds a whole encoded state.
+	maxChunkStateBytes = chunkStateHeaderSize + 2*maxChunkStateChunks/8 + maxChunkStateChunks*32
+)
+
+// EncodePeerState encodes p for the wire.
+func EncodePeerState(p PeerState) []byte {
+	n := chunksOf(p.Size, p.ChunkSize)
+	b := make([]byte, 0, chunkStateHeaderSize+2*len(p.Have)+n*32)
+	b = append(b, chunkStateMagic...)
+	var flags byte
+	if p.Complete {
+		flags |= flagComplete
+	}
+	if p.Origin {
+		flags |= flagOrigin
+	}
+	if p.Sent != nil {
+		flags |= flagSent
+	}
+	b = append(b, chunkStateVersion, flags)
+	b = binary.BigEndian.AppendUint64(b, uint64(p.Size))
+	b = binary.BigEndian.AppendUint64(b, uint64(p.ChunkSize))
+	b = append(b, p.Have...)
+	if p.Sent != nil {
+		b = append(b, p.Sent...)
+	}
+	for i := range n {
+		if p.Has(i) {
+			b = append(b, p.Hash(i)...)
+		}
+	}
+	return b
+}
+
+// DecodePeerState decodes a peer's state of a blob, rejecting anything
+// malformed or out of bounds; it never trusts a length it has not checked.
+func DecodePeerState(b []byte) (PeerState, error) {
+	var p PeerState
+	if len(b) < chunkStateHeaderSize || string(b[:4]) != chunkStateMagic {
+		return p, errors.New("chunk state: bad header")
+	}
+	if b[4] != chunkStateVersion {
+		return p, fmt.Errorf("chunk state: unknown version %d", b[4])
+	}
+	flags := b[5]
+	if flags&^(flagComplete|flagOrigin|flagSent) != 0 {
+		return p, fmt.Errorf("chunk state: unknown flags %#x", flags)
+	}
+	size, cs := binary.BigEndian.Uint64(b[6:]), binary.BigEndian.Uint64(b[14:])
+	if size > maxChunkStateSize || cs < minChunkStateChunkSize || cs > maxChunkStateChunkSize {
+		return p, fmt.Errorf("chunk state: size %d, chunk size %d out of bounds", size, cs)
+	}
+	n := chunksOf(int64(size), int64(cs))
+	if n > maxChunkStateChunks {
+		return p, fmt.Errorf("chunk state: %d chunks", n)
+	}
+	bitmap := (n + 7) / 8
+	rest := b[chunkStateHeaderSize:]
+	take := func() ([]byte, error) {
+		if len(rest) < bitmap {
+			return nil, errors.New("chunk state: short bitmap")
+		}
+		m := append([]byte{}, rest[:bitmap]...)
+		rest = rest[bitmap:]
+		if n%8 != 0 && m[bitmap-1]>>(n%8) != 0 {
+			return nil, errors.New("chunk state: bits set past the last chunk")
+		}
+		return m, nil
+	}
+	have, err := take()
+	if err != nil {
+		return PeerState{}, err
+	}
+	p = PeerState{ChunkState: cache.ChunkState{Size: int64(size), ChunkSize: int64(cs), Complete: flags&flagComplete != 0, Have: have},
+		Origin: flags&flagOrigin != 0}
+	if flags&flagSent != 0 {
+		if p.Sent, err = take(); err != nil {
+			return PeerState{}, err
+		}
+		for i := range p.Sent {
+			if p.Sent[i]&^have[i] != 0 {
+				return PeerState{}, errors.New("chunk state: sent a chunk it does not have")
+			}
+		}
+	}
+	present := 0
+	for i := range n {
+		if p.Has(i) {
+			present++
+		}
+	}
+	if p.Complete && present != n {
+		return PeerState{}, errors.New("chunk state: complete but chunks missing")
+	}
+	if len(rest) != present*32 {
+		return PeerState{}, fmt.Errorf("chunk state: %d bytes of hashes for %d chunks", len(rest), present)
+	}
+	p.Hashes = make([]byte, n*32)
+	for i := range n {
+		if p.Has(i) {
+			copy(p.Hashes[i*32:], rest[:32])
+			rest = rest[32:]
+		}
+	}
+	return p, nil
+}
