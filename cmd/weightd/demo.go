@@ -11,40 +11,94 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/sync/errgroup"
 
 	"github.com/weightd/weightd/pkg/api"
-	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
 // demoCmd shows weightd end to end on one machine: an embedded origin serves
-// a generated model, an in-process agent (wired exactly like `weightd agent`)
-// fetches it through the local API, then fetches it again from the cache.
+// a generated model; in-process agents (wired exactly like `weightd agent`)
+// that share chunks peer-to-peer on loopback all fetch it at once through
+// their local APIs; the first agent then fetches it again from its cache.
 type demoCmd struct {
-	Files    int        `help:"Files in the generated model." default:"8"`
-	Size     byteSize   `help:"Total size of the generated model (units: KiB, MiB, GiB, kB, MB, GB)." default:"1GiB"`
-	Keep     bool       `help:"Keep the working directory (origin files, cache) and keep the agent and origin running until Ctrl-C."`
-	Dir      string     `help:"Working directory (default: a new temporary directory)." type:"path"`
-	LogLevel slog.Level `help:"Log level of the embedded agent." default:"warn" env:"WEIGHTD_LOG_LEVEL"`
+	Files     int        `help:"Files in the generated model." default:"8"`
+	Size      byteSize   `help:"Total size of the generated model (units: KiB, MiB, GiB, kB, MB, GB)." default:"1GiB"`
+	Agents    int        `help:"Agents that fetch the model at once, sharing chunks on loopback (1: no peers)." default:"3"`
+	ChunkSize byteSize   `help:"Chunk size of the agents: the unit of transfer between peers (a multiple of 64KiB)." default:"16MiB"`
+	Keep      bool       `help:"Keep the working directory (origin files, caches) and keep the agents and origin running until Ctrl-C."`
+	Dir       string     `help:"Working directory (default: a new temporary directory)." type:"path"`
+	LogLevel  slog.Level `help:"Log level of the embedded agents." default:"warn" env:"WEIGHTD_LOG_LEVEL"`
 }
 
 // demoModel is the name of the generated model.
 const demoModel = "weightd/demo-model"
 
+// maxDemoAgents bounds --agents: each agent is named by a letter.
+const maxDemoAgents = 26
+
+// Bounds on the demo's waits for its own components.
+const (
+	demoStartTimeout = 10 * time.Second // an agent's gossip and API come up
+	demoJoinTimeout  = 15 * time.Second // every agent sees every other
+)
+
+// demoAgent is one of the demo's in-process agents.
+type demoAgent struct {
+	name   string
+	dir    string // its cache and API socket are in there
+	agent  *agent
+	client *api.Client
+	api    string
+	stop   context.CancelFunc // set by start
+	done   chan struct{}      // closed when Run has returned
+}
+
+func (d *demoAgent) cacheDir() string { return filepath.Join(d.dir, "cache") }
+
+// start runs the agent in g until stop is called; it keeps ctx's values
+// but not its cancellation, so that the agents can be stopped in order.
+func (d *demoAgent) start(ctx context.Context, g *errgroup.Group) {
+	ctx, d.stop = context.WithCancel(context.WithoutCancel(ctx))
+	d.done = make(chan struct{})
+	g.Go(func() error {
+		defer close(d.done)
+		return d.agent.Run(ctx)
+	})
+}
+
+// stopDemoAgents stops the agents one after the other, the last started
+// first, so that each leaves the cluster while its peers still listen.
+func stopDemoAgents(agents []*demoAgent) {
+	for _, a := range slices.Backward(agents) {
+		a.stop()
+		<-a.done
+	}
+}
+
+// demoFetch is what one agent's first fetch took.
+type demoFetch struct {
+	status     prefetch.JobStatus
+	took       time.Duration // from the moment all agents were asked
+	fromOrigin int64         // verified chunk bytes it received from the origin
+	fromPeers  int64         // and from peers
+}
+
 // demoResult is what the demo measured.
 type demoResult struct {
 	manifest    *origin.Manifest
 	ref         string
-	first       prefetch.JobStatus
-	firstTime   time.Duration
+	chunkSize   int64
+	first       []demoFetch // one per agent, all asked at once
 	second      prefetch.JobStatus
 	secondTime  time.Duration
-	servedFirst int64 // origin bytes sent during the first fetch
+	servedFirst int64 // origin bytes sent during the first round
 	servedAgain int64 // origin bytes sent during the second fetch
 	metrics     []string
 }
@@ -52,6 +106,9 @@ type demoResult struct {
 func (c *demoCmd) Run(e *env) (err error) {
 	if c.Files < 1 {
 		return fmt.Errorf("--files must be at least 1, not %d", c.Files)
+	}
+	if c.Agents < 1 || c.Agents > maxDemoAgents {
+		return fmt.Errorf("--agents must be between 1 and %d, not %d", maxDemoAgents, c.Agents)
 	}
 	dir, cleanup, err := c.workDir()
 	if err != nil {
@@ -64,7 +121,7 @@ func (c *demoCmd) Run(e *env) (err error) {
 		}
 		err = errors.Join(err, cleanup())
 	}()
-	originDir, cacheDir := filepath.Join(dir, "origin"), filepath.Join(dir, "cache")
+	originDir := filepath.Join(dir, "origin")
 	log := newLogger(e.stderr, c.LogLevel, "text")
 
 	fmt.Fprintf(e.stderr, "generating %s: %d files, %s in %s\n", demoModel, c.Files, formatBytes(int64(c.Size)), originDir)
@@ -79,49 +136,114 @@ func (c *demoCmd) Run(e *env) (err error) {
 		return err
 	}
 
-	apiAddr := "unix://" + filepath.Join(dir, "weightd.sock")
-	client, err := api.NewClient(apiAddr)
-	if err != nil {
-		return err
-	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return fmt.Errorf("listening for the origin: %w", err)
 	}
 	org := origin.NewServer(ln, originDir)
-	a, err := newAgent(agentConfig{
-		Root:            cacheDir,
-		API:             apiAddr,
-		MetricsAddr:     "127.0.0.1:0",
-		ChunkSize:       cache.DefaultChunkSize,
-		BudgetPercent:   90,
-		MaxJobs:         prefetch.DefaultJobConcurrency,
-		ShutdownTimeout: 5 * time.Second,
-	}, log)
+	// The first agent runs before the others are built: they join it at its
+	// gossip address, known once its gossip is up.
+	first, err := c.newDemoAgent(dir, 0, nil, log)
 	if err != nil {
 		ln.Close()
 		return err
 	}
+	agents := []*demoAgent{first}
 
 	ctx, cancel := context.WithCancel(e.ctx)
 	defer cancel()
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return org.Run(gctx) })
-	g.Go(func() error { return a.Run(gctx) })
+	first.start(gctx, g)
 	g.Go(func() error {
-		res, err := demoScript(gctx, client, org, m, manifestInfo.Size(), a.MetricsAddr(), e.stderr)
+		// However the demo ends (done, failed, Ctrl-C), stop the agents
+		// in order, then the origin.
+		defer cancel()
+		defer func() { stopDemoAgents(agents) }()
+		if c.Agents > 1 {
+			join, err := gossipAddr(gctx, first)
+			if err != nil {
+				return err
+			}
+			for i := 1; i < c.Agents; i++ {
+				a, err := c.newDemoAgent(dir, i, []string{join}, log)
+				if err != nil {
+					return err
+				}
+				agents = append(agents, a)
+				a.start(gctx, g)
+			}
+		}
+		res, err := demoScript(gctx, agents, org, m, manifestInfo.Size(), e.stderr)
 		if err != nil {
 			return err
 		}
-		printDemoSummary(e.stdout, res, a.MetricsAddr(), apiAddr, cacheDir)
+		res.chunkSize = int64(c.ChunkSize)
+		printDemoSummary(e.stdout, res, agents)
 		if c.Keep {
-			fmt.Fprintln(e.stdout, "\nthe agent and origin keep running; press Ctrl-C to stop")
+			fmt.Fprintln(e.stdout, "\nthe agents and origin keep running; press Ctrl-C to stop")
 			<-gctx.Done()
 		}
-		cancel()
 		return nil
 	})
 	return g.Wait()
+}
+
+// demoNodeName names the demo's i-th agent: demo-a, demo-b, …
+func demoNodeName(i int) string { return "demo-" + string(rune('a'+i)) }
+
+// newDemoAgent builds the i-th agent in dir/<its name>, sharing on loopback
+// through the peers in join when the demo has more than one agent.
+func (c *demoCmd) newDemoAgent(dir string, i int, join []string, log *slog.Logger) (*demoAgent, error) {
+	d := &demoAgent{name: demoNodeName(i), dir: filepath.Join(dir, demoNodeName(i))}
+	d.api = "unix://" + filepath.Join(d.dir, "weightd.sock")
+	cfg := agentConfig{
+		Root:            d.cacheDir(),
+		API:             d.api,
+		MetricsAddr:     "127.0.0.1:0",
+		ChunkSize:       c.ChunkSize,
+		BudgetPercent:   90,
+		MaxJobs:         prefetch.DefaultJobConcurrency,
+		ShutdownTimeout: 5 * time.Second,
+	}
+	if c.Agents > 1 {
+		// memberlist's LAN timings, not FastGossip's: on a loaded machine
+		// (two cores, the race detector) FastGossip's 150 ms probe timeout
+		// declares live agents dead, and a peer declared dead is forgotten
+		// with its holdings, so a second agent takes the origin role for
+		// blobs already being fetched.
+		cfg.p2pConfig = p2pConfig{
+			GossipAddr:     "127.0.0.1:0",
+			ChunkAddr:      "127.0.0.1:0",
+			Join:           join,
+			NodeName:       d.name,
+			OriginFetchers: 1,
+			MaxUploads:     4,
+		}
+	}
+	var err error
+	if d.client, err = api.NewClient(d.api); err != nil {
+		return nil, err
+	}
+	if d.agent, err = newAgent(cfg, log.With("node", d.name)); err != nil {
+		return nil, fmt.Errorf("starting %s: %w", d.name, err)
+	}
+	return d, nil
+}
+
+// gossipAddr waits until a's gossip is up and returns the address peers
+// join it at.
+func gossipAddr(ctx context.Context, a *demoAgent) (string, error) {
+	timer := time.NewTimer(demoStartTimeout)
+	defer timer.Stop()
+	select {
+	case <-a.agent.peers.membership.Ready():
+		return a.agent.peers.membership.LocalAddr(), nil
+	case <-timer.C:
+		return "", fmt.Errorf("%s: gossip not up after %s", a.name, demoStartTimeout)
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
 }
 
 // workDir returns the demo's working directory and how to remove what the
@@ -135,38 +257,82 @@ func (c *demoCmd) workDir() (string, func() error, error) {
 		return "", nil, err
 	}
 	return c.Dir, func() error {
-		return errors.Join(
-			os.RemoveAll(filepath.Join(c.Dir, "origin")),
-			os.RemoveAll(filepath.Join(c.Dir, "cache")),
-		)
+		errs := []error{os.RemoveAll(filepath.Join(c.Dir, "origin"))}
+		for i := range c.Agents {
+			errs = append(errs, os.RemoveAll(filepath.Join(c.Dir, demoNodeName(i))))
+		}
+		return errors.Join(errs...)
 	}, nil
 }
 
-// demoScript is the client side of the demo: wait for the agent, fetch the
-// model, fetch it again, check that the second fetch came from the cache and
-// read the agent's metrics.
-func demoScript(ctx context.Context, client *api.Client, org *origin.Server, m *origin.Manifest, manifestSize int64, metricsAddr string, progressTo io.Writer) (*demoResult, error) {
-	readyCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := client.WaitReady(readyCtx); err != nil {
-		return nil, err
-	}
-	res := &demoResult{manifest: m, ref: org.URL() + "/" + origin.ManifestName}
-	fetch := func(label string) (prefetch.JobStatus, time.Duration, int64, error) {
-		fmt.Fprintf(progressTo, "%s fetch of %s\n", label, res.ref)
-		before, t0 := org.BytesServed(), time.Now()
-		st, err := fetchAndWait(ctx, client, res.ref, progressTo)
-		took, served := time.Since(t0), org.BytesServed()-before
-		if err == nil && st.State != prefetch.StateReady {
-			err = fmt.Errorf("%s fetch failed: %s", label, st.Error)
+// demoScript is the client side of the demo: wait for the agents and for
+// them to find each other, have all of them fetch the model at once, have
+// the first fetch it again, check that the origin sent about one copy, that
+// every agent holds the same files and that the second fetch came from the
+// cache, and read the agents' metrics.
+func demoScript(ctx context.Context, agents []*demoAgent, org *origin.Server, m *origin.Manifest, manifestSize int64, progressTo io.Writer) (*demoResult, error) {
+	for _, a := range agents {
+		readyCtx, cancel := context.WithTimeout(ctx, demoStartTimeout)
+		err := a.client.WaitReady(readyCtx)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", a.name, err)
 		}
-		return st, took, served, err
 	}
-	var err error
-	if res.first, res.firstTime, res.servedFirst, err = fetch("first"); err != nil {
+	if len(agents) > 1 {
+		if err := waitForPeers(ctx, agents, demoJoinTimeout); err != nil {
+			return nil, err
+		}
+	}
+	res := &demoResult{manifest: m, ref: org.URL() + "/" + origin.ManifestName, first: make([]demoFetch, len(agents))}
+
+	if len(agents) == 1 {
+		fmt.Fprintf(progressTo, "first fetch of %s\n", res.ref)
+	} else {
+		fmt.Fprintf(progressTo, "first fetch of %s by all %d agents at once; progress of %s:\n", res.ref, len(agents), agents[0].name)
+	}
+	before, t0 := org.BytesServed(), time.Now()
+	fg, fctx := errgroup.WithContext(ctx)
+	for i, a := range agents {
+		fg.Go(func() error {
+			var st prefetch.JobStatus
+			var err error
+			if i == 0 {
+				st, err = fetchAndWait(fctx, a.client, res.ref, progressTo)
+			} else if st, err = a.client.Fetch(fctx, res.ref); err == nil {
+				st, err = a.client.Watch(fctx, st.ID, nil)
+			}
+			res.first[i].took = time.Since(t0)
+			if err == nil && st.State != prefetch.StateReady {
+				err = fmt.Errorf("first fetch failed: %s", st.Error)
+			}
+			if err != nil {
+				return fmt.Errorf("%s: %w", a.name, err)
+			}
+			res.first[i].status = st
+			return nil
+		})
+	}
+	if err := fg.Wait(); err != nil {
 		return nil, err
 	}
-	if res.second, res.secondTime, res.servedAgain, err = fetch("second"); err != nil {
+	res.servedFirst = org.BytesServed() - before
+	if total := m.TotalBytes(); len(agents) > 1 && float64(res.servedFirst) > 1.1*float64(total) {
+		return nil, fmt.Errorf("the origin sent %d bytes for %d agents fetching %d bytes at once, %.2f× the model: sharing between peers should keep it near one copy (at most 1.1×)",
+			res.servedFirst, len(agents), total, float64(res.servedFirst)/float64(total))
+	}
+	if err := sameModelFiles(agents, res.first, len(m.Files)); err != nil {
+		return nil, err
+	}
+
+	fmt.Fprintf(progressTo, "second fetch of %s by %s\n", res.ref, agents[0].name)
+	before, t0 = org.BytesServed(), time.Now()
+	st, err := fetchAndWait(ctx, agents[0].client, res.ref, progressTo)
+	res.second, res.secondTime, res.servedAgain = st, time.Since(t0), org.BytesServed()-before
+	if err == nil && st.State != prefetch.StateReady {
+		err = fmt.Errorf("second fetch failed: %s", st.Error)
+	}
+	if err != nil {
 		return nil, err
 	}
 	// The second fetch resolves the manifest again; no file byte may come
@@ -174,16 +340,104 @@ func demoScript(ctx context.Context, client *api.Client, org *origin.Server, m *
 	if res.servedAgain > manifestSize {
 		return nil, fmt.Errorf("the second fetch was not served from the cache: the origin sent %d bytes (the manifest is %d)", res.servedAgain, manifestSize)
 	}
-	if res.first.Dir != res.second.Dir {
-		return nil, fmt.Errorf("the two fetches gave different directories: %s and %s", res.first.Dir, res.second.Dir)
+	if res.first[0].status.Dir != res.second.Dir {
+		return nil, fmt.Errorf("the two fetches gave different directories: %s and %s", res.first[0].status.Dir, res.second.Dir)
 	}
-	if res.metrics, err = scrapeMetrics(ctx, metricsAddr); err != nil {
-		return nil, err
+
+	for i, a := range agents {
+		metrics, err := scrapeMetrics(ctx, a.agent.MetricsAddr())
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", a.name, err)
+		}
+		if res.first[i].fromOrigin, err = sample(metrics, `weightd_p2p_received_bytes_total{source="origin"}`); err != nil {
+			return nil, fmt.Errorf("%s: %w", a.name, err)
+		}
+		if res.first[i].fromPeers, err = sample(metrics, `weightd_p2p_received_bytes_total{source="peer"}`); err != nil {
+			return nil, fmt.Errorf("%s: %w", a.name, err)
+		}
+		if i == 0 {
+			res.metrics = metrics
+		}
 	}
 	return res, nil
 }
 
-// scrapeMetrics reads the agent's /metrics and keeps the weightd_ samples
+// waitForPeers waits until every agent sees every other with its chunk
+// server's address, for at most timeout.
+func waitForPeers(ctx context.Context, agents []*demoAgent, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var waiting string
+		for _, a := range agents {
+			seen := 0
+			for _, p := range a.agent.peers.membership.Members() {
+				if p.Meta.ChunkAddr != "" {
+					seen++
+				}
+			}
+			if seen < len(agents)-1 {
+				waiting = fmt.Sprintf("%s sees %d of its %d peers", a.name, seen, len(agents)-1)
+				break
+			}
+		}
+		if waiting == "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			if errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
+				return fmt.Errorf("the agents did not find each other within %s: %s", timeout, waiting)
+			}
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// sameModelFiles checks that every agent's model directory holds the
+// manifest's files, linked to the same blobs as the first agent's.
+func sameModelFiles(agents []*demoAgent, fetches []demoFetch, files int) error {
+	var want []string
+	for i, f := range fetches {
+		got, err := modelFiles(f.status.Dir)
+		if err != nil {
+			return fmt.Errorf("%s: reading the model directory: %w", agents[i].name, err)
+		}
+		if len(got) != files {
+			return fmt.Errorf("%s: the model directory %s holds %d files, the manifest lists %d", agents[i].name, f.status.Dir, len(got), files)
+		}
+		if i == 0 {
+			want = got
+		} else if !slices.Equal(got, want) {
+			return fmt.Errorf("%s's model directory differs from %s's:\n  %s\nand\n  %s",
+				agents[i].name, agents[0].name, strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+		}
+	}
+	return nil
+}
+
+// modelFiles lists a model directory's entries as "name -> target", sorted
+// by name; the targets name the blobs by digest.
+func modelFiles(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(entries))
+	for _, e := range entries {
+		target, err := os.Readlink(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, e.Name()+" -> "+target)
+	}
+	return out, nil
+}
+
+// scrapeMetrics reads an agent's /metrics and keeps the weightd_ samples
 // that are not zero, without histogram buckets and per-route API counters.
 func scrapeMetrics(ctx context.Context, addr string) ([]string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
@@ -212,26 +466,73 @@ func scrapeMetrics(ctx context.Context, addr string) ([]string, error) {
 	return out, sc.Err()
 }
 
-func printDemoSummary(w io.Writer, r *demoResult, metricsAddr, apiAddr, cacheDir string) {
+// sample returns the value of series (a metric name with its labels, as
+// /metrics writes it) in samples, or 0 if it is not there.
+func sample(samples []string, series string) (int64, error) {
+	for _, line := range samples {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return 0, fmt.Errorf("reading metric %s: %w", series, err)
+			}
+			return int64(f), nil
+		}
+	}
+	return 0, nil
+}
+
+func printDemoSummary(w io.Writer, r *demoResult, agents []*demoAgent) {
 	total := r.manifest.TotalBytes()
 	mbps := func(d time.Duration) float64 { return float64(total) / 1e6 / max(d.Seconds(), 1e-9) }
+	const (
+		cont = "                 "   // a continued value
+		item = "                   " // an item under a value
+	)
 	fmt.Fprintf(w, "\nweightd demo: summary\n")
 	fmt.Fprintf(w, "  model          %s@%s, %d files, %s (%d bytes)\n", r.manifest.Name, r.manifest.Revision[:12], len(r.manifest.Files), formatBytes(total), total)
 	fmt.Fprintf(w, "  reference      %s\n", r.ref)
-	fmt.Fprintf(w, "  first fetch    %.2f s, %.1f MB/s (origin → verified on disk); origin sent %d bytes\n",
-		r.firstTime.Seconds(), mbps(r.firstTime), r.servedFirst)
-	fmt.Fprintf(w, "  second fetch   %.3f s, cache hit; origin sent %d bytes (the manifest only)\n", r.secondTime.Seconds(), r.servedAgain)
-	fmt.Fprintf(w, "  origin total   %d bytes served for %d bytes of model fetched twice\n", r.servedFirst+r.servedAgain, 2*total)
-	fmt.Fprintf(w, "  model dir      %s\n", r.first.Dir)
-	for _, l := range listLinks(r.first.Dir, 3) {
-		fmt.Fprintf(w, "                   %s\n", l)
+	ratio := float64(r.servedFirst) / float64(total)
+	if len(agents) == 1 {
+		fmt.Fprintf(w, "  agents         1 (no peers to share with), %s chunks\n", formatBytes(r.chunkSize))
+		fmt.Fprintf(w, "  first fetch    origin sent %d bytes, %.2f× the model\n", r.servedFirst, ratio)
+	} else {
+		fmt.Fprintf(w, "  agents         %d in this process, sharing %s chunks peer-to-peer on loopback\n", len(agents), formatBytes(r.chunkSize))
+		fmt.Fprintf(w, "  first fetch    all %d agents at once; origin sent %d bytes, %.2f× the model\n", len(agents), r.servedFirst, ratio)
+	}
+	for i, f := range r.first {
+		fmt.Fprintf(w, "%s%s  %.2f s, %.1f MB/s", item, agents[i].name, f.took.Seconds(), mbps(f.took))
+		if len(agents) == 1 {
+			fmt.Fprintf(w, " (origin → verified on disk)\n")
+			continue
+		}
+		fmt.Fprintf(w, "; received %s from the origin, %s from peers\n", formatBytes(f.fromOrigin), formatBytes(f.fromPeers))
+	}
+	fmt.Fprintf(w, "  second fetch   %s  %.3f s, cache hit; origin sent %d bytes (the manifest only)\n", agents[0].name, r.secondTime.Seconds(), r.servedAgain)
+	fmt.Fprintf(w, "  origin total   %d bytes served for %d bytes of model fetched %d times\n", r.servedFirst+r.servedAgain, int64(len(agents)+1)*total, len(agents)+1)
+	fmt.Fprintf(w, "  model dir      %s\n", r.first[0].status.Dir)
+	for _, l := range listLinks(r.first[0].status.Dir, 3) {
+		fmt.Fprintf(w, "%s%s\n", item, l)
+	}
+	if len(agents) > 1 {
+		fmt.Fprintf(w, "%s(%s's; every agent's holds the same files, linked to the same blobs)\n", cont, agents[0].name)
 	}
 	fmt.Fprintf(w, "  use it         HF_HUB_CACHE=%s finds %s at revision %s (hub layout, no copy)\n",
-		filepath.Join(cacheDir, "models"), r.manifest.Name, r.manifest.Revision)
-	fmt.Fprintf(w, "  agent status   weightd status --api %s\n", apiAddr)
-	fmt.Fprintf(w, "  metrics        curl -s http://%s/metrics | grep weightd_   (live while the demo runs; --keep keeps it up)\n", metricsAddr)
+		filepath.Join(agents[0].cacheDir(), "models"), r.manifest.Name, r.manifest.Revision)
+	label := func(i int, first string) string {
+		if i == 0 {
+			return first
+		}
+		return cont
+	}
+	for i, a := range agents {
+		fmt.Fprintf(w, "%s%s  weightd status --api %s\n", label(i, "  agent status   "), a.name, a.api)
+	}
+	for i, a := range agents {
+		fmt.Fprintf(w, "%s%s  curl -s http://%s/metrics | grep weightd_\n", label(i, "  metrics        "), a.name, a.agent.MetricsAddr())
+	}
+	fmt.Fprintf(w, "%s(live while the demo runs; --keep keeps them up); %s's non-zero samples now:\n", cont, agents[0].name)
 	for _, m := range r.metrics {
-		fmt.Fprintf(w, "                   %s\n", m)
+		fmt.Fprintf(w, "%s%s\n", item, m)
 	}
 }
 
