@@ -161,8 +161,9 @@ const maxStateWait = 2 * time.Second
 
 // serveState answers with the blob's state. With "?since=K&wait=D" it first
 // waits, up to D (at most 2 s), until this node has more than K chunks of the
-// blob or holds it whole: peers learn of each verified chunk within
-// milliseconds without polling in a tight loop.
+// blob or holds it whole, or (with "&origin=0|1") until its origin role
+// differs: peers learn of each verified chunk within milliseconds without
+// polling in a tight loop.
 func (s *ChunkServer) serveState(w http.ResponseWriter, r *http.Request) {
 	d, err := cache.ParseDigest(r.PathValue("digest"))
 	if err != nil {
@@ -182,16 +183,19 @@ func (s *ChunkServer) serveState(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	knownOrigin := r.URL.Query().Get("origin")
 	deadline := time.Now().Add(min(wait, maxStateWait))
 	for {
 		st, err := s.store.ChunkState(d)
-		news := err == nil && (st.Complete || countBits(st.Have) > since)
+		origin := s.origin != nil && s.origin(d)
+		news := err == nil && (st.Complete || countBits(st.Have) > since ||
+			(knownOrigin != "" && (knownOrigin == "1") != origin))
 		if news || time.Now().After(deadline) {
 			if err != nil {
 				s.fail(w, "state", statusOf(err), err)
 				return
 			}
-			b := EncodePeerState(PeerState{ChunkState: st, Origin: s.origin != nil && s.origin(d), Sent: s.sent.get(d, st.Have)})
+			b := EncodePeerState(PeerState{ChunkState: st, Origin: origin, Sent: s.sent.get(d, st.Have)})
 			w.Header().Set("Content-Type", "application/octet-stream")
 			w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 			w.Write(b)

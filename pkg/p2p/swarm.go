@@ -237,8 +237,9 @@ type peerView struct {
 	name      string
 	addr      string
 	state     PeerState
-	known     bool // state has been read at least once
-	reading   bool // a state request is in flight
+	known     bool      // state has been read at least once
+	lastAlive time.Time // last time membership listed it alive
+	reading   bool      // a state request is in flight
 	readAt    time.Time
 	inflight  int
 	failures  int
@@ -325,42 +326,49 @@ func (f *fill) run(parent context.Context) error {
 	}
 }
 
-// refresh learns new holders from gossip and re-reads stale chunk states.
+// peerGrace is how long a holder that membership no longer lists is kept:
+// under load, failure detection flaps, and a peer that answers is still
+// worth asking (one that does not is soon banned).
+const peerGrace = 10 * time.Second
+
+// refresh learns new holders from gossip and re-reads chunk states; each
+// read waits at the holder until it has news.
 func (f *fill) refresh(ctx context.Context) {
+	now := time.Now()
 	for _, h := range f.s.dir.Holders(f.d) {
-		pv := f.peers[h.Peer]
-		if pv == nil {
-			peer, ok := f.s.dir.Peer(h.Peer)
-			if !ok || peer.Meta.ChunkAddr == "" {
-				continue
-			}
-			pv = &peerView{name: h.Peer, addr: peer.Meta.ChunkAddr, chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{}}
-			f.peers[h.Peer] = pv
+		if f.peers[h.Peer] != nil {
+			continue
 		}
+		peer, ok := f.s.dir.Peer(h.Peer)
+		if !ok || peer.Meta.ChunkAddr == "" {
+			continue
+		}
+		f.peers[h.Peer] = &peerView{name: h.Peer, addr: peer.Meta.ChunkAddr, lastAlive: now,
+			chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{}}
 	}
 	alive := map[string]bool{}
 	for _, m := range f.s.dir.Members() {
 		alive[m.Name] = true
 	}
 	for name, pv := range f.peers {
-		if !alive[name] {
-			if pv.inflight == 0 && !pv.reading {
-				delete(f.peers, name) // left the cluster
-			}
+		if alive[name] {
+			pv.lastAlive = now
+		} else if now.Sub(pv.lastAlive) > peerGrace && pv.inflight == 0 && !pv.reading {
+			delete(f.peers, name) // left the cluster
 			continue
 		}
-		if pv.reading || f.s.Banned(name) || (pv.known && pv.state.Complete) || time.Since(pv.readAt) < f.s.cfg.Refresh {
+		if pv.reading || f.s.Banned(name) || (pv.known && pv.state.Complete) || now.Sub(pv.readAt) < f.s.cfg.Refresh {
 			continue
 		}
-		pv.reading, pv.readAt = true, time.Now()
-		since := -1 // unknown: answer at once
-		if pv.known {
-			since = countBits(pv.state.Have) // answer when it has more
+		pv.reading, pv.readAt = true, now
+		known := pv.state
+		if !pv.known {
+			known.Have = nil
 		}
 		f.wg.Add(1)
 		go func(name, addr string) {
 			defer f.wg.Done()
-			st, err := f.s.readState(ctx, addr, f.d, since)
+			st, err := f.s.readState(ctx, addr, f.d, pv.known, known)
 			select {
 			case f.states <- stateResult{peer: name, state: st, err: err}:
 			case <-ctx.Done():
@@ -400,21 +408,20 @@ func (f *fill) updateState(r stateResult) {
 // turn), and no peer already fetches it from the origin or holds it whole.
 func (f *fill) decideOrigin() {
 	fetchers, unknown, names := []string(nil), 0, []string{f.s.dir.LocalName()}
-	for _, h := range f.s.dir.Holders(f.d) {
-		if f.s.Banned(h.Peer) {
+	for name, pv := range f.peers {
+		if f.s.Banned(name) {
 			continue
 		}
-		pv := f.peers[h.Peer]
-		if !f.originRole && (h.Complete || (pv != nil && pv.known && pv.state.Complete)) {
+		if !f.originRole && pv.known && pv.state.Complete {
 			return // a peer can serve every chunk
 		}
 		switch {
-		case pv == nil || !pv.known:
+		case !pv.known:
 			unknown++
 		case pv.state.Origin:
-			fetchers = append(fetchers, h.Peer)
+			fetchers = append(fetchers, name)
 		}
-		names = append(names, h.Peer)
+		names = append(names, name)
 	}
 	order := rendezvous(f.d, names)
 	if f.originRole {
@@ -440,7 +447,7 @@ func (f *fill) decideOrigin() {
 		return
 	}
 	rank := slices.Index(order, f.s.dir.LocalName())
-	alone := len(f.s.dir.Members()) == 0
+	alone := len(f.s.dir.Members()) == 0 && len(f.peers) == 0
 	turn := f.s.cfg.Settle * time.Duration(1+max(0, rank-(f.s.cfg.OriginFetchers-1)))
 	// Until every holder's chunk state has been read, one of them may
 	// already be the origin fetcher; wait for it, within reason.
@@ -771,16 +778,20 @@ func (f *fill) holdoff() time.Duration {
 // stateWait is how long a state request may wait for news at the peer.
 const stateWait = time.Second
 
-// readState asks a peer's chunk server for its state of d. With since >= 0
-// the server answers once it has more than since chunks (or after
-// stateWait), so a chunk is known to its requesters within milliseconds of
-// being verified.
-func (s *Swarm) readState(ctx context.Context, addr string, d digest.Digest, since int) (PeerState, error) {
+// readState asks a peer's chunk server for its state of d. Once a state is
+// known, the server answers when it differs (more chunks, or the origin role
+// taken or given up) or after stateWait, so a chunk is known to its
+// requesters within milliseconds of being verified.
+func (s *Swarm) readState(ctx context.Context, addr string, d digest.Digest, known bool, last PeerState) (PeerState, error) {
 	ctx, cancel := context.WithTimeout(ctx, stateWait+5*time.Second)
 	defer cancel()
 	url := "http://" + addr + fmt.Sprintf(statePath, d)
-	if since >= 0 {
-		url += fmt.Sprintf("?since=%d&wait=%s", since, stateWait)
+	if known {
+		origin := 0
+		if last.Origin {
+			origin = 1
+		}
+		url += fmt.Sprintf("?since=%d&origin=%d&wait=%s", countBits(last.Have), origin, stateWait)
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
