@@ -24,7 +24,7 @@ TOOLS := $(CURDIR)/.tools
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/weightd
 
-## demo: an embedded origin and an in-process agent fetch a generated 1 GiB model twice
+## demo: an embedded origin and three in-process agents share a generated 1 GiB model peer-to-peer, then fetch it again from the cache
 demo: build
 	./$(BIN) demo $(DEMO_FLAGS)
 

@@ -173,34 +173,6 @@ func TestFetchWaitFails(t *testing.T) {
 	}
 }
 
-func TestDemo(t *testing.T) {
-	t.Parallel()
-	dir := shortTempDir(t)
-	code, stdout, stderr := runCLI(t, "demo", "--files", "3", "--size", "24MiB", "--dir", dir)
-	if code != 0 {
-		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
-	}
-	for _, want := range []string{
-		"3 files, 24.0 MiB (25165824 bytes)",
-		"cache hit",
-		"models--weightd--demo-model/snapshots/",
-		"-> ../../../../blobs/sha256/",
-		"weightd_cache_stored_bytes 2.5165824e+07",
-		`weightd_prefetch_jobs_total{outcome="ready"} 2`,
-		"/metrics | grep weightd_",
-	} {
-		if !strings.Contains(stdout, want) {
-			t.Errorf("summary lacks %q:\n%s", want, stdout)
-		}
-	}
-	// Cleaned up: what the demo made in --dir is gone.
-	for _, sub := range []string{"origin", "cache", "weightd.sock"} {
-		if _, err := os.Stat(filepath.Join(dir, sub)); !os.IsNotExist(err) {
-			t.Errorf("%s left behind: %v", sub, err)
-		}
-	}
-}
-
 func TestVersion(t *testing.T) {
 	t.Parallel()
 	code, stdout, _ := runCLI(t, "version")

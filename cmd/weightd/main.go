@@ -3,7 +3,7 @@
 //	weightd agent            run the agent (cache, prefetch queue, local API, metrics)
 //	weightd fetch REF --wait fetch a model through the local agent, with progress
 //	weightd status           summarise the agent's cache, downloads and jobs
-//	weightd demo             run an origin and an agent in-process and fetch a generated model
+//	weightd demo             run an origin and three agents in-process; they fetch a generated model at once, sharing it
 //	weightd version          print the version
 //
 // Flags can also come from WEIGHTD_* environment variables and, for the
@@ -38,7 +38,7 @@ type cli struct {
 	Agent   agentCmd   `cmd:"" help:"Run the node agent: cache, prefetch queue, local API and metrics."`
 	Fetch   fetchCmd   `cmd:"" help:"Fetch a model through the local agent."`
 	Status  statusCmd  `cmd:"" help:"Summarise the agent's cache, downloads and jobs."`
-	Demo    demoCmd    `cmd:"" help:"Run an origin and an agent in-process and fetch a generated model twice."`
+	Demo    demoCmd    `cmd:"" help:"Run an origin and three agents in-process: they fetch a generated model at once, sharing chunks, then fetch it again from the cache."`
 	Version versionCmd `cmd:"" help:"Print the version, commit and Go version."`
 }
 

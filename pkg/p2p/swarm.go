@@ -642,10 +642,14 @@ func (f *fill) write(i int, data, want []byte, supplier string) error {
 		return err
 	}
 	f.supplierMu.Lock()
-	if _, ok := f.supplier[i]; !ok {
+	_, dup := f.supplier[i]
+	if !dup {
 		f.supplier[i] = supplier
 	}
 	f.supplierMu.Unlock()
+	if !dup {
+		f.s.m.received.WithLabelValues(sourceOf(supplier)).Add(float64(len(data)))
+	}
 	return nil
 }
 
@@ -659,15 +663,13 @@ func (f *fill) report(ctx context.Context, r chunkResult) {
 // handle books a finished request: credit or penalise its source.
 func (f *fill) handle(r chunkResult) error {
 	f.inflight[r.chunk]--
-	source := "peer"
+	source := sourceOf(r.peer)
 	if r.peer == "" {
-		source = "origin"
 		f.originInflight--
 	} else if pv := f.peers[r.peer]; pv != nil {
 		pv.inflight--
 	}
 	if r.err == nil {
-		f.s.m.received.WithLabelValues(source).Add(float64(r.bytes))
 		f.s.m.latency.WithLabelValues(source).Observe(r.took.Seconds())
 		f.chunkTime = (3*f.chunkTime + r.took) / 4
 		f.s.log.Debug("chunk fetched", "digest", f.d, "chunk", r.chunk, "from", cmp.Or(r.peer, "origin"), "took", r.took)
@@ -759,6 +761,14 @@ func (f *fill) verify(ctx context.Context) error {
 		f.supplier[i] = ""
 	}
 	return f.p.Verify()
+}
+
+// sourceOf is the metric label of a chunk's supplier.
+func sourceOf(supplier string) string {
+	if supplier == "" {
+		return "origin"
+	}
+	return "peer"
 }
 
 var (

@@ -178,7 +178,10 @@ func TestSwarmOriginServesAboutOneCopy(t *testing.T) {
 	require.LessOrEqual(t, ratio, 1.05, "the origin serves about one copy, not one per node")
 	var fromPeers float64
 	for _, n := range nodes {
-		fromPeers += testutil.ToFloat64(n.swarm.m.received.WithLabelValues("peer"))
+		peer := testutil.ToFloat64(n.swarm.m.received.WithLabelValues("peer"))
+		fromOrigin := testutil.ToFloat64(n.swarm.m.received.WithLabelValues("origin"))
+		require.Equal(t, float64(len(data)), peer+fromOrigin, "%s counts every byte once", n.name)
+		fromPeers += peer
 	}
 	require.GreaterOrEqual(t, fromPeers, float64(2*len(data)), "the other nodes got their bytes from peers")
 }
