@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sync/atomic"
 	"time"
 
@@ -29,6 +30,7 @@ type agentConfig struct {
 	Root            string        `help:"Cache root directory." default:"/var/lib/weightd" env:"WEIGHTD_ROOT" type:"path"`
 	API             string        `name:"api" help:"Local API address: unix:///path.sock or tcp://127.0.0.1:PORT." default:"${default_api}" env:"WEIGHTD_API"`
 	MetricsAddr     string        `help:"Address of the Prometheus /metrics server; empty disables it." default:"127.0.0.1:9464" env:"WEIGHTD_METRICS_ADDR"`
+	Pprof           bool          `help:"Also serve Go's profiles under /debug/pprof/ on the metrics address." env:"WEIGHTD_PPROF"`
 	ChunkSize       byteSize      `help:"Chunk size: the unit of transfer, verification and resume (a multiple of 64KiB)." default:"16MiB" env:"WEIGHTD_CHUNK_SIZE"`
 	BudgetBytes     byteSize      `help:"Most bytes the cache may use; 0 for no byte limit." default:"0" env:"WEIGHTD_BUDGET_BYTES"`
 	BudgetPercent   float64       `help:"Most the cache may use, in percent of its filesystem; 0 for no limit." default:"80" env:"WEIGHTD_BUDGET_PERCENT"`
@@ -146,6 +148,10 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		if cfg.Pprof {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		}
 		a.metrics = mux
 	}
 	return a, nil

@@ -467,10 +467,7 @@ func (f *fill) decideOrigin() {
 // nobody has from the origin, else endgame duplicates.
 func (f *fill) schedule(ctx context.Context, missing []int) error {
 	cfg := f.s.cfg
-	total := f.originInflight
-	for _, pv := range f.peers {
-		total += pv.inflight
-	}
+	total := f.inflightTotal()
 	rand.Shuffle(len(missing), func(i, j int) { missing[i], missing[j] = missing[j], missing[i] })
 	for total < cfg.MaxInFlight {
 		chunk, peer := f.pickFromPeers(missing, false)
@@ -492,6 +489,15 @@ func (f *fill) schedule(ctx context.Context, missing []int) error {
 		total++
 	}
 	return nil
+}
+
+// inflightTotal is the requests in flight, to peers and the origin.
+func (f *fill) inflightTotal() int {
+	total := f.originInflight
+	for _, pv := range f.peers {
+		total += pv.inflight
+	}
+	return total
 }
 
 // pickFromPeers returns the rarest missing chunk not in flight (or, for
@@ -672,7 +678,7 @@ func (f *fill) handle(r chunkResult) error {
 	if r.err == nil {
 		f.s.m.latency.WithLabelValues(source).Observe(r.took.Seconds())
 		f.chunkTime = (3*f.chunkTime + r.took) / 4
-		f.s.log.Debug("chunk fetched", "digest", f.d, "chunk", r.chunk, "from", cmp.Or(r.peer, "origin"), "took", r.took)
+		f.s.log.Debug("chunk fetched", "digest", f.d, "chunk", r.chunk, "from", cmp.Or(r.peer, "origin"), "took", r.took, "inflight", f.inflightTotal())
 		if pv := f.peers[r.peer]; pv != nil {
 			pv.failures = 0
 		}
