@@ -65,7 +65,7 @@ lint:
 	$(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION) run --config .ci/golangci.yml ./...
 
 ## bench: run every whole-system benchmark under bench/*/ (each prints JSON lines)
-bench:
+bench: test-deps
 	@if ! command -v curl >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  echo "installing curl (bench/ingest's baseline)" >&2; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl ca-certificates >/dev/null; \
