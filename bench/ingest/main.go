@@ -120,7 +120,8 @@ func runSize(ctx context.Context, work, originDir, originURL, bin string, size i
 	root := filepath.Join(work, "cache")
 	defer os.RemoveAll(root)
 	sock := "unix://" + filepath.Join(work, "weightd.sock")
-	agent := exec.CommandContext(ctx, bin, "agent", "--root", root, "--api", sock, "--metrics-addr", "", "--log-level", "warn")
+	agent := exec.CommandContext(ctx, bin, "agent", "--root", root, "--api", sock, "--metrics-addr", "", "--log-level", "warn",
+		"--gossip-addr", "", "--chunk-addr", "") // one node: the ingest path alone
 	agent.Stderr = os.Stderr
 	if err := agent.Start(); err != nil {
 		return result{}, err

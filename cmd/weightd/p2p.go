@@ -166,6 +166,12 @@ func (s swarmSource) Resolve(ctx context.Context, ref prefetch.Ref) (*prefetch.R
 			return nil, err
 		}
 	}
+	if len(s.p.membership.Members()) == 0 {
+		// No peer to share with: stream from the origin, the fastest path for
+		// one node. Its chunks are still served as they are verified, so
+		// peers that join meanwhile can take them.
+		return res, nil
+	}
 	wrapped := make(map[digest.Digest]bool, len(res.Blobs))
 	for _, f := range res.Model.Files {
 		if op, ok := res.Blobs[f.Digest]; ok && !wrapped[f.Digest] {

@@ -42,7 +42,7 @@ type BoundedOpener interface {
 // SwarmConfig tunes the swarm downloader. The zero value of a field means
 // its default.
 type SwarmConfig struct {
-	MaxInFlight    int           // chunk requests in flight per blob, all sources together (default 8)
+	MaxInFlight    int           // chunk requests in flight per blob, all sources together (default 8, and at most 64 MiB of chunks)
 	PerPeer        int           // requests in flight to one peer (default 2)
 	OriginInFlight int           // requests in flight to the origin (default 3)
 	OriginFetchers int           // nodes that fetch one blob from the origin (default 1)
@@ -164,9 +164,14 @@ func (src *swarmSource) OpenRange(ctx context.Context, off int64) (io.ReadCloser
 	return src.origin.OpenRange(ctx, off)
 }
 
+// maxInFlightBytes bounds the chunk buffers one download holds, so memory
+// stays flat whatever the chunk size.
+const maxInFlightBytes = 64 << 20
+
 func (src *swarmSource) Fill(ctx context.Context, p *cache.Partial) error {
 	f := &fill{s: src.s, p: p, origin: src.origin, d: p.Descriptor().Digest, start: time.Now(),
-		peers: map[string]*peerView{}, inflight: map[int]int{}, supplier: map[int]string{}, asked: map[int]string{},
+		maxInFlight: max(2, min(src.s.cfg.MaxInFlight, int(maxInFlightBytes/p.ChunkSize()))),
+		peers:       map[string]*peerView{}, inflight: map[int]int{}, supplier: map[int]string{}, asked: map[int]string{},
 		results: make(chan chunkResult, src.s.cfg.MaxInFlight*2), states: make(chan stateResult, 64)}
 	return f.run(ctx)
 }
@@ -270,6 +275,7 @@ type fill struct {
 	d      digest.Digest
 	start  time.Time
 
+	maxInFlight    int // requests in flight, bounded by the chunk buffers they need
 	peers          map[string]*peerView
 	inflight       map[int]int // chunk → requests in flight
 	supplierMu     sync.Mutex
@@ -466,10 +472,9 @@ func (f *fill) decideOrigin() {
 // peer with a free slot has, else (as the origin fetcher) the first chunk
 // nobody has from the origin, else endgame duplicates.
 func (f *fill) schedule(ctx context.Context, missing []int) error {
-	cfg := f.s.cfg
 	total := f.inflightTotal()
 	rand.Shuffle(len(missing), func(i, j int) { missing[i], missing[j] = missing[j], missing[i] })
-	for total < cfg.MaxInFlight {
+	for total < f.maxInFlight {
 		chunk, peer := f.pickFromPeers(missing, false)
 		if chunk < 0 && f.useOrigin() {
 			chunk = f.firstUnheld(missing)
@@ -510,7 +515,7 @@ func (f *fill) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 				return -1, nil // not the endgame yet: some chunk is not even asked for
 			}
 		}
-		if len(missing) > f.s.cfg.MaxInFlight {
+		if len(missing) > f.maxInFlight {
 			return -1, nil
 		}
 	}
@@ -561,7 +566,7 @@ func (f *fill) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 }
 
 func (f *fill) useOrigin() bool {
-	return f.originRole && f.originInflight < f.s.cfg.OriginInFlight && time.Now().After(f.originPause)
+	return f.originRole && f.originInflight < min(f.s.cfg.OriginInFlight, f.maxInFlight) && time.Now().After(f.originPause)
 }
 
 // firstUnheld is the lowest missing chunk not in flight that no known peer
