@@ -118,14 +118,11 @@ func TestChunkServerServesVerifiedChunks(t *testing.T) {
 func TestChunkServerServesOnlyVerifiedChunksOfDownloadInFlight(t *testing.T) {
 	t.Parallel()
 	store := newTestStore(t)
-	srv, err := NewChunkServer(store, nil)
-	require.NoError(t, err)
-	ts := httptest.NewServer(srv.Handler())
-	defer ts.Close()
+	_, ts := serveStore(t, store)
 	data := randomBlob(2, 3*testChunk)
 	d := descOf(data).Digest
 	checked := make(chan struct{})
-	_, err = store.Fetch(context.Background(), descOf(data), fillFunc(func(ctx context.Context, p *cache.Partial) error {
+	_, err := store.Fetch(context.Background(), descOf(data), fillFunc(func(ctx context.Context, p *cache.Partial) error {
 		require.NoError(t, p.WriteChunk(2, data[2*testChunk:], nil))
 		resp, body := get(t, ts.URL+fmt.Sprintf(statePath, d))
 		require.Equal(t, http.StatusOK, resp.StatusCode)
@@ -152,16 +149,23 @@ func TestChunkServerUploadSlots(t *testing.T) {
 	data := randomBlob(3, testChunk)
 	_, err := store.Fetch(context.Background(), descOf(data), memOrigin(data), nil)
 	require.NoError(t, err)
-	srv, err := NewChunkServer(store, nil, WithMaxUploads(1))
-	require.NoError(t, err)
+	srv, ts := serveStore(t, store, WithMaxUploads(1))
 	srv.slots <- struct{}{} // one upload in progress
-	ts := httptest.NewServer(srv.Handler())
-	defer ts.Close()
 	resp, _ := get(t, ts.URL+fmt.Sprintf(chunkPath, descOf(data).Digest, 0))
 	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 	<-srv.slots
 	resp, _ = get(t, ts.URL+fmt.Sprintf(chunkPath, descOf(data).Digest, 0))
 	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// serveStore runs a chunk server of store for the test.
+func serveStore(t *testing.T, store ChunkStore, opts ...ServerOption) (*ChunkServer, *httptest.Server) {
+	t.Helper()
+	srv, err := NewChunkServer(store, nil, opts...)
+	require.NoError(t, err)
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(ts.Close)
+	return srv, ts
 }
 
 // fillFunc adapts a function to a cache source that fills chunk by chunk.
@@ -207,13 +211,10 @@ func TestPeerStateRoundTrip(t *testing.T) {
 func TestChunkServerTellsSentChunksAndWaitsForNews(t *testing.T) {
 	t.Parallel()
 	store := newTestStore(t)
-	srv, err := NewChunkServer(store, nil)
-	require.NoError(t, err)
-	ts := httptest.NewServer(srv.Handler())
-	defer ts.Close()
+	_, ts := serveStore(t, store)
 	data := randomBlob(4, 3*testChunk)
 	d := descOf(data).Digest
-	_, err = store.Fetch(context.Background(), descOf(data), fillFunc(func(ctx context.Context, p *cache.Partial) error {
+	_, err := store.Fetch(context.Background(), descOf(data), fillFunc(func(ctx context.Context, p *cache.Partial) error {
 		require.NoError(t, p.WriteChunk(0, data[:testChunk], nil))
 		get(t, ts.URL+fmt.Sprintf(chunkPath, d, 0))
 		resp, body := get(t, ts.URL+fmt.Sprintf(statePath, d))
