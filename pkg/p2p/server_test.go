@@ -265,3 +265,24 @@ func FuzzDecodePeerState(f *testing.F) {
 		}
 	})
 }
+
+func TestUploadLimitPacesChunks(t *testing.T) {
+	t.Parallel()
+	store := newTestStore(t)
+	data := randomBlob(5, 8*testChunk)
+	_, err := store.Fetch(context.Background(), descOf(data), memOrigin(data), nil)
+	require.NoError(t, err)
+	srv, ts := serveStore(t, store, WithUploadLimit(64<<10)) // the burst covers the sends; refilling it takes 8 s
+	require.NotNil(t, srv.upload)
+	full := srv.upload.Tokens()
+	for i := range 8 {
+		resp, body := get(t, ts.URL+fmt.Sprintf(chunkPath, descOf(data).Digest, i))
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		require.Len(t, body, testChunk)
+	}
+	// Every byte sent took a token: the bucket is down by about what was
+	// sent beyond what refilled meanwhile (no timing assumed).
+	require.Less(t, srv.upload.Tokens(), full, "the upload limiter paced the chunks")
+	srvNone, _ := serveStore(t, store)
+	require.Nil(t, srvNone.upload, "no limit by default")
+}

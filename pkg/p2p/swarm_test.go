@@ -365,3 +365,18 @@ func TestResolveFromPeers(t *testing.T) {
 	_, err = nodes[0].swarm.ResolveFromPeers(t.Context(), "https://origin/m.json", any)
 	require.Error(t, err)
 }
+
+func TestDownloadLimitPacesTheSwarm(t *testing.T) {
+	t.Parallel()
+	nodes := startSwarmCluster(t, 2, nil)
+	data := randomBlob(15, 16*testChunk)
+	origin := &countingOrigin{data: data}
+	require.NoError(t, nodes[0].fetch(context.Background(), data, origin))
+	s, err := NewSwarm(nodes[1].swarm.dir, nil, SwarmConfig{DownloadLimit: 1 << 20}, nil, nil)
+	require.NoError(t, err)
+	full := s.download.Tokens()
+	desc := descOf(data)
+	_, err = nodes[1].store.Fetch(context.Background(), desc, s.Source(desc, origin), nil)
+	require.NoError(t, err)
+	require.Less(t, s.download.Tokens(), full, "every chunk took tokens from the download limiter")
+}
