@@ -72,7 +72,11 @@ func main() {
 		log.Fatal(err)
 	}
 	srv := origin.NewServer(ln, originDir)
-	go srv.Run(ctx)
+	go func() {
+		if err := srv.Run(ctx); err != nil {
+			log.Print(err)
+		}
+	}()
 
 	for _, s := range strings.Split(*sizes, ",") {
 		mib, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
@@ -84,7 +88,9 @@ func main() {
 		if err != nil {
 			log.Fatalf("size %s: %v", s, err)
 		}
-		json.NewEncoder(os.Stdout).Encode(r)
+		if err := json.NewEncoder(os.Stdout).Encode(r); err != nil {
+			log.Fatal(err)
+		}
 	}
 }
 
@@ -126,7 +132,7 @@ func runSize(ctx context.Context, work, originDir, originURL, bin string, size i
 	if err := agent.Start(); err != nil {
 		return result{}, err
 	}
-	defer agent.Process.Kill()
+	defer func() { _ = agent.Process.Kill() }() // a no-op once it has exited
 	if err := waitReady(ctx, sock); err != nil {
 		return result{}, err
 	}
@@ -140,7 +146,9 @@ func runSize(ctx context.Context, work, originDir, originURL, bin string, size i
 	if err != nil {
 		return result{}, err
 	}
-	agent.Process.Signal(syscall.SIGTERM)
+	if err := agent.Process.Signal(syscall.SIGTERM); err != nil {
+		return result{}, err
+	}
 	if err := agent.Wait(); err != nil {
 		return result{}, fmt.Errorf("agent exit: %v", err)
 	}

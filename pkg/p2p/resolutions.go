@@ -133,6 +133,9 @@ func (s *ChunkServer) serveResolution(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(m)
+	if err := json.NewEncoder(w).Encode(m); err != nil {
+		s.log.Debug("sending a resolution", "err", err)
+		return
+	}
 	s.m.requests.WithLabelValues("resolution", "200").Inc()
 }

@@ -198,8 +198,10 @@ func (s *ChunkServer) serveState(w http.ResponseWriter, r *http.Request) {
 			b := EncodePeerState(PeerState{ChunkState: st, Origin: origin, Sent: s.sent.get(d, st.Have)})
 			w.Header().Set("Content-Type", "application/octet-stream")
 			w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-			w.Write(b)
 			s.m.requests.WithLabelValues("state", "200").Inc()
+			if _, err := w.Write(b); err != nil {
+				s.log.Debug("sending a chunk state", "digest", d, "err", err)
+			}
 			return
 		}
 		select {

@@ -824,7 +824,7 @@ func (s *Swarm) readState(ctx context.Context, addr string, d digest.Digest, kno
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10)) // drain for keep-alive, best effort
 		return PeerState{}, fmt.Errorf("chunk state from %s: %s", addr, resp.Status)
 	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxChunkStateBytes+1))
