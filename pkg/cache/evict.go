@@ -79,14 +79,9 @@ func (s *Store) makeRoom(need int64, self digest.Digest) error {
 			return err
 		}
 		s.mu.RLock()
-		used := s.reserved
-		for _, r := range s.blobs {
-			used += r.Size
-		}
-		for _, n := range s.partials {
-			used += n
-		}
+		stored, partial := s.bytesLocked()
 		s.mu.RUnlock()
+		used := stored + partial
 		if used <= budget && need <= free {
 			return nil
 		}
@@ -104,18 +99,22 @@ func (s *Store) makeRoom(need int64, self digest.Digest) error {
 // lruCandidate picks the least recently used blob that is neither pinned nor
 // held, or idle partial.
 func (s *Store) lruCandidate(self digest.Digest) (d digest.Digest, isPartial, ok bool) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
 	var oldest time.Time
+	var partials []digest.Digest
+	s.mu.RLock()
 	for cand, r := range s.blobs {
 		if len(r.Pins) == 0 && s.holds[cand] == 0 && (!ok || r.LastAccess.Before(oldest)) {
 			d, oldest, ok, isPartial = cand, r.LastAccess, true, false
 		}
 	}
 	for cand := range s.partials {
-		if cand == self {
-			continue
+		if cand != self {
+			partials = append(partials, cand)
 		}
+	}
+	s.mu.RUnlock()
+	// An idle partial's age is its data file's mtime, read outside the lock.
+	for _, cand := range partials {
 		mtime := time.Time{}
 		if info, err := os.Stat(s.partialData(cand)); err == nil {
 			mtime = info.ModTime()

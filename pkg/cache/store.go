@@ -295,14 +295,8 @@ func (s *Store) Usage() Usage {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	u := Usage{Root: s.root, BudgetBytes: budget, DiskFree: free, Blobs: len(s.blobs)}
-	for _, r := range s.blobs {
-		u.Bytes += r.Size
-	}
-	for _, n := range s.partials {
-		u.PartialBytes += n
-	}
+	u.Bytes, u.PartialBytes = s.bytesLocked()
 	for d, f := range s.flights {
-		u.PartialBytes += f.desc.Size
 		u.InFlight = append(u.InFlight, Flight{
 			Digest: d, Size: f.desc.Size, Done: f.done.Load(), Waiters: f.waiters,
 			HeldFor: time.Since(f.started).Round(time.Millisecond),
@@ -377,17 +371,22 @@ func (s *Store) updatePins(d digest.Digest, owner string, pin bool) error {
 // touch records an access for LRU eviction.
 func (s *Store) touch(d digest.Digest) { s.touchAll([]digest.Digest{d}) }
 
-func (s *Store) updateGauges() {
-	s.mu.RLock()
-	var bytes, partial int64
+// bytesLocked sums the complete blobs, and the partial downloads: idle ones
+// on disk and those in flight (their reservations). s.mu must be held.
+func (s *Store) bytesLocked() (stored, partial int64) {
 	for _, r := range s.blobs {
-		bytes += r.Size
+		stored += r.Size
 	}
 	for _, n := range s.partials {
 		partial += n
 	}
+	return stored, partial + s.reserved
+}
+
+func (s *Store) updateGauges() {
+	s.mu.RLock()
+	bytes, partial := s.bytesLocked()
 	n := len(s.blobs)
-	partial += s.reserved
 	s.mu.RUnlock()
 	s.m.storedBytes.Set(float64(bytes))
 	s.m.storedBlobs.Set(float64(n))
