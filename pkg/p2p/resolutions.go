@@ -1,13 +1,13 @@
 package p2p
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"sync"
 	"time"
@@ -97,20 +97,12 @@ func (s *Swarm) ResolveFromPeers(ctx context.Context, ref string, accept func(ca
 func (s *Swarm) askResolution(ctx context.Context, addr, key string) (cache.Model, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+resolutionPrefix+key, nil)
+	b, err := s.getSmall(ctx, "http://"+addr+resolutionPrefix+key, maxResolutionSize)
 	if err != nil {
-		return cache.Model{}, err
-	}
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return cache.Model{}, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return cache.Model{}, fmt.Errorf("resolution: %s", resp.Status)
+		return cache.Model{}, fmt.Errorf("resolution: %w", err)
 	}
 	var m cache.Model
-	dec := json.NewDecoder(io.LimitReader(resp.Body, maxResolutionSize))
+	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&m); err != nil {
 		return cache.Model{}, fmt.Errorf("resolution: %w", err)

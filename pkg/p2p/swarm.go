@@ -814,24 +814,33 @@ func (s *Swarm) readState(ctx context.Context, addr string, d digest.Digest, kno
 		}
 		url += fmt.Sprintf("?since=%d&origin=%d&wait=%s", countBits(last.Have), origin, stateWait)
 	}
+	b, err := s.getSmall(ctx, url, maxChunkStateBytes)
+	if err != nil {
+		return PeerState{}, fmt.Errorf("chunk state from %s: %w", addr, err)
+	}
+	return DecodePeerState(b)
+}
+
+// getSmall GETs a small answer from a peer: 200 and at most limit bytes.
+func (s *Swarm) getSmall(ctx context.Context, url string, limit int64) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return PeerState{}, err
+		return nil, err
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return PeerState{}, err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10)) // drain for keep-alive, best effort
-		return PeerState{}, fmt.Errorf("chunk state from %s: %s", addr, resp.Status)
+		return nil, errors.New(resp.Status)
 	}
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxChunkStateBytes+1))
-	if err != nil {
-		return PeerState{}, err
+	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err == nil && int64(len(b)) > limit {
+		err = fmt.Errorf("answer over %d bytes", limit)
 	}
-	return DecodePeerState(b)
+	return b, err
 }
 
 // fetchChunk downloads chunk i (n bytes) of d from a peer and hands it to
