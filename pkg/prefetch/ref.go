@@ -22,18 +22,36 @@ const (
 	// KindHTTP is a plain http:// or https:// URL: a model manifest, or one
 	// file pinned by digest.
 	KindHTTP Kind = "http"
+	// KindOCI is an image or a ModelPack model artifact in an OCI registry:
+	// oci://registry[:port]/repository[:tag][@sha256:…].
+	KindOCI Kind = "oci"
+	// KindHF is a model repository on a Hugging Face style hub:
+	// hf://[org/]name[@revision].
+	KindHF Kind = "hf"
 )
 
 // Ref is a parsed, validated model reference. Which fields are set depends on
-// Kind; later kinds (OCI, Hugging Face) add their own fields beside these.
+// Kind.
 //
 // For KindHTTP, URL is the absolute http(s) URL without its fragment, and
 // Digest is set when the reference names a single file pinned by digest
 // ("https://host/file.bin#sha256:…"); otherwise URL names a model manifest.
+//
+// For KindOCI, Registry is the registry host (lower-cased, with its port if
+// given), Repository the repository path, Tag the tag ("latest" when neither
+// a tag nor a digest is given) and Digest the manifest or index digest when
+// pinned; with both, the digest wins and the tag is kept as a name.
+//
+// For KindHF, Repository is "org/name" (or a bare "name"), Revision the
+// branch, tag or commit ("main" when not given).
 type Ref struct {
-	Kind   Kind
-	URL    *url.URL
-	Digest digest.Digest
+	Kind       Kind
+	URL        *url.URL
+	Digest     digest.Digest
+	Registry   string
+	Repository string
+	Tag        string
+	Revision   string
 }
 
 // ParseRef parses and validates a model reference.
@@ -71,8 +89,12 @@ func parseRef(s string) (Ref, error) {
 	switch strings.ToLower(scheme) {
 	case "http", "https":
 		return parseHTTPRef(s)
+	case "oci":
+		return parseOCIRef(s[len("oci://"):])
+	case "hf":
+		return parseHFRef(s[len("hf://"):])
 	default:
-		return Ref{}, fmt.Errorf("%w: unsupported scheme %q (want https or http)", cache.ErrInvalid, truncate(scheme))
+		return Ref{}, fmt.Errorf("%w: unsupported scheme %q (want oci, hf, https or http)", cache.ErrInvalid, truncate(scheme))
 	}
 }
 
@@ -142,6 +164,19 @@ func validPort(p string) bool {
 // yields an equal Ref. Two submissions of the same canonical string are the
 // same request.
 func (r Ref) String() string {
+	switch r.Kind {
+	case KindOCI:
+		s := "oci://" + r.Registry + "/" + r.Repository
+		if r.Tag != "" {
+			s += ":" + r.Tag
+		}
+		if r.Digest != "" {
+			s += "@" + r.Digest.String()
+		}
+		return s
+	case KindHF:
+		return "hf://" + r.Repository + "@" + r.Revision
+	}
 	if r.URL == nil {
 		return ""
 	}
@@ -155,7 +190,7 @@ func (r Ref) String() string {
 // Redacted is like String but replaces the query, which in presigned URLs
 // carries credentials, with "REDACTED". Use it in logs and status.
 func (r Ref) Redacted() string {
-	if r.URL == nil || r.URL.RawQuery == "" {
+	if r.Kind != KindHTTP || r.URL == nil || r.URL.RawQuery == "" {
 		return r.String()
 	}
 	u := *r.URL

@@ -58,7 +58,7 @@ func TestParseRefInvalid(t *testing.T) {
 		{"", "not of the form"},
 		{"example.com/model.json", "not of the form"},
 		{"ftp://example.com/model.json", "unsupported scheme"},
-		{"oci://registry/repo:tag", "unsupported scheme"},
+		{"s3://bucket/model.bin", "unsupported scheme"},
 		{"https:/example.com/model.json", "not of the form"},
 		{"https:///model.json", "host is missing"},
 		{"https://:443/model.json", "host is missing"},
@@ -148,7 +148,10 @@ func FuzzParseRef(f *testing.F) {
 		"https:///model.json",
 		"https:model.json",
 		"oci://registry.example.com/repo:tag",
+		"oci://127.0.0.1:5000/a/b:1@sha256:" + hex64,
+		"oci://[::1]:5000/repo",
 		"hf://org/name@main",
+		"hf://gpt2@refs/pr/1",
 		"",
 	} {
 		f.Add(s)
@@ -161,11 +164,23 @@ func FuzzParseRef(f *testing.F) {
 			}
 			return
 		}
-		if r.Kind != prefetch.KindHTTP || r.URL == nil {
-			t.Fatalf("accepted %q as %+v", s, r)
-		}
-		if r.URL.User != nil || r.URL.Host == "" || r.URL.Fragment != "" {
-			t.Fatalf("accepted %q with URL %#v", s, r.URL)
+		switch r.Kind {
+		case prefetch.KindHTTP:
+			if r.URL == nil || r.URL.User != nil || r.URL.Host == "" || r.URL.Fragment != "" {
+				t.Fatalf("accepted %q with URL %#v", s, r.URL)
+			}
+		case prefetch.KindOCI:
+			if r.URL != nil || r.Registry == "" || r.Repository == "" || (r.Tag == "" && r.Digest == "") ||
+				strings.ContainsAny(r.Registry+r.Repository+r.Tag, "@#?\\ ") || strings.Contains(r.Repository, "..") {
+				t.Fatalf("accepted %q as %+v", s, r)
+			}
+		case prefetch.KindHF:
+			if r.URL != nil || r.Repository == "" || r.Revision == "" || r.Digest != "" ||
+				strings.Contains(r.Repository+r.Revision, "..") || strings.ContainsAny(r.Repository+r.Revision, "@#?%\\ ") {
+				t.Fatalf("accepted %q as %+v", s, r)
+			}
+		default:
+			t.Fatalf("accepted %q as kind %q", s, r.Kind)
 		}
 		if r.Digest != "" {
 			if err := cache.ValidateDigest(r.Digest); err != nil {

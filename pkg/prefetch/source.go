@@ -2,6 +2,8 @@ package prefetch
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"github.com/opencontainers/go-digest"
 
@@ -17,9 +19,76 @@ type Source interface {
 	Resolve(ctx context.Context, ref Ref) (*Resolution, error)
 }
 
-// Resolution is a reference resolved to a model: its files, and one opener
-// per distinct blob (files with the same digest share a blob).
+// Resolution is a reference resolved: a model's files or an image's blobs,
+// and one opener per distinct blob (files with the same digest share a
+// blob). Every digest named by Model.Files, Packed and Image.Blobs has its
+// opener in Blobs.
 type Resolution struct {
+	// Model is the model and its files, each a blob stored as it is. For an
+	// image, Name and Revision name the image and Files is empty.
 	Model cache.Model
 	Blobs map[digest.Digest]cache.RangeOpener
+	// Packed lists layers whose files are inside an archive or compressed
+	// (ModelPack tar, gzip or zstd layers): each layer is fetched as a blob,
+	// then unpacked into the model's files.
+	Packed []PackedLayer
+	// Image is set when the reference is a container image: its blobs are
+	// fetched and imported into the container runtime instead of being
+	// materialised as a model directory.
+	Image *Image
+}
+
+// Compression is how a packed layer is compressed.
+type Compression string
+
+// Layer compressions.
+const (
+	CompressionNone Compression = ""
+	CompressionGzip Compression = "gzip"
+	CompressionZstd Compression = "zstd"
+)
+
+// PackedLayer is one layer blob that holds model files in packed form.
+type PackedLayer struct {
+	cache.Descriptor
+	MediaType   string
+	Compression Compression
+	// Archive says the (decompressed) layer is a tar archive, extracted under
+	// Path; else it is the content of the one file at Path.
+	Archive bool
+	// Path is a relative, clean path within the model: the file for a
+	// non-archive layer, the directory an archive is extracted into ("" is
+	// the model's root) for an archive.
+	Path string
+}
+
+// Image is a container image for one platform, ready to import.
+type Image struct {
+	// Name is the image's name in the container runtime:
+	// "registry/repository:tag", or "registry/repository@sha256:…" when the
+	// reference has no tag.
+	Name string
+	// Target is the blob Name points at: an index or a manifest.
+	Target ImageBlob
+	// Blobs is every blob of the image for this platform, each once: the
+	// index (if any), the manifest, the config and the layers, in that order.
+	Blobs []ImageBlob
+}
+
+// ImageBlob is one blob of an image, with its OCI or Docker media type.
+type ImageBlob struct {
+	cache.Descriptor
+	MediaType string
+}
+
+// Sources sends each reference to the source registered for its kind.
+type Sources map[Kind]Source
+
+// Resolve resolves ref with the source of its kind.
+func (s Sources) Resolve(ctx context.Context, ref Ref) (*Resolution, error) {
+	src, ok := s[ref.Kind]
+	if !ok {
+		return nil, cache.Permanent(fmt.Errorf("resolving %s: no source for %q references is configured: %w", ref.Redacted(), ref.Kind, errors.ErrUnsupported))
+	}
+	return src.Resolve(ctx, ref)
 }
