@@ -64,14 +64,27 @@ func NewClient(addr string) (*Client, error) {
 	return &Client{base: base, hc: &http.Client{Transport: tr}}, nil
 }
 
-// Fetch submits a fetch of ref and returns the job's first status.
+// Fetch submits a fetch of ref at normal priority and returns the job's
+// first status.
 func (c *Client) Fetch(ctx context.Context, ref string) (prefetch.JobStatus, error) {
-	body, err := json.Marshal(FetchRequest{Ref: ref})
+	return c.Submit(ctx, FetchRequest{Ref: ref})
+}
+
+// Submit submits a fetch and returns the job's first status.
+func (c *Client) Submit(ctx context.Context, req FetchRequest) (prefetch.JobStatus, error) {
+	body, err := json.Marshal(req)
 	if err != nil {
 		return prefetch.JobStatus{}, err
 	}
 	var st prefetch.JobStatus
 	err = c.do(ctx, http.MethodPost, "/v1/fetch", bytes.NewReader(body), &st)
+	return st, err
+}
+
+// Cancel cancels job id and returns its status of the moment.
+func (c *Client) Cancel(ctx context.Context, id string) (prefetch.JobStatus, error) {
+	var st prefetch.JobStatus
+	err := c.do(ctx, http.MethodDelete, "/v1/fetch/"+url.PathEscape(id), nil, &st)
 	return st, err
 }
 

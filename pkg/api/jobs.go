@@ -11,12 +11,19 @@ func QueueJobs(q *prefetch.Queue) Jobs { return queueJobs{q} }
 
 type queueJobs struct{ q *prefetch.Queue }
 
-func (a queueJobs) Submit(ref string) (prefetch.JobStatus, error) {
-	j, err := a.q.Submit(ref)
+func (a queueJobs) Submit(ref string, p prefetch.Priority) (prefetch.JobStatus, error) {
+	j, err := a.q.Submit(ref, p)
 	if err != nil {
 		return prefetch.JobStatus{}, err
 	}
 	return j.Status(), nil
+}
+
+func (a queueJobs) Cancel(id string) (prefetch.JobStatus, bool) {
+	if !a.q.Cancel(id) {
+		return prefetch.JobStatus{}, false
+	}
+	return a.Status(id)
 }
 
 func (a queueJobs) Status(id string) (prefetch.JobStatus, bool) {

@@ -37,9 +37,12 @@ const MaxBodyBytes = 1 << 20
 // Jobs is what the server needs of the prefetch queue. QueueJobs adapts a
 // *prefetch.Queue.
 type Jobs interface {
-	// Submit starts (or joins) a fetch of ref. An error wrapping
-	// cache.ErrInvalid means the reference itself is wrong.
-	Submit(ref string) (prefetch.JobStatus, error)
+	// Submit starts (or joins) a fetch of ref at priority p. An error
+	// wrapping cache.ErrInvalid means the reference itself is wrong.
+	Submit(ref string, p prefetch.Priority) (prefetch.JobStatus, error)
+	// Cancel cancels the job and returns its status, or false for an
+	// unknown id.
+	Cancel(id string) (prefetch.JobStatus, bool)
 	// Status returns the job's current status, or false for an unknown id.
 	Status(id string) (prefetch.JobStatus, bool)
 	// Watch returns a channel of the job's statuses that is closed when the
@@ -73,6 +76,8 @@ type Peer struct {
 // FetchRequest is the body of POST /v1/fetch.
 type FetchRequest struct {
 	Ref string `json:"ref"`
+	// Priority is background, normal (the default) or pod.
+	Priority string `json:"priority,omitempty"`
 }
 
 // errorBody is the body of every error answer.
@@ -158,6 +163,7 @@ func NewServer(jobs Jobs, usage Usage, opts ...Option) (*Server, error) {
 	s.mux.HandleFunc("GET /v1/fetch", s.list)
 	s.mux.HandleFunc("GET /v1/fetch/{id}", s.job)
 	s.mux.HandleFunc("GET /v1/fetch/{id}/watch", s.watch)
+	s.mux.HandleFunc("DELETE /v1/fetch/{id}", s.cancel)
 	s.mux.HandleFunc("GET /v1/status", s.status)
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -200,7 +206,15 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "missing field ref")
 		return
 	}
-	st, err := s.jobs.Submit(req.Ref)
+	p := prefetch.PriorityNormal
+	if req.Priority != "" {
+		var err error
+		if p, err = prefetch.ParsePriority(req.Priority); err != nil {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+	}
+	st, err := s.jobs.Submit(req.Ref, p)
 	switch {
 	case errors.Is(err, cache.ErrInvalid):
 		writeError(w, http.StatusBadRequest, err.Error())
@@ -224,6 +238,18 @@ func (s *Server) job(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no job %q", r.PathValue("id")))
 		return
 	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+// cancel cancels a job and answers with its status of the moment: a queued
+// job is failed at once, a running one soon.
+func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
+	st, ok := s.jobs.Cancel(r.PathValue("id"))
+	if !ok {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no job %q", r.PathValue("id")))
+		return
+	}
+	s.log.Info("fetch cancelled", "ref", st.Ref, "job", st.ID)
 	writeJSON(w, http.StatusOK, st)
 }
 

@@ -32,7 +32,7 @@ func newFakeJobs() *fakeJobs {
 	return &fakeJobs{status: make(map[string]prefetch.JobStatus), watchEnded: make(chan struct{}, 8)}
 }
 
-func (f *fakeJobs) Submit(ref string) (prefetch.JobStatus, error) {
+func (f *fakeJobs) Submit(ref string, p prefetch.Priority) (prefetch.JobStatus, error) {
 	r, err := prefetch.ParseRef(ref)
 	if err != nil {
 		return prefetch.JobStatus{}, err
@@ -40,11 +40,22 @@ func (f *fakeJobs) Submit(ref string) (prefetch.JobStatus, error) {
 	if strings.Contains(ref, "stopped") {
 		return prefetch.JobStatus{}, prefetch.ErrQueueStopped
 	}
-	st := prefetch.JobStatus{ID: "j1", Ref: r.Redacted(), State: prefetch.StateQueued, Created: time.Now()}
+	st := prefetch.JobStatus{ID: "j1", Ref: r.Redacted(), State: prefetch.StateQueued, Priority: p, Created: time.Now()}
 	f.mu.Lock()
 	f.status[st.ID] = st
 	f.mu.Unlock()
 	return st, nil
+}
+
+func (f *fakeJobs) Cancel(id string) (prefetch.JobStatus, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st, ok := f.status[id]
+	if ok && !st.State.Finished() {
+		st.State, st.Error = prefetch.StateFailed, prefetch.ErrCanceled.Error()
+		f.status[id] = st
+	}
+	return st, ok
 }
 
 func (f *fakeJobs) Status(id string) (prefetch.JobStatus, bool) {
@@ -131,7 +142,10 @@ func TestSubmit(t *testing.T) {
 		{"missing ref", `{}`, http.StatusBadRequest, "missing field ref"},
 		{"bad json", `{"ref":`, http.StatusBadRequest, "decoding request body"},
 		{"not an object", `["x"]`, http.StatusBadRequest, "decoding request body"},
-		{"unknown field", `{"ref":"https://example.com/m.json","priority":1}`, http.StatusBadRequest, "unknown field"},
+		{"unknown field", `{"ref":"https://example.com/m.json","prio":"pod"}`, http.StatusBadRequest, "unknown field"},
+		{"priority", `{"ref":"https://example.com/m.json","priority":"pod"}`, http.StatusAccepted, ""},
+		{"bad priority", `{"ref":"https://example.com/m.json","priority":"urgent"}`, http.StatusBadRequest, "want background, normal or pod"},
+		{"priority not a string", `{"ref":"https://example.com/m.json","priority":1}`, http.StatusBadRequest, "decoding request body"},
 		{"trailing data", `{"ref":"https://example.com/m.json"} {}`, http.StatusBadRequest, "data after"},
 		{"huge body", `{"ref":"https://example.com/` + strings.Repeat("a", MaxBodyBytes) + `"}`, http.StatusRequestEntityTooLarge, "over 1048576 bytes"},
 		{"queue stopped", `{"ref":"https://example.com/stopped.json"}`, http.StatusServiceUnavailable, "stopped"},
@@ -176,6 +190,18 @@ func TestClientErrors(t *testing.T) {
 	_, err = c.Watch(ctx, "nope", nil)
 	if !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Watch(unknown) = %v, want ErrNotFound", err)
+	}
+	_, err = c.Cancel(ctx, "nope")
+	if !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Cancel(unknown) = %v, want ErrNotFound", err)
+	}
+	st, err := c.Submit(ctx, FetchRequest{Ref: "https://example.com/m.json", Priority: "pod"})
+	if err != nil || st.Priority != prefetch.PriorityPod {
+		t.Fatalf("Submit at pod priority = %+v, %v", st, err)
+	}
+	st, err = c.Cancel(ctx, st.ID)
+	if err != nil || st.State != prefetch.StateFailed || st.Error != prefetch.ErrCanceled.Error() {
+		t.Fatalf("Cancel = %+v, %v, want the job failed as cancelled", st, err)
 	}
 	err = c.do(ctx, http.MethodGet, "/v2/nothing", nil, nil)
 	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "GET /v2/nothing: not found") {

@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
-
-	"github.com/weightd/weightd/pkg/cache"
 )
 
 // JobState is where a job is in its life.
@@ -18,6 +16,7 @@ const (
 	StateQueued    JobState = "queued"
 	StateResolving JobState = "resolving"
 	StateFetching  JobState = "fetching"
+	StateImporting JobState = "importing" // an image, into the container runtime
 	StateReady     JobState = "ready"
 	StateFailed    JobState = "failed"
 )
@@ -27,9 +26,10 @@ func (s JobState) Finished() bool { return s == StateReady || s == StateFailed }
 
 // JobStatus is a snapshot of a job, as served by the local API.
 type JobStatus struct {
-	ID    string   `json:"id"`
-	Ref   string   `json:"ref"` // canonical, with any query redacted
-	State JobState `json:"state"`
+	ID       string   `json:"id"`
+	Ref      string   `json:"ref"` // canonical, with any query redacted
+	State    JobState `json:"state"`
+	Priority Priority `json:"priority"`
 	// Model and Revision are known once the reference is resolved.
 	Model    string `json:"model,omitempty"`
 	Revision string `json:"revision,omitempty"`
@@ -59,6 +59,10 @@ type Job struct {
 	blobs    map[digest.Digest]*blobProgress
 	watchers map[chan JobStatus]func() bool // → stop of the context.AfterFunc
 	done     chan struct{}
+	// stop cancels the running job; canceled records a Cancel that came
+	// before the job started.
+	stop     func()
+	canceled bool
 }
 
 type blobProgress struct {
@@ -66,11 +70,11 @@ type blobProgress struct {
 	files int // files of the model that are this blob
 }
 
-func newJob(id string, ref Ref, now time.Time) *Job {
+func newJob(id string, ref Ref, p Priority, now time.Time) *Job {
 	return &Job{
 		id:       id,
 		ref:      ref,
-		st:       JobStatus{ID: id, Ref: ref.Redacted(), State: StateQueued, Created: now},
+		st:       JobStatus{ID: id, Ref: ref.Redacted(), State: StateQueued, Priority: p, Created: now},
 		watchers: make(map[chan JobStatus]func() bool),
 		done:     make(chan struct{}),
 	}
@@ -164,21 +168,47 @@ func (j *Job) setState(s JobState, now time.Time) {
 	j.notify()
 }
 
-// plan records what the job will fetch and moves it to fetching.
-func (j *Job) plan(m cache.Model) {
+// raise lifts a queued job's priority to p; it reports whether it did.
+func (j *Job) raise(p Priority) bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	j.blobs = make(map[digest.Digest]*blobProgress, len(m.Files))
-	j.st.Model, j.st.Revision = m.Name, m.Revision
-	j.st.FilesTotal = len(m.Files)
-	for _, f := range m.Files {
-		b, ok := j.blobs[f.Digest]
-		if !ok {
-			b = &blobProgress{}
-			j.blobs[f.Digest] = b
-			j.st.BytesTotal += f.Size
-		}
-		b.files++
+	if p <= j.st.Priority {
+		return false
+	}
+	j.st.Priority = p
+	j.notify()
+	return true
+}
+
+// start records how to cancel the job now that it runs. It returns false if
+// the job was cancelled before it started.
+func (j *Job) start(stop func()) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.stop = stop
+	return !j.canceled
+}
+
+// cancel cancels the running job, or makes start fail if it has not started.
+func (j *Job) cancel() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.canceled = true
+	if j.stop != nil {
+		j.stop()
+	}
+}
+
+// plan records what the job will fetch and moves it to fetching.
+func (j *Job) plan(name, revision string, blobs []fetchBlob) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.blobs = make(map[digest.Digest]*blobProgress, len(blobs))
+	j.st.Model, j.st.Revision = name, revision
+	for _, b := range blobs {
+		j.blobs[b.Digest] = &blobProgress{files: b.files}
+		j.st.BytesTotal += b.Size
+		j.st.FilesTotal += b.files
 	}
 	j.st.State = StateFetching
 	j.notify()

@@ -7,8 +7,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	mathrand "math/rand/v2"
+	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -29,11 +33,65 @@ type Store interface {
 	// Hold keeps a blob from eviction, present or not yet, until released:
 	// a model's first files must survive while its last ones download.
 	Hold(d digest.Digest) (release func())
+	// Open opens a complete blob: a packed layer to unpack.
+	Open(d digest.Digest) (*os.File, error)
+	// Put stores content whose digest is known only once it is read: the
+	// files unpacked from a packed layer.
+	Put(ctx context.Context, r io.Reader) (cache.Info, error)
 }
 
-// ErrQueueStopped is returned by Submit once the queue's Run has returned,
-// and is the error of jobs still queued then.
-var ErrQueueStopped = errors.New("prefetch queue stopped")
+// Importer puts an image whose blobs are all in the store where the
+// container runtime finds it (pkg/containerd implements it). Errors not
+// wrapped with cache.Permanent are retried.
+type Importer interface {
+	Import(ctx context.Context, img *Image) error
+}
+
+// Errors of jobs that did not run to their end.
+var (
+	// ErrQueueStopped is returned by Submit once the queue's Run has
+	// returned, and is the error of jobs still queued then.
+	ErrQueueStopped = errors.New("prefetch queue stopped")
+	// ErrCanceled is the error of a job cancelled with Queue.Cancel.
+	ErrCanceled = errors.New("prefetch job canceled")
+)
+
+// Priority orders queued jobs: a higher priority runs first, equal ones in
+// the order they were submitted.
+type Priority int
+
+// Priorities, lowest first.
+const (
+	// PriorityBackground is for what policies keep warm.
+	PriorityBackground Priority = -1
+	// PriorityNormal is for a person's or a script's request.
+	PriorityNormal Priority = 0
+	// PriorityPod is for a pod waiting now.
+	PriorityPod Priority = 1
+)
+
+// String names the priority.
+func (p Priority) String() string {
+	switch p {
+	case PriorityBackground:
+		return "background"
+	case PriorityNormal:
+		return "normal"
+	case PriorityPod:
+		return "pod"
+	}
+	return strconv.Itoa(int(p))
+}
+
+// ParsePriority parses a priority name: background, normal or pod.
+func ParsePriority(s string) (Priority, error) {
+	for _, p := range []Priority{PriorityBackground, PriorityNormal, PriorityPod} {
+		if s == p.String() {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: priority %q: want background, normal or pod", cache.ErrInvalid, truncate(s))
+}
 
 // Queue defaults.
 const (
@@ -52,6 +110,7 @@ type queueConfig struct {
 	history         int
 	resolveAttempts int
 	resolveBackoff  time.Duration
+	importer        Importer
 	logger          *slog.Logger
 	registerer      prometheus.Registerer
 }
@@ -86,11 +145,13 @@ func WithHistory(n int) QueueOption {
 	}
 }
 
-// WithResolveRetries sets how many times resolving a reference is attempted
-// (default 3) and the pause before the first retry (default 1s), doubled for
-// each further one. Permanent errors are not retried; blob downloads are
-// retried by the cache, not here. attempts < 1 or backoff < 0 keep the
-// defaults.
+// WithResolveRetries sets how many times resolving a reference (and
+// importing an image) is attempted (default 3) and the pause before the
+// first retry (default 1s), doubled for each further one, with jitter: each
+// pause is drawn between half and all of it, so that nodes that failed
+// together do not retry together. Permanent errors are not retried; blob
+// downloads are retried by the cache, not here. attempts < 1 or backoff < 0
+// keep the defaults.
 func WithResolveRetries(attempts int, backoff time.Duration) QueueOption {
 	return func(c *queueConfig) {
 		if attempts >= 1 {
@@ -100,6 +161,13 @@ func WithResolveRetries(attempts int, backoff time.Duration) QueueOption {
 			c.resolveBackoff = backoff
 		}
 	}
+}
+
+// WithImporter sets where images go once their blobs are in the store
+// (default: nowhere; an image job ends ready with its blobs in the cache,
+// where the registry mirror serves them).
+func WithImporter(i Importer) QueueOption {
+	return func(c *queueConfig) { c.importer = i }
 }
 
 // WithLogger sets the logger (default: discard).
@@ -129,7 +197,7 @@ type Queue struct {
 	mu       sync.Mutex
 	running  bool
 	stopped  bool
-	pending  []*Job          // FIFO
+	pending  []*Job          // by priority, then FIFO
 	active   map[string]*Job // canonical ref → unfinished job
 	jobs     map[string]*Job // ID → unfinished or remembered job
 	finished []*Job          // remembered finished jobs, oldest first
@@ -207,11 +275,12 @@ func (q *Queue) Run(ctx context.Context) error {
 	return nil
 }
 
-// Submit parses ref and queues a job for it, or returns the unfinished job
-// already queued or running for the same canonical reference. A reference
-// that does not parse is an error at once. A finished job is never returned:
-// submitting again after a failure starts a new job.
-func (q *Queue) Submit(ref string) (*Job, error) {
+// Submit parses ref and queues a job for it at priority p, or returns the
+// unfinished job already queued or running for the same canonical reference
+// (raising its priority to p if it is still queued at a lower one). A
+// reference that does not parse is an error at once. A finished job is never
+// returned: submitting again after a failure starts a new job.
+func (q *Queue) Submit(ref string, p Priority) (*Job, error) {
 	r, err := ParseRef(ref)
 	if err != nil {
 		return nil, err
@@ -223,19 +292,59 @@ func (q *Queue) Submit(ref string) (*Job, error) {
 		return nil, ErrQueueStopped
 	}
 	if j, ok := q.active[key]; ok {
+		if i := slices.Index(q.pending, j); i >= 0 && j.raise(p) {
+			q.pending = slices.Delete(q.pending, i, i+1)
+			q.enqueue(j)
+		}
 		return j, nil
 	}
-	j := newJob(newID(), r, time.Now())
+	j := newJob(newID(), r, p, time.Now())
 	q.active[key] = j
 	q.jobs[j.id] = j
-	q.pending = append(q.pending, j)
+	q.enqueue(j)
 	q.metrics.depth.Set(float64(len(q.pending)))
 	select {
 	case q.wake <- struct{}{}:
 	default:
 	}
-	q.cfg.logger.Info("prefetch job queued", "job", j.id, "ref", r.Redacted())
+	q.cfg.logger.Info("prefetch job queued", "job", j.id, "ref", r.Redacted(), "priority", p)
 	return j, nil
+}
+
+// enqueue inserts j after every pending job of its priority or higher.
+// q.mu is held.
+func (q *Queue) enqueue(j *Job) {
+	p := j.Status().Priority
+	i := len(q.pending)
+	for i > 0 && q.pending[i-1].Status().Priority < p {
+		i--
+	}
+	q.pending = slices.Insert(q.pending, i, j)
+}
+
+// Cancel stops the job with the given ID: a queued job fails at once with
+// ErrCanceled, a running one as soon as its downloads notice (what they
+// verified stays in the cache for a later request). Cancelling a finished
+// job changes nothing. It reports whether the queue knows the job.
+func (q *Queue) Cancel(id string) bool {
+	q.mu.Lock()
+	j, ok := q.jobs[id]
+	if !ok {
+		q.mu.Unlock()
+		return false
+	}
+	i := slices.Index(q.pending, j)
+	if i >= 0 {
+		q.pending = slices.Delete(q.pending, i, i+1)
+		q.metrics.depth.Set(float64(len(q.pending)))
+	}
+	q.mu.Unlock()
+	if i >= 0 {
+		q.finish(j, "", ErrCanceled)
+		return true
+	}
+	j.cancel()
+	return true
 }
 
 // Job returns the job with the given ID, if it is unfinished or among the
@@ -272,7 +381,17 @@ func (q *Queue) work(ctx context.Context) {
 		if j == nil {
 			return
 		}
-		dir, err := q.run(ctx, j)
+		jctx, cancel := context.WithCancelCause(ctx)
+		if !j.start(func() { cancel(ErrCanceled) }) {
+			cancel(nil)
+			q.finish(j, "", ErrCanceled) // cancelled while being taken
+			continue
+		}
+		dir, err := q.run(jctx, j)
+		if context.Cause(jctx) == ErrCanceled {
+			err = ErrCanceled
+		}
+		cancel(nil)
 		q.finish(j, dir, err)
 	}
 }
@@ -286,8 +405,7 @@ func (q *Queue) next(ctx context.Context) *Job {
 		q.mu.Lock()
 		if len(q.pending) > 0 {
 			j := q.pending[0]
-			q.pending[0] = nil
-			q.pending = q.pending[1:]
+			q.pending = slices.Delete(q.pending, 0, 1)
 			q.metrics.depth.Set(float64(len(q.pending)))
 			if len(q.pending) > 0 {
 				select { // pass the wake-up on to another worker
@@ -312,34 +430,15 @@ func (q *Queue) run(ctx context.Context, j *Job) (string, error) {
 	j.setState(StateResolving, time.Now())
 	q.cfg.logger.Info("prefetch job started", "job", j.id, "ref", j.ref.Redacted())
 
-	res, err := q.resolve(ctx, j.ref)
+	res, err := retry(ctx, q, "resolving", j.ref, func() (*Resolution, error) { return q.src.Resolve(ctx, j.ref) })
 	if err != nil {
 		return "", err
 	}
-	if err := res.Model.Validate(); err != nil {
+	blobs, err := fetchList(res)
+	if err != nil {
 		return "", fmt.Errorf("resolving %s: %w", j.ref.Redacted(), err)
 	}
-	// One fetch per distinct blob, largest first, named by its first file.
-	type blob struct {
-		cache.Descriptor
-		path string
-		src  cache.RangeOpener
-	}
-	var blobs []blob
-	seen := make(map[digest.Digest]bool, len(res.Model.Files))
-	for _, f := range res.Model.Files {
-		if seen[f.Digest] {
-			continue
-		}
-		seen[f.Digest] = true
-		src := res.Blobs[f.Digest]
-		if src == nil {
-			return "", fmt.Errorf("resolving %s: no source for file %q (%s)", j.ref.Redacted(), f.Path, f.Digest)
-		}
-		blobs = append(blobs, blob{f.Descriptor, f.Path, src})
-	}
-	slices.SortStableFunc(blobs, func(a, b blob) int { return cmp.Compare(b.Size, a.Size) })
-	j.plan(res.Model)
+	j.plan(res.Model.Name, res.Model.Revision, blobs)
 	for _, b := range blobs {
 		defer q.store.Hold(b.Digest)()
 	}
@@ -359,30 +458,140 @@ func (q *Queue) run(ctx context.Context, j *Job) (string, error) {
 	if err := g.Wait(); err != nil {
 		return "", err
 	}
-	dir, err := q.store.Materialize(res.Model)
+	if res.Image != nil {
+		return "", q.importImage(ctx, j, res.Image)
+	}
+	m := res.Model
+	for _, l := range res.Packed {
+		files, err := q.unpack(ctx, l)
+		if err != nil {
+			return "", fmt.Errorf("unpacking layer %s of %s: %w", l.Digest, j.ref.Redacted(), err)
+		}
+		for _, f := range files {
+			defer q.store.Hold(f.Digest)()
+		}
+		m.Files = append(slices.Clip(m.Files), files...)
+	}
+	dir, err := q.store.Materialize(m)
 	if err != nil {
-		return "", fmt.Errorf("materialising %s@%s: %w", res.Model.Name, res.Model.Revision, err)
+		return "", fmt.Errorf("materialising %s@%s: %w", m.Name, m.Revision, err)
 	}
 	return dir, nil
 }
 
-// resolve asks the source, retrying errors that are not permanent.
-func (q *Queue) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
-	backoff := q.cfg.resolveBackoff
-	for attempt := 1; ; attempt++ {
-		res, err := q.src.Resolve(ctx, ref)
-		if err == nil {
-			return res, nil
-		}
-		if attempt >= q.cfg.resolveAttempts || errors.Is(err, cache.ErrPermanent) || ctx.Err() != nil {
+// fetchBlob is one blob a job fetches, named by its first file or layer.
+type fetchBlob struct {
+	cache.Descriptor
+	path  string
+	files int // files of the model that are this blob
+	src   cache.RangeOpener
+}
+
+// fetchList checks a resolution and lists the distinct blobs to fetch,
+// largest first: the model's files, its packed layers, the image's blobs.
+func fetchList(res *Resolution) ([]fetchBlob, error) {
+	if res.Image == nil || len(res.Model.Files) > 0 {
+		if err := res.Model.Validate(); err != nil {
 			return nil, err
 		}
-		q.cfg.logger.Warn("resolving failed, retrying", "ref", ref.Redacted(), "attempt", attempt, "in", backoff, "err", err)
-		t := time.NewTimer(backoff)
+	}
+	var blobs []fetchBlob
+	index := make(map[digest.Digest]int)
+	add := func(desc cache.Descriptor, path string, file bool) error {
+		if err := desc.Validate(); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		i, seen := index[desc.Digest]
+		if !seen {
+			src := res.Blobs[desc.Digest]
+			if src == nil {
+				return fmt.Errorf("no source for %s (%s)", path, desc.Digest)
+			}
+			i = len(blobs)
+			index[desc.Digest] = i
+			blobs = append(blobs, fetchBlob{Descriptor: desc, path: path, src: src})
+		} else if blobs[i].Size != desc.Size {
+			return fmt.Errorf("%s: %s listed with sizes %d and %d", path, desc.Digest, blobs[i].Size, desc.Size)
+		}
+		if file {
+			blobs[i].files++
+		}
+		return nil
+	}
+	for _, f := range res.Model.Files {
+		if err := add(f.Descriptor, f.Path, true); err != nil {
+			return nil, err
+		}
+	}
+	for _, l := range res.Packed {
+		if err := add(l.Descriptor, "layer "+l.Digest.String(), false); err != nil {
+			return nil, err
+		}
+	}
+	if img := res.Image; img != nil {
+		if !slices.ContainsFunc(img.Blobs, func(b ImageBlob) bool { return b.Digest == img.Target.Digest }) {
+			return nil, fmt.Errorf("image %s: target %s is not among its blobs", img.Name, img.Target.Digest)
+		}
+		for _, b := range img.Blobs {
+			if err := add(b.Descriptor, b.MediaType+" "+b.Digest.String(), false); err != nil {
+				return nil, err
+			}
+		}
+	}
+	slices.SortStableFunc(blobs, func(a, b fetchBlob) int { return cmp.Compare(b.Size, a.Size) })
+	return blobs, nil
+}
+
+// unpack stores the files of a fetched packed layer in the store.
+func (q *Queue) unpack(ctx context.Context, l PackedLayer) ([]cache.File, error) {
+	f, err := q.store.Open(l.Digest)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return Unpack(ctx, f, l, func(path string, r io.Reader) (cache.Descriptor, error) {
+		info, err := q.store.Put(ctx, r)
+		if err != nil {
+			return cache.Descriptor{}, fmt.Errorf("storing %s: %w", path, err)
+		}
+		return info.Descriptor, nil
+	})
+}
+
+// importImage hands an image whose blobs are all present to the importer,
+// retrying errors that are not permanent.
+func (q *Queue) importImage(ctx context.Context, j *Job, img *Image) error {
+	if q.cfg.importer == nil {
+		q.cfg.logger.Info("image fetched into the cache; no container runtime to import it into is configured", "job", j.id, "image", img.Name)
+		return nil
+	}
+	j.setState(StateImporting, time.Now())
+	_, err := retry(ctx, q, "importing", j.ref, func() (struct{}, error) {
+		return struct{}{}, q.cfg.importer.Import(ctx, img)
+	})
+	return err
+}
+
+// retry calls fn until it succeeds, fails permanently, ctx ends or the
+// attempts run out, pausing with exponential backoff and jitter between
+// attempts.
+func retry[T any](ctx context.Context, q *Queue, what string, ref Ref, fn func() (T, error)) (T, error) {
+	backoff := q.cfg.resolveBackoff
+	for attempt := 1; ; attempt++ {
+		v, err := fn()
+		if err == nil {
+			return v, nil
+		}
+		if attempt >= q.cfg.resolveAttempts || errors.Is(err, cache.ErrPermanent) || ctx.Err() != nil {
+			return v, err
+		}
+		pause := backoff/2 + mathrand.N(backoff/2+1)
+		q.cfg.logger.Warn(what+" failed, retrying", "ref", ref.Redacted(), "attempt", attempt, "in", pause, "err", err)
+		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, err
+			return v, err
 		case <-t.C:
 		}
 		backoff *= 2
@@ -406,12 +615,9 @@ func (q *Queue) finish(j *Job, dir string, err error) {
 	q.mu.Unlock()
 
 	// Metrics first: whoever sees the job done sees it counted.
-	now, outcome := time.Now(), string(StateReady)
-	if err != nil {
-		outcome = string(StateFailed)
-	}
-	q.metrics.jobs.WithLabelValues(outcome).Inc()
-	q.metrics.seconds.WithLabelValues(outcome).Observe(now.Sub(j.Status().Created).Seconds())
+	now, outcome := time.Now(), outcomeOf(err)
+	q.metrics.jobs.WithLabelValues(string(j.ref.Kind), outcome).Inc()
+	q.metrics.seconds.WithLabelValues(string(j.ref.Kind), outcome).Observe(now.Sub(j.Status().Created).Seconds())
 	st := j.finish(dir, err, now)
 	if err != nil {
 		q.cfg.logger.Warn("prefetch job failed", "job", j.id, "ref", st.Ref, "err", err)
@@ -427,6 +633,17 @@ func newID() string {
 	return hex.EncodeToString(b[:])
 }
 
+// outcomeOf is a finished job's outcome label: ready, failed or canceled.
+func outcomeOf(err error) string {
+	switch {
+	case err == nil:
+		return string(StateReady)
+	case errors.Is(err, ErrCanceled):
+		return "canceled"
+	}
+	return string(StateFailed)
+}
+
 // queueMetrics are the queue's Prometheus collectors.
 type queueMetrics struct {
 	jobs    *prometheus.CounterVec
@@ -438,20 +655,22 @@ func newQueueMetrics() queueMetrics {
 	m := queueMetrics{
 		jobs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weightd_prefetch_jobs_total",
-			Help: "Prefetch jobs finished, by outcome (ready or failed).",
-		}, []string{"outcome"}),
+			Help: "Prefetch jobs finished, by source kind (http, oci, hf) and outcome (ready, failed, canceled).",
+		}, []string{"kind", "outcome"}),
 		depth: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "weightd_prefetch_queue_depth",
 			Help: "Prefetch jobs waiting for a worker.",
 		}),
 		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "weightd_prefetch_job_seconds",
-			Help:    "Time from submitting a prefetch job to its end (queueing included), by outcome.",
+			Help:    "Time from submitting a prefetch job to its end (queueing included), by source kind and outcome.",
 			Buckets: prometheus.ExponentialBuckets(0.25, 2, 16), // 0.25 s … ~2.3 h
-		}, []string{"outcome"}),
+		}, []string{"kind", "outcome"}),
 	}
-	for _, o := range []JobState{StateReady, StateFailed} {
-		m.jobs.WithLabelValues(string(o))
+	for _, k := range []Kind{KindHTTP, KindOCI, KindHF} {
+		for _, o := range []string{string(StateReady), string(StateFailed), "canceled"} {
+			m.jobs.WithLabelValues(string(k), o)
+		}
 	}
 	return m
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -97,9 +98,9 @@ func TestQueueFetchesModel(t *testing.T) {
 		prefetch.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	ref := srv.URL() + "/" + origin.ManifestName
 
-	j, err := q.Submit(ref)
+	j, err := q.Submit(ref, prefetch.PriorityNormal)
 	require.NoError(t, err)
-	again, err := q.Submit(ref)
+	again, err := q.Submit(ref, prefetch.PriorityNormal)
 	require.NoError(t, err)
 	assert.Same(t, j, again, "same reference while unfinished: same job")
 	assert.Equal(t, prefetch.StateQueued, j.Status().State)
@@ -125,7 +126,7 @@ func TestQueueFetchesModel(t *testing.T) {
 	assert.Less(t, egress, m.TotalBytes()+(64<<10), "each byte fetched about once")
 
 	// Finished jobs are not deduplicated: a new job, served from the cache.
-	j2, err := q.Submit(ref)
+	j2, err := q.Submit(ref, prefetch.PriorityNormal)
 	require.NoError(t, err)
 	assert.NotEqual(t, j.ID(), j2.ID())
 	st2, err := wait(t, j2)
@@ -156,6 +157,8 @@ func mustRead(t *testing.T, name string) []byte {
 
 // metricValue reads a counter or gauge from reg: name, with the label
 // outcome=outcome unless outcome is empty.
+// metricValue is the value of the counter or gauge name with the label
+// outcome (any other labels: kind=http), or without labels for outcome "".
 func metricValue(t *testing.T, reg *prometheus.Registry, name, outcome string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -165,7 +168,7 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name, outcome string) f
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			if outcome != "" && (len(m.GetLabel()) != 1 || m.GetLabel()[0].GetValue() != outcome) {
+			if outcome != "" && !hasLabels(m.GetLabel(), map[string]string{"kind": "http", "outcome": outcome}) {
 				continue
 			}
 			if c := m.GetCounter(); c != nil {
@@ -184,7 +187,7 @@ func TestQueueSingleFile(t *testing.T) {
 	q := prefetch.NewQueue(openStore(t), prefetch.NewHTTPSource(nil))
 	runQueue(t, q)
 	f := m.Files[0]
-	j, err := q.Submit(srv.URL() + "/" + f.Path + "#" + f.Digest().String())
+	j, err := q.Submit(srv.URL()+"/"+f.Path+"#"+f.Digest().String(), prefetch.PriorityNormal)
 	require.NoError(t, err)
 	st, err := wait(t, j)
 	require.NoError(t, err)
@@ -201,7 +204,7 @@ func TestQueueSurvivesFaultyOrigin(t *testing.T) {
 	)
 	q := prefetch.NewQueue(openStore(t), prefetch.NewHTTPSource(nil))
 	runQueue(t, q)
-	j, err := q.Submit(srv.URL() + "/" + origin.ManifestName)
+	j, err := q.Submit(srv.URL()+"/"+origin.ManifestName, prefetch.PriorityNormal)
 	require.NoError(t, err)
 	st, err := wait(t, j)
 	require.NoError(t, err, "the cache retries and resumes")
@@ -217,7 +220,7 @@ func TestQueueCorruptOriginFailsThenRecovers(t *testing.T) {
 	runQueue(t, q)
 	ref := srv.URL() + "/" + origin.ManifestName
 
-	j, err := q.Submit(ref)
+	j, err := q.Submit(ref, prefetch.PriorityNormal)
 	require.NoError(t, err)
 	st, err := wait(t, j)
 	require.ErrorIs(t, err, cache.ErrDigestMismatch)
@@ -225,7 +228,7 @@ func TestQueueCorruptOriginFailsThenRecovers(t *testing.T) {
 	assert.Contains(t, st.Error, "model.safetensors")
 	assert.Empty(t, st.Dir)
 
-	j2, err := q.Submit(ref)
+	j2, err := q.Submit(ref, prefetch.PriorityNormal)
 	require.NoError(t, err)
 	assert.NotEqual(t, j.ID(), j2.ID(), "a failed job can be resubmitted")
 	st, err = wait(t, j2)
@@ -239,7 +242,7 @@ func TestQueuePermanentErrorNotRetried(t *testing.T) {
 	srv, _ := startOrigin(t, origin.Spec{Name: "org/x", Files: 1, TotalBytes: 10})
 	q := prefetch.NewQueue(openStore(t), prefetch.NewHTTPSource(nil), prefetch.WithResolveRetries(5, time.Hour))
 	runQueue(t, q)
-	j, err := q.Submit(srv.URL() + "/missing/model.json")
+	j, err := q.Submit(srv.URL()+"/missing/model.json", prefetch.PriorityNormal)
 	require.NoError(t, err)
 	st, err := wait(t, j)
 	require.ErrorIs(t, err, cache.ErrPermanent)
@@ -250,7 +253,7 @@ func TestQueuePermanentErrorNotRetried(t *testing.T) {
 func TestQueueSubmitInvalid(t *testing.T) {
 	t.Parallel()
 	q := prefetch.NewQueue(&fakeStore{}, &fakeSource{})
-	_, err := q.Submit("https://user:pw@example.com/model.json")
+	_, err := q.Submit("https://user:pw@example.com/model.json", prefetch.PriorityNormal)
 	assert.ErrorIs(t, err, cache.ErrInvalid)
 	assert.Empty(t, q.Jobs())
 }
@@ -300,6 +303,14 @@ type fakeStore struct {
 	mu      sync.Mutex
 	fetched []cache.Descriptor
 	held    map[digest.Digest]int
+}
+
+func (s *fakeStore) Open(d digest.Digest) (*os.File, error) {
+	return nil, fmt.Errorf("open %s: %w", d, cache.ErrNotFound)
+}
+
+func (s *fakeStore) Put(context.Context, io.Reader) (cache.Info, error) {
+	return cache.Info{}, errors.New("fakeStore: Put is not supported")
 }
 
 func (s *fakeStore) Hold(d digest.Digest) func() {
@@ -375,7 +386,7 @@ func TestQueueFileConcurrencyAndOrder(t *testing.T) {
 	src := &fakeSource{models: map[string]cache.Model{"m": model("m", 10, 50, 30, 70, 20, 60, 40)}}
 	q := prefetch.NewQueue(store, src, prefetch.WithFileConcurrency(3))
 	runQueue(t, q)
-	j, err := q.Submit(refFor("m"))
+	j, err := q.Submit(refFor("m"), prefetch.PriorityNormal)
 	require.NoError(t, err)
 
 	require.Eventually(t, func() bool { return store.inFlight.Load() == 3 }, 5*time.Second, time.Millisecond)
@@ -405,7 +416,7 @@ func TestQueueLargestFirst(t *testing.T) {
 	src := &fakeSource{models: map[string]cache.Model{"m": model("m", 10, 50, 30, 70, 20, 60, 40)}}
 	q := prefetch.NewQueue(store, src, prefetch.WithFileConcurrency(1))
 	runQueue(t, q)
-	j, err := q.Submit(refFor("m"))
+	j, err := q.Submit(refFor("m"), prefetch.PriorityNormal)
 	require.NoError(t, err)
 	_, err = wait(t, j)
 	require.NoError(t, err)
@@ -425,7 +436,7 @@ func TestQueueSharedBlobFetchedOnce(t *testing.T) {
 	src := &fakeSource{models: map[string]cache.Model{"m": model("m", 10, 20, 10, 10)}}
 	q := prefetch.NewQueue(store, src)
 	runQueue(t, q)
-	j, err := q.Submit(refFor("m"))
+	j, err := q.Submit(refFor("m"), prefetch.PriorityNormal)
 	require.NoError(t, err)
 	st, err := wait(t, j)
 	require.NoError(t, err)
@@ -446,7 +457,7 @@ func TestQueueJobConcurrency(t *testing.T) {
 	for i := range 5 {
 		name := fmt.Sprintf("m%d", i)
 		src.models[name] = model(name, 10)
-		j, err := q.Submit(refFor(name))
+		j, err := q.Submit(refFor(name), prefetch.PriorityNormal)
 		require.NoError(t, err)
 		jobs = append(jobs, j)
 	}
@@ -491,7 +502,7 @@ func TestQueueResolveRetries(t *testing.T) {
 			src := &fakeSource{models: map[string]cache.Model{"m": model("m", 10)}, errs: tt.errs}
 			q := prefetch.NewQueue(&fakeStore{}, src, prefetch.WithResolveRetries(tt.attempts, time.Millisecond))
 			runQueue(t, q)
-			j, err := q.Submit(refFor("m"))
+			j, err := q.Submit(refFor("m"), prefetch.PriorityNormal)
 			require.NoError(t, err)
 			st, err := wait(t, j)
 			assert.Equal(t, tt.ok, err == nil, "%v", err)
@@ -510,7 +521,7 @@ func TestQueueFetchFailure(t *testing.T) {
 	store := &fakeStore{fail: map[digest.Digest]error{m.Files[1].Digest: boom}}
 	q := prefetch.NewQueue(store, &fakeSource{models: map[string]cache.Model{"m": m}})
 	runQueue(t, q)
-	j, err := q.Submit(refFor("m"))
+	j, err := q.Submit(refFor("m"), prefetch.PriorityNormal)
 	require.NoError(t, err)
 	st, err := wait(t, j)
 	require.ErrorIs(t, err, boom)
@@ -522,7 +533,7 @@ func TestQueueWatch(t *testing.T) {
 	t.Parallel()
 	store := &fakeStore{gate: make(chan struct{})}
 	q := prefetch.NewQueue(store, &fakeSource{models: map[string]cache.Model{"m": model("m", 10, 20, 30)}})
-	j, err := q.Submit(refFor("m"))
+	j, err := q.Submit(refFor("m"), prefetch.PriorityNormal)
 	require.NoError(t, err)
 
 	fast := j.Watch(t.Context())
@@ -580,9 +591,9 @@ func TestQueueStop(t *testing.T) {
 	store := &fakeStore{gate: make(chan struct{})}
 	src := &fakeSource{models: map[string]cache.Model{"a": model("a", 1), "b": model("b", 1)}}
 	q := prefetch.NewQueue(store, src, prefetch.WithJobConcurrency(1))
-	running, err := q.Submit(refFor("a"))
+	running, err := q.Submit(refFor("a"), prefetch.PriorityNormal)
 	require.NoError(t, err)
-	queued, err := q.Submit(refFor("b"))
+	queued, err := q.Submit(refFor("b"), prefetch.PriorityNormal)
 	require.NoError(t, err)
 
 	ctx, cancel := context.WithCancel(t.Context())
@@ -598,7 +609,7 @@ func TestQueueStop(t *testing.T) {
 	assert.ErrorIs(t, err, prefetch.ErrQueueStopped)
 	assert.True(t, st.Started.IsZero(), "never started")
 
-	_, err = q.Submit(refFor("a"))
+	_, err = q.Submit(refFor("a"), prefetch.PriorityNormal)
 	assert.ErrorIs(t, err, prefetch.ErrQueueStopped)
 	assert.Error(t, q.Run(t.Context()), "Run runs once")
 }
@@ -610,7 +621,7 @@ func TestQueueHistory(t *testing.T) {
 	runQueue(t, q)
 	var ids []string
 	for _, name := range []string{"a", "b", "c"} {
-		j, err := q.Submit(refFor(name))
+		j, err := q.Submit(refFor(name), prefetch.PriorityNormal)
 		require.NoError(t, err)
 		_, err = wait(t, j)
 		require.NoError(t, err)
@@ -675,7 +686,7 @@ func BenchmarkQueueIngest(b *testing.B) {
 					qctx, qcancel := context.WithCancel(ctx)
 					done := make(chan error, 1)
 					go func() { done <- q.Run(qctx) }()
-					j, err := q.Submit(srv.URL() + "/" + origin.ManifestName)
+					j, err := q.Submit(srv.URL()+"/"+origin.ManifestName, prefetch.PriorityNormal)
 					require.NoError(b, err)
 					_, err = j.Wait(ctx)
 					require.NoError(b, err)
@@ -687,4 +698,17 @@ func BenchmarkQueueIngest(b *testing.B) {
 			})
 		}
 	}
+}
+
+// hasLabels reports whether the metric's labels are exactly want.
+func hasLabels(labels []*dto.LabelPair, want map[string]string) bool {
+	if len(labels) != len(want) {
+		return false
+	}
+	for _, l := range labels {
+		if want[l.GetName()] != l.GetValue() {
+			return false
+		}
+	}
+	return true
 }

@@ -1,0 +1,215 @@
+package prefetch_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/prefetch"
+)
+
+func TestQueuePriorities(t *testing.T) {
+	t.Parallel()
+	store := &fakeStore{gate: make(chan struct{})}
+	models := map[string]cache.Model{}
+	for _, n := range []string{"busy", "bg", "normal1", "pod", "normal2", "raised"} {
+		models[n] = model(n, 1)
+	}
+	q := prefetch.NewQueue(store, &fakeSource{models: models}, prefetch.WithJobConcurrency(1))
+	busy, err := q.Submit(refFor("busy"), prefetch.PriorityNormal)
+	require.NoError(t, err)
+	runQueue(t, q)
+	require.Eventually(t, func() bool { return busy.Status().State == prefetch.StateFetching }, 5*time.Second, time.Millisecond)
+
+	var jobs []*prefetch.Job
+	for _, sub := range []struct {
+		name string
+		p    prefetch.Priority
+	}{{"bg", prefetch.PriorityBackground}, {"normal1", prefetch.PriorityNormal}, {"raised", prefetch.PriorityBackground},
+		{"pod", prefetch.PriorityPod}, {"normal2", prefetch.PriorityNormal}} {
+		j, err := q.Submit(refFor(sub.name), sub.p)
+		require.NoError(t, err)
+		jobs = append(jobs, j)
+	}
+	// A pod now asks for what a policy queued: it joins the job and lifts it.
+	again, err := q.Submit(refFor("raised"), prefetch.PriorityPod)
+	require.NoError(t, err)
+	assert.Same(t, jobs[2], again)
+	assert.Equal(t, prefetch.PriorityPod, again.Status().Priority)
+
+	close(store.gate)
+	for _, j := range append(jobs, busy) {
+		_, err := wait(t, j)
+		require.NoError(t, err)
+	}
+	// With one worker, jobs run one at a time in the order they start.
+	assert.Equal(t, []string{"org/busy", "org/pod", "org/raised", "org/normal1", "org/normal2", "org/bg"}, startOrder(t, append(jobs, busy)))
+}
+
+// startOrder lists the jobs' models by the time they started.
+func startOrder(t *testing.T, jobs []*prefetch.Job) []string {
+	t.Helper()
+	sts := make([]prefetch.JobStatus, len(jobs))
+	for i, j := range jobs {
+		sts[i] = j.Status()
+	}
+	slices.SortFunc(sts, func(a, b prefetch.JobStatus) int { return a.Started.Compare(b.Started) })
+	out := make([]string, len(sts))
+	for i, st := range sts {
+		out[i] = st.Model
+	}
+	return out
+}
+
+func TestQueueCancel(t *testing.T) {
+	t.Parallel()
+	store := &fakeStore{gate: make(chan struct{})}
+	src := &fakeSource{models: map[string]cache.Model{"a": model("a", 1), "b": model("b", 1)}}
+	q := prefetch.NewQueue(store, src, prefetch.WithJobConcurrency(1))
+	runQueue(t, q)
+	running, err := q.Submit(refFor("a"), prefetch.PriorityNormal)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return running.Status().State == prefetch.StateFetching }, 5*time.Second, time.Millisecond)
+	queued, err := q.Submit(refFor("b"), prefetch.PriorityNormal)
+	require.NoError(t, err)
+
+	require.True(t, q.Cancel(queued.ID()))
+	st, err := wait(t, queued)
+	assert.ErrorIs(t, err, prefetch.ErrCanceled)
+	assert.Equal(t, prefetch.StateFailed, st.State)
+	assert.True(t, st.Started.IsZero())
+
+	require.True(t, q.Cancel(running.ID()))
+	_, err = wait(t, running)
+	assert.ErrorIs(t, err, prefetch.ErrCanceled)
+
+	assert.False(t, q.Cancel("nope"))
+	assert.True(t, q.Cancel(running.ID()), "cancelling a finished job is harmless")
+	// A new submission after a cancel starts afresh.
+	again, err := q.Submit(refFor("b"), prefetch.PriorityNormal)
+	require.NoError(t, err)
+	assert.NotEqual(t, queued.ID(), again.ID())
+}
+
+// imageSource resolves every reference to one image whose blobs it serves.
+type imageSource struct{ res *prefetch.Resolution }
+
+func (s imageSource) Resolve(context.Context, prefetch.Ref) (*prefetch.Resolution, error) {
+	return s.res, nil
+}
+
+// fakeImporter records imports; the first failures imports fail.
+type fakeImporter struct {
+	store    *cache.Store
+	failures int
+	mu       sync.Mutex
+	calls    int
+	imported []string
+}
+
+func (f *fakeImporter) Import(_ context.Context, img *prefetch.Image) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if f.calls <= f.failures {
+		return errors.New("containerd restarting")
+	}
+	for _, b := range img.Blobs {
+		if _, err := f.store.Stat(b.Digest); err != nil {
+			return err
+		}
+	}
+	f.imported = append(f.imported, img.Name)
+	return nil
+}
+
+func imageResolution() *prefetch.Resolution {
+	res := &prefetch.Resolution{Blobs: map[digest.Digest]cache.RangeOpener{}, Model: cache.Model{Name: "org/app", Revision: "v1"}}
+	img := &prefetch.Image{Name: "registry.example/org/app:v1"}
+	for i, content := range []string{`{"manifest":1}`, `{"config":1}`, "layer-one", "layer-two"} {
+		b := cache.Bytes(content)
+		desc := cache.Descriptor{Digest: digest.FromString(content), Size: int64(len(content))}
+		res.Blobs[desc.Digest] = b
+		img.Blobs = append(img.Blobs, prefetch.ImageBlob{Descriptor: desc, MediaType: []string{"m", "c", "l", "l"}[i]})
+	}
+	img.Target = img.Blobs[0]
+	res.Image = img
+	return res
+}
+
+func TestQueueImportsImages(t *testing.T) {
+	t.Parallel()
+	store := openStore(t)
+	imp := &fakeImporter{store: store, failures: 1}
+	q := prefetch.NewQueue(store, imageSource{imageResolution()}, prefetch.WithImporter(imp), prefetch.WithResolveRetries(3, time.Millisecond))
+	runQueue(t, q)
+	j, err := q.Submit("oci://registry.example/org/app:v1", prefetch.PriorityPod)
+	require.NoError(t, err)
+	st, err := wait(t, j)
+	require.NoError(t, err)
+	assert.Equal(t, prefetch.StateReady, st.State)
+	assert.Equal(t, 4, len(store.List()), "every blob is in the cache")
+	assert.Equal(t, []string{"registry.example/org/app:v1"}, imp.imported)
+	assert.Equal(t, 2, imp.calls, "a failed import is retried")
+	assert.Empty(t, st.Dir, "an image has no model directory")
+}
+
+func TestQueueImportFailsPermanently(t *testing.T) {
+	t.Parallel()
+	store := openStore(t)
+	imp := &fakeImporter{store: store, failures: 100}
+	q := prefetch.NewQueue(store, imageSource{imageResolution()}, prefetch.WithImporter(imp), prefetch.WithResolveRetries(2, time.Millisecond))
+	runQueue(t, q)
+	j, err := q.Submit("oci://registry.example/org/app:v1", prefetch.PriorityNormal)
+	require.NoError(t, err)
+	st, err := wait(t, j)
+	require.ErrorContains(t, err, "containerd restarting")
+	assert.Equal(t, prefetch.StateFailed, st.State)
+	assert.Equal(t, 2, imp.calls)
+}
+
+func TestQueueUnpacksPackedLayers(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	files := map[string]string{"config.json": `{"a":1}`, "weights/model.safetensors": "tensor bytes"}
+	for _, name := range []string{"config.json", "weights/model.safetensors"} {
+		require.NoError(t, tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(files[name])), Typeflag: tar.TypeReg}))
+		_, err := tw.Write([]byte(files[name]))
+		require.NoError(t, err)
+	}
+	require.NoError(t, tw.Close())
+	layer := cache.Descriptor{Digest: digest.FromBytes(buf.Bytes()), Size: int64(buf.Len())}
+	raw := "raw file"
+	rawDesc := cache.Descriptor{Digest: digest.FromString(raw), Size: int64(len(raw))}
+	res := &prefetch.Resolution{
+		Model:  cache.Model{Name: "org/packed", Revision: "v1", Files: []cache.File{{Path: "README.md", Descriptor: rawDesc}}},
+		Blobs:  map[digest.Digest]cache.RangeOpener{layer.Digest: cache.Bytes(buf.Bytes()), rawDesc.Digest: cache.Bytes(raw)},
+		Packed: []prefetch.PackedLayer{{Descriptor: layer, MediaType: "application/vnd.cnai.model.weight.v1.tar", Archive: true}},
+	}
+	store := openStore(t)
+	q := prefetch.NewQueue(store, imageSource{res})
+	runQueue(t, q)
+	j, err := q.Submit("oci://registry.example/org/packed:v1", prefetch.PriorityNormal)
+	require.NoError(t, err)
+	st, err := wait(t, j)
+	require.NoError(t, err)
+	files["README.md"] = raw
+	for name, want := range files {
+		got, err := os.ReadFile(filepath.Join(st.Dir, name))
+		require.NoError(t, err, name)
+		assert.Equal(t, want, string(got), name)
+	}
+}
