@@ -298,7 +298,7 @@ func demoScript(ctx context.Context, agents []*demoAgent, org *origin.Server, m 
 			var st prefetch.JobStatus
 			var err error
 			if i == 0 {
-				st, err = fetchAndWait(fctx, a.client, res.ref, progressTo)
+				st, err = fetchAndWait(fctx, a.client, api.FetchRequest{Ref: res.ref}, progressTo)
 			} else if st, err = a.client.Fetch(fctx, res.ref); err == nil {
 				st, err = a.client.Watch(fctx, st.ID, nil)
 			}
@@ -327,7 +327,7 @@ func demoScript(ctx context.Context, agents []*demoAgent, org *origin.Server, m 
 
 	fmt.Fprintf(progressTo, "second fetch of %s by %s\n", res.ref, agents[0].name)
 	before, t0 = org.BytesServed(), time.Now()
-	st, err := fetchAndWait(ctx, agents[0].client, res.ref, progressTo)
+	st, err := fetchAndWait(ctx, agents[0].client, api.FetchRequest{Ref: res.ref}, progressTo)
 	res.second, res.secondTime, res.servedAgain = st, time.Since(t0), org.BytesServed()-before
 	if err == nil && st.State != prefetch.StateReady {
 		err = fmt.Errorf("second fetch failed: %s", st.Error)

@@ -14,11 +14,12 @@ import (
 // fetchCmd submits a reference to the agent and, with --wait, follows it to
 // the end: an init container can use it as a readiness gate.
 type fetchCmd struct {
-	Ref     string        `arg:"" help:"Model reference: https://host/path/model.json (a manifest) or https://host/path/file#sha256:<hex>."`
-	Wait    bool          `help:"Wait until the model is ready, showing progress on stderr; print its directory; fail if the fetch fails."`
-	API     string        `name:"api" help:"Agent API address." default:"${default_api}" env:"WEIGHTD_API"`
-	JSON    bool          `name:"json" help:"Print the job's status as JSON instead of text."`
-	Timeout time.Duration `help:"With --wait, give up after this long (0: no limit)." default:"0"`
+	Ref      string        `arg:"" help:"Reference: oci://registry/repo:tag (an image or ModelPack model), hf://org/name@rev (a hub model), https://host/path/model.json (a manifest) or https://host/path/file#sha256:<hex>."`
+	Priority string        `help:"Queue priority: pod (a pod waits for it), normal or background." default:"normal" enum:"background,normal,pod"`
+	Wait     bool          `help:"Wait until the model is ready, showing progress on stderr; print its directory; fail if the fetch fails."`
+	API      string        `name:"api" help:"Agent API address." default:"${default_api}" env:"WEIGHTD_API"`
+	JSON     bool          `name:"json" help:"Print the job's status as JSON instead of text."`
+	Timeout  time.Duration `help:"With --wait, give up after this long (0: no limit)." default:"0"`
 }
 
 func (c *fetchCmd) Run(e *env) error {
@@ -33,7 +34,7 @@ func (c *fetchCmd) Run(e *env) error {
 		defer cancel()
 	}
 	if !c.Wait {
-		st, err := client.Fetch(ctx, c.Ref)
+		st, err := client.Submit(ctx, api.FetchRequest{Ref: c.Ref, Priority: c.Priority})
 		if err != nil {
 			return err
 		}
@@ -43,7 +44,7 @@ func (c *fetchCmd) Run(e *env) error {
 		_, err = fmt.Fprintf(e.stdout, "job %s %s %s\n", st.ID, st.State, st.Ref)
 		return err
 	}
-	st, err := fetchAndWait(ctx, client, c.Ref, e.stderr)
+	st, err := fetchAndWait(ctx, client, api.FetchRequest{Ref: c.Ref, Priority: c.Priority}, e.stderr)
 	if err != nil {
 		return err
 	}
@@ -61,10 +62,10 @@ func (c *fetchCmd) Run(e *env) error {
 	return err
 }
 
-// fetchAndWait submits ref, shows its progress on w until the job ends and
+// fetchAndWait submits req, shows its progress on w until the job ends and
 // returns the final status (ready or failed).
-func fetchAndWait(ctx context.Context, client *api.Client, ref string, w io.Writer) (prefetch.JobStatus, error) {
-	st, err := client.Fetch(ctx, ref)
+func fetchAndWait(ctx context.Context, client *api.Client, req api.FetchRequest, w io.Writer) (prefetch.JobStatus, error) {
+	st, err := client.Submit(ctx, req)
 	if err != nil {
 		return st, err
 	}
@@ -78,4 +79,23 @@ func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// cancelCmd cancels a fetch job of the local agent.
+type cancelCmd struct {
+	ID  string `arg:"" help:"Job ID, as 'weightd fetch' or 'weightd status' print it."`
+	API string `name:"api" help:"Agent API address." default:"${default_api}" env:"WEIGHTD_API"`
+}
+
+func (c *cancelCmd) Run(e *env) error {
+	client, err := api.NewClient(c.API)
+	if err != nil {
+		return err
+	}
+	st, err := client.Cancel(e.ctx, c.ID)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(e.stdout, "job %s %s %s\n", st.ID, st.State, st.Ref)
+	return err
 }

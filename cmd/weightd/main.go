@@ -37,6 +37,7 @@ const defaultAPI = "unix:///run/weightd/weightd.sock"
 type cli struct {
 	Agent   agentCmd   `cmd:"" help:"Run the node agent: cache, prefetch queue, local API and metrics."`
 	Fetch   fetchCmd   `cmd:"" help:"Fetch a model through the local agent."`
+	Cancel  cancelCmd  `cmd:"" help:"Cancel a fetch job of the local agent."`
 	Status  statusCmd  `cmd:"" help:"Summarise the agent's cache, downloads and jobs."`
 	Demo    demoCmd    `cmd:"" help:"Run an origin and three agents in-process: they fetch a generated model at once, sharing chunks, then fetch it again from the cache."`
 	Version versionCmd `cmd:"" help:"Print the version, commit and Go version."`
