@@ -1,0 +1,317 @@
+package mirror
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/weightd/weightd/pkg/cache"
+)
+
+// serveBlob serves a blob: from the cache when it is complete, otherwise
+// streamed while the cache fetches it.
+func (m *Mirror) serveBlob(w http.ResponseWriter, r *http.Request, registry string, rt route) {
+	d := rt.digest
+	setBlobHeaders(w, d)
+	if f, err := m.store.Open(d); err == nil {
+		defer f.Close()
+		m.m.request(routeBlob, outcomeHit)
+		cw := &countingWriter{ResponseWriter: w}
+		// ServeContent answers Range (206, 416) and HEAD, and sends the file
+		// with sendfile.
+		http.ServeContent(cw, r, "", time.Time{}, f)
+		m.m.bytes.WithLabelValues("cache").Add(float64(cw.n))
+		return
+	} else if !errors.Is(err, cache.ErrNotFound) {
+		m.log.Warn("opening a blob in the cache", "digest", d, "err", err)
+	}
+	size, aerr := m.blobSize(r.Context(), registry, rt.repository, d)
+	if aerr != nil {
+		if aerr == errBlobUnknown {
+			m.m.request(routeBlob, outcomeNotFound)
+		} else {
+			m.m.request(routeBlob, outcomeError)
+		}
+		if r.Context().Err() == nil {
+			aerr.write(w, r)
+		}
+		return
+	}
+	desc := cache.Descriptor{Digest: d, Size: size}
+	start, end, ranged, ok := parseRange(r.Header.Get("Range"), size)
+	if !ok {
+		w.Header().Set("Content-Range", fmt.Sprintf("bytes */%d", size))
+		m.m.request(routeBlob, outcomeError)
+		(&apiError{status: http.StatusRequestedRangeNotSatisfiable, code: "BLOB_UNKNOWN", message: "range not satisfiable"}).write(w, r)
+		return
+	}
+	w.Header().Set("Accept-Ranges", "bytes")
+	code := http.StatusOK
+	if ranged {
+		code = http.StatusPartialContent
+		w.Header().Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", start, end-1, size))
+	}
+	w.Header().Set("Content-Length", strconv.FormatInt(end-start, 10))
+	if r.Method == http.MethodHead {
+		// The size is known: answer without fetching.
+		m.m.request(routeBlob, outcomeMiss)
+		w.WriteHeader(code)
+		return
+	}
+	dl, err := m.download(registry, rt.repository, desc)
+	if err != nil {
+		m.m.request(routeBlob, outcomeError)
+		errUnavailable.write(w, r)
+		return
+	}
+	m.m.request(routeBlob, outcomeMiss)
+	m.stream(w, r, dl, start, end, code)
+}
+
+func setBlobHeaders(w http.ResponseWriter, d digest.Digest) {
+	h := w.Header()
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("Docker-Content-Digest", d.String())
+	h.Set("ETag", `"`+d.String()+`"`)
+}
+
+// blobSize learns the size of a blob the cache does not hold whole: from a
+// download in flight, from a manifest seen before, or from the upstream.
+func (m *Mirror) blobSize(ctx context.Context, registry, repository string, d digest.Digest) (int64, *apiError) {
+	if st, err := m.store.ChunkState(d); err == nil {
+		return st.Size, nil
+	}
+	if k, ok := m.known.get(d); ok {
+		return k.Size, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, m.opts.manifestTimeout)
+	defer cancel()
+	size, err := m.upstream.BlobSize(ctx, registry, repository, d)
+	if err == nil && size < 0 {
+		err = fmt.Errorf("upstream says blob %s has %d bytes", d, size)
+	}
+	if err != nil {
+		if !errors.Is(err, cache.ErrNotFound) && ctx.Err() == nil {
+			m.log.Warn("asking the upstream for a blob's size", "registry", registry, "repository", repository, "digest", d, "err", err)
+		}
+		return 0, upstreamErr(err, errBlobUnknown)
+	}
+	m.known.put(d, knownBlob{Size: size})
+	return size, nil
+}
+
+// download is one fetch of a blob into the cache that requests started; the
+// requests streaming the blob wait on it.
+type download struct {
+	desc cache.Descriptor
+	done chan struct{} // closed when the fetch has ended; err is set before
+	err  error
+
+	mu   sync.Mutex
+	wake chan struct{} // closed and replaced on every progress report
+}
+
+// progress is the fetch's cache.Progress: it wakes the streaming requests
+// without blocking.
+func (dl *download) progress(_, _ int64) {
+	dl.mu.Lock()
+	close(dl.wake)
+	dl.wake = make(chan struct{})
+	dl.mu.Unlock()
+}
+
+func (dl *download) changed() <-chan struct{} {
+	dl.mu.Lock()
+	defer dl.mu.Unlock()
+	return dl.wake
+}
+
+// download returns the fetch of desc that requests share, starting it if
+// none runs. The fetch runs detached from the request, bounded by the fetch
+// timeout, so that it completes into the cache even when every client has
+// gone; the cache coalesces it with any other fetch of the blob.
+func (m *Mirror) download(registry, repository string, desc cache.Descriptor) (*download, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, cache.ErrClosed
+	}
+	if dl, ok := m.downloads[desc.Digest]; ok && dl.desc.Size == desc.Size {
+		return dl, nil
+	}
+	dl := &download{desc: desc, done: make(chan struct{}), wake: make(chan struct{})}
+	m.downloads[desc.Digest] = dl
+	src := m.opts.blobSource(desc, m.upstream.BlobOpener(registry, repository, desc))
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		ctx, cancel := context.WithTimeout(m.ctx, m.opts.fetchTimeout)
+		defer cancel()
+		_, err := m.store.Fetch(ctx, desc, src, dl.progress)
+		if err != nil {
+			m.log.Warn("fetching a blob for the mirror", "registry", registry, "repository", repository, "digest", desc.Digest, "err", err)
+			if errors.Is(err, cache.ErrSizeMismatch) {
+				m.known.forget(desc.Digest) // a manifest gave a wrong size
+			}
+		}
+		m.mu.Lock()
+		if m.downloads[desc.Digest] == dl {
+			delete(m.downloads, desc.Digest)
+		}
+		m.mu.Unlock()
+		dl.err = err
+		close(dl.done)
+	}()
+	return dl, nil
+}
+
+// stream sends [start, end) of a blob being fetched, chunk by chunk as the
+// cache has them, and from the complete file once it is committed. The piece
+// that ends the response is sent only after the whole blob has been verified
+// against its digest: a fetch that fails leaves the client with a short
+// body, never with a complete response of wrong bytes. The status line goes
+// out with the first bytes, so a fetch that fails before any gets an error
+// status.
+func (m *Mirror) stream(w http.ResponseWriter, r *http.Request, dl *download, start, end int64, code int) {
+	d := dl.desc.Digest
+	cw := &countingWriter{ResponseWriter: w}
+	rc := http.NewResponseController(cw)
+	sent := false // the status line
+	defer func() { m.m.bytes.WithLabelValues("fetch").Add(float64(cw.n)) }()
+	fail := func(err error) {
+		if !sent {
+			if errors.Is(err, cache.ErrNotFound) {
+				errBlobUnknown.write(w, r)
+			} else {
+				errUnavailable.write(w, r)
+			}
+			return
+		}
+		// Cut the connection: the client sees a short body.
+		panic(http.ErrAbortHandler)
+	}
+	send := func(f io.ReadSeeker, from, to int64) bool {
+		if !sent {
+			w.WriteHeader(code)
+			sent = true
+		}
+		if _, err := f.Seek(from, io.SeekStart); err != nil {
+			m.log.Warn("seeking in a blob", "digest", d, "err", err)
+			panic(http.ErrAbortHandler)
+		}
+		// io.CopyN hands an io.LimitedReader of the file to the connection,
+		// which sends it with sendfile.
+		n, err := io.CopyN(cw, f, to-from)
+		start += n
+		if err != nil {
+			return false // the client is gone
+		}
+		_ = rc.Flush()
+		return true
+	}
+	poll := time.NewTicker(m.opts.pollInterval)
+	defer poll.Stop()
+	for {
+		wake := dl.changed()
+		finished := false
+		select {
+		case <-dl.done:
+			finished = true
+		default:
+		}
+		if finished && dl.err != nil {
+			fail(dl.err)
+			return
+		}
+		// Complete: the rest from the blob file.
+		if f, err := m.store.Open(d); err == nil {
+			send(f, start, end)
+			f.Close()
+			return
+		} else if finished {
+			// Fetched, yet gone already (evicted): nothing more to send.
+			fail(fmt.Errorf("blob %s: %w", d, err))
+			return
+		}
+		if start < end {
+			if next, ok := m.nextChunk(d, start, end); ok {
+				f, off, n, err := m.store.OpenChunk(d, next)
+				if err == nil {
+					ok := send(f, start, min(end, off+n))
+					f.Close()
+					if !ok {
+						return
+					}
+					continue
+				}
+			}
+		}
+		select {
+		case <-wake:
+		case <-dl.done:
+		case <-poll.C: // a chunk is marked present after its last progress report
+		case <-r.Context().Done():
+			return
+		}
+	}
+}
+
+// nextChunk says whether the chunk holding byte pos of the download in
+// flight is present and may be sent: not when it holds the response's last
+// byte, which waits for the whole blob to be verified.
+func (m *Mirror) nextChunk(d digest.Digest, pos, end int64) (int, bool) {
+	st, err := m.store.ChunkState(d)
+	if err != nil || st.Complete || st.ChunkSize <= 0 {
+		return 0, false
+	}
+	i := int(pos / st.ChunkSize)
+	if int64(i+1)*st.ChunkSize >= end || !st.Has(i) {
+		return 0, false
+	}
+	return i, true
+}
+
+// parseRange parses the Range header of a request for a blob of size bytes
+// into [start, end). No header, or one this mirror does not take (several
+// ranges, another unit), is the whole blob; a range that cannot be satisfied
+// is !ok.
+func parseRange(h string, size int64) (start, end int64, ranged, ok bool) {
+	if h == "" {
+		return 0, size, false, true
+	}
+	spec, found := strings.CutPrefix(h, "bytes=")
+	if !found || strings.Contains(spec, ",") {
+		return 0, size, false, true
+	}
+	a, b, found := strings.Cut(strings.TrimSpace(spec), "-")
+	if !found {
+		return 0, 0, false, false
+	}
+	if a == "" { // the last b bytes
+		n, err := strconv.ParseInt(b, 10, 64)
+		if err != nil || n <= 0 || size == 0 {
+			return 0, 0, false, false
+		}
+		return max(size-n, 0), size, true, true
+	}
+	s, err := strconv.ParseInt(a, 10, 64)
+	if err != nil || s < 0 || s >= size {
+		return 0, 0, false, false
+	}
+	e := size - 1
+	if b != "" {
+		if e, err = strconv.ParseInt(b, 10, 64); err != nil || e < s {
+			return 0, 0, false, false
+		}
+		e = min(e, size-1)
+	}
+	return s, e + 1, true, true
+}

@@ -1,0 +1,292 @@
+// Package mirror serves the OCI distribution pull API on the node as a
+// registry mirror, so the kubelet's own image pulls (containerd configured
+// with hosts.toml, see ConfigureHosts) are answered from the weightd cache and
+// the peer swarm, with the upstream registry as the last resort.
+//
+// Manifests by tag are resolved upstream (tags move) and remembered, so that
+// a pull still succeeds from the cache while the upstream is down. Manifests
+// by digest and blobs are served from the cache; a missing blob is fetched
+// into the cache and streamed to the client as its chunks arrive, never
+// buffered whole. Nothing is ever served as a complete response before the
+// whole blob has been verified against its digest.
+package mirror
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weightd/weightd/pkg/cache"
+)
+
+// Store is what the mirror needs of the cache. *cache.Store implements it.
+type Store interface {
+	Stat(d digest.Digest) (cache.Info, error)
+	Open(d digest.Digest) (*os.File, error)
+	OpenChunk(d digest.Digest, i int) (f *os.File, off, n int64, err error)
+	ChunkState(d digest.Digest) (cache.ChunkState, error)
+	Fetch(ctx context.Context, desc cache.Descriptor, src cache.RangeOpener, progress cache.Progress) (cache.Info, error)
+}
+
+// Upstream is the registry the mirror falls back to (prefetch.OCISource).
+// Its methods are called concurrently.
+type Upstream interface {
+	// Manifest fetches a manifest by tag or digest. A manifest the registry
+	// does not have is an error wrapping cache.ErrNotFound.
+	Manifest(ctx context.Context, registry, repository, reference string) (mediaType string, body []byte, d digest.Digest, err error)
+	// BlobSize asks the registry for a blob's size (cache.ErrNotFound if it
+	// has none).
+	BlobSize(ctx context.Context, registry, repository string, d digest.Digest) (int64, error)
+	// BlobOpener reads a blob from the registry.
+	BlobOpener(registry, repository string, desc cache.Descriptor) cache.RangeOpener
+}
+
+// BlobSource turns the upstream reader of a blob into the reader the cache
+// fetches it with: the agent puts the peer-to-peer swarm in front.
+type BlobSource func(desc cache.Descriptor, upstream cache.RangeOpener) cache.RangeOpener
+
+// Option configures a Mirror.
+type Option func(*options) error
+
+type options struct {
+	registries      []string
+	blobSource      BlobSource
+	logger          *slog.Logger
+	registerer      prometheus.Registerer
+	stateDir        string
+	manifestTimeout time.Duration
+	fetchTimeout    time.Duration
+	pollInterval    time.Duration
+}
+
+// WithRegistries sets the registries mirrored (host[:port]; "docker.io" for
+// Docker Hub). Requests for any other registry are 404, so that containerd
+// goes on to its next host. With exactly one registry, requests without the
+// ns query parameter are for it.
+func WithRegistries(hosts ...string) Option {
+	return func(o *options) error {
+		for _, h := range hosts {
+			c, ok := canonicalHost(h)
+			if !ok {
+				return fmt.Errorf("%w: registry %q is not a host[:port]", cache.ErrInvalid, h)
+			}
+			if !slices.Contains(o.registries, c) {
+				o.registries = append(o.registries, c)
+			}
+		}
+		return nil
+	}
+}
+
+// WithBlobSource sets how blobs are fetched: fn wraps the upstream reader of
+// each blob (the agent puts the swarm in front, so blobs come from peers
+// first). The default is the upstream reader itself.
+func WithBlobSource(fn BlobSource) Option {
+	return func(o *options) error {
+		if fn == nil {
+			return fmt.Errorf("%w: nil blob source", cache.ErrInvalid)
+		}
+		o.blobSource = fn
+		return nil
+	}
+}
+
+// WithLogger sets the logger; the mirror is silent by default.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) error {
+		if l != nil {
+			o.logger = l
+		}
+		return nil
+	}
+}
+
+// WithRegisterer registers the mirror's metrics on r.
+func WithRegisterer(r prometheus.Registerer) Option {
+	return func(o *options) error { o.registerer = r; return nil }
+}
+
+// WithStateDir keeps the tag → manifest mappings in dir (created if needed),
+// so a restarted agent still serves tags while the upstream is down. Without
+// it they are kept in memory only.
+func WithStateDir(dir string) Option {
+	return func(o *options) error {
+		if dir == "" {
+			return fmt.Errorf("%w: empty state directory", cache.ErrInvalid)
+		}
+		o.stateDir = dir
+		return nil
+	}
+}
+
+// WithManifestTimeout bounds each request to the upstream for a manifest or
+// a blob's size (default 15 s); a tag then falls back to its last known
+// manifest.
+func WithManifestTimeout(d time.Duration) Option {
+	return func(o *options) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: manifest timeout %v", cache.ErrInvalid, d)
+		}
+		o.manifestTimeout = d
+		return nil
+	}
+}
+
+// WithFetchTimeout bounds a blob fetch started by a request (default 1 h).
+// The fetch outlives the request that started it, so that a client that
+// gives up still leaves the blob in the cache for its retry.
+func WithFetchTimeout(d time.Duration) Option {
+	return func(o *options) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: fetch timeout %v", cache.ErrInvalid, d)
+		}
+		o.fetchTimeout = d
+		return nil
+	}
+}
+
+// Mirror serves the distribution pull API (GET and HEAD) from the cache:
+//
+//	GET /v2/                                   ping
+//	GET|HEAD /v2/<name>/manifests/<tag|digest> a manifest
+//	GET|HEAD /v2/<name>/blobs/<digest>         a blob, with Range
+//
+// The registry is the ns query parameter containerd adds when it uses a
+// mirror. Mirror starts no goroutines but the blob fetches that requests
+// start, which Close ends.
+type Mirror struct {
+	store    Store
+	upstream Upstream
+	opts     options
+	log      *slog.Logger
+	m        *metrics
+	tags     *tagStore
+	known    *knownBlobs
+
+	ctx    context.Context // parent of the fetches requests start; cancelled by Close
+	cancel context.CancelFunc
+
+	mu        sync.Mutex
+	downloads map[digest.Digest]*download
+	closed    bool
+	wg        sync.WaitGroup
+}
+
+// New returns a mirror of the registries given by WithRegistries, serving
+// from store and falling back to upstream.
+func New(store Store, upstream Upstream, opts ...Option) (*Mirror, error) {
+	if store == nil || upstream == nil {
+		return nil, fmt.Errorf("%w: mirror needs a store and an upstream", cache.ErrInvalid)
+	}
+	o := options{
+		blobSource:      func(_ cache.Descriptor, up cache.RangeOpener) cache.RangeOpener { return up },
+		logger:          slog.New(slog.DiscardHandler),
+		manifestTimeout: 15 * time.Second,
+		fetchTimeout:    time.Hour,
+		pollInterval:    50 * time.Millisecond,
+	}
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+	met, err := newMetrics(o.registerer)
+	if err != nil {
+		return nil, fmt.Errorf("registering mirror metrics: %w", err)
+	}
+	tags, err := openTagStore(o.stateDir)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Mirror{
+		store: store, upstream: upstream, opts: o, log: o.logger, m: met,
+		tags: tags, known: newKnownBlobs(maxKnownBlobs),
+		ctx: ctx, cancel: cancel,
+		downloads: make(map[digest.Digest]*download),
+	}, nil
+}
+
+// Close stops the blob fetches that requests started and waits for them.
+// Requests after Close fail. It is idempotent.
+func (m *Mirror) Close() error {
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+	m.cancel()
+	m.wg.Wait()
+	return nil
+}
+
+// ServeHTTP answers one distribution API request.
+func (m *Mirror) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		(&apiError{status: http.StatusMethodNotAllowed, code: "UNSUPPORTED", message: "this mirror serves pulls only"}).write(w, r)
+		return
+	}
+	rt, aerr := parsePath(r.URL.EscapedPath())
+	if aerr != nil {
+		aerr.write(w, r)
+		return
+	}
+	if rt.kind == routePing {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "2")
+		w.WriteHeader(http.StatusOK)
+		if r.Method == http.MethodGet {
+			_, _ = w.Write([]byte("{}"))
+		}
+		return
+	}
+	registry, ok := m.registry(r)
+	if !ok {
+		m.m.request(rt.kind, outcomeNotFound)
+		errNameUnknown.write(w, r)
+		return
+	}
+	switch rt.kind {
+	case routeManifest:
+		m.serveManifest(w, r, registry, rt)
+	case routeBlob:
+		m.serveBlob(w, r, registry, rt)
+	}
+}
+
+// registry returns the mirrored registry a request is for: its ns query
+// parameter, or the only registry mirrored when it has none.
+func (m *Mirror) registry(r *http.Request) (string, bool) {
+	ns := r.URL.Query()["ns"]
+	switch {
+	case len(ns) == 0:
+		if len(m.opts.registries) == 1 {
+			return m.opts.registries[0], true
+		}
+		return "", false
+	case len(ns) > 1:
+		return "", false
+	}
+	h, ok := canonicalHost(ns[0])
+	if !ok || !slices.Contains(m.opts.registries, h) {
+		return "", false
+	}
+	return h, true
+}
+
+// upstreamErr maps an upstream failure to the error the client sees.
+func upstreamErr(err error, notFound *apiError) *apiError {
+	if errors.Is(err, cache.ErrNotFound) {
+		return notFound
+	}
+	return errUnavailable
+}
