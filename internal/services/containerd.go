@@ -1,0 +1,218 @@
+package services
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// ContainerdBinary and CtrBinary are Debian's containerd 1.6 and its CLI.
+const (
+	ContainerdBinary = "/usr/bin/containerd"
+	CtrBinary        = "/usr/bin/ctr"
+)
+
+// ContainerdConfig configures StartContainerd.
+type ContainerdConfig struct {
+	// Dir holds the daemon's root, state, sockets, config, log and HostsDir.
+	// Required.
+	Dir string
+}
+
+// Containerd is a containerd daemon with all of its state in one directory,
+// configured as a Kubernetes node's: the CRI plugin on, the overlayfs
+// snapshotter, unpacked layers kept, registry hosts read from HostsDir.
+// Its methods are safe for concurrent use.
+type Containerd struct {
+	// Address is the path of the daemon's gRPC socket.
+	Address string
+	// Root is the daemon's root directory (content store, snapshots,
+	// metadata).
+	Root string
+	// HostsDir is the CRI plugin's registry config_path: a certs.d-style
+	// directory of <host>/hosts.toml files, read on each pull.
+	HostsDir string
+	// Namespace is the CRI plugin's namespace, "k8s.io".
+	Namespace string
+	// Dir is ContainerdConfig.Dir.
+	Dir string
+
+	sockDir string // a short directory for the sockets when Dir is too long; removed on Close
+
+	mu     sync.Mutex
+	proc   *process
+	closed bool
+}
+
+// maxSocketPath is the longest socket path a sockaddr_un holds, with room for
+// the ".ttrpc" suffix.
+const maxSocketPath = 100 - len(".ttrpc")
+
+// StartContainerd writes a config under cfg.Dir, starts containerd with it
+// and waits until its socket answers. Close stops it. It needs root.
+func StartContainerd(ctx context.Context, cfg ContainerdConfig) (*Containerd, error) {
+	if cfg.Dir == "" {
+		return nil, errors.New("containerd: no directory")
+	}
+	if err := ContainerdAvailable(); err != nil {
+		return nil, err
+	}
+	dir, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	c := &Containerd{
+		Root:      filepath.Join(dir, "root"),
+		HostsDir:  filepath.Join(dir, "certs.d"),
+		Namespace: "k8s.io",
+		Dir:       dir,
+	}
+	for _, d := range []string{dir, c.Root, c.HostsDir, filepath.Join(dir, "state"), filepath.Join(dir, "opt")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	c.Address = filepath.Join(dir, "containerd.sock")
+	if len(c.Address) > maxSocketPath {
+		if c.sockDir, err = os.MkdirTemp("", "ctrd"); err != nil {
+			return nil, err
+		}
+		c.Address = filepath.Join(c.sockDir, "containerd.sock")
+	}
+	if err := os.WriteFile(c.configPath(), []byte(c.config()), 0o644); err != nil {
+		c.cleanup()
+		return nil, err
+	}
+	if err := c.Start(ctx); err != nil {
+		c.cleanup()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Containerd) configPath() string { return filepath.Join(c.Dir, "config.toml") }
+
+func (c *Containerd) config() string {
+	return fmt.Sprintf(`version = 2
+root = %q
+state = %q
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing",
+]
+
+[grpc]
+  address = %q
+
+[ttrpc]
+  address = %q
+
+[debug]
+  address = ""
+  level = "info"
+
+[metrics]
+  address = ""
+
+[plugins]
+  [plugins."io.containerd.internal.v1.opt"]
+    path = %q
+  [plugins."io.containerd.grpc.v1.cri"]
+    disable_tcp_service = true
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      snapshotter = "overlayfs"
+      discard_unpacked_layers = false
+    [plugins."io.containerd.grpc.v1.cri".registry]
+      config_path = %q
+`, c.Root, filepath.Join(c.Dir, "state"), c.Address, c.Address+".ttrpc", filepath.Join(c.Dir, "opt"), c.HostsDir)
+}
+
+// Start starts the daemon again after Stop, with the same directories. It
+// does nothing if the daemon is running.
+func (c *Containerd) Start(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return errors.New("containerd closed")
+	}
+	if c.proc != nil && !c.proc.exited() {
+		return nil
+	}
+	_ = os.Remove(c.Address) // a stale socket of a killed daemon
+	p, err := startProcess(ContainerdBinary, []string{"--config", c.configPath()}, filepath.Join(c.Dir, "containerd.log"))
+	if err != nil {
+		return err
+	}
+	err = p.waitFor(ctx, 30*time.Second, "containerd's socket", func() error {
+		conn, err := net.DialTimeout("unix", c.Address, time.Second)
+		if err != nil {
+			return err
+		}
+		return conn.Close()
+	})
+	if err != nil {
+		p.stop(5 * time.Second)
+		return fmt.Errorf("starting containerd: %w", err)
+	}
+	c.proc = p
+	return nil
+}
+
+// Stop sends the daemon SIGTERM and waits for it to exit (killing it after
+// 10 s). Its shims, if any, keep running, as on a node; Close kills them.
+func (c *Containerd) Stop() {
+	c.mu.Lock()
+	p := c.proc
+	c.proc = nil
+	c.mu.Unlock()
+	if p != nil {
+		p.stop(10 * time.Second)
+	}
+}
+
+// Close stops the daemon, kills any shim it started and unmounts whatever it
+// left mounted under Dir, so Dir can be removed.
+func (c *Containerd) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.Stop()
+	return c.cleanup()
+}
+
+func (c *Containerd) cleanup() error {
+	killUnder(c.Address)
+	err := unmountUnder(c.Dir)
+	if c.sockDir != "" {
+		_ = os.RemoveAll(c.sockDir)
+	}
+	return err
+}
+
+// Ctr runs ctr against the daemon in its namespace and returns its combined
+// output; a failure's error includes that output.
+func (c *Containerd) Ctr(ctx context.Context, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, CtrBinary, append([]string{"--address", c.Address, "--namespace", c.Namespace}, args...)...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return out.Bytes(), fmt.Errorf("ctr %v: %w: %s", args, err, bytes.TrimSpace(out.Bytes()))
+	}
+	return out.Bytes(), nil
+}
+
+// LogTail returns the end of the daemon's log, for failure messages.
+func (c *Containerd) LogTail() string { return fileTail(filepath.Join(c.Dir, "containerd.log"), 8192) }
