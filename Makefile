@@ -28,7 +28,7 @@ build:
 demo: build
 	./$(BIN) demo $(DEMO_FLAGS)
 
-## test-deps: install what the tests need on a fresh Debian machine (a C toolchain for the race detector, iproute2 for the multi-host tests)
+## test-deps: install what the tests need on a fresh Debian machine (a C toolchain for the race detector, iproute2 for the multi-host tests, containerd and docker-registry for the image tests)
 test-deps:
 	@if ! command -v gcc >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -44,6 +44,14 @@ test-deps:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iproute2 >/dev/null; \
 	  else \
 	    echo "the multi-host tests need root and ip and tc (apt-get install iproute2); without them they skip, or fail under CI=true" >&2; \
+	  fi; \
+	fi
+	@if [ ! -x /usr/bin/containerd ] || [ ! -x /usr/bin/ctr ] || [ ! -x /usr/bin/docker-registry ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing containerd and docker-registry for the image tests (internal/services, pkg/containerd)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends containerd docker-registry >/dev/null; \
+	  else \
+	    echo "the image tests need root, containerd and docker-registry (apt-get install containerd docker-registry); without them they skip, or fail under CI=true" >&2; \
 	  fi; \
 	fi
 
