@@ -1,0 +1,338 @@
+package prefetch_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"path"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
+	"github.com/opencontainers/go-digest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/prefetch"
+)
+
+// unpackEntry is one tar entry of a test archive.
+type unpackEntry struct {
+	name string
+	typ  byte
+	body string
+	link string
+}
+
+func unpackTar(t testing.TB, entries ...unpackEntry) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range entries {
+		hdr := &tar.Header{Name: e.name, Typeflag: e.typ, Mode: 0o644, Linkname: e.link}
+		if e.typ == tar.TypeXGlobalHeader {
+			hdr = &tar.Header{Typeflag: e.typ, PAXRecords: map[string]string{"comment": "global"}}
+		}
+		if e.typ == tar.TypeReg {
+			hdr.Size = int64(len(e.body))
+		}
+		require.NoError(t, tw.WriteHeader(hdr))
+		if e.typ == tar.TypeReg {
+			_, err := tw.Write([]byte(e.body))
+			require.NoError(t, err)
+		}
+	}
+	require.NoError(t, tw.Close())
+	return buf.Bytes()
+}
+
+func unpackCompress(t testing.TB, c prefetch.Compression, data []byte) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	switch c {
+	case prefetch.CompressionNone:
+		return data
+	case prefetch.CompressionGzip:
+		zw := gzip.NewWriter(&buf)
+		_, err := zw.Write(data)
+		require.NoError(t, err)
+		require.NoError(t, zw.Close())
+	case prefetch.CompressionZstd:
+		zw, err := zstd.NewWriter(&buf)
+		require.NoError(t, err)
+		_, err = zw.Write(data)
+		require.NoError(t, err)
+		require.NoError(t, zw.Close())
+	}
+	return buf.Bytes()
+}
+
+// memPut is a put function that keeps files in memory.
+type memPut struct {
+	mu    sync.Mutex
+	files map[string][]byte
+}
+
+func (m *memPut) put(p string, r io.Reader) (cache.Descriptor, error) {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return cache.Descriptor{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.files == nil {
+		m.files = make(map[string][]byte)
+	}
+	m.files[p] = data
+	return cache.Descriptor{Digest: digest.FromBytes(data), Size: int64(len(data))}, nil
+}
+
+func unpackReg(name, body string) unpackEntry {
+	return unpackEntry{name: name, typ: tar.TypeReg, body: body}
+}
+func unpackDir(name string) unpackEntry { return unpackEntry{name: name, typ: tar.TypeDir} }
+
+func TestUnpack(t *testing.T) {
+	t.Parallel()
+	archive := func(t *testing.T) []byte {
+		return unpackTar(t,
+			unpackDir("./"), unpackDir("sub/"), unpackReg("./config.json", `{"a":1}`), unpackReg("sub/model.safetensors", strings.Repeat("w", 10000)),
+			unpackReg("empty", ""), unpackEntry{name: "g", typ: tar.TypeXGlobalHeader})
+	}
+	wantArchive := map[string]string{"config.json": `{"a":1}`, "sub/model.safetensors": strings.Repeat("w", 10000), "empty": ""}
+	for _, tc := range []struct {
+		name    string
+		c       prefetch.Compression
+		archive bool
+		path    string
+		want    map[string]string
+	}{
+		{"raw", prefetch.CompressionNone, false, "weights/model.bin", map[string]string{"weights/model.bin": "raw bytes"}},
+		{"gzip file", prefetch.CompressionGzip, false, "model.bin", map[string]string{"model.bin": "raw bytes"}},
+		{"zstd file", prefetch.CompressionZstd, false, "model.bin", map[string]string{"model.bin": "raw bytes"}},
+		{"tar", prefetch.CompressionNone, true, "", wantArchive},
+		{"tar+gzip", prefetch.CompressionGzip, true, "", wantArchive},
+		{"tar+zstd", prefetch.CompressionZstd, true, "", wantArchive},
+		{"tar under a directory", prefetch.CompressionNone, true, "docs/v1", map[string]string{
+			"docs/v1/config.json": `{"a":1}`, "docs/v1/sub/model.safetensors": strings.Repeat("w", 10000), "docs/v1/empty": ""}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			data := []byte("raw bytes")
+			if tc.archive {
+				data = archive(t)
+			}
+			blob := unpackCompress(t, tc.c, data)
+			var m memPut
+			files, err := prefetch.Unpack(t.Context(), bytes.NewReader(blob), prefetch.PackedLayer{
+				Descriptor:  cache.Descriptor{Digest: digest.FromBytes(blob), Size: int64(len(blob))},
+				Compression: tc.c, Archive: tc.archive, Path: tc.path,
+			}, m.put)
+			require.NoError(t, err)
+			require.Len(t, files, len(tc.want))
+			for _, f := range files {
+				want, ok := tc.want[f.Path]
+				require.True(t, ok, f.Path)
+				assert.Equal(t, digest.FromString(want), f.Digest, f.Path)
+				assert.Equal(t, int64(len(want)), f.Size, f.Path)
+				assert.Equal(t, want, string(m.files[f.Path]), f.Path)
+			}
+		})
+	}
+}
+
+func TestUnpackRejects(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		entries []unpackEntry
+		path    string
+		want    string
+	}{
+		{"symlink", []unpackEntry{{name: "link", typ: tar.TypeSymlink, link: "/etc/passwd"}}, "", "symbolic link"},
+		{"hard link", []unpackEntry{unpackReg("a", "x"), {name: "b", typ: tar.TypeLink, link: "a"}}, "", "hard link"},
+		{"char device", []unpackEntry{{name: "tty", typ: tar.TypeChar}}, "", "character device"},
+		{"block device", []unpackEntry{{name: "sda", typ: tar.TypeBlock}}, "", "block device"},
+		{"fifo", []unpackEntry{{name: "pipe", typ: tar.TypeFifo}}, "", "FIFO"},
+		{"absolute", []unpackEntry{unpackReg("/etc/passwd", "x")}, "", "absolute"},
+		{"dot dot", []unpackEntry{unpackReg("a/../../b", "x")}, "", "leaves"},
+		{"dot dot under a directory", []unpackEntry{unpackReg("../b", "x")}, "sub", "leaves"},
+		{"dot dot directory", []unpackEntry{unpackDir("../")}, "", "leaves"},
+		{"backslash", []unpackEntry{unpackReg(`a\b`, "x")}, "", "backslash"},
+		{"root file", []unpackEntry{unpackReg(".", "x")}, "", "layer's directory"},
+		{"directory file", []unpackEntry{unpackReg("./.", "x")}, "sub", "layer's directory"},
+		{"duplicate", []unpackEntry{unpackReg("a", "x"), unpackReg("./a", "y")}, "", "duplicate"},
+		{"file and directory", []unpackEntry{unpackReg("a", "x"), unpackReg("a/b", "y")}, "", "both a file and a directory"},
+		{"bad directory", []unpackEntry{unpackReg("a", "x")}, "../up", "not clean"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			blob := unpackTar(t, tc.entries...)
+			var m memPut
+			_, err := prefetch.Unpack(t.Context(), bytes.NewReader(blob), prefetch.PackedLayer{Archive: true, Path: tc.path}, m.put)
+			require.Error(t, err)
+			assert.ErrorContains(t, err, tc.want)
+			assert.ErrorIs(t, err, cache.ErrInvalid)
+			assert.ErrorIs(t, err, cache.ErrPermanent)
+			for p := range m.files {
+				assert.NoError(t, cache.ValidatePath(p))
+				assert.False(t, strings.HasPrefix(p, ".."), p)
+			}
+		})
+	}
+}
+
+func TestUnpackCorrupt(t *testing.T) {
+	t.Parallel()
+	tarball := unpackTar(t, unpackReg("a", strings.Repeat("x", 5000)))
+	gz := unpackCompress(t, prefetch.CompressionGzip, tarball)
+	zs := unpackCompress(t, prefetch.CompressionZstd, tarball)
+	flip := func(b []byte, i int) []byte {
+		c := bytes.Clone(b)
+		c[i] ^= 0xff
+		return c
+	}
+	for _, tc := range []struct {
+		name    string
+		blob    []byte
+		c       prefetch.Compression
+		archive bool
+	}{
+		{"not gzip", []byte("plain"), prefetch.CompressionGzip, true},
+		{"empty gzip", nil, prefetch.CompressionGzip, false},
+		{"gzip body flipped", flip(gz, len(gz)/2), prefetch.CompressionGzip, true},
+		{"gzip truncated", gz[:len(gz)/2], prefetch.CompressionGzip, true},
+		{"gzip checksum", flip(gz, len(gz)-6), prefetch.CompressionGzip, false},
+		{"not zstd", []byte("plain text"), prefetch.CompressionZstd, true},
+		{"zstd truncated", zs[:len(zs)/2], prefetch.CompressionZstd, false},
+		{"tar truncated", tarball[:700], prefetch.CompressionNone, true},
+		{"tar header garbage", bytes.Repeat([]byte{'z'}, 1024), prefetch.CompressionNone, true},
+		{"unknown compression", tarball, prefetch.Compression("lz4"), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var m memPut
+			_, err := prefetch.Unpack(t.Context(), bytes.NewReader(tc.blob), prefetch.PackedLayer{Compression: tc.c, Archive: tc.archive, Path: "f"}, m.put)
+			require.Error(t, err)
+			assert.ErrorIs(t, err, cache.ErrInvalid)
+			assert.ErrorIs(t, err, cache.ErrPermanent)
+		})
+	}
+}
+
+func TestUnpackEntryLimit(t *testing.T) {
+	t.Parallel()
+	pr, pw := io.Pipe()
+	go func() {
+		tw := tar.NewWriter(pw)
+		for i := range prefetch.MaxUnpackEntries + 1 {
+			if err := tw.WriteHeader(&tar.Header{Name: "d" + strings.Repeat("x", i%7) + "/", Typeflag: tar.TypeDir, Mode: 0o755}); err != nil {
+				pw.CloseWithError(err)
+				return
+			}
+		}
+		pw.CloseWithError(tw.Close())
+	}()
+	var m memPut
+	_, err := prefetch.Unpack(t.Context(), pr, prefetch.PackedLayer{Archive: true}, m.put)
+	pr.Close()
+	assert.ErrorIs(t, err, cache.ErrInvalid)
+	assert.ErrorContains(t, err, "more than")
+}
+
+func TestUnpackPutAndSourceErrors(t *testing.T) {
+	t.Parallel()
+	blob := unpackTar(t, unpackReg("a", "x"), unpackReg("b", "y"))
+
+	t.Run("put", func(t *testing.T) {
+		t.Parallel()
+		errFull := errors.New("disk full")
+		_, err := prefetch.Unpack(t.Context(), bytes.NewReader(blob), prefetch.PackedLayer{Archive: true},
+			func(string, io.Reader) (cache.Descriptor, error) { return cache.Descriptor{}, errFull })
+		assert.ErrorIs(t, err, errFull)
+		assert.NotErrorIs(t, err, cache.ErrPermanent)
+		assert.ErrorContains(t, err, "storing a")
+	})
+	t.Run("source", func(t *testing.T) {
+		t.Parallel()
+		errIO := errors.New("input/output error")
+		gz := unpackCompress(t, prefetch.CompressionGzip, blob)
+		r := io.MultiReader(bytes.NewReader(gz[:20]), iotestErrReader{errIO})
+		var m memPut
+		_, err := prefetch.Unpack(t.Context(), r, prefetch.PackedLayer{Archive: true, Compression: prefetch.CompressionGzip}, m.put)
+		assert.ErrorIs(t, err, errIO)
+		assert.NotErrorIs(t, err, cache.ErrInvalid)
+	})
+	t.Run("canceled", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		var m memPut
+		_, err := prefetch.Unpack(ctx, bytes.NewReader(blob), prefetch.PackedLayer{Archive: true}, m.put)
+		assert.ErrorIs(t, err, context.Canceled)
+		assert.NotErrorIs(t, err, cache.ErrInvalid)
+		assert.Empty(t, m.files)
+	})
+	t.Run("bad file path", func(t *testing.T) {
+		t.Parallel()
+		var m memPut
+		_, err := prefetch.Unpack(t.Context(), strings.NewReader("x"), prefetch.PackedLayer{Path: ""}, m.put)
+		assert.ErrorIs(t, err, cache.ErrInvalid)
+		assert.Empty(t, m.files)
+	})
+}
+
+type iotestErrReader struct{ err error }
+
+func (r iotestErrReader) Read([]byte) (int, error) { return 0, r.err }
+
+// FuzzUnpack feeds arbitrary bytes through each compression and archive mode:
+// bad input must be an error, never a panic, and nothing may be stored
+// outside the layer's directory.
+func FuzzUnpack(f *testing.F) {
+	f.Add(unpackTar(f, unpackReg("a", "x"), unpackDir("d/"), unpackReg("d/b", "yy")), uint8(0))
+	f.Add(unpackCompress(f, prefetch.CompressionGzip, unpackTar(f, unpackReg("a", "x"))), uint8(1))
+	f.Add(unpackCompress(f, prefetch.CompressionZstd, unpackTar(f, unpackReg("a", "x"))), uint8(2))
+	f.Add(unpackTar(f, unpackReg("../a", "x")), uint8(4))
+	f.Add(unpackCompress(f, prefetch.CompressionGzip, []byte("file")), uint8(5))
+	f.Fuzz(func(t *testing.T, data []byte, mode uint8) {
+		layer := prefetch.PackedLayer{
+			Compression: []prefetch.Compression{prefetch.CompressionNone, prefetch.CompressionGzip, prefetch.CompressionZstd}[mode%3],
+			Archive:     mode&4 == 0,
+			Path:        "model",
+		}
+		if !layer.Archive {
+			layer.Path = "model/file"
+		}
+		var stored []string
+		files, err := prefetch.Unpack(t.Context(), bytes.NewReader(data), layer, func(p string, r io.Reader) (cache.Descriptor, error) {
+			stored = append(stored, p)
+			// Stop at 1 MiB: a tiny zstd input may decompress to gigabytes.
+			n, err := io.Copy(io.Discard, io.LimitReader(r, 1<<20+1))
+			if err == nil && n > 1<<20 {
+				err = errors.New("file too large for the fuzz test")
+			}
+			return cache.Descriptor{Digest: digest.FromString(p), Size: n}, err
+		})
+		for _, p := range stored {
+			if cache.ValidatePath(p) != nil || (p != layer.Path && !strings.HasPrefix(p, layer.Path+"/")) || path.Clean(p) != p {
+				t.Fatalf("stored %q outside %q", p, layer.Path)
+			}
+		}
+		if err != nil {
+			return
+		}
+		seen := make(map[string]bool)
+		for _, f := range files {
+			if seen[f.Path] {
+				t.Fatalf("duplicate %q", f.Path)
+			}
+			seen[f.Path] = true
+		}
+	})
+}
