@@ -182,10 +182,9 @@ func (m *Mirror) download(registry, repository string, desc cache.Descriptor) (*
 // status.
 func (m *Mirror) stream(w http.ResponseWriter, r *http.Request, dl *download, start, end int64, code int) {
 	d := dl.desc.Digest
-	cw := &countingWriter{ResponseWriter: w}
-	rc := http.NewResponseController(cw)
+	rc := http.NewResponseController(w)
 	sent := false // the status line
-	defer func() { m.m.bytes.WithLabelValues("fetch").Add(float64(cw.n)) }()
+	sentBytes := m.m.bytes.WithLabelValues("fetch")
 	fail := func(err error) {
 		if !sent {
 			if errors.Is(err, cache.ErrNotFound) {
@@ -209,8 +208,9 @@ func (m *Mirror) stream(w http.ResponseWriter, r *http.Request, dl *download, st
 		}
 		// io.CopyN hands an io.LimitedReader of the file to the connection,
 		// which sends it with sendfile.
-		n, err := io.CopyN(cw, f, to-from)
+		n, err := io.CopyN(w, f, to-from)
 		start += n
+		sentBytes.Add(float64(n))
 		if err != nil {
 			return false // the client is gone
 		}
