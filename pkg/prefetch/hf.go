@@ -1,0 +1,703 @@
+package prefetch
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/weightd/weightd/pkg/cache"
+)
+
+// DefaultHFEndpoint is the hub HFSource asks when no endpoint is given.
+const DefaultHFEndpoint = "https://huggingface.co"
+
+// Limits on what a hub may make HFSource hold or do.
+const (
+	// MaxHFInlineFile is the largest file not stored with LFS that HFSource
+	// accepts: such files (configs, tokenizers) are read whole into memory
+	// while resolving, to learn their sha256. The hub itself refuses larger
+	// ones outside LFS.
+	MaxHFInlineFile = 16 << 20
+	// MaxHFInlineTotal bounds the bytes of all such files of one model.
+	MaxHFInlineTotal = 256 << 20
+	// maxHFListing bounds the bytes of all pages of a tree listing together.
+	maxHFListing = 4 * MaxManifestSize
+	// maxHFPages bounds the pages of a tree listing.
+	maxHFPages = 10_000
+	// hfInlineFetches is how many small files are read at once.
+	hfInlineFetches = 8
+	// hfAPITimeout bounds each metadata request and small-file read, body
+	// included; a timeout is retried.
+	hfAPITimeout = 2 * time.Minute
+)
+
+// HFSource resolves KindHF references against a Hugging Face hub (or a
+// mirror speaking its API) and reads their files.
+//
+// Resolving asks the hub which commit the revision names (unless the
+// reference already gives a commit), then lists every file of the repository
+// at that commit (GET /api/models/{repo}/tree/{commit}?recursive=true,
+// following the Link header's pages). A file stored with LFS is known by the
+// sha256 and size in the listing and read later with ranged GETs of
+// /{repo}/resolve/{commit}/{path}, which the hub redirects to its CDN. A file
+// stored in git (config.json, tokenizer files…) has only a git blob id there,
+// so it is read whole while resolving (at most MaxHFInlineFile bytes each,
+// MaxHFInlineTotal together), checked against that id, hashed, and served from
+// memory.
+//
+// The model is named after the repository ("org/name") at the commit, so it
+// materialises as models--org--name/snapshots/<commit>/, the hub cache layout.
+//
+// The token, if any, is sent as "Authorization: Bearer …" only to the
+// endpoint's own scheme, host and port: never to the CDN a download is
+// redirected to, whatever the client's redirect policy.
+type HFSource struct {
+	endpoint *url.URL // no trailing slash
+	base     string   // endpoint as a string, no trailing slash
+	token    string
+	version  string
+	http     *HTTPSource // makes the requests; its client adds the token
+}
+
+// HFOption configures an HFSource.
+type HFOption func(*HFSource) error
+
+// WithHFEndpoint sets the hub's base URL (HF_ENDPOINT): an absolute http or
+// https URL, possibly with a path prefix, without query, fragment or user
+// information. The default is DefaultHFEndpoint.
+func WithHFEndpoint(endpoint string) HFOption {
+	return func(s *HFSource) error {
+		u, err := url.Parse(strings.TrimRight(endpoint, "/"))
+		switch {
+		case err != nil:
+			if ue, ok := err.(*url.Error); ok {
+				err = ue.Err
+			}
+			return fmt.Errorf("%w: hub endpoint: %v", cache.ErrInvalid, err)
+		case u.Scheme != "http" && u.Scheme != "https":
+			return fmt.Errorf("%w: hub endpoint %q: scheme must be http or https", cache.ErrInvalid, truncate(endpoint))
+		case u.Opaque != "" || u.Host == "" || u.Hostname() == "":
+			return fmt.Errorf("%w: hub endpoint %q: want scheme://host[:port][/path]", cache.ErrInvalid, truncate(endpoint))
+		case u.User != nil:
+			return fmt.Errorf("%w: hub endpoint %q: user information is not allowed (use a token)", cache.ErrInvalid, truncate(endpoint))
+		case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+			return fmt.Errorf("%w: hub endpoint %q: no query or fragment allowed", cache.ErrInvalid, truncate(endpoint))
+		case u.Port() != "" && !validPort(u.Port()):
+			return fmt.Errorf("%w: hub endpoint %q: port out of range", cache.ErrInvalid, truncate(endpoint))
+		}
+		u.Host = strings.ToLower(u.Host)
+		s.endpoint = u
+		return nil
+	}
+}
+
+// WithHFToken sets the access token (HF_TOKEN) sent to the hub as a bearer
+// token; "" sends none. It must be printable ASCII without spaces.
+func WithHFToken(token string) HFOption {
+	return func(s *HFSource) error {
+		for i := 0; i < len(token); i++ {
+			if c := token[i]; c <= ' ' || c >= 0x7f {
+				return fmt.Errorf("%w: hub token: byte %d is not printable ASCII", cache.ErrInvalid, i)
+			}
+		}
+		s.token = token
+		return nil
+	}
+}
+
+// WithHFVersion sets the version sent in the User-Agent header
+// ("weightd/<version>"); the default is "dev".
+func WithHFVersion(version string) HFOption {
+	return func(s *HFSource) error {
+		s.version = version
+		return nil
+	}
+}
+
+// NewHFSource returns a source for hub references that makes its requests
+// with client (nil: a client with no overall timeout over
+// http.DefaultTransport; stalled downloads are the cache's to detect). The
+// client's redirect policy applies; the Range header survives redirects, the
+// token never leaves the endpoint's host.
+func NewHFSource(client *http.Client, opts ...HFOption) (*HFSource, error) {
+	s := &HFSource{version: "dev"}
+	if err := WithHFEndpoint(DefaultHFEndpoint)(s); err != nil {
+		return nil, err
+	}
+	for _, o := range opts {
+		if err := o(s); err != nil {
+			return nil, err
+		}
+	}
+	s.base = s.endpoint.String()
+	if client == nil {
+		client = &http.Client{Transport: http.DefaultTransport}
+	}
+	if s.token != "" {
+		c := *client
+		base := c.Transport
+		if base == nil {
+			base = http.DefaultTransport
+		}
+		c.Transport = &hfAuthTransport{base: base, origin: origin(s.endpoint), auth: "Bearer " + s.token}
+		client = &c
+	}
+	s.http = NewHTTPSource(client, WithVersion(s.version))
+	return s, nil
+}
+
+// hfAuthTransport adds the Authorization header to requests for one origin
+// only, so that no redirect can carry it elsewhere.
+type hfAuthTransport struct {
+	base   http.RoundTripper
+	origin string
+	auth   string
+}
+
+func (t *hfAuthTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if origin(req.URL) != t.origin || req.Header.Get("Authorization") != "" {
+		return t.base.RoundTrip(req)
+	}
+	r := req.Clone(req.Context())
+	r.Header.Set("Authorization", t.auth)
+	return t.base.RoundTrip(r)
+}
+
+// origin is "scheme://host:port" of u, lower-cased, with the default port
+// made explicit.
+func origin(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		switch u.Scheme {
+		case "https":
+			port = "443"
+		case "http":
+			port = "80"
+		}
+	}
+	return strings.ToLower(u.Scheme + "://" + u.Hostname() + ":" + port)
+}
+
+// Resolve lists the repository's files at the commit the reference's
+// revision names and returns the model with one opener per blob.
+func (s *HFSource) Resolve(ctx context.Context, ref Ref) (*Resolution, error) {
+	if ref.Kind != KindHF || ref.Repository == "" || ref.Revision == "" {
+		return nil, cache.Permanent(fmt.Errorf("resolving %s: kind %q: %w", ref.Redacted(), ref.Kind, errors.ErrUnsupported))
+	}
+	res, err := s.resolve(ctx, ref)
+	if err != nil {
+		return nil, fmt.Errorf("resolving %s: %w", ref.Redacted(), err)
+	}
+	return res, nil
+}
+
+func (s *HFSource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
+	commit := ref.Revision
+	if !isCommit(commit) {
+		var err error
+		if commit, err = s.commit(ctx, ref.Repository, ref.Revision); err != nil {
+			return nil, err
+		}
+	}
+	entries, err := s.list(ctx, ref.Repository, commit)
+	if err != nil {
+		return nil, err
+	}
+	if len(entries) == 0 {
+		return nil, cache.Permanent(fmt.Errorf("%w: repository has no files at commit %s", cache.ErrNotFound, commit))
+	}
+	res := &Resolution{
+		Model: cache.Model{Name: ref.Repository, Revision: commit, Files: make([]cache.File, len(entries))},
+		Blobs: make(map[digest.Digest]cache.RangeOpener),
+	}
+	var inline []int
+	var inlineTotal int64
+	for i, e := range entries {
+		res.Model.Files[i].Path = e.Path
+		if e.LFS == nil {
+			if e.Size > MaxHFInlineFile {
+				return nil, cache.Permanent(fmt.Errorf("%w: file %q of %d bytes is not stored with LFS and larger than %d", cache.ErrInvalid, e.Path, e.Size, MaxHFInlineFile))
+			}
+			if inlineTotal += e.Size; inlineTotal > MaxHFInlineTotal {
+				return nil, cache.Permanent(fmt.Errorf("%w: files not stored with LFS add up to more than %d bytes", cache.ErrInvalid, MaxHFInlineTotal))
+			}
+			inline = append(inline, i)
+			continue
+		}
+		d := cache.Descriptor{Digest: digest.NewDigestFromEncoded(digest.SHA256, e.LFS.OID), Size: e.Size}
+		res.Model.Files[i].Descriptor = d
+		if _, ok := res.Blobs[d.Digest]; !ok {
+			res.Blobs[d.Digest] = &hfBlob{src: s, url: s.fileURL(ref.Repository, commit, e.Path), size: e.Size}
+		}
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(hfInlineFetches)
+	var mu sync.Mutex
+	for _, i := range inline {
+		g.Go(func() error {
+			e := entries[i]
+			data, err := s.fetchSmall(gctx, s.fileURL(ref.Repository, commit, e.Path), commit, e)
+			if err != nil {
+				return fmt.Errorf("file %q: %w", e.Path, err)
+			}
+			d := cache.Descriptor{Digest: digest.FromBytes(data), Size: e.Size}
+			mu.Lock()
+			defer mu.Unlock()
+			res.Model.Files[i].Descriptor = d
+			if _, ok := res.Blobs[d.Digest]; !ok {
+				res.Blobs[d.Digest] = memBlob(data)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	if err := res.Model.Validate(); err != nil {
+		return nil, cache.Permanent(fmt.Errorf("hub listing at %s: %w", commit, err))
+	}
+	return res, nil
+}
+
+// commit asks the hub which commit revision names.
+func (s *HFSource) commit(ctx context.Context, repo, revision string) (string, error) {
+	u, err := url.Parse(s.base + "/api/models/" + repo + "/revision/" + url.PathEscape(revision) + "?expand=sha")
+	if err != nil {
+		return "", cache.Permanent(fmt.Errorf("%w: %v", cache.ErrInvalid, err))
+	}
+	ctx, cancel := context.WithTimeout(ctx, hfAPITimeout)
+	defer cancel()
+	body, _, err := s.getJSON(ctx, u, MaxManifestSize)
+	if err != nil {
+		return "", err
+	}
+	var info struct {
+		SHA string `json:"sha"`
+	}
+	if err := json.Unmarshal(body, &info); err != nil {
+		return "", cache.Permanent(fmt.Errorf("%w: GET %s: model info: %v", cache.ErrInvalid, redact(u), err))
+	}
+	if !isCommit(info.SHA) {
+		return "", cache.Permanent(fmt.Errorf("%w: GET %s: model info names commit %q, want 40 lowercase hex digits", cache.ErrInvalid, redact(u), truncate(info.SHA)))
+	}
+	return info.SHA, nil
+}
+
+// list returns the files of the repository at commit, sorted by path,
+// following the listing's pages.
+func (s *HFSource) list(ctx context.Context, repo, commit string) ([]hfTreeEntry, error) {
+	u, err := url.Parse(s.base + "/api/models/" + repo + "/tree/" + commit + "?recursive=true")
+	if err != nil {
+		return nil, cache.Permanent(fmt.Errorf("%w: %v", cache.ErrInvalid, err))
+	}
+	var (
+		files []hfTreeEntry
+		total int64
+		read  int64
+		seen  = map[string]bool{u.String(): true}
+	)
+	for page := 0; u != nil; page++ {
+		if page == maxHFPages {
+			return nil, cache.Permanent(fmt.Errorf("%w: tree listing has more than %d pages", cache.ErrInvalid, maxHFPages))
+		}
+		pctx, cancel := context.WithTimeout(ctx, hfAPITimeout)
+		body, header, err := s.getJSON(pctx, u, maxHFListing-read)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		read += int64(len(body))
+		entries, err := parseHFTree(body)
+		if err != nil {
+			return nil, cache.Permanent(fmt.Errorf("GET %s: tree listing: %w", redact(u), err))
+		}
+		for _, e := range entries {
+			if e.Type != "file" {
+				continue
+			}
+			if len(files) == MaxManifestFiles {
+				return nil, cache.Permanent(fmt.Errorf("%w: repository has more than %d files", cache.ErrInvalid, MaxManifestFiles))
+			}
+			if e.Size > math.MaxInt64-total {
+				return nil, cache.Permanent(fmt.Errorf("%w: file sizes add up past %d bytes", cache.ErrInvalid, int64(math.MaxInt64)))
+			}
+			total += e.Size
+			files = append(files, e)
+		}
+		next, err := nextLink(header.Values("Link"), u)
+		if err != nil {
+			return nil, cache.Permanent(fmt.Errorf("GET %s: Link header: %w", redact(u), err))
+		}
+		if next != nil {
+			if origin(next) != origin(s.endpoint) {
+				return nil, cache.Permanent(fmt.Errorf("%w: GET %s: next page %s is not on the hub %s", cache.ErrInvalid, redact(u), redact(next), s.base))
+			}
+			if seen[next.String()] {
+				return nil, cache.Permanent(fmt.Errorf("%w: GET %s: the listing's pages loop", cache.ErrInvalid, redact(u)))
+			}
+			seen[next.String()] = true
+		}
+		u = next
+	}
+	slices.SortFunc(files, func(a, b hfTreeEntry) int { return strings.Compare(a.Path, b.Path) })
+	return files, nil
+}
+
+// getJSON GETs u and returns its body of at most limit bytes.
+func (s *HFSource) getJSON(ctx context.Context, u *url.URL, limit int64) ([]byte, http.Header, error) {
+	resp, err := s.http.do(ctx, http.MethodGet, u, func(h http.Header) { h.Set("Accept", "application/json") })
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, nil, hubStatusError(resp, u)
+	}
+	if resp.ContentLength > limit {
+		return nil, nil, cache.Permanent(fmt.Errorf("%w: GET %s: %d bytes, more than the %d allowed", cache.ErrInvalid, redact(u), resp.ContentLength, limit))
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		return nil, nil, fmt.Errorf("GET %s: %w", redact(u), err)
+	}
+	if int64(len(body)) > limit {
+		return nil, nil, cache.Permanent(fmt.Errorf("%w: GET %s: more than the %d bytes allowed", cache.ErrInvalid, redact(u), limit))
+	}
+	return body, resp.Header, nil
+}
+
+// fetchSmall reads a file not stored with LFS whole and checks it against
+// its size and git blob id.
+func (s *HFSource) fetchSmall(ctx context.Context, u *url.URL, commit string, e hfTreeEntry) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, hfAPITimeout)
+	defer cancel()
+	resp, err := s.http.do(ctx, http.MethodGet, u, func(h http.Header) { h.Set("Accept-Encoding", "identity") })
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, hubStatusError(resp, u)
+	}
+	if c := resp.Header.Get("X-Repo-Commit"); c != "" && c != commit {
+		return nil, cache.Permanent(fmt.Errorf("%w: GET %s: hub answered for commit %q", cache.ErrInvalid, redact(u), truncate(c)))
+	}
+	if resp.ContentLength >= 0 && resp.ContentLength != e.Size {
+		return nil, cache.Permanent(fmt.Errorf("%w: GET %s: %d bytes, the listing says %d", cache.ErrSizeMismatch, redact(u), resp.ContentLength, e.Size))
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, e.Size+1))
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", redact(u), err)
+	}
+	if int64(len(data)) != e.Size {
+		return nil, cache.Permanent(fmt.Errorf("%w: GET %s: %d bytes or more, the listing says %d", cache.ErrSizeMismatch, redact(u), len(data), e.Size))
+	}
+	if got := gitBlobID(data); got != e.OID {
+		// Bytes damaged on the way, or a hub that lies: worth another try.
+		return nil, fmt.Errorf("%w: GET %s: git blob id %s, the listing says %s", cache.ErrDigestMismatch, redact(u), got, e.OID)
+	}
+	return data, nil
+}
+
+// gitBlobID is git's object id of a blob holding data.
+func gitBlobID(data []byte) string {
+	h := sha1.New()
+	h.Write([]byte("blob " + strconv.Itoa(len(data)) + "\x00"))
+	h.Write(data)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// fileURL is /{repo}/resolve/{commit}/{path} on the hub, each path segment
+// escaped.
+func (s *HFSource) fileURL(repo, commit, path string) *url.URL {
+	segs := strings.Split(path, "/")
+	for i, seg := range segs {
+		segs[i] = url.PathEscape(seg)
+	}
+	u, err := url.Parse(s.base + "/" + repo + "/resolve/" + commit + "/" + strings.Join(segs, "/"))
+	if err != nil {
+		panic(err) // the base parsed, and every segment is escaped
+	}
+	return u
+}
+
+// hubStatusError is statusError with what the hub says in X-Error-Code and
+// X-Error-Message, and a hint for the errors people can fix.
+func hubStatusError(resp *http.Response, u *url.URL) error {
+	code := resp.Header.Get("X-Error-Code")
+	msg := resp.Header.Get("X-Error-Message")
+	err := statusError(resp, u)
+	var hint string
+	switch {
+	case code == "GatedRepo":
+		hint = "the repository is gated: accept its conditions on the hub and give a token (HF_TOKEN) of an account that was granted access"
+	case code == "RepoNotFound" || (code == "" && resp.StatusCode == http.StatusUnauthorized):
+		hint = "no such repository, or it is private: check the name, and give a token (HF_TOKEN) that can read it"
+	case code == "RevisionNotFound":
+		hint = "no such branch, tag or commit in the repository"
+	case code == "EntryNotFound":
+		hint = "no such file at that commit"
+	case resp.StatusCode == http.StatusForbidden:
+		hint = "access refused: the token (HF_TOKEN) may lack the read permission"
+	}
+	var sb strings.Builder
+	if code != "" {
+		sb.WriteString(" (hub error " + strconv.Quote(truncate(code)))
+		if msg != "" {
+			sb.WriteString(": " + strconv.Quote(truncate(msg)))
+		}
+		sb.WriteString(")")
+	} else if msg != "" {
+		sb.WriteString(" (hub says " + strconv.Quote(truncate(msg)) + ")")
+	}
+	if hint != "" {
+		sb.WriteString(": " + hint)
+	}
+	if sb.Len() == 0 {
+		return err
+	}
+	return fmt.Errorf("%w%s", err, sb.String())
+}
+
+// hfTreeEntry is one entry of a tree listing: a file or a directory.
+type hfTreeEntry struct {
+	Type string     `json:"type"`
+	OID  string     `json:"oid"`
+	Size int64      `json:"size"`
+	Path string     `json:"path"`
+	LFS  *hfTreeLFS `json:"lfs"`
+}
+
+type hfTreeLFS struct {
+	OID  string `json:"oid"` // sha256, hex
+	Size int64  `json:"size"`
+}
+
+// parseHFTree parses and checks one page of a tree listing: a JSON array of
+// entries. Directories are returned unchecked; every file must have a valid
+// path (see cache.ValidatePath; no control characters either), a size that
+// is not negative, and either an LFS sha256 (64 lowercase hex digits) with the
+// same size, or a git blob id (40 lowercase hex digits). Other entry types
+// are errors. Errors wrap cache.ErrInvalid.
+func parseHFTree(data []byte) ([]hfTreeEntry, error) {
+	var entries []hfTreeEntry
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&entries); err != nil {
+		return nil, fmt.Errorf("%w: %v", cache.ErrInvalid, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, fmt.Errorf("%w: data after the listing", cache.ErrInvalid)
+	}
+	for i := range entries {
+		e := &entries[i]
+		switch e.Type {
+		case "directory":
+			continue
+		case "file":
+		default:
+			return nil, fmt.Errorf("%w: entry %d: type %q (want file or directory)", cache.ErrInvalid, i, truncate(e.Type))
+		}
+		if err := cache.ValidatePath(e.Path); err != nil {
+			return nil, fmt.Errorf("entry %d: %w", i, err)
+		}
+		for j := 0; j < len(e.Path); j++ {
+			if c := e.Path[j]; c < ' ' || c == 0x7f {
+				return nil, fmt.Errorf("%w: entry %d: file path %q has a control character", cache.ErrInvalid, i, truncate(e.Path))
+			}
+		}
+		if e.Size < 0 {
+			return nil, fmt.Errorf("%w: file %q: negative size %d", cache.ErrInvalid, truncate(e.Path), e.Size)
+		}
+		if e.LFS != nil {
+			if !isHex(e.LFS.OID, 64) {
+				return nil, fmt.Errorf("%w: file %q: LFS oid %q is not a sha256", cache.ErrInvalid, truncate(e.Path), truncate(e.LFS.OID))
+			}
+			if e.LFS.Size != e.Size {
+				return nil, fmt.Errorf("%w: file %q: size %d, LFS size %d", cache.ErrInvalid, truncate(e.Path), e.Size, e.LFS.Size)
+			}
+		} else if !isHex(e.OID, 40) {
+			return nil, fmt.Errorf("%w: file %q: oid %q is not a git blob id", cache.ErrInvalid, truncate(e.Path), truncate(e.OID))
+		}
+	}
+	return entries, nil
+}
+
+// isHex reports whether s is n lowercase hex digits.
+func isHex(s string, n int) bool {
+	if len(s) != n {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// nextLink returns the target of the rel="next" link among Link header
+// values (RFC 8288), resolved against base, or nil when there is none.
+func nextLink(values []string, base *url.URL) (*url.URL, error) {
+	for _, v := range values {
+		for v = strings.TrimSpace(v); v != ""; v = strings.TrimLeft(v, " \t,") {
+			if v[0] != '<' {
+				return nil, fmt.Errorf("%w: %q: want <URI>", cache.ErrInvalid, truncate(v))
+			}
+			end := strings.IndexByte(v, '>')
+			if end < 0 {
+				return nil, fmt.Errorf("%w: %q: unterminated <URI>", cache.ErrInvalid, truncate(v))
+			}
+			target := v[1:end]
+			v = v[end+1:]
+			next := false
+			// Parameters run to the next ',' outside quotes.
+			for len(v) > 0 && v[0] != ',' {
+				v = strings.TrimLeft(v, " \t")
+				if v == "" || v[0] == ',' {
+					break
+				}
+				if v[0] != ';' {
+					return nil, fmt.Errorf("%w: %q: want ';' before a parameter", cache.ErrInvalid, truncate(v))
+				}
+				v = strings.TrimLeft(v[1:], " \t")
+				i := strings.IndexAny(v, "=;,")
+				if i < 0 {
+					i = len(v)
+				}
+				name := strings.ToLower(strings.TrimSpace(v[:i]))
+				v = v[i:]
+				var value string
+				if strings.HasPrefix(v, "=") {
+					v = strings.TrimLeft(v[1:], " \t")
+					if strings.HasPrefix(v, `"`) {
+						j := strings.IndexByte(v[1:], '"')
+						if j < 0 {
+							return nil, fmt.Errorf("%w: unterminated quoted parameter", cache.ErrInvalid)
+						}
+						value, v = v[1:j+1], v[j+2:]
+					} else {
+						j := strings.IndexAny(v, ";,")
+						if j < 0 {
+							j = len(v)
+						}
+						value, v = strings.TrimSpace(v[:j]), v[j:]
+					}
+				}
+				if name == "rel" && slices.Contains(strings.Fields(strings.ToLower(value)), "next") {
+					next = true
+				}
+			}
+			if next {
+				ref, err := url.Parse(target)
+				if err != nil {
+					return nil, fmt.Errorf("%w: next page URL: %v", cache.ErrInvalid, err)
+				}
+				u := base.ResolveReference(ref)
+				if u.Scheme != "http" && u.Scheme != "https" {
+					return nil, fmt.Errorf("%w: next page URL scheme %q", cache.ErrInvalid, truncate(u.Scheme))
+				}
+				u.Fragment, u.RawFragment = "", ""
+				return u, nil
+			}
+		}
+	}
+	return nil, nil
+}
+
+// memBlob is a blob held in memory: a small file read while resolving.
+type memBlob []byte
+
+// OpenRange reads the blob from off.
+func (b memBlob) OpenRange(_ context.Context, off int64) (io.ReadCloser, error) {
+	return b.OpenBoundedRange(context.Background(), off, int64(len(b))-off)
+}
+
+// OpenBoundedRange reads bytes [off, off+n) of the blob.
+func (b memBlob) OpenBoundedRange(_ context.Context, off, n int64) (io.ReadCloser, error) {
+	if off < 0 || n < 0 || off > int64(len(b)) || n > int64(len(b))-off {
+		return nil, cache.Permanent(fmt.Errorf("%w: bytes %d+%d outside a blob of %d bytes", cache.ErrInvalid, off, n, len(b)))
+	}
+	return io.NopCloser(bytes.NewReader(b[off : off+n])), nil
+}
+
+// hfBlob reads an LFS file with ranged GETs of its resolve URL at a commit,
+// which the hub redirects to its CDN.
+type hfBlob struct {
+	src  *HFSource
+	url  *url.URL
+	size int64
+}
+
+// OpenRange GETs the file from off with "Range: bytes=off-". A 206 must carry
+// "Content-Range: bytes off-(size-1)/size"; a 200 is accepted only from
+// offset 0 (a server that ignores Range cannot resume) and must have the
+// expected Content-Length when it has one. The hub's errors name its
+// X-Error-Code; 401, 403 and 404 are permanent, 429 and 5xx are not.
+func (b *hfBlob) OpenRange(ctx context.Context, off int64) (io.ReadCloser, error) {
+	return b.openRange(ctx, off, b.size)
+}
+
+// OpenBoundedRange GETs bytes [off, off+n) of the file, so that a chunk from
+// the origin costs it exactly its bytes. The reader ends after n bytes.
+func (b *hfBlob) OpenBoundedRange(ctx context.Context, off, n int64) (io.ReadCloser, error) {
+	if n < 0 || off < 0 || n > b.size-off {
+		return nil, cache.Permanent(fmt.Errorf("%w: bytes %d+%d outside a blob of %d bytes", cache.ErrInvalid, off, n, b.size))
+	}
+	body, err := b.openRange(ctx, off, off+n)
+	if err != nil {
+		return nil, err
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.LimitReader(body, n), body}, nil
+}
+
+func (b *hfBlob) openRange(ctx context.Context, off, end int64) (io.ReadCloser, error) {
+	if off < 0 || off > b.size {
+		return nil, cache.Permanent(fmt.Errorf("%w: offset %d outside a blob of %d bytes", cache.ErrInvalid, off, b.size))
+	}
+	if off == end {
+		return http.NoBody, nil
+	}
+	resp, err := b.src.http.do(ctx, http.MethodGet, b.url, func(h http.Header) {
+		spec := "bytes=" + strconv.FormatInt(off, 10) + "-"
+		if end < b.size {
+			spec += strconv.FormatInt(end-1, 10)
+		}
+		h.Set("Range", spec)
+		h.Set("Accept-Encoding", "identity")
+	})
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode >= 400 && resp.StatusCode != http.StatusRequestedRangeNotSatisfiable {
+		return nil, hubStatusError(resp, b.url)
+	}
+	if resp.StatusCode == http.StatusOK && off > 0 {
+		drainClose(resp.Body)
+		return nil, cache.Permanent(fmt.Errorf("GET %s: the server ignored Range (HTTP 200 for bytes %d-): cannot resume", redact(b.url), off))
+	}
+	if err := (&httpBlob{url: b.url, size: b.size}).check(resp, off, end); err != nil {
+		drainClose(resp.Body)
+		return nil, fmt.Errorf("GET %s: %w", redact(b.url), err)
+	}
+	return resp.Body, nil
+}
