@@ -471,3 +471,62 @@ func TestNewRejects(t *testing.T) {
 	_, err := New(nil, up)
 	assert.ErrorIs(t, err, cache.ErrInvalid)
 }
+
+// TestBlobCoalesced checks that clients asking at once for a missing blob
+// share one fetch and all get the right bytes.
+func TestBlobCoalesced(t *testing.T) {
+	t.Parallel()
+	up := newFakeUpstream()
+	img := up.addImage(1, "docker.io", "library/app", "v1", 6*testChunk+7)
+	layer := img.layers[0]
+	d := digest.FromBytes(layer)
+	up.gate, up.gateAt = make(chan struct{}), 2*testChunk
+	tm := newTestMirror(t, up)
+	const clients = 4
+	errs := make(chan error, clients)
+	for range clients {
+		go func() {
+			resp, err := tm.srv.Client().Get(tm.srv.URL + "/v2/library/app/blobs/" + d.String())
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			if err == nil && string(body) != string(layer) {
+				err = assert.AnError
+			}
+			errs <- err
+		}()
+	}
+	require.Eventually(t, func() bool { return tm.requests("blob", outcomeMiss) == clients }, 5*time.Second, 5*time.Millisecond)
+	close(up.gate)
+	for range clients {
+		require.NoError(t, <-errs)
+	}
+	assert.Equal(t, int32(1), up.opens.Load(), "one fetch")
+}
+
+// TestCloseEndsFetches checks that Close stops the fetches requests started
+// and that the streaming request ends short.
+func TestCloseEndsFetches(t *testing.T) {
+	t.Parallel()
+	up := newFakeUpstream()
+	img := up.addImage(1, "docker.io", "library/app", "v1", 6*testChunk)
+	d := digest.FromBytes(img.layers[0])
+	up.gate, up.gateAt = make(chan struct{}), 2*testChunk
+	defer close(up.gate)
+	tm := newTestMirror(t, up)
+	resp, err := tm.srv.Client().Get(tm.srv.URL + "/v2/library/app/blobs/" + d.String())
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.NoError(t, tm.Close())
+	_, err = io.ReadAll(resp.Body)
+	assert.Error(t, err, "a short body")
+	_, err = tm.store.Stat(d)
+	assert.ErrorIs(t, err, cache.ErrNotFound)
+	resp2, body, err := tm.do(t, http.MethodGet, "/v2/library/app/blobs/"+d.String())
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusServiceUnavailable, resp2.StatusCode, "%s", body)
+}
