@@ -1,0 +1,461 @@
+// Package containerd puts an image whose blobs are already in weightd's cache
+// into the node's containerd, so that the kubelet (through containerd's CRI
+// plugin) finds it present and starts containers without pulling it.
+//
+// An import writes the blobs containerd lacks into its content store, with
+// the labels containerd itself sets on a pull (the gc.ref.content references
+// from index to manifest to config and layers, the distribution source) so
+// its garbage collector keeps them; unpacks the image for the snapshotter;
+// and only then creates or updates the image record. Until that last step
+// the content is held by a containerd lease, so a failed import leaves no
+// image record pointing at missing content or at an image not unpacked, and
+// whatever it wrote is collected once the lease is gone.
+package containerd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/pkg/labels"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/platforms"
+	"github.com/opencontainers/go-digest"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/weightd/weightd/pkg/prefetch"
+)
+
+// BlobOpener opens a complete, verified blob by digest: the cache's *Store.
+type BlobOpener interface {
+	Open(d digest.Digest) (*os.File, error)
+}
+
+// ErrUnreachable marks an import that failed because containerd did not
+// answer (not running, restarting): worth retrying.
+var ErrUnreachable = errors.New("containerd unreachable")
+
+// criManagedLabel is the label the CRI plugin puts on the images it pulls.
+const criManagedLabel = "io.cri-containerd.image"
+
+// Importer imports images from the cache into containerd. It connects on
+// the first Import and again after containerd restarts. It is safe for
+// concurrent use; imports of the same image name run one at a time.
+type Importer struct {
+	cfg      Config
+	blobs    BlobOpener
+	log      *slog.Logger
+	m        *metrics
+	platform platforms.MatchComparer
+
+	mu     sync.Mutex
+	client *containerd.Client
+	names  map[string]*nameLock
+	closed bool
+}
+
+// New returns an Importer into the containerd cfg names, reading blobs from
+// blobs. Zero fields of cfg take DefaultConfig's values. It starts nothing
+// and does not connect.
+func New(cfg Config, blobs BlobOpener, opts ...Option) (*Importer, error) {
+	if blobs == nil {
+		return nil, fmt.Errorf("%w: no blob opener", ErrInvalidConfig)
+	}
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	o := options{logger: slog.New(slog.DiscardHandler)}
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+	m, err := newMetrics(o.registerer)
+	if err != nil {
+		return nil, err
+	}
+	spec, _ := platforms.Parse(cfg.Platform) // checked by withDefaults
+	return &Importer{
+		cfg:      cfg,
+		blobs:    blobs,
+		log:      o.logger,
+		m:        m,
+		platform: platforms.Only(spec),
+		names:    make(map[string]*nameLock),
+	}, nil
+}
+
+// Config returns the configuration in use, defaults filled in.
+func (im *Importer) Config() Config { return im.cfg }
+
+// Close closes the connection to containerd; Import fails afterwards.
+func (im *Importer) Close() error {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	im.closed = true
+	if im.client == nil {
+		return nil
+	}
+	err := im.client.Close()
+	im.client = nil
+	return err
+}
+
+// Import makes img present and unpacked in containerd under img.Name
+// (normalised: "busybox" is docker.io/library/busybox:latest). Blobs
+// containerd already has are not written again; an image already imported
+// costs a few round trips. The image record is created (or its target
+// updated) only once every blob is in containerd and the image is unpacked.
+//
+// Errors: an image that cannot be valid (a manifest naming a blob the image
+// lacks, no manifest for the platform) is wrapped with cache.Permanent; a
+// blob missing from the cache wraps the opener's error; containerd not
+// answering wraps ErrUnreachable. Nothing is left half-imported: a retry
+// picks up where a failed import stopped.
+func (im *Importer) Import(ctx context.Context, img *prefetch.Image) (err error) {
+	start := time.Now()
+	var written int64
+	defer func() {
+		outcome := outcomeOK
+		if err != nil {
+			outcome = outcomeError
+		}
+		im.m.seconds.WithLabelValues(outcome).Observe(time.Since(start).Seconds())
+		if err != nil {
+			im.log.Warn("image import failed", "image", nameOf(img), "error", err)
+		} else {
+			im.log.Info("image imported", "image", nameOf(img), "bytes_written", written, "duration", time.Since(start))
+		}
+	}()
+
+	p, err := newPlan(img, im.blobs, im.platform, im.cfg.Platform)
+	if err != nil {
+		return err
+	}
+	defer p.close()
+
+	unlock, err := im.lockName(ctx, p.name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+
+	c, err := im.connect(ctx)
+	if err != nil {
+		return err
+	}
+	ctx = namespaces.WithNamespace(ctx, im.cfg.Namespace)
+	ctx, done, err := c.WithLease(ctx)
+	if err != nil {
+		return im.wrap(c, "creating a lease", err)
+	}
+	defer func() {
+		// The image record (or the failure) makes the lease moot; delete it
+		// even if ctx has ended.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if derr := done(dctx); derr != nil {
+			im.log.Debug("deleting the import lease", "image", p.name, "error", derr)
+		}
+	}()
+
+	written, err = im.writeBlobs(ctx, c, p)
+	im.m.bytes.Add(float64(written))
+	if err != nil {
+		return err
+	}
+
+	ci := containerd.NewImageWithPlatform(c, images.Image{Name: p.name, Target: p.target}, im.platform)
+	if err := ci.Unpack(ctx, im.cfg.Snapshotter); err != nil {
+		return im.wrap(c, fmt.Sprintf("unpacking %s for %s", p.name, im.cfg.Snapshotter), err)
+	}
+
+	if err := im.putRecord(ctx, c, p); err != nil {
+		return err
+	}
+	return nil
+}
+
+// writeBlobs writes the blobs containerd lacks, the layers and config
+// concurrently, then the manifest and the index, and returns the bytes
+// written.
+func (im *Importer) writeBlobs(ctx context.Context, c *containerd.Client, p *plan) (int64, error) {
+	cs := c.ContentStore()
+	var (
+		mu      sync.Mutex
+		written int64
+	)
+	write := func(ctx context.Context, b *planBlob) error {
+		n, err := im.writeBlob(ctx, c, cs, p.name, b)
+		mu.Lock()
+		written += n
+		mu.Unlock()
+		return err
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(im.cfg.Concurrency)
+	var parents []*planBlob
+	for _, b := range p.blobs {
+		if b.parent { // a manifest or an index
+			parents = append(parents, b)
+			continue
+		}
+		g.Go(func() error { return write(gctx, b) })
+	}
+	if err := g.Wait(); err != nil {
+		return written, err
+	}
+	for _, b := range parents {
+		if err := write(ctx, b); err != nil {
+			return written, err
+		}
+	}
+	return written, nil
+}
+
+// writeBlob writes one blob into the content store unless it is there
+// already, in which case it only adds the labels it lacks. An ingest left
+// by an interrupted import is resumed.
+func (im *Importer) writeBlob(ctx context.Context, c *containerd.Client, cs content.Store, name string, b *planBlob) (int64, error) {
+	d := b.desc.Digest
+	info, err := cs.Info(ctx, d)
+	switch {
+	case err == nil:
+		return 0, im.addLabels(ctx, c, cs, info, b)
+	case !errdefs.IsNotFound(err):
+		return 0, im.wrap(c, fmt.Sprintf("looking up %s", d), err)
+	}
+
+	w, err := content.OpenWriter(ctx, cs, content.WithRef("weightd-import-"+d.String()), content.WithDescriptor(b.desc))
+	if errdefs.IsAlreadyExists(err) { // committed meanwhile by another writer
+		info, err := cs.Info(ctx, d)
+		if err != nil {
+			return 0, im.wrap(c, fmt.Sprintf("looking up %s", d), err)
+		}
+		return 0, im.addLabels(ctx, c, cs, info, b)
+	}
+	if err != nil {
+		return 0, im.wrap(c, fmt.Sprintf("opening a writer for %s", d), err)
+	}
+	defer w.Close()
+	st, err := w.Status()
+	if err != nil {
+		return 0, im.wrap(c, fmt.Sprintf("writing %s", d), err)
+	}
+	off := st.Offset
+	if off < 0 || off > b.desc.Size {
+		if err := w.Truncate(0); err != nil {
+			return 0, im.wrap(c, fmt.Sprintf("writing %s", d), err)
+		}
+		off = 0
+	}
+	if off > 0 {
+		im.log.Debug("resuming a blob's ingest", "image", name, "digest", d, "offset", off)
+	}
+	// Large writes: each is one round trip to containerd (at most 8 MiB).
+	buf := make([]byte, 4<<20)
+	n, err := io.CopyBuffer(writerOnly{w}, io.NewSectionReader(b.file, off, b.desc.Size-off), buf)
+	if err != nil {
+		return n, im.wrap(c, fmt.Sprintf("writing %s", d), err)
+	}
+	if err := w.Commit(ctx, b.desc.Size, d, content.WithLabels(b.labels)); err != nil {
+		if errdefs.IsAlreadyExists(err) {
+			return n, nil
+		}
+		return n, im.wrap(c, fmt.Sprintf("committing %s", d), err)
+	}
+	return n, nil
+}
+
+// addLabels sets the labels of b that info lacks.
+func (im *Importer) addLabels(ctx context.Context, c *containerd.Client, cs content.Store, info content.Info, b *planBlob) error {
+	if info.Size != b.desc.Size {
+		return invalid("blob %s is %d bytes in containerd, the image says %d", b.desc.Digest, info.Size, b.desc.Size)
+	}
+	missing := map[string]string{}
+	var fields []string
+	for k, v := range b.labels {
+		if info.Labels[k] == v {
+			continue
+		}
+		if old := info.Labels[k]; old != "" && strings.HasPrefix(k, labels.LabelDistributionSource+".") {
+			v = appendRepo(old, v)
+			if v == old {
+				continue
+			}
+		}
+		missing[k] = v
+		fields = append(fields, "labels."+k)
+	}
+	if len(fields) == 0 {
+		return nil
+	}
+	if _, err := cs.Update(ctx, content.Info{Digest: b.desc.Digest, Labels: missing}, fields...); err != nil {
+		return im.wrap(c, fmt.Sprintf("labelling %s", b.desc.Digest), err)
+	}
+	return nil
+}
+
+// putRecord creates the image record, or points an existing one at the
+// target.
+func (im *Importer) putRecord(ctx context.Context, c *containerd.Client, p *plan) error {
+	is := c.ImageService()
+	rec := images.Image{Name: p.name, Target: p.target, Labels: map[string]string{criManagedLabel: "managed"}}
+	existing, err := is.Get(ctx, p.name)
+	switch {
+	case err == nil:
+		if existing.Target.Digest == p.target.Digest && existing.Labels[criManagedLabel] != "" {
+			return nil
+		}
+		rec.Labels = maps.Clone(existing.Labels)
+		if rec.Labels == nil {
+			rec.Labels = map[string]string{}
+		}
+		rec.Labels[criManagedLabel] = "managed"
+		if _, err := is.Update(ctx, rec, "target", "labels."+criManagedLabel); err != nil {
+			return im.wrap(c, fmt.Sprintf("updating the image record %s", p.name), err)
+		}
+		return nil
+	case !errdefs.IsNotFound(err):
+		return im.wrap(c, fmt.Sprintf("looking up the image record %s", p.name), err)
+	}
+	if _, err := is.Create(ctx, rec); err != nil {
+		if errdefs.IsAlreadyExists(err) { // created meanwhile, by a pull
+			if _, err := is.Update(ctx, rec, "target", "labels."+criManagedLabel); err != nil {
+				return im.wrap(c, fmt.Sprintf("updating the image record %s", p.name), err)
+			}
+			return nil
+		}
+		return im.wrap(c, fmt.Sprintf("creating the image record %s", p.name), err)
+	}
+	return nil
+}
+
+// connect returns the client, connecting if there is none, and checks that
+// containerd answers; a client whose connection broke (containerd
+// restarted) is replaced by a fresh one.
+func (im *Importer) connect(ctx context.Context) (*containerd.Client, error) {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	if im.closed {
+		return nil, errors.New("importer closed")
+	}
+	for attempt := range 2 {
+		if im.client == nil {
+			c, err := containerd.New(im.cfg.Address, containerd.WithTimeout(5*time.Second))
+			if err != nil {
+				return nil, fmt.Errorf("containerd at %s unreachable: %w: %w", im.cfg.Address, ErrUnreachable, err)
+			}
+			im.client = c
+		}
+		vctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := im.client.Version(vctx)
+		cancel()
+		if err == nil {
+			return im.client, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		_ = im.client.Close()
+		im.client = nil
+		if attempt == 1 || !isUnreachable(err) {
+			return nil, fmt.Errorf("containerd at %s unreachable: %w: %w", im.cfg.Address, ErrUnreachable, err)
+		}
+	}
+	panic("unreachable")
+}
+
+// wrap adds what was being done to err and, if containerd stopped
+// answering, marks it ErrUnreachable and drops the client so the next
+// import reconnects.
+func (im *Importer) wrap(c *containerd.Client, doing string, err error) error {
+	if !isUnreachable(err) {
+		return fmt.Errorf("%s: %w", doing, err)
+	}
+	im.mu.Lock()
+	if im.client == c {
+		_ = im.client.Close()
+		im.client = nil
+	}
+	im.mu.Unlock()
+	return fmt.Errorf("%s: containerd at %s unreachable: %w: %w", doing, im.cfg.Address, ErrUnreachable, err)
+}
+
+func isUnreachable(err error) bool {
+	if errdefs.IsUnavailable(err) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return true
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.Canceled:
+		return true
+	}
+	return false
+}
+
+// nameLock serialises the imports of one image name.
+type nameLock struct {
+	ch   chan struct{} // holds a token while the name is locked
+	refs int
+}
+
+func (im *Importer) lockName(ctx context.Context, name string) (unlock func(), err error) {
+	im.mu.Lock()
+	l := im.names[name]
+	if l == nil {
+		l = &nameLock{ch: make(chan struct{}, 1)}
+		im.names[name] = l
+	}
+	l.refs++
+	im.mu.Unlock()
+	release := func() {
+		im.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(im.names, name)
+		}
+		im.mu.Unlock()
+	}
+	select {
+	case l.ch <- struct{}{}:
+		return func() { <-l.ch; release() }, nil
+	case <-ctx.Done():
+		release()
+		return nil, ctx.Err()
+	}
+}
+
+// appendRepo adds repo to a distribution source label's comma-separated
+// repositories, as containerd does.
+func appendRepo(old, repo string) string {
+	for r := range strings.SplitSeq(old, ",") {
+		if r == repo {
+			return old
+		}
+	}
+	return old + "," + repo
+}
+
+func nameOf(img *prefetch.Image) string {
+	if img == nil {
+		return ""
+	}
+	return img.Name
+}
+
+// writerOnly hides everything but Write, so io.CopyBuffer uses the buffer
+// given rather than the reader's WriteTo with its small one.
+type writerOnly struct{ io.Writer }
