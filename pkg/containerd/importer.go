@@ -354,6 +354,17 @@ func (im *Importer) connect(ctx context.Context) (*containerd.Client, error) {
 	if im.closed {
 		return nil, errors.New("importer closed")
 	}
+	// containerd's dialer waits for a missing socket to appear; a daemon
+	// that is not running is told at once instead.
+	if path, ok := socketPath(im.cfg.Address); ok {
+		if _, err := os.Stat(path); err != nil {
+			if im.client != nil {
+				_ = im.client.Close()
+				im.client = nil
+			}
+			return nil, fmt.Errorf("containerd at %s unreachable: %w: %w", im.cfg.Address, ErrUnreachable, err)
+		}
+	}
 	for attempt := range 2 {
 		if im.client == nil {
 			c, err := containerd.New(im.cfg.Address, containerd.WithTimeout(5*time.Second))
@@ -394,6 +405,15 @@ func (im *Importer) wrap(c *containerd.Client, doing string, err error) error {
 	}
 	im.mu.Unlock()
 	return fmt.Errorf("%s: containerd at %s unreachable: %w: %w", doing, im.cfg.Address, ErrUnreachable, err)
+}
+
+// socketPath returns the file of a unix socket address ("/path",
+// "unix:///path").
+func socketPath(addr string) (string, bool) {
+	if p, ok := strings.CutPrefix(addr, "unix://"); ok {
+		return p, true
+	}
+	return addr, strings.HasPrefix(addr, "/")
 }
 
 func isUnreachable(err error) bool {

@@ -271,4 +271,3 @@ func readJSON(b *planBlob, v any) error {
 	}
 	return json.Unmarshal(data, v)
 }
-
