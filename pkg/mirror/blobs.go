@@ -50,7 +50,7 @@ func (m *Mirror) serveBlob(w http.ResponseWriter, r *http.Request, registry stri
 	if !ok {
 		w.Header().Set("Content-Range", fmt.Sprintf("bytes */%d", size))
 		m.m.request(routeBlob, outcomeError)
-		(&apiError{status: http.StatusRequestedRangeNotSatisfiable, code: "BLOB_UNKNOWN", message: "range not satisfiable"}).write(w, r)
+		(&apiError{status: http.StatusRequestedRangeNotSatisfiable, code: "UNSUPPORTED", message: "range not satisfiable"}).write(w, r)
 		return
 	}
 	w.Header().Set("Accept-Ranges", "bytes")
@@ -68,6 +68,8 @@ func (m *Mirror) serveBlob(w http.ResponseWriter, r *http.Request, registry stri
 	}
 	dl, err := m.download(registry, rt.repository, desc)
 	if err != nil {
+		// containerd goes on to the next host: the upstream itself.
+		m.log.Warn("not fetching a blob for the mirror", "digest", d, "err", err)
 		m.m.request(routeBlob, outcomeError)
 		errUnavailable.write(w, r)
 		return
@@ -108,6 +110,11 @@ func (m *Mirror) blobSize(ctx context.Context, registry, repository string, d di
 	return size, nil
 }
 
+// maxDownloads bounds the blob fetches requests keep running at once.
+const maxDownloads = 256
+
+var errTooManyDownloads = fmt.Errorf("%d blob fetches already running", maxDownloads)
+
 // download is one fetch of a blob into the cache that requests started; the
 // requests streaming the blob wait on it.
 type download struct {
@@ -146,6 +153,9 @@ func (m *Mirror) download(registry, repository string, desc cache.Descriptor) (*
 	}
 	if dl, ok := m.downloads[desc.Digest]; ok && dl.desc.Size == desc.Size {
 		return dl, nil
+	}
+	if len(m.downloads) >= maxDownloads {
+		return nil, errTooManyDownloads
 	}
 	dl := &download{desc: desc, done: make(chan struct{}), wake: make(chan struct{})}
 	m.downloads[desc.Digest] = dl
