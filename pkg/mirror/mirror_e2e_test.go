@@ -21,7 +21,8 @@ import (
 
 // TestContainerdPullThroughMirror pulls an image with a real containerd
 // through the mirror, stops the upstream registry, and pulls it again into a
-// fresh containerd: the second pull is served from the cache alone.
+// fresh containerd: the second pull is served from the cache alone. A third,
+// with the mirror down and the registry up, falls back to the registry.
 func TestContainerdPullThroughMirror(t *testing.T) {
 	t.Parallel()
 	services.RequireContainerd(t)
@@ -65,6 +66,12 @@ func TestContainerdPullThroughMirror(t *testing.T) {
 	assert.Equal(t, served, reg.BytesServed(), "nothing from the upstream")
 	assert.Equal(t, 1.0, testutilRequests(m, "manifest", outcomeFallback), "the tag from its last known manifest")
 	assert.Positive(t, testutilRequests(m, "blob", outcomeHit))
+
+	// The agent down, the registry up: containerd falls back to the server.
+	require.NoError(t, reg.Start(ctx))
+	srv.Close()
+	pull("third, the mirror down")
+	assert.Greater(t, reg.BytesServed(), served, "from the upstream")
 }
 
 func testutilRequests(m *Mirror, kind, outcome string) float64 {
