@@ -37,6 +37,8 @@ type Store interface {
 	Fetch(ctx context.Context, desc cache.Descriptor, src cache.RangeOpener, progress cache.Progress) (cache.Info, error)
 }
 
+var _ Store = (*cache.Store)(nil)
+
 // Upstream is the registry the mirror falls back to (prefetch.OCISource).
 // Its methods are called concurrently.
 type Upstream interface {
@@ -162,7 +164,8 @@ func WithFetchTimeout(d time.Duration) Option {
 //
 // The registry is the ns query parameter containerd adds when it uses a
 // mirror. Mirror starts no goroutines but the blob fetches that requests
-// start, which Close ends.
+// start, which Close ends. Serve it without a WriteTimeout: a blob of
+// gigabytes takes what it takes.
 type Mirror struct {
 	store    Store
 	upstream Upstream
