@@ -179,6 +179,13 @@ func (t *hfAuthTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return t.base.RoundTrip(r)
 }
 
+// CloseIdleConnections closes the idle connections of the transport below.
+func (t *hfAuthTransport) CloseIdleConnections() {
+	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
 // origin is "scheme://host:port" of u, lower-cased, with the default port
 // made explicit.
 func origin(u *url.URL) string {
@@ -368,7 +375,7 @@ func (s *HFSource) getJSON(ctx context.Context, u *url.URL, limit int64) ([]byte
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, nil, hubStatusError(resp, u)
+		return nil, nil, s.statusError(resp, u)
 	}
 	if resp.ContentLength > limit {
 		return nil, nil, cache.Permanent(fmt.Errorf("%w: GET %s: %d bytes, more than the %d allowed", cache.ErrInvalid, redact(u), resp.ContentLength, limit))
@@ -394,7 +401,7 @@ func (s *HFSource) fetchSmall(ctx context.Context, u *url.URL, commit string, e 
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, hubStatusError(resp, u)
+		return nil, s.statusError(resp, u)
 	}
 	if c := resp.Header.Get("X-Repo-Commit"); c != "" && c != commit {
 		return nil, cache.Permanent(fmt.Errorf("%w: GET %s: hub answered for commit %q", cache.ErrInvalid, redact(u), truncate(c)))
@@ -438,18 +445,22 @@ func (s *HFSource) fileURL(repo, commit, path string) *url.URL {
 	return u
 }
 
-// hubStatusError is statusError with what the hub says in X-Error-Code and
+// statusError is statusError with what the hub says in X-Error-Code and
 // X-Error-Message, and a hint for the errors people can fix.
-func hubStatusError(resp *http.Response, u *url.URL) error {
+func (s *HFSource) statusError(resp *http.Response, u *url.URL) error {
 	code := resp.Header.Get("X-Error-Code")
 	msg := resp.Header.Get("X-Error-Message")
 	err := statusError(resp, u)
 	var hint string
 	switch {
-	case code == "GatedRepo":
+	case code == "GatedRepo" && s.token == "":
 		hint = "the repository is gated: accept its conditions on the hub and give a token (HF_TOKEN) of an account that was granted access"
-	case code == "RepoNotFound" || (code == "" && resp.StatusCode == http.StatusUnauthorized):
+	case code == "GatedRepo":
+		hint = "the repository is gated and the token (HF_TOKEN) given is not of an account that was granted access"
+	case (code == "RepoNotFound" || code == "" && resp.StatusCode == http.StatusUnauthorized) && s.token == "":
 		hint = "no such repository, or it is private: check the name, and give a token (HF_TOKEN) that can read it"
+	case code == "RepoNotFound" || code == "" && resp.StatusCode == http.StatusUnauthorized:
+		hint = "no such repository, or the token (HF_TOKEN) given is invalid or cannot read it"
 	case code == "RevisionNotFound":
 		hint = "no such branch, tag or commit in the repository"
 	case code == "EntryNotFound":
@@ -689,7 +700,7 @@ func (b *hfBlob) openRange(ctx context.Context, off, end int64) (io.ReadCloser, 
 		return nil, err
 	}
 	if resp.StatusCode >= 400 && resp.StatusCode != http.StatusRequestedRangeNotSatisfiable {
-		return nil, hubStatusError(resp, b.url)
+		return nil, b.src.statusError(resp, b.url)
 	}
 	if resp.StatusCode == http.StatusOK && off > 0 {
 		drainClose(resp.Body)
