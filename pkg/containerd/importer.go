@@ -173,16 +173,20 @@ func (im *Importer) Import(ctx context.Context, img *prefetch.Image) (err error)
 		}
 	}()
 
+	phase := time.Now()
 	written, err = im.writeBlobs(ctx, c, p)
 	im.m.bytes.Add(float64(written))
 	if err != nil {
 		return err
 	}
+	im.log.Debug("image blobs in containerd", "image", p.name, "bytes_written", written, "duration", time.Since(phase))
 
+	phase = time.Now()
 	ci := containerd.NewImageWithPlatform(c, images.Image{Name: p.name, Target: p.target}, im.platform)
 	if err := ci.Unpack(ctx, im.cfg.Snapshotter); err != nil {
 		return im.wrap(c, fmt.Sprintf("unpacking %s for %s", p.name, im.cfg.Snapshotter), err)
 	}
+	im.log.Debug("image unpacked", "image", p.name, "snapshotter", im.cfg.Snapshotter, "duration", time.Since(phase))
 
 	if err := im.putRecord(ctx, c, p); err != nil {
 		return err
