@@ -347,7 +347,8 @@ func (r *Repo) ID() string { return r.id }
 // Commit adds a commit holding exactly files (the previous commit's files
 // are not carried over), points branch at it (creating the branch) and
 // returns the commit's id: 40 hex digits. Branch may be a pull request ref
-// such as "refs/pr/1". It panics like AddRepo.
+// such as "refs/pr/1". It reads every file once, to hash it (a second or
+// so per GiB). It panics like AddRepo.
 func (r *Repo) Commit(branch, title string, files map[string]Content) string {
 	if !refRE.MatchString(branch) || commitRE.MatchString(branch) {
 		panic(fmt.Sprintf("hubtest: branch name %q", branch))

@@ -195,9 +195,9 @@ func (h *Hub) serveAPI(w http.ResponseWriter, r *http.Request, segs []string) {
 		hubError(w, http.StatusNotFound, "RevisionNotFound", "Invalid rev id: "+rev)
 		return
 	}
-	info, err := repo.info(c, r.URL.Query())
-	if err != nil {
-		hubError(w, http.StatusBadRequest, "", err.Error())
+	info, bad := repo.info(c, r.URL.Query())
+	if bad != "" {
+		hubError(w, http.StatusBadRequest, "", fmt.Sprintf("Invalid expand property: %q", bad))
 		return
 	}
 	writeJSON(w, info)
@@ -217,8 +217,9 @@ type lfsInfo struct {
 }
 
 // info is the model info of repo at commit c: all properties, or with
-// ?expand= only "_id", "id" and those named.
-func (repo *Repo) info(c *commit, q url.Values) (map[string]any, error) {
+// ?expand= only "_id", "id" and those named; bad is an unknown property
+// asked for.
+func (repo *Repo) info(c *commit, q url.Values) (info map[string]any, bad string) {
 	blobs := q.Get("blobs") == "true"
 	siblings := make([]sibling, 0, len(c.paths))
 	for _, p := range c.paths {
@@ -260,17 +261,17 @@ func (repo *Repo) info(c *commit, q url.Values) (map[string]any, error) {
 	}
 	expand := append(q["expand"], q["expand[]"]...)
 	if len(expand) == 0 {
-		return all, nil
+		return all, ""
 	}
 	out := map[string]any{"_id": all["_id"], "id": all["id"]}
 	for _, e := range expand {
 		v, ok := all[e]
 		if !ok {
-			return nil, fmt.Errorf("Invalid expand property: %q", e)
+			return nil, e
 		}
 		out[e] = v
 	}
-	return out, nil
+	return out, ""
 }
 
 // treeEntry is one entry of a tree listing, in the hub's shape.
