@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"os"
 	"strings"
 	"sync"
@@ -32,6 +31,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -188,10 +188,7 @@ func (im *Importer) Import(ctx context.Context, img *prefetch.Image) (err error)
 	}
 	im.log.Debug("image unpacked", "image", p.name, "snapshotter", im.cfg.Snapshotter, "duration", time.Since(phase))
 
-	if err := im.putRecord(ctx, c, p); err != nil {
-		return err
-	}
-	return nil
+	return im.putRecords(ctx, c, p)
 }
 
 // writeBlobs writes the blobs containerd lacks, the layers and config
@@ -314,37 +311,40 @@ func (im *Importer) addLabels(ctx context.Context, c *containerd.Client, cs cont
 	return nil
 }
 
-// putRecord creates the image record, or points an existing one at the
-// target.
-func (im *Importer) putRecord(ctx context.Context, c *containerd.Client, p *plan) error {
+// putRecords creates the image's records, or points existing ones at the
+// target: the image's name and, as the CRI plugin does on a pull, its
+// repository digest ("registry/repo@sha256:…", so a pod naming the image by
+// digest finds it too) and its ID (the config's digest).
+func (im *Importer) putRecords(ctx context.Context, c *containerd.Client, p *plan) error {
+	for _, name := range p.records {
+		if err := im.putRecord(ctx, c, name, p.target); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (im *Importer) putRecord(ctx context.Context, c *containerd.Client, name string, target ocispec.Descriptor) error {
 	is := c.ImageService()
-	rec := images.Image{Name: p.name, Target: p.target, Labels: map[string]string{criManagedLabel: "managed"}}
-	existing, err := is.Get(ctx, p.name)
+	rec := images.Image{Name: name, Target: target, Labels: map[string]string{criManagedLabel: "managed"}}
+	existing, err := is.Get(ctx, name)
 	switch {
 	case err == nil:
-		if existing.Target.Digest == p.target.Digest && existing.Labels[criManagedLabel] != "" {
+		if existing.Target.Digest == target.Digest && existing.Labels[criManagedLabel] != "" {
 			return nil
 		}
-		rec.Labels = maps.Clone(existing.Labels)
-		if rec.Labels == nil {
-			rec.Labels = map[string]string{}
+	case errdefs.IsNotFound(err):
+		if _, err = is.Create(ctx, rec); err == nil {
+			return nil
 		}
-		rec.Labels[criManagedLabel] = "managed"
-		if _, err := is.Update(ctx, rec, "target", "labels."+criManagedLabel); err != nil {
-			return im.wrap(c, fmt.Sprintf("updating the image record %s", p.name), err)
+		if !errdefs.IsAlreadyExists(err) { // else created meanwhile, by a pull
+			return im.wrap(c, fmt.Sprintf("creating the image record %s", name), err)
 		}
-		return nil
-	case !errdefs.IsNotFound(err):
-		return im.wrap(c, fmt.Sprintf("looking up the image record %s", p.name), err)
+	default:
+		return im.wrap(c, fmt.Sprintf("looking up the image record %s", name), err)
 	}
-	if _, err := is.Create(ctx, rec); err != nil {
-		if errdefs.IsAlreadyExists(err) { // created meanwhile, by a pull
-			if _, err := is.Update(ctx, rec, "target", "labels."+criManagedLabel); err != nil {
-				return im.wrap(c, fmt.Sprintf("updating the image record %s", p.name), err)
-			}
-			return nil
-		}
-		return im.wrap(c, fmt.Sprintf("creating the image record %s", p.name), err)
+	if _, err := is.Update(ctx, rec, "target", "labels."+criManagedLabel); err != nil {
+		return im.wrap(c, fmt.Sprintf("updating the image record %s", name), err)
 	}
 	return nil
 }

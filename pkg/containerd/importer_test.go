@@ -88,7 +88,7 @@ func imports(t *testing.T, reg *prometheus.Registry, outcome string) uint64 {
 // requireImported checks that name is in containerd as the CRI would want
 // it: a record pointing at target, unpacked for overlayfs (the top layer's
 // chain ID is a committed snapshot), listed by ctr.
-func (e *env) requireImported(t *testing.T, name string, target digest.Digest, diffIDs []digest.Digest) {
+func (e *env) requireImported(t *testing.T, name string, target, config digest.Digest, diffIDs []digest.Digest) {
 	t.Helper()
 	ctx := e.ctx(t)
 	rec, err := e.client.ImageService().Get(ctx, name)
@@ -106,6 +106,7 @@ func (e *env) requireImported(t *testing.T, name string, target digest.Digest, d
 	out, err := e.ctd.Ctr(t.Context(), "images", "ls", "-q")
 	require.NoError(t, err)
 	assert.Contains(t, strings.Fields(string(out)), name)
+	e.requireCRISees(t, name, target, config)
 	out, err = e.ctd.Ctr(t.Context(), "images", "check")
 	require.NoError(t, err)
 	for line := range strings.SplitSeq(string(out), "\n") {
@@ -115,10 +116,37 @@ func (e *env) requireImported(t *testing.T, name string, target digest.Digest, d
 	}
 }
 
+// requireCRISees waits until the CRI plugin (which learns of images from
+// containerd's events) reports name as present with config as its ID.
+func (e *env) requireCRISees(t *testing.T, name string, target, config digest.Digest) {
+	t.Helper()
+	var last *criImage
+	require.Eventually(t, func() bool {
+		img, err := criImageStatus(t.Context(), e.ctd.Address, name)
+		require.NoError(t, err)
+		last = img
+		return img != nil && img.ID == config.String()
+	}, 5*time.Second, 20*time.Millisecond, "the CRI sees %s", name)
+	assert.Contains(t, last.RepoTags, name)
+	assert.NotZero(t, last.Size)
+	// By digest too, as a pod may name it, once the name has a tag.
+	if i := strings.LastIndexByte(name, ':'); i > strings.LastIndexByte(name, '/') && !strings.Contains(name, "@") {
+		byDigest := name[:i] + "@" + target.String()
+		img, err := criImageStatus(t.Context(), e.ctd.Address, byDigest)
+		require.NoError(t, err)
+		require.NotNil(t, img, "the CRI sees %s", byDigest)
+		assert.Equal(t, config.String(), img.ID)
+		assert.Contains(t, last.RepoDigests, byDigest)
+	}
+}
+
 func (e *env) requireNoRecord(t *testing.T, name string) {
 	t.Helper()
 	_, err := e.client.ImageService().Get(e.ctx(t), name)
 	require.True(t, errdefs.IsNotFound(err), "no image record for %s: %v", name, err)
+	img, err := criImageStatus(t.Context(), e.ctd.Address, name)
+	require.NoError(t, err)
+	assert.Nil(t, img, "the CRI does not see %s", name)
 }
 
 func TestImport(t *testing.T) {
@@ -127,7 +155,7 @@ func TestImport(t *testing.T) {
 	fx := newFixture(t, e.store, "registry.example:5000/team/app:v1", fixtureOpts{layers: 3, seed: 1})
 
 	require.NoError(t, e.im.Import(t.Context(), fx.img))
-	e.requireImported(t, fx.img.Name, fx.img.Target.Digest, fx.diffIDs)
+	e.requireImported(t, fx.img.Name, fx.img.Target.Digest, fx.config, fx.diffIDs)
 	var total int64
 	for _, b := range fx.img.Blobs {
 		total += b.Size
@@ -161,7 +189,7 @@ func TestImport(t *testing.T) {
 	// containerd's GC keeps the image's content and snapshots.
 	_, err = e.ctd.Ctr(t.Context(), "content", "prune", "references")
 	if err == nil {
-		e.requireImported(t, fx.img.Name, fx.img.Target.Digest, fx.diffIDs)
+		e.requireImported(t, fx.img.Name, fx.img.Target.Digest, fx.config, fx.diffIDs)
 	}
 }
 
@@ -170,7 +198,7 @@ func TestImportIndexOnlyNodePlatform(t *testing.T) {
 	e := newEnv(t)
 	fx := newFixture(t, e.store, "registry.example/multi:latest", fixtureOpts{layers: 2, index: true, seed: 2})
 	require.NoError(t, e.im.Import(t.Context(), fx.img))
-	e.requireImported(t, fx.img.Name, fx.img.Target.Digest, fx.diffIDs)
+	e.requireImported(t, fx.img.Name, fx.img.Target.Digest, fx.config, fx.diffIDs)
 
 	// The index references the manifest present.
 	ii, err := e.client.ContentStore().Info(e.ctx(t), fx.img.Target.Digest)
@@ -183,7 +211,7 @@ func TestImportNormalisesTheName(t *testing.T) {
 	e := newEnv(t)
 	fx := newFixture(t, e.store, "busybox", fixtureOpts{layers: 1, seed: 3})
 	require.NoError(t, e.im.Import(t.Context(), fx.img))
-	e.requireImported(t, "docker.io/library/busybox:latest", fx.img.Target.Digest, fx.diffIDs)
+	e.requireImported(t, "docker.io/library/busybox:latest", fx.img.Target.Digest, fx.config, fx.diffIDs)
 }
 
 func TestImportContainerdDownThenRestarted(t *testing.T) {
@@ -206,7 +234,7 @@ func TestImportContainerdDownThenRestarted(t *testing.T) {
 	require.NoError(t, e.ctd.Start(t.Context()))
 	e.requireNoRecord(t, fx.img.Name)
 	require.NoError(t, e.im.Import(t.Context(), fx.img), "the importer reconnects")
-	e.requireImported(t, fx.img.Name, fx.img.Target.Digest, fx.diffIDs)
+	e.requireImported(t, fx.img.Name, fx.img.Target.Digest, fx.config, fx.diffIDs)
 }
 
 func TestImportNeverConnected(t *testing.T) {
@@ -253,7 +281,7 @@ func TestImportRestartMidImport(t *testing.T) {
 	require.NoError(t, e.ctd.Start(t.Context()))
 	e.requireNoRecord(t, fx.img.Name)
 	require.NoError(t, e.im.Import(t.Context(), fx.img))
-	e.requireImported(t, fx.img.Name, fx.img.Target.Digest, fx.diffIDs)
+	e.requireImported(t, fx.img.Name, fx.img.Target.Digest, fx.config, fx.diffIDs)
 }
 
 // missingOpener hides one blob of the cache.
@@ -331,7 +359,7 @@ func TestImportConcurrentSameName(t *testing.T) {
 	for _, err := range errs {
 		require.NoError(t, err)
 	}
-	e.requireImported(t, fx.img.Name, fx.img.Target.Digest, fx.diffIDs)
+	e.requireImported(t, fx.img.Name, fx.img.Target.Digest, fx.config, fx.diffIDs)
 	var total int64
 	for _, b := range fx.img.Blobs {
 		total += b.Size
@@ -346,7 +374,7 @@ func TestImportRetagUpdatesRecord(t *testing.T) {
 	b := newFixture(t, e.store, "registry.example/app:moving", fixtureOpts{layers: 2, seed: 12})
 	require.NoError(t, e.im.Import(t.Context(), a.img))
 	require.NoError(t, e.im.Import(t.Context(), b.img))
-	e.requireImported(t, b.img.Name, b.img.Target.Digest, b.diffIDs)
+	e.requireImported(t, b.img.Name, b.img.Target.Digest, b.config, b.diffIDs)
 }
 
 func TestNewRejectsBadConfig(t *testing.T) {

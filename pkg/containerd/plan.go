@@ -29,8 +29,9 @@ const maxManifestSize = 8 << 20
 // plan is an image checked against the cache and ready to import: every
 // blob open, its kind known, the labels containerd's GC needs computed.
 type plan struct {
-	name   string // the normalised reference: the image record's name
-	target ocispec.Descriptor
+	name    string   // the normalised reference: the image record's name
+	records []string // name, then the repository digest and the ID records the CRI keeps
+	target  ocispec.Descriptor
 	// blobs in import order: layers and config first, then the manifest,
 	// then the index, so that parents are committed after their children.
 	blobs []*planBlob
@@ -190,6 +191,14 @@ func newPlan(img *prefetch.Image, blobs BlobOpener, platform platforms.MatchComp
 		}
 	}
 	maps.Copy(manifest.labels, childLabels(children))
+
+	p.records = []string{p.name}
+	if _, tagged := named.(reference.Tagged); tagged {
+		if rd, err := reference.WithDigest(reference.TrimNamed(named), p.target.Digest); err == nil {
+			p.records = append(p.records, rd.String())
+		}
+	}
+	p.records = append(p.records, m.Config.Digest.String())
 
 	config := byDigest[m.Config.Digest]
 	var cfg ocispec.Image

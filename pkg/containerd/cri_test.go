@@ -1,0 +1,130 @@
+package containerd_test
+
+import (
+	"context"
+	"fmt"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// criImage is what the CRI's ImageStatus says of an image: what the kubelet
+// sees.
+type criImage struct {
+	ID          string
+	RepoTags    []string
+	RepoDigests []string
+	Size        uint64
+}
+
+// criImageStatus asks containerd's CRI plugin (runtime.v1.ImageService) for
+// the status of ref, as the kubelet does before deciding to pull. The
+// messages are encoded by hand to keep k8s.io/cri-api out of the module: the
+// request is ImageStatusRequest{image: ImageSpec{image: ref}}, the answer
+// ImageStatusResponse{image: Image{id, repo_tags, repo_digests, size}}, nil
+// when the CRI does not have the image.
+func criImageStatus(ctx context.Context, address, ref string) (*criImage, error) {
+	conn, err := grpc.NewClient("unix://"+address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	spec := protowire.AppendTag(nil, 1, protowire.BytesType)
+	spec = protowire.AppendString(spec, ref)
+	req := protowire.AppendTag(nil, 1, protowire.BytesType)
+	req = protowire.AppendBytes(req, spec)
+	var resp []byte
+	if err := conn.Invoke(ctx, "/runtime.v1.ImageService/ImageStatus", &req, &resp, grpc.ForceCodecV2(rawCodec{})); err != nil {
+		return nil, err
+	}
+	img, err := field(resp, 1)
+	if err != nil || img == nil {
+		return nil, err
+	}
+	out := &criImage{}
+	for b := img; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		b = b[n:]
+		switch {
+		case typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return nil, protowire.ParseError(n)
+			}
+			switch num {
+			case 1:
+				out.ID = string(v)
+			case 2:
+				out.RepoTags = append(out.RepoTags, string(v))
+			case 3:
+				out.RepoDigests = append(out.RepoDigests, string(v))
+			}
+			b = b[n:]
+		case typ == protowire.VarintType && num == 4:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return nil, protowire.ParseError(n)
+			}
+			out.Size = v
+			b = b[n:]
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return nil, protowire.ParseError(n)
+			}
+			b = b[n:]
+		}
+	}
+	return out, nil
+}
+
+// field returns the first length-delimited field num of a message, or nil.
+func field(b []byte, num protowire.Number) ([]byte, error) {
+	for len(b) > 0 {
+		n, typ, l := protowire.ConsumeTag(b)
+		if l < 0 {
+			return nil, protowire.ParseError(l)
+		}
+		b = b[l:]
+		if n == num && typ == protowire.BytesType {
+			v, l := protowire.ConsumeBytes(b)
+			if l < 0 {
+				return nil, protowire.ParseError(l)
+			}
+			return v, nil
+		}
+		l = protowire.ConsumeFieldValue(n, typ, b)
+		if l < 0 {
+			return nil, protowire.ParseError(l)
+		}
+		b = b[l:]
+	}
+	return nil, nil
+}
+
+// rawCodec passes already-encoded protobuf messages through gRPC.
+type rawCodec struct{}
+
+func (rawCodec) Name() string { return "proto" }
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	b, ok := v.(*[]byte)
+	if !ok {
+		return nil, fmt.Errorf("rawCodec: cannot marshal %T", v)
+	}
+	return mem.BufferSlice{mem.SliceBuffer(*b)}, nil
+}
+
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	b, ok := v.(*[]byte)
+	if !ok {
+		return fmt.Errorf("rawCodec: cannot unmarshal into %T", v)
+	}
+	*b = data.Materialize()
+	return nil
+}
