@@ -434,8 +434,9 @@ func TestHFRangesThroughRedirect(t *testing.T) {
 	assert.ErrorIs(t, err, cache.ErrPermanent)
 }
 
-// fakeHub answers the revision and tree endpoints with canned bodies.
-func fakeHub(t *testing.T, tree func(w http.ResponseWriter, r *http.Request)) string {
+// fakeHub answers the revision and tree endpoints with canned bodies, and
+// resolve with file, if given.
+func fakeHub(t *testing.T, tree func(w http.ResponseWriter, r *http.Request), file ...http.HandlerFunc) string {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
@@ -443,6 +444,8 @@ func fakeHub(t *testing.T, tree func(w http.ResponseWriter, r *http.Request)) st
 			io.WriteString(w, `{"id":"org/model","sha":"`+strings.Repeat("c", 40)+`"}`)
 		case strings.Contains(r.URL.Path, "/tree/"):
 			tree(w, r)
+		case strings.Contains(r.URL.Path, "/resolve/") && len(file) > 0:
+			file[0](w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -491,6 +494,28 @@ func TestHFUntrustedListing(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.want)
 		})
 	}
+}
+
+func TestHFServerIgnoringRange(t *testing.T) {
+	t.Parallel()
+	data := []byte("0123456789")
+	d := digest.FromBytes(data)
+	endpoint := fakeHub(t, func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, `[{"type":"file","oid":"`+strings.Repeat("0", 40)+`","size":10,"path":"m.bin","lfs":{"oid":"`+d.Encoded()+`","size":10,"pointerSize":130}}]`)
+	}, func(w http.ResponseWriter, r *http.Request) {
+		w.Write(data) // 200 whatever the Range
+	})
+	res, err := hfResolve(t, hfSource(t, endpoint), "hf://org/model")
+	require.NoError(t, err)
+	rc, err := res.Blobs[d].OpenRange(t.Context(), 0)
+	require.NoError(t, err)
+	got, err := io.ReadAll(rc)
+	rc.Close()
+	require.NoError(t, err)
+	assert.Equal(t, data, got)
+	_, err = res.Blobs[d].OpenRange(t.Context(), 5)
+	assert.ErrorIs(t, err, cache.ErrPermanent)
+	assert.Contains(t, err.Error(), "ignored Range")
 }
 
 func TestHFListingTooLarge(t *testing.T) {
