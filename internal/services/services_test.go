@@ -89,6 +89,15 @@ func TestRegistryTokenAuth(t *testing.T) {
 	}
 	_, err = services.PushRandomImage(ctx, reg.Addr, "private/img", "anon", 1, 1024, nil)
 	require.Error(t, err, "anonymous push is refused")
+
+	// containerd's resolver (OAuth2 POST first) gets tokens too.
+	if services.ContainerdAvailable() == nil {
+		ctd := services.NewContainerdT(t, services.ContainerdConfig{})
+		_, err := ctd.Ctr(ctx, "images", "pull", "--plain-http", img.Ref)
+		require.Error(t, err, "anonymous pull is refused")
+		_, err = ctd.Ctr(ctx, "images", "pull", "--plain-http", "--user", reg.Username+":"+reg.Password, img.Ref)
+		require.NoError(t, err)
+	}
 }
 
 func TestContainerdPullStopStart(t *testing.T) {
