@@ -1,0 +1,422 @@
+package prefetch
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"path"
+	"runtime"
+	"slices"
+	"strings"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/weightd/weightd/pkg/cache"
+)
+
+// OCI, Docker and ModelPack media types this package knows.
+const (
+	MediaTypeOCIManifest    = "application/vnd.oci.image.manifest.v1+json"
+	MediaTypeOCIIndex       = "application/vnd.oci.image.index.v1+json"
+	MediaTypeDockerManifest = "application/vnd.docker.distribution.manifest.v2+json"
+	MediaTypeDockerList     = "application/vnd.docker.distribution.manifest.list.v2+json"
+
+	MediaTypeOCIConfig    = "application/vnd.oci.image.config.v1+json"
+	MediaTypeDockerConfig = "application/vnd.docker.container.image.v1+json"
+
+	// MediaTypeModelConfig is the config of a ModelPack model artifact (and
+	// its artifactType).
+	MediaTypeModelConfig = "application/vnd.cnai.model.config.v1+json"
+	// MediaTypeModelManifest is a manifest media type some ModelPack tools
+	// use for model artifacts.
+	MediaTypeModelManifest = "application/vnd.cnai.model.manifest.v1+json"
+
+	// AnnotationModelFilepath is the layer annotation of a ModelPack model
+	// that names the file (or, for an archive, the file or directory packed)
+	// in the model.
+	AnnotationModelFilepath = "org.cncf.model.filepath"
+	// annotationTitle names a file in ORAS artifacts; used when a raw layer
+	// has no AnnotationModelFilepath.
+	annotationTitle = "org.opencontainers.image.title"
+)
+
+// Prefixes of ModelPack media types: "cnai" is the released spec, "cncf"
+// the name later drafts moved to.
+var modelTypePrefixes = []string{"application/vnd.cnai.model.", "application/vnd.cncf.model."}
+
+// isModelType reports whether mt is a ModelPack config or manifest type.
+func isModelType(mt string) bool {
+	for _, p := range modelTypePrefixes {
+		if rest, ok := strings.CutPrefix(mt, p); ok && (rest == "config.v1+json" || rest == "manifest.v1+json") {
+			return true
+		}
+	}
+	return false
+}
+
+// modelLayer says how a ModelPack layer of media type mt is packed:
+// weight, weight.config, doc, code and dataset layers, raw, tar, tar+gzip or
+// tar+zstd; plain OCI layer types are tar archives too.
+func modelLayer(mt string) (c Compression, archive, ok bool) {
+	if c, ok := imageLayer(mt); ok {
+		return c, true, true
+	}
+	for _, p := range modelTypePrefixes {
+		rest, found := strings.CutPrefix(mt, p)
+		if !found {
+			continue
+		}
+		kind, format, found := strings.Cut(rest, ".v1.")
+		switch kind {
+		case "weight", "weight.config", "doc", "code", "dataset":
+		default:
+			return "", false, false
+		}
+		switch format {
+		case "raw":
+			return CompressionNone, false, found
+		case "tar":
+			return CompressionNone, true, found
+		case "tar+gzip":
+			return CompressionGzip, true, found
+		case "tar+zstd":
+			return CompressionZstd, true, found
+		}
+	}
+	return "", false, false
+}
+
+// imageLayer says how an image layer of media type mt is compressed.
+func imageLayer(mt string) (Compression, bool) {
+	switch mt {
+	case "application/vnd.oci.image.layer.v1.tar":
+		return CompressionNone, true
+	case "application/vnd.oci.image.layer.v1.tar+gzip", "application/vnd.docker.image.rootfs.diff.tar.gzip":
+		return CompressionGzip, true
+	case "application/vnd.oci.image.layer.v1.tar+zstd":
+		return CompressionZstd, true
+	}
+	return "", false
+}
+
+// isForeignLayer reports whether mt is a layer the registry does not serve
+// (Windows base layers and other non-distributable content).
+func isForeignLayer(mt string) bool {
+	return mt == "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip" ||
+		strings.HasPrefix(mt, "application/vnd.oci.image.layer.nondistributable.")
+}
+
+// ociDocument is an OCI or Docker image manifest or index, as much of it as
+// weightd reads.
+type ociDocument struct {
+	SchemaVersion int               `json:"schemaVersion"`
+	MediaType     string            `json:"mediaType"`
+	ArtifactType  string            `json:"artifactType"`
+	Config        *ociDescriptor    `json:"config"`
+	Layers        []ociDescriptor   `json:"layers"`
+	Manifests     []ociDescriptor   `json:"manifests"`
+	Annotations   map[string]string `json:"annotations"`
+}
+
+// ociDescriptor is a descriptor in a manifest or index.
+type ociDescriptor struct {
+	MediaType    string            `json:"mediaType"`
+	ArtifactType string            `json:"artifactType"`
+	Digest       digest.Digest     `json:"digest"`
+	Size         int64             `json:"size"`
+	URLs         []string          `json:"urls"`
+	Annotations  map[string]string `json:"annotations"`
+	Platform     *ociPlatform      `json:"platform"`
+}
+
+func (d ociDescriptor) descriptor() cache.Descriptor {
+	return cache.Descriptor{Digest: d.Digest, Size: d.Size}
+}
+
+// ociPlatform is the platform of an index entry.
+type ociPlatform struct {
+	OS           string `json:"os"`
+	Architecture string `json:"architecture"`
+	Variant      string `json:"variant"`
+}
+
+func (p ociPlatform) String() string {
+	s := p.OS + "/" + p.Architecture
+	if p.Variant != "" {
+		s += "/" + p.Variant
+	}
+	return s
+}
+
+// Limits of the documents parseOCIDocument accepts.
+const (
+	maxOCILayers    = 10_000
+	maxOCIManifests = 10_000
+)
+
+// parseOCIDocument parses a manifest or index and decides which it is from
+// its mediaType, else the Content-Type it was served with, else its shape. It
+// rejects Docker schema 1, unknown media types, documents that are both
+// (manifests and layers or config), and malformed descriptors. Errors wrap
+// cache.ErrInvalid.
+func parseOCIDocument(contentType string, body []byte) (doc *ociDocument, index bool, err error) {
+	doc = new(ociDocument)
+	if err := json.Unmarshal(body, doc); err != nil {
+		return nil, false, fmt.Errorf("%w: manifest is not JSON: %v", cache.ErrInvalid, err)
+	}
+	mt := doc.MediaType
+	if mt == "" {
+		mt = contentType
+	}
+	switch mt {
+	case MediaTypeOCIIndex, MediaTypeDockerList:
+		index = true
+	case MediaTypeOCIManifest, MediaTypeDockerManifest, MediaTypeModelManifest, "application/vnd.cncf.model.manifest.v1+json":
+	case "application/vnd.docker.distribution.manifest.v1+json", "application/vnd.docker.distribution.manifest.v1+prettyjws":
+		return nil, false, fmt.Errorf("%w: Docker schema 1 manifests (%s) are not supported", cache.ErrInvalid, mt)
+	case "", "application/json", "application/octet-stream", "text/plain":
+		// A registry that does not know the type: go by the shape.
+		index = doc.Manifests != nil
+		if !index && doc.Config == nil {
+			return nil, false, fmt.Errorf("%w: manifest has no mediaType and neither manifests nor config", cache.ErrInvalid)
+		}
+	default:
+		return nil, false, fmt.Errorf("%w: unknown manifest media type %q", cache.ErrInvalid, truncate(mt))
+	}
+	if doc.SchemaVersion != 2 {
+		return nil, false, fmt.Errorf("%w: manifest schemaVersion %d, want 2", cache.ErrInvalid, doc.SchemaVersion)
+	}
+	if index {
+		if doc.Config != nil || doc.Layers != nil {
+			return nil, false, fmt.Errorf("%w: index %s also has a config or layers", cache.ErrInvalid, mt)
+		}
+		if len(doc.Manifests) > maxOCIManifests {
+			return nil, false, fmt.Errorf("%w: index lists more than %d manifests", cache.ErrInvalid, maxOCIManifests)
+		}
+		for i, m := range doc.Manifests {
+			if err := m.descriptor().Validate(); err != nil {
+				return nil, false, fmt.Errorf("index entry %d: %w", i, err)
+			}
+		}
+		return doc, true, nil
+	}
+	if doc.Manifests != nil {
+		return nil, false, fmt.Errorf("%w: manifest %s also lists manifests", cache.ErrInvalid, mt)
+	}
+	if doc.Config == nil {
+		return nil, false, fmt.Errorf("%w: manifest has no config", cache.ErrInvalid)
+	}
+	if err := doc.Config.descriptor().Validate(); err != nil {
+		return nil, false, fmt.Errorf("config: %w", err)
+	}
+	if len(doc.Layers) > maxOCILayers {
+		return nil, false, fmt.Errorf("%w: manifest lists more than %d layers", cache.ErrInvalid, maxOCILayers)
+	}
+	for i, l := range doc.Layers {
+		if err := l.descriptor().Validate(); err != nil {
+			return nil, false, fmt.Errorf("layer %d: %w", i, err)
+		}
+	}
+	return doc, false, nil
+}
+
+// Platform is the platform whose manifest is picked from an index.
+type Platform struct {
+	OS           string
+	Architecture string
+	Variant      string // "v8" for arm64, "v7" for arm, "" for others unless set
+}
+
+// DefaultPlatform is the platform the agent runs on.
+func DefaultPlatform() Platform {
+	return Platform{OS: runtime.GOOS, Architecture: runtime.GOARCH}.normalize()
+}
+
+func (p Platform) String() string {
+	return ociPlatform{OS: p.OS, Architecture: p.Architecture, Variant: p.Variant}.String()
+}
+
+// normalize maps architecture aliases and default variants to one form.
+func (p Platform) normalize() Platform {
+	p.OS = strings.ToLower(p.OS)
+	p.Architecture = strings.ToLower(p.Architecture)
+	p.Variant = strings.ToLower(p.Variant)
+	switch p.Architecture {
+	case "x86_64", "x86-64":
+		p.Architecture = "amd64"
+	case "aarch64":
+		p.Architecture = "arm64"
+	case "armhf":
+		p.Architecture, p.Variant = "arm", "v7"
+	case "armel":
+		p.Architecture, p.Variant = "arm", "v6"
+	}
+	switch {
+	case p.Architecture == "arm64" && (p.Variant == "" || p.Variant == "8"):
+		p.Variant = "v8"
+	case p.Architecture == "arm" && p.Variant == "":
+		p.Variant = "v7"
+	case p.Architecture == "arm" && len(p.Variant) == 1:
+		p.Variant = "v" + p.Variant
+	case p.Architecture == "amd64" && p.Variant == "v1":
+		p.Variant = ""
+	}
+	return p
+}
+
+// match scores how well an index entry's platform suits p: 0 not at all, 2
+// exactly, 1 compatibly (an entry without variant, or an older arm variant).
+func (p Platform) match(e *ociPlatform) int {
+	if e == nil {
+		return 0
+	}
+	q := Platform{OS: e.OS, Architecture: e.Architecture, Variant: e.Variant}
+	variantGiven := q.Variant != ""
+	q = q.normalize()
+	switch {
+	case q.OS != p.OS || q.Architecture != p.Architecture:
+		return 0
+	case q.Variant == p.Variant && variantGiven:
+		return 2
+	case q.Variant == p.Variant, !variantGiven:
+		return 1
+	case p.Architecture == "arm" && q.Variant < p.Variant:
+		return 1
+	}
+	return 0
+}
+
+// selectManifest picks the entry of an index for platform p: the best match;
+// in an index whose entries carry no platform at all (an artifact index),
+// the first entry. Errors wrap cache.ErrNotFound.
+func selectManifest(doc *ociDocument, p Platform) (ociDescriptor, error) {
+	best, bestScore, anyPlatform := -1, 0, false
+	for i, m := range doc.Manifests {
+		if m.Platform != nil {
+			anyPlatform = true
+		}
+		if s := p.match(m.Platform); s > bestScore {
+			best, bestScore = i, s
+		}
+	}
+	if best >= 0 {
+		return doc.Manifests[best], nil
+	}
+	if !anyPlatform && len(doc.Manifests) > 0 {
+		return doc.Manifests[0], nil
+	}
+	var have []string
+	for _, m := range doc.Manifests {
+		if m.Platform != nil && m.Platform.OS != "unknown" {
+			have = append(have, m.Platform.String())
+		}
+	}
+	return ociDescriptor{}, fmt.Errorf("%w: no manifest for %s in the index (it has %s)", cache.ErrNotFound, p, strings.Join(cmpOr(have, []string{"none"}), ", "))
+}
+
+func cmpOr(a, b []string) []string {
+	if len(a) > 0 {
+		return a
+	}
+	return b
+}
+
+// isModelManifest reports whether a manifest is a ModelPack model artifact.
+func isModelManifest(doc *ociDocument) bool {
+	return isModelType(doc.ArtifactType) || isModelType(doc.MediaType) || (doc.Config != nil && isModelType(doc.Config.MediaType))
+}
+
+// modelContent lists a model artifact's files: raw layers as files, at the
+// path their annotation names; archive and compressed layers as packed
+// layers extracted at the model's root.
+func modelContent(doc *ociDocument) ([]cache.File, []PackedLayer, error) {
+	var (
+		files  []cache.File
+		packed []PackedLayer
+	)
+	for i, l := range doc.Layers {
+		c, archive, ok := modelLayer(l.MediaType)
+		if !ok {
+			if isForeignLayer(l.MediaType) {
+				return nil, nil, fmt.Errorf("%w: layer %d (%s) is a foreign layer (%s), which is not supported", cache.ErrInvalid, i, l.Digest, l.MediaType)
+			}
+			return nil, nil, fmt.Errorf("%w: layer %d (%s) has unknown media type %q", cache.ErrInvalid, i, l.Digest, truncate(l.MediaType))
+		}
+		if archive {
+			packed = append(packed, PackedLayer{Descriptor: l.descriptor(), MediaType: l.MediaType, Compression: c, Archive: true})
+			continue
+		}
+		p := l.Annotations[AnnotationModelFilepath]
+		if p == "" {
+			p = l.Annotations[annotationTitle]
+		}
+		if p == "" {
+			return nil, nil, fmt.Errorf("%w: raw layer %d (%s) has no %s annotation", cache.ErrInvalid, i, l.Digest, AnnotationModelFilepath)
+		}
+		if err := cache.ValidatePath(p); err != nil || path.Clean(p) != p {
+			return nil, nil, fmt.Errorf("%w: raw layer %d (%s): file path %q is not a relative, clean path", cache.ErrInvalid, i, l.Digest, truncate(p))
+		}
+		files = append(files, cache.File{Path: p, Descriptor: l.descriptor()})
+	}
+	if len(files) == 0 && len(packed) == 0 {
+		return nil, nil, fmt.Errorf("%w: model artifact has no layers", cache.ErrInvalid)
+	}
+	return files, packed, nil
+}
+
+// imageContent checks an image manifest's config and layers and returns its
+// blobs: config, then layers, each once.
+func imageContent(doc *ociDocument) ([]ImageBlob, error) {
+	switch doc.Config.MediaType {
+	case MediaTypeOCIConfig, MediaTypeDockerConfig:
+	default:
+		at := ""
+		if doc.ArtifactType != "" {
+			at = fmt.Sprintf(" (artifactType %q)", truncate(doc.ArtifactType))
+		}
+		return nil, fmt.Errorf("%w: unknown config media type %q%s: neither an image nor a ModelPack model", cache.ErrInvalid, truncate(doc.Config.MediaType), at)
+	}
+	blobs := []ImageBlob{{Descriptor: doc.Config.descriptor(), MediaType: doc.Config.MediaType}}
+	for i, l := range doc.Layers {
+		if _, ok := imageLayer(l.MediaType); !ok {
+			if isForeignLayer(l.MediaType) {
+				return nil, fmt.Errorf("%w: layer %d (%s) is a foreign layer (%s) served from elsewhere than the registry, which is not supported", cache.ErrInvalid, i, l.Digest, l.MediaType)
+			}
+			return nil, fmt.Errorf("%w: layer %d (%s) has unknown media type %q", cache.ErrInvalid, i, l.Digest, truncate(l.MediaType))
+		}
+		if !slices.ContainsFunc(blobs, func(b ImageBlob) bool { return b.Digest == l.Digest }) {
+			blobs = append(blobs, ImageBlob{Descriptor: l.descriptor(), MediaType: l.MediaType})
+		}
+	}
+	return blobs, nil
+}
+
+// modelName maps a repository path to a model name: the last component is
+// the name, the ones before it joined with '.' the organisation, each part
+// sanitised to the characters model names allow.
+func modelName(repository string) string {
+	parts := strings.Split(repository, "/")
+	name := sanitize(parts[len(parts)-1], 96, "model")
+	if len(parts) == 1 {
+		return name
+	}
+	return sanitize(strings.Join(parts[:len(parts)-1], "."), 96, "org") + "/" + name
+}
+
+// contentTypeOf strips the parameters from a Content-Type header.
+func contentTypeOf(h string) string {
+	mt, _, _ := strings.Cut(h, ";")
+	return strings.TrimSpace(mt)
+}
+
+// docMediaType is the media type of a manifest or index body: its own
+// mediaType field, else the type it was served with.
+func docMediaType(contentType string, body []byte) string {
+	var v struct {
+		MediaType string `json:"mediaType"`
+	}
+	if json.NewDecoder(bytes.NewReader(body)).Decode(&v) == nil && v.MediaType != "" {
+		return v.MediaType
+	}
+	return contentType
+}

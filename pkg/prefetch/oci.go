@@ -1,0 +1,885 @@
+package prefetch
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+	"github.com/opencontainers/go-digest"
+
+	"github.com/weightd/weightd/pkg/cache"
+)
+
+// DefaultMaxOCIManifestSize is the largest manifest or index an OCISource
+// accepts by default, in bytes: containerd's limit.
+const DefaultMaxOCIManifestSize = 4 << 20
+
+// Bounds on the authenticated transports an OCISource keeps.
+const (
+	ociTransportTTL  = 10 * time.Minute // then credentials are looked up again
+	ociMaxTransports = 256
+	ociMaxRedirects  = 10
+)
+
+// manifestAccept is what an OCISource asks registries for, best first.
+var manifestAccept = strings.Join([]string{
+	MediaTypeOCIIndex, MediaTypeOCIManifest, MediaTypeDockerList, MediaTypeDockerManifest, MediaTypeModelManifest,
+}, ", ")
+
+// OCISource resolves KindOCI references: container images and ModelPack
+// model artifacts in OCI registries (the distribution API), with anonymous,
+// basic or bearer-token authentication through go-containerregistry.
+//
+// A reference is resolved to the manifest its tag or digest names (the
+// digest verified when pinned); an index (OCI or Docker manifest list) is
+// resolved further to the manifest of the source's platform.
+//
+// A ModelPack model (artifactType or config media type
+// application/vnd.cnai.model.config.v1+json, or the manifest media type
+// application/vnd.cnai.model.manifest.v1+json; the later "cncf" spellings
+// too) becomes a model named after the repository (see modelName: the last
+// component is the name, the ones before it, joined with '.', the
+// organisation) at the revision of the manifest digest's 64 hex digits (so a
+// moved tag makes a new snapshot, never changes one in use). Its raw layers
+// are its files, at the path of their org.cncf.model.filepath annotation;
+// its tar, tar+gzip and tar+zstd layers are packed layers extracted at the
+// model's root.
+//
+// A container image (OCI or Docker image config, tar, tar+gzip or tar+zstd
+// layers) becomes an Image named "registry/repository:tag" (or
+// "@sha256:…" without a tag; Docker Hub as "docker.io/library/…") whose blobs
+// are the index (if any), the manifest, the config and the layers, and a
+// model of no files named after the repository at the tag (or the digest).
+//
+// Manifests and indexes are fetched at resolution and served from memory;
+// other blobs are read with ranged GETs that follow redirects to object
+// stores, sending the registry's credentials only to the registry.
+type OCISource struct {
+	base        http.RoundTripper
+	userAgent   string
+	insecure    map[string]bool
+	keychain    *dockerKeychain
+	platform    Platform
+	maxManifest int64
+
+	mu         sync.Mutex
+	transports map[string]cachedTransport // by registry/repository
+}
+
+type cachedTransport struct {
+	rt      http.RoundTripper
+	created time.Time
+}
+
+// OCIOption configures an OCISource.
+type OCIOption func(*OCISource)
+
+// WithOCITransport sets the transport requests go through (default
+// http.DefaultTransport). It sees the registry's authentication handshake
+// and every request; timeouts are the caller's contexts' and the cache's.
+func WithOCITransport(t http.RoundTripper) OCIOption {
+	return func(s *OCISource) { s.base = t }
+}
+
+// WithOCIVersion sets the version sent in the User-Agent header
+// ("weightd/<version>"); the default is "dev".
+func WithOCIVersion(version string) OCIOption {
+	return func(s *OCISource) { s.userAgent = "weightd/" + version }
+}
+
+// WithInsecureRegistries lets the source speak plain http to the given
+// registry hosts (host or host:port, as in references): https is tried
+// first, http after. Loopback registries (localhost, 127.0.0.0/8, ::1) are
+// always allowed plain http, and so, by go-containerregistry's rule, are
+// RFC 1918 addresses.
+func WithInsecureRegistries(hosts ...string) OCIOption {
+	return func(s *OCISource) {
+		for _, h := range hosts {
+			s.insecure[strings.ToLower(h)] = true
+		}
+	}
+}
+
+// WithDockerConfig adds the credentials of a Docker config.json file (its
+// "auths": "auth" as base64 user:password, or "username" and "password",
+// "identitytoken", "registrytoken"). The file is read whenever credentials
+// are looked up, so a rotated file is picked up; a missing file holds no
+// credentials. Credential helpers (credsStore, credHelpers) are not run.
+func WithDockerConfig(path string) OCIOption {
+	return func(s *OCISource) { s.keychain.files = append(s.keychain.files, path) }
+}
+
+// WithPullSecret adds the credentials of a Kubernetes image pull secret: the
+// content of its .dockerconfigjson key ({"auths": {...}}) or, for the older
+// kubernetes.io/dockercfg secrets, its .dockercfg key. Pull secrets are
+// tried before Docker config files, in the order given; a secret that does
+// not parse makes every resolution fail with a permanent error.
+func WithPullSecret(dockerConfigJSON []byte) OCIOption {
+	return func(s *OCISource) {
+		auths, err := parseDockerConfig(dockerConfigJSON)
+		if err != nil {
+			err = fmt.Errorf("pull secret %d: %w", len(s.keychain.secrets)+1, err)
+		}
+		s.keychain.secrets = append(s.keychain.secrets, dockerAuths{auths: auths, err: err})
+	}
+}
+
+// WithPlatform sets the platform picked from indexes (default: the agent's
+// own, see DefaultPlatform). Architecture aliases (x86_64, aarch64) are
+// understood; arm64 means arm64/v8.
+func WithPlatform(p Platform) OCIOption {
+	return func(s *OCISource) { s.platform = p.normalize() }
+}
+
+// WithMaxManifestSize sets the largest manifest or index accepted, in bytes
+// (default DefaultMaxOCIManifestSize). A larger one is a permanent error.
+func WithMaxManifestSize(n int64) OCIOption {
+	return func(s *OCISource) {
+		if n > 0 {
+			s.maxManifest = n
+		}
+	}
+}
+
+// NewOCISource returns an OCI registry source. It starts nothing and makes
+// no request until asked.
+func NewOCISource(opts ...OCIOption) *OCISource {
+	s := &OCISource{
+		base:        http.DefaultTransport,
+		userAgent:   "weightd/dev",
+		insecure:    make(map[string]bool),
+		keychain:    &dockerKeychain{},
+		platform:    DefaultPlatform(),
+		maxManifest: DefaultMaxOCIManifestSize,
+		transports:  make(map[string]cachedTransport),
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// Resolve fetches the manifest ref names (through its index, if any) and
+// returns the model or image with one opener per blob.
+func (s *OCISource) Resolve(ctx context.Context, ref Ref) (*Resolution, error) {
+	if ref.Kind != KindOCI {
+		return nil, cache.Permanent(fmt.Errorf("resolving %s: kind %q: %w", ref.Redacted(), ref.Kind, errors.ErrUnsupported))
+	}
+	res, err := s.resolve(ctx, ref)
+	if err != nil {
+		return nil, fmt.Errorf("resolving %s: %w", ref.Redacted(), err)
+	}
+	return res, nil
+}
+
+func (s *OCISource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
+	repo, err := s.repository(ref.Registry, ref.Repository)
+	if err != nil {
+		return nil, err
+	}
+	reference := ref.Tag
+	if ref.Digest != "" {
+		reference = ref.Digest.String()
+	}
+	ct, body, top, err := s.fetchManifest(ctx, repo, reference, nil)
+	if err != nil {
+		return nil, err
+	}
+	doc, isIndex, err := parseOCIDocument(ct, body)
+	if err != nil {
+		return nil, cache.Permanent(fmt.Errorf("manifest %s: %w", top, err))
+	}
+	target := ImageBlob{Descriptor: cache.Descriptor{Digest: top, Size: int64(len(body))}, MediaType: docMediaType(ct, body)}
+	res := &Resolution{Blobs: map[digest.Digest]cache.RangeOpener{top: bytesBlob(body)}}
+	var imageBlobs []ImageBlob
+	manifest := target
+	if isIndex {
+		imageBlobs = append(imageBlobs, target)
+		entry, err := selectManifest(doc, s.platform)
+		if err != nil {
+			return nil, cache.Permanent(fmt.Errorf("index %s: %w", top, err))
+		}
+		switch entry.MediaType {
+		case MediaTypeOCIIndex, MediaTypeDockerList:
+			return nil, cache.Permanent(fmt.Errorf("%w: index %s: the entry for %s (%s) is itself an index, which is not supported", cache.ErrInvalid, top, s.platform, entry.Digest))
+		}
+		want := entry.descriptor()
+		ct, body, _, err = s.fetchManifest(ctx, repo, entry.Digest.String(), &want)
+		if err != nil {
+			return nil, err
+		}
+		if doc, isIndex, err = parseOCIDocument(cmpOrString(entry.MediaType, ct), body); err != nil {
+			return nil, cache.Permanent(fmt.Errorf("manifest %s: %w", entry.Digest, err))
+		}
+		if isIndex {
+			return nil, cache.Permanent(fmt.Errorf("%w: index %s: the entry for %s (%s) is itself an index, which is not supported", cache.ErrInvalid, top, s.platform, entry.Digest))
+		}
+		manifest = ImageBlob{Descriptor: want, MediaType: docMediaType(cmpOrString(entry.MediaType, ct), body)}
+		res.Blobs[want.Digest] = bytesBlob(body)
+	}
+	imageBlobs = append(imageBlobs, manifest)
+
+	if isModelManifest(doc) {
+		files, packed, err := modelContent(doc)
+		if err != nil {
+			return nil, cache.Permanent(fmt.Errorf("model manifest %s: %w", manifest.Digest, err))
+		}
+		res.Model = cache.Model{Name: modelName(ref.Repository), Revision: top.Encoded(), Files: files}
+		res.Packed = packed
+		clear(res.Blobs) // the manifest and index are not part of the model
+		for _, f := range files {
+			res.Blobs[f.Digest] = s.blob(repo, f.Descriptor)
+		}
+		for _, l := range packed {
+			res.Blobs[l.Digest] = s.blob(repo, l.Descriptor)
+		}
+		if err := res.Model.Validate(); err != nil {
+			return nil, cache.Permanent(fmt.Errorf("model manifest %s: %w", manifest.Digest, err))
+		}
+		return res, nil
+	}
+
+	blobs, err := imageContent(doc)
+	if err != nil {
+		return nil, cache.Permanent(fmt.Errorf("manifest %s: %w", manifest.Digest, err))
+	}
+	for _, b := range blobs {
+		if _, ok := res.Blobs[b.Digest]; !ok {
+			res.Blobs[b.Digest] = s.blob(repo, b.Descriptor)
+		}
+		if !slicesContainsBlob(imageBlobs, b.Digest) {
+			imageBlobs = append(imageBlobs, b)
+		}
+	}
+	res.Image = &Image{Name: imageName(repo, ref), Target: target, Blobs: imageBlobs}
+	rev := top.Encoded()
+	if ref.Tag != "" {
+		rev = sanitize(ref.Tag, 128, rev)
+	}
+	res.Model = cache.Model{Name: modelName(ref.Repository), Revision: rev}
+	return res, nil
+}
+
+func slicesContainsBlob(bs []ImageBlob, d digest.Digest) bool {
+	for _, b := range bs {
+		if b.Digest == d {
+			return true
+		}
+	}
+	return false
+}
+
+func cmpOrString(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// imageName is the containerd name of an image: registry/repository:tag,
+// or @digest without a tag; Docker Hub is "docker.io".
+func imageName(repo name.Repository, ref Ref) string {
+	reg := repo.RegistryStr()
+	if reg == name.DefaultRegistry {
+		reg = "docker.io"
+	}
+	n := reg + "/" + repo.RepositoryStr()
+	if ref.Tag != "" {
+		return n + ":" + ref.Tag
+	}
+	return n + "@" + ref.Digest.String()
+}
+
+// Manifest fetches the manifest or index reference (a tag or a digest)
+// names in registry/repository, for the node's registry mirror. It returns
+// the media type (the document's own, else the one it was served with), the
+// bytes as served and their digest, verified when reference is a digest. A
+// document larger than the size limit is a permanent error; one the
+// registry does not have is an error wrapping cache.ErrNotFound.
+func (s *OCISource) Manifest(ctx context.Context, registry, repository, reference string) (mediaType string, body []byte, d digest.Digest, err error) {
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("fetching manifest %s/%s:%s: %w", truncate(registry), truncate(repository), truncate(reference), err)
+		}
+	}()
+	repo, err := s.repository(registry, repository)
+	if err != nil {
+		return "", nil, "", err
+	}
+	if strings.Contains(reference, ":") {
+		if _, err := cache.ParseDigest(reference); err != nil {
+			return "", nil, "", cache.Permanent(err)
+		}
+	} else if !ociTagRE.MatchString(reference) {
+		return "", nil, "", cache.Permanent(fmt.Errorf("%w: tag %q", cache.ErrInvalid, truncate(reference)))
+	}
+	ct, body, d, err := s.fetchManifest(ctx, repo, reference, nil)
+	if err != nil {
+		return "", nil, "", err
+	}
+	return docMediaType(ct, body), body, d, nil
+}
+
+// BlobSize asks the registry for the size of blob d of registry/repository
+// (HEAD). A blob the registry does not have is an error wrapping
+// cache.ErrNotFound.
+func (s *OCISource) BlobSize(ctx context.Context, registry, repository string, d digest.Digest) (int64, error) {
+	size, err := s.blobSize(ctx, registry, repository, d)
+	if err != nil {
+		return 0, fmt.Errorf("stat blob %s in %s/%s: %w", d, truncate(registry), truncate(repository), err)
+	}
+	return size, nil
+}
+
+func (s *OCISource) blobSize(ctx context.Context, registry, repository string, d digest.Digest) (int64, error) {
+	if err := cache.ValidateDigest(d); err != nil {
+		return 0, cache.Permanent(err)
+	}
+	repo, err := s.repository(registry, repository)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := s.do(ctx, repo, http.MethodHead, "blobs/"+d.String(), nil)
+	if err != nil {
+		return 0, err
+	}
+	defer drainClose(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return 0, registryError(resp)
+	}
+	if got := resp.Header.Get("Docker-Content-Digest"); got != "" && got != d.String() && strings.HasPrefix(got, "sha256:") {
+		return 0, cache.Permanent(fmt.Errorf("%w: HEAD %s: registry says %s", cache.ErrDigestMismatch, redact(resp.Request.URL), truncate(got)))
+	}
+	if resp.ContentLength < 0 {
+		return 0, fmt.Errorf("HEAD %s: no Content-Length", redact(resp.Request.URL))
+	}
+	return resp.ContentLength, nil
+}
+
+// BlobOpener returns an opener of blob desc of registry/repository that
+// reads it with ranged GETs (see Resolve). Nothing is checked until it is
+// opened.
+func (s *OCISource) BlobOpener(registry, repository string, desc cache.Descriptor) cache.RangeOpener {
+	repo, err := s.repository(registry, repository)
+	if err != nil {
+		return failedOpener{fmt.Errorf("blob %s: %w", desc.Digest, err)}
+	}
+	return s.blob(repo, desc)
+}
+
+// repository validates registry and repository and names them for
+// go-containerregistry.
+func (s *OCISource) repository(registry, repository string) (name.Repository, error) {
+	registry = strings.ToLower(registry)
+	if !ociRegistryRE.MatchString(registry) || len(repository) > maxOCIRepository {
+		return name.Repository{}, cache.Permanent(fmt.Errorf("%w: %q/%q is not a registry and a repository", cache.ErrInvalid, truncate(registry), truncate(repository)))
+	}
+	for c := range strings.SplitSeq(repository, "/") {
+		if !ociComponentRE.MatchString(c) {
+			return name.Repository{}, cache.Permanent(fmt.Errorf("%w: repository %q", cache.ErrInvalid, truncate(repository)))
+		}
+	}
+	var opts []name.Option
+	if s.insecure[registry] || isLoopbackHost(registry) {
+		opts = append(opts, name.Insecure)
+	}
+	repo, err := name.NewRepository(registry+"/"+repository, opts...)
+	if err != nil {
+		return name.Repository{}, cache.Permanent(fmt.Errorf("%w: %v", cache.ErrInvalid, err))
+	}
+	return repo, nil
+}
+
+// isLoopbackHost reports whether host[:port] is localhost or a loopback
+// address.
+func isLoopbackHost(host string) bool {
+	h := host
+	if sh, _, err := net.SplitHostPort(host); err == nil {
+		h = sh
+	}
+	h = strings.Trim(h, "[]")
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
+}
+
+// transport returns the authenticated transport for repo, doing the
+// registry's authentication handshake (ping, token) on first use and again
+// after ociTransportTTL.
+func (s *OCISource) transport(ctx context.Context, repo name.Repository) (http.RoundTripper, error) {
+	key := repo.RegistryStr() + "/" + repo.RepositoryStr()
+	s.mu.Lock()
+	ct, ok := s.transports[key]
+	s.mu.Unlock()
+	if ok && time.Since(ct.created) < ociTransportTTL {
+		return ct.rt, nil
+	}
+	auth, err := s.keychain.Resolve(repo)
+	if err != nil {
+		return nil, cache.Permanent(fmt.Errorf("looking up credentials for %s: %w", repo, err))
+	}
+	base := transport.NewUserAgent(s.base, s.userAgent)
+	rt, err := transport.NewWithContext(ctx, repo.Registry, auth, base, []string{repo.Scope(transport.PullScope)})
+	if err != nil {
+		return nil, fmt.Errorf("authenticating to %s: %w", repo.RegistryStr(), classifyRegistryErr(err))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.transports) >= ociMaxTransports {
+		for k, v := range s.transports {
+			if time.Since(v.created) >= ociTransportTTL || len(s.transports) >= ociMaxTransports {
+				delete(s.transports, k)
+			}
+		}
+	}
+	s.transports[key] = cachedTransport{rt: rt, created: time.Now()}
+	return rt, nil
+}
+
+// classifyRegistryErr marks go-containerregistry's HTTP errors that retrying
+// cannot fix as permanent.
+func classifyRegistryErr(err error) error {
+	var te *transport.Error
+	if errors.As(err, &te) {
+		switch c := te.StatusCode; {
+		case c == http.StatusRequestTimeout, c == http.StatusTooEarly, c == http.StatusTooManyRequests:
+		case c == http.StatusNotFound:
+			return cache.Permanent(also{err, cache.ErrNotFound})
+		case c >= 400 && c < 500:
+			return cache.Permanent(err)
+		}
+	}
+	return err
+}
+
+// do sends a request for /v2/<repo>/<what> to repo's registry with its
+// credentials, following redirects (without the credentials when they leave
+// the registry's host).
+func (s *OCISource) do(ctx context.Context, repo name.Repository, method, what string, header func(http.Header)) (*http.Response, error) {
+	rt, err := s.transport(ctx, repo)
+	if err != nil {
+		return nil, err
+	}
+	u := &url.URL{Scheme: repo.Scheme(), Host: repo.RegistryStr(), Path: "/v2/" + repo.RepositoryStr() + "/" + what}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), nil)
+	if err != nil {
+		return nil, cache.Permanent(fmt.Errorf("%s %s: %w", method, u, err))
+	}
+	if header != nil {
+		header(req.Header)
+	}
+	client := &http.Client{Transport: rt, CheckRedirect: func(req *http.Request, via []*http.Request) error {
+		if len(via) >= ociMaxRedirects {
+			return fmt.Errorf("stopped after %d redirects", ociMaxRedirects)
+		}
+		if req.URL.Host != u.Host {
+			req.Header.Del("Authorization")
+		}
+		return nil
+	}}
+	resp, err := client.Do(req)
+	if err != nil {
+		// url.Error repeats the URL, which after a redirect may carry a
+		// presigned query.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("%s %s: %w", method, u, classifyRegistryErr(err))
+	}
+	return resp, nil
+}
+
+// fetchManifest GETs a manifest or index by tag or digest, within the size
+// limit, and returns its Content-Type, bytes and digest. A reference that is
+// a digest is verified; so is want, when given, in digest and size.
+func (s *OCISource) fetchManifest(ctx context.Context, repo name.Repository, reference string, want *cache.Descriptor) (string, []byte, digest.Digest, error) {
+	resp, err := s.do(ctx, repo, http.MethodGet, "manifests/"+reference, func(h http.Header) {
+		h.Set("Accept", manifestAccept)
+	})
+	if err != nil {
+		return "", nil, "", err
+	}
+	defer drainClose(resp.Body)
+	where := "GET " + redact(resp.Request.URL)
+	if resp.StatusCode != http.StatusOK {
+		return "", nil, "", registryError(resp)
+	}
+	if resp.ContentLength > s.maxManifest {
+		return "", nil, "", cache.Permanent(fmt.Errorf("%w: %s: manifest of %d bytes is larger than the limit of %d", cache.ErrInvalid, where, resp.ContentLength, s.maxManifest))
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, s.maxManifest+1))
+	if err != nil {
+		return "", nil, "", fmt.Errorf("%s: %w", where, err)
+	}
+	if int64(len(body)) > s.maxManifest {
+		return "", nil, "", cache.Permanent(fmt.Errorf("%w: %s: manifest larger than the limit of %d bytes", cache.ErrInvalid, where, s.maxManifest))
+	}
+	d := digest.FromBytes(body)
+	if strings.Contains(reference, ":") && d.String() != reference {
+		return "", nil, "", cache.Permanent(fmt.Errorf("%w: %s: manifest has digest %s", cache.ErrDigestMismatch, where, d))
+	}
+	if want != nil && int64(len(body)) != want.Size {
+		return "", nil, "", cache.Permanent(fmt.Errorf("%w: %s: manifest of %d bytes, the index says %d", cache.ErrSizeMismatch, where, len(body), want.Size))
+	}
+	if got := resp.Header.Get("Docker-Content-Digest"); strings.HasPrefix(got, "sha256:") && got != d.String() {
+		return "", nil, "", fmt.Errorf("%w: %s: registry says %s, the bytes are %s", cache.ErrDigestMismatch, where, truncate(got), d)
+	}
+	return contentTypeOf(resp.Header.Get("Content-Type")), body, d, nil
+}
+
+// registryError describes an unexpected response, with the registry's own
+// error codes when its body has them; see statusError for which are
+// permanent. A 404 also wraps cache.ErrNotFound.
+func registryError(resp *http.Response) error {
+	var detail string
+	if resp.Request.Method != http.MethodHead {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+		detail = registryDiagnostics(body)
+	}
+	err := statusError(resp, resp.Request.URL)
+	if detail != "" {
+		err = fmt.Errorf("%w: %s", err, detail)
+	}
+	if resp.StatusCode == http.StatusNotFound {
+		err = also{err, cache.ErrNotFound}
+	}
+	return err
+}
+
+// registryDiagnostics summarises the distribution API's error body:
+// {"errors": [{"code": …, "message": …}]}.
+func registryDiagnostics(body []byte) string {
+	var v struct {
+		Errors []struct {
+			Code    string `json:"code"`
+			Message string `json:"message"`
+		} `json:"errors"`
+	}
+	if json.Unmarshal(body, &v) != nil {
+		return ""
+	}
+	var parts []string
+	for _, e := range v.Errors {
+		if len(parts) == 3 {
+			break
+		}
+		s := strings.TrimSpace(e.Code + ": " + e.Message)
+		parts = append(parts, truncate(strings.Trim(s, ": ")))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// also is err, also matching target with errors.Is.
+type also struct {
+	error
+	target error
+}
+
+func (a also) Unwrap() []error { return []error{a.error, a.target} }
+
+// blob is an opener of one blob of repo.
+func (s *OCISource) blob(repo name.Repository, desc cache.Descriptor) *ociBlob {
+	return &ociBlob{src: s, repo: repo, desc: desc}
+}
+
+// ociBlob reads one blob from a registry with ranged GETs.
+type ociBlob struct {
+	src  *OCISource
+	repo name.Repository
+	desc cache.Descriptor
+}
+
+// OpenRange GETs the blob from off with "Range: bytes=off-(size-1)", following
+// redirects. A 206 must carry "Content-Range: bytes off-(size-1)/size"; a 200
+// is accepted only from offset 0, with the expected length. A total other
+// than the blob's size is a permanent cache.ErrSizeMismatch. The bytes are
+// not checked here: the cache verifies the digest.
+func (b *ociBlob) OpenRange(ctx context.Context, off int64) (io.ReadCloser, error) {
+	return b.openRange(ctx, off, b.desc.Size)
+}
+
+// OpenBoundedRange GETs bytes [off, off+n) of the blob, so that a chunk
+// from the origin costs the registry exactly its bytes.
+func (b *ociBlob) OpenBoundedRange(ctx context.Context, off, n int64) (io.ReadCloser, error) {
+	if n < 0 || off+n > b.desc.Size {
+		return nil, cache.Permanent(fmt.Errorf("%w: bytes %d+%d outside a blob of %d bytes", cache.ErrInvalid, off, n, b.desc.Size))
+	}
+	body, err := b.openRange(ctx, off, off+n)
+	if err != nil {
+		return nil, err
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.LimitReader(body, n), body}, nil
+}
+
+func (b *ociBlob) openRange(ctx context.Context, off, end int64) (io.ReadCloser, error) {
+	size := b.desc.Size
+	if off < 0 || off > size {
+		return nil, cache.Permanent(fmt.Errorf("%w: offset %d outside a blob of %d bytes", cache.ErrInvalid, off, size))
+	}
+	if off == end {
+		return http.NoBody, nil
+	}
+	if err := cache.ValidateDigest(b.desc.Digest); err != nil {
+		return nil, cache.Permanent(err)
+	}
+	resp, err := b.src.do(ctx, b.repo, http.MethodGet, "blobs/"+b.desc.Digest.String(), func(h http.Header) {
+		// The last byte is always given: some registries (go-containerregistry's
+		// among them) do not understand "bytes=off-".
+		h.Set("Range", "bytes="+strconv.FormatInt(off, 10)+"-"+strconv.FormatInt(end-1, 10))
+		h.Set("Accept-Encoding", "identity")
+	})
+	if err != nil {
+		return nil, fmt.Errorf("blob %s: %w", b.desc.Digest, err)
+	}
+	if err := b.check(resp, off, end); err != nil {
+		drainClose(resp.Body) // closed already after an unexpected status; closing again is harmless
+		if se := (*StatusError)(nil); !errors.As(err, &se) {
+			err = fmt.Errorf("GET %s: %w", redact(resp.Request.URL), err)
+		}
+		return nil, fmt.Errorf("blob %s: %w", b.desc.Digest, err)
+	}
+	return resp.Body, nil
+}
+
+func (b *ociBlob) check(resp *http.Response, off, end int64) error {
+	size := b.desc.Size
+	switch resp.StatusCode {
+	case http.StatusPartialContent:
+		cr := resp.Header.Get("Content-Range")
+		first, last, total, err := parseContentRange(cr)
+		switch {
+		case err != nil:
+			return fmt.Errorf("Content-Range %q: %w", truncate(cr), err)
+		case total >= 0 && total != size:
+			return cache.Permanent(fmt.Errorf("%w: origin has %d bytes, want %d", cache.ErrSizeMismatch, total, size))
+		case first != off || last != end-1:
+			return fmt.Errorf("Content-Range %q: want bytes %d-%d/%d", truncate(cr), off, end-1, size)
+		case resp.ContentLength >= 0 && resp.ContentLength != last-first+1:
+			return fmt.Errorf("Content-Length %d disagrees with Content-Range %q", resp.ContentLength, truncate(cr))
+		}
+		return nil
+	case http.StatusOK:
+		if off != 0 {
+			return cache.Permanent(fmt.Errorf("%w: origin ignored Range and sent the whole blob; resuming from byte %d needs ranges", cache.ErrInvalid, off))
+		}
+		if resp.ContentLength >= 0 && resp.ContentLength != size {
+			return cache.Permanent(fmt.Errorf("%w: origin has %d bytes, want %d", cache.ErrSizeMismatch, resp.ContentLength, size))
+		}
+		return nil
+	case http.StatusRequestedRangeNotSatisfiable:
+		return cache.Permanent(fmt.Errorf("%w: origin refuses bytes %d- of a blob of %d bytes: HTTP %s", cache.ErrSizeMismatch, off, size, resp.Status))
+	default:
+		return registryError(resp)
+	}
+}
+
+// bytesBlob serves a blob already in memory (a manifest or an index).
+type bytesBlob []byte
+
+// OpenRange returns a reader of the bytes from off.
+func (b bytesBlob) OpenRange(_ context.Context, off int64) (io.ReadCloser, error) {
+	if off < 0 || off > int64(len(b)) {
+		return nil, cache.Permanent(fmt.Errorf("%w: offset %d outside a blob of %d bytes", cache.ErrInvalid, off, len(b)))
+	}
+	return io.NopCloser(bytes.NewReader(b[off:])), nil
+}
+
+// OpenBoundedRange returns a reader of bytes [off, off+n).
+func (b bytesBlob) OpenBoundedRange(_ context.Context, off, n int64) (io.ReadCloser, error) {
+	if off < 0 || n < 0 || off+n > int64(len(b)) {
+		return nil, cache.Permanent(fmt.Errorf("%w: bytes %d+%d outside a blob of %d bytes", cache.ErrInvalid, off, n, len(b)))
+	}
+	return io.NopCloser(bytes.NewReader(b[off : off+n])), nil
+}
+
+// failedOpener fails every open with err.
+type failedOpener struct{ err error }
+
+func (f failedOpener) OpenRange(context.Context, int64) (io.ReadCloser, error) { return nil, f.err }
+
+// dockerKeychain is an authn.Keychain over pull secrets and Docker config
+// files: the first pull secret with credentials for the registry, else the
+// first file, else anonymous.
+type dockerKeychain struct {
+	secrets []dockerAuths
+	files   []string
+}
+
+// dockerAuths is the parsed "auths" of one Docker config, or why it did
+// not parse.
+type dockerAuths struct {
+	auths map[string]dockerAuth
+	err   error
+}
+
+// dockerAuth is one entry of a Docker config's "auths".
+type dockerAuth struct {
+	Auth          string `json:"auth"`
+	Username      string `json:"username"`
+	Password      string `json:"password"`
+	IdentityToken string `json:"identitytoken"`
+	RegistryToken string `json:"registrytoken"`
+}
+
+// Resolve implements authn.Keychain.
+func (k *dockerKeychain) Resolve(r authn.Resource) (authn.Authenticator, error) {
+	for _, s := range k.secrets {
+		if s.err != nil {
+			return nil, s.err
+		}
+		if a, ok, err := lookupAuth(s.auths, r); err != nil || ok {
+			return a, err
+		}
+	}
+	for _, f := range k.files {
+		data, err := os.ReadFile(f)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading Docker config: %w", err)
+		}
+		auths, err := parseDockerConfig(data)
+		if err != nil {
+			return nil, fmt.Errorf("Docker config %s: %w", f, err)
+		}
+		if a, ok, err := lookupAuth(auths, r); err != nil || ok {
+			return a, err
+		}
+	}
+	return authn.Anonymous, nil
+}
+
+// parseDockerConfig parses a Docker config.json ({"auths": {...}}) or the
+// older .dockercfg (the map of registries alone).
+func parseDockerConfig(data []byte) (map[string]dockerAuth, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(data, &top); err != nil {
+		return nil, fmt.Errorf("%w: not a Docker config: %v", cache.ErrInvalid, err)
+	}
+	raw, ok := top["auths"]
+	if !ok {
+		if _, helpers := top["credsStore"]; helpers || top["credHelpers"] != nil || top["HttpHeaders"] != nil || len(top) == 0 {
+			return nil, nil // a config.json without auths
+		}
+		raw = data // .dockercfg
+	}
+	var auths map[string]dockerAuth
+	if err := json.Unmarshal(raw, &auths); err != nil {
+		return nil, fmt.Errorf("%w: Docker config auths: %v", cache.ErrInvalid, err)
+	}
+	return auths, nil
+}
+
+// lookupAuth finds the credentials for r among auths, kubelet's way: keys
+// may have a scheme, a path (a prefix of the repository) and '*' globs in
+// host labels; the longest matching key wins; Docker Hub is known by all its
+// names.
+func lookupAuth(auths map[string]dockerAuth, r authn.Resource) (authn.Authenticator, bool, error) {
+	reg := r.RegistryStr()
+	repoPath := strings.TrimPrefix(strings.TrimPrefix(r.String(), reg), "/")
+	best, bestLen := "", -1
+	for key := range auths {
+		host, keyPath := normalizeAuthKey(key)
+		if !hostMatches(host, reg) {
+			continue
+		}
+		if keyPath != "" && repoPath != keyPath && !strings.HasPrefix(repoPath, keyPath+"/") {
+			continue
+		}
+		if l := len(host) + len(keyPath); l > bestLen || (l == bestLen && key < best) {
+			best, bestLen = key, l
+		}
+	}
+	if bestLen < 0 {
+		return nil, false, nil
+	}
+	e := auths[best]
+	cfg := authn.AuthConfig{Username: e.Username, Password: e.Password, IdentityToken: e.IdentityToken, RegistryToken: e.RegistryToken}
+	if e.Auth != "" {
+		dec, err := base64.StdEncoding.DecodeString(e.Auth)
+		if err != nil {
+			return nil, false, fmt.Errorf("%w: credentials for %q: auth is not base64", cache.ErrInvalid, truncate(best))
+		}
+		user, pass, ok := strings.Cut(string(dec), ":")
+		if !ok {
+			return nil, false, fmt.Errorf("%w: credentials for %q: auth is not user:password", cache.ErrInvalid, truncate(best))
+		}
+		cfg.Username, cfg.Password = user, pass
+	}
+	return authn.FromConfig(cfg), true, nil
+}
+
+// normalizeAuthKey splits a Docker config key into its host (lower case,
+// Docker Hub as index.docker.io) and repository path prefix.
+func normalizeAuthKey(key string) (host, keyPath string) {
+	k := strings.ToLower(key)
+	k = strings.TrimPrefix(strings.TrimPrefix(k, "https://"), "http://")
+	host, keyPath, _ = strings.Cut(k, "/")
+	keyPath = strings.Trim(path.Clean("/"+keyPath), "/")
+	switch host {
+	case "docker.io", "index.docker.io", "registry-1.docker.io", "registry.hub.docker.com":
+		host = name.DefaultRegistry
+		if keyPath == "v1" || keyPath == "v2" {
+			keyPath = ""
+		}
+	}
+	return host, keyPath
+}
+
+// hostMatches matches a registry host[:port] against a key host that may
+// have '*' globs in its labels (kubelet's rule: as many labels, each
+// matching, same port).
+func hostMatches(pattern, host string) bool {
+	if pattern == host {
+		return true
+	}
+	if !strings.Contains(pattern, "*") {
+		return false
+	}
+	ph, pp := splitPort(pattern)
+	hh, hp := splitPort(host)
+	if pp != hp {
+		return false
+	}
+	pl, hl := strings.Split(ph, "."), strings.Split(hh, ".")
+	if len(pl) != len(hl) {
+		return false
+	}
+	for i := range pl {
+		if ok, err := path.Match(pl[i], hl[i]); err != nil || !ok {
+			return false
+		}
+	}
+	return true
+}
+
+func splitPort(hostport string) (host, port string) {
+	if h, p, err := net.SplitHostPort(hostport); err == nil {
+		return h, p
+	}
+	return hostport, ""
+}
