@@ -19,6 +19,8 @@ import (
 
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/containerd"
+	"github.com/weightd/weightd/pkg/mirror"
 	"github.com/weightd/weightd/pkg/p2p"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
@@ -37,6 +39,9 @@ type agentConfig struct {
 	MaxJobs         int           `help:"Prefetch jobs run at once." default:"2" env:"WEIGHTD_MAX_JOBS"`
 	ShutdownTimeout time.Duration `help:"How long open API and metrics requests may take to finish at shutdown." default:"15s" env:"WEIGHTD_SHUTDOWN_TIMEOUT"`
 	p2pConfig
+	sourcesConfig
+	importConfig
+	mirrorConfig
 }
 
 // agentCmd runs the agent.
@@ -70,6 +75,8 @@ type agent struct {
 	metLn   net.Listener // nil when metrics are disabled
 	peers   *peering     // nil when sharing with peers is disabled
 	peerRun []func(context.Context) error
+	mirror  *nodeMirror          // nil when the registry mirror is disabled
+	imports *containerd.Importer // nil when images are not imported
 	running atomic.Bool
 }
 
@@ -115,18 +122,34 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening cache: %w", err)
 	}
-	var src prefetch.Source = prefetch.NewHTTPSource(nil, prefetch.WithVersion(version))
+	sources, oci, err := cfg.sources()
+	if err != nil {
+		return nil, err
+	}
+	var src prefetch.Source = sources
+	var blobSource mirror.BlobSource
 	if a.peers != nil {
 		src = a.peers.source(src, log.With("component", "p2p"))
+		blobSource = a.peers.blobSource
 		if a.peerRun, err = a.peers.serve(a.store, cfg.p2pConfig, log, reg); err != nil {
 			return nil, err
 		}
 	}
-	a.queue = prefetch.NewQueue(a.store, src,
+	queueOpts := []prefetch.QueueOption{
 		prefetch.WithJobConcurrency(cfg.MaxJobs),
 		prefetch.WithLogger(log.With("component", "prefetch")),
 		prefetch.WithRegisterer(reg),
-	)
+	}
+	if a.imports, err = cfg.importer(a.store, cfg.Platform, log.With("component", "containerd"), reg); err != nil {
+		return nil, err
+	}
+	if a.imports != nil {
+		queueOpts = append(queueOpts, prefetch.WithImporter(a.imports))
+	}
+	a.queue = prefetch.NewQueue(a.store, src, queueOpts...)
+	if a.mirror, err = newMirror(cfg.mirrorConfig, a.store, oci, blobSource, log.With("component", "mirror"), reg); err != nil {
+		return nil, err
+	}
 	apiOpts := []api.Option{
 		api.WithVersion(version),
 		api.WithReadiness(a.ready),
@@ -202,7 +225,22 @@ func (a *agent) Run(ctx context.Context) error {
 	for _, run := range a.peerRun {
 		g.Go(func() error { return run(gctx) })
 	}
+	if a.mirror != nil {
+		if err := a.mirror.configureHosts(a.cfg.InsecureRegistries); err != nil {
+			a.log.Error("writing containerd hosts.toml for the mirror; the kubelet's pulls bypass it", "err", err)
+		}
+		g.Go(func() error {
+			return a.mirror.run(gctx, func(ctx context.Context, ln net.Listener, h http.Handler) error {
+				return serveHTTP(ctx, ln, h, a.cfg.ShutdownTimeout, a.log)
+			})
+		})
+	}
 	err := g.Wait()
+	if a.imports != nil {
+		if cerr := a.imports.Close(); cerr != nil {
+			a.log.Warn("closing the containerd connection", "err", cerr)
+		}
+	}
 	if cerr := a.store.Close(); cerr != nil {
 		err = errors.Join(err, fmt.Errorf("closing cache: %w", cerr))
 	}
@@ -218,6 +256,9 @@ func (a *agent) closeListeners() {
 	lns := []net.Listener{a.apiLn, a.metLn}
 	if a.peers != nil {
 		lns = append(lns, a.peers.chunkLn)
+	}
+	if a.mirror != nil {
+		lns = append(lns, a.mirror.ln)
 	}
 	for _, ln := range lns {
 		if ln != nil {

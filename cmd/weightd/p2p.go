@@ -151,6 +151,15 @@ func (p *peering) source(inner prefetch.Source, log *slog.Logger) prefetch.Sourc
 	return swarmSource{inner: inner, p: p, log: log}
 }
 
+// blobSource routes a blob the registry mirror misses through the swarm
+// when there are peers to share it with.
+func (p *peering) blobSource(desc cache.Descriptor, upstream cache.RangeOpener) cache.RangeOpener {
+	if len(p.membership.Members()) == 0 {
+		return upstream
+	}
+	return p.swarm.Source(desc, upstream)
+}
+
 type swarmSource struct {
 	inner prefetch.Source
 	p     *peering

@@ -1,0 +1,180 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/containerd/platforms"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/containerd"
+	"github.com/weightd/weightd/pkg/mirror"
+	"github.com/weightd/weightd/pkg/prefetch"
+)
+
+// sourcesConfig says where references are resolved and with which
+// credentials.
+type sourcesConfig struct {
+	HFEndpoint         string   `name:"hf-endpoint" help:"Hugging Face style hub that hf:// references resolve on (a mirror or private hub)." default:"https://huggingface.co" env:"HF_ENDPOINT"`
+	HFTokenFile        string   `name:"hf-token-file" help:"File holding the hub token; without it the HF_TOKEN environment variable is used, if set." env:"WEIGHTD_HF_TOKEN_FILE"`
+	DockerConfig       string   `help:"Docker config.json with registry credentials for oci:// references and the mirror." env:"WEIGHTD_DOCKER_CONFIG"`
+	InsecureRegistries []string `help:"Registries spoken to over plain HTTP, host[:port], comma-separated (loopback ones always may)." env:"WEIGHTD_INSECURE_REGISTRIES" sep:","`
+	Platform           string   `help:"Platform whose image is picked from multi-platform indexes, os/arch[/variant] (default: this node's)." env:"WEIGHTD_PLATFORM"`
+}
+
+// importConfig says which containerd prefetched images go into.
+type importConfig struct {
+	ContainerdAddress   string `help:"containerd socket that prefetched images are imported into; empty: images stay in the cache (and the mirror serves them)." env:"WEIGHTD_CONTAINERD_ADDRESS"`
+	ContainerdNamespace string `help:"containerd namespace of imported images; the kubelet's is k8s.io." default:"k8s.io" env:"WEIGHTD_CONTAINERD_NAMESPACE"`
+	Snapshotter         string `help:"Snapshotter imported images are unpacked for (the kubelet's)." default:"overlayfs" env:"WEIGHTD_SNAPSHOTTER"`
+}
+
+// mirrorConfig is the node's registry mirror.
+type mirrorConfig struct {
+	MirrorAddr       string   `help:"Listen address of the registry mirror, host:port (e.g. 127.0.0.1:5001); empty disables it." env:"WEIGHTD_MIRROR_ADDR"`
+	MirrorRegistries []string `help:"Registries the mirror serves, host[:port] (docker.io for Docker Hub), comma-separated." env:"WEIGHTD_MIRROR_REGISTRIES" sep:","`
+	HostsDir         string   `help:"containerd's registry config_path (e.g. /etc/containerd/certs.d): hosts.toml files pointing the mirrored registries at the mirror are written there at start." env:"WEIGHTD_HOSTS_DIR" type:"path"`
+}
+
+// sources builds the origin sources: HTTP(S), OCI registries and the hub.
+// The OCI source is also the mirror's upstream.
+func (c sourcesConfig) sources() (prefetch.Sources, *prefetch.OCISource, error) {
+	ociOpts := []prefetch.OCIOption{prefetch.WithOCIVersion(version), prefetch.WithInsecureRegistries(c.InsecureRegistries...)}
+	if c.DockerConfig != "" {
+		ociOpts = append(ociOpts, prefetch.WithDockerConfig(c.DockerConfig))
+	}
+	if c.Platform != "" {
+		p, err := platforms.Parse(c.Platform)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--platform %q: %w", c.Platform, err)
+		}
+		ociOpts = append(ociOpts, prefetch.WithPlatform(prefetch.Platform{OS: p.OS, Architecture: p.Architecture, Variant: p.Variant}))
+	}
+	oci := prefetch.NewOCISource(ociOpts...)
+
+	token := os.Getenv("HF_TOKEN")
+	if c.HFTokenFile != "" {
+		b, err := os.ReadFile(c.HFTokenFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("reading the hub token: %w", err)
+		}
+		token = strings.TrimSpace(string(b))
+	}
+	hfOpts := []prefetch.HFOption{prefetch.WithHFVersion(version)}
+	if c.HFEndpoint != "" {
+		hfOpts = append(hfOpts, prefetch.WithHFEndpoint(c.HFEndpoint))
+	}
+	if token != "" {
+		hfOpts = append(hfOpts, prefetch.WithHFToken(token))
+	}
+	hf, err := prefetch.NewHFSource(nil, hfOpts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return prefetch.Sources{
+		prefetch.KindHTTP: prefetch.NewHTTPSource(nil, prefetch.WithVersion(version)),
+		prefetch.KindOCI:  oci,
+		prefetch.KindHF:   hf,
+	}, oci, nil
+}
+
+// importer connects the queue to containerd, or returns nil when no
+// containerd is configured. It connects lazily.
+func (c importConfig) importer(store *cache.Store, platform string, log *slog.Logger, reg prometheus.Registerer) (*containerd.Importer, error) {
+	if c.ContainerdAddress == "" {
+		return nil, nil
+	}
+	cfg := containerd.DefaultConfig()
+	cfg.Address, cfg.Platform = c.ContainerdAddress, platform
+	if c.ContainerdNamespace != "" {
+		cfg.Namespace = c.ContainerdNamespace
+	}
+	if c.Snapshotter != "" {
+		cfg.Snapshotter = c.Snapshotter
+	}
+	return containerd.New(cfg, store, containerd.WithLogger(log), containerd.WithRegisterer(reg))
+}
+
+// nodeMirror is the registry mirror with its listener.
+type nodeMirror struct {
+	cfg     mirrorConfig
+	handler *mirror.Mirror
+	ln      net.Listener
+}
+
+// newMirror opens the mirror's listener, or returns nil when it is disabled.
+// blobSource routes the mirror's cache misses (through the swarm).
+func newMirror(cfg mirrorConfig, store *cache.Store, upstream *prefetch.OCISource, blobSource mirror.BlobSource,
+	log *slog.Logger, reg prometheus.Registerer,
+) (*nodeMirror, error) {
+	if cfg.MirrorAddr == "" {
+		if len(cfg.MirrorRegistries) > 0 || cfg.HostsDir != "" {
+			return nil, fmt.Errorf("--mirror-registries and --hosts-dir need --mirror-addr")
+		}
+		return nil, nil
+	}
+	if len(cfg.MirrorRegistries) == 0 {
+		return nil, fmt.Errorf("--mirror-addr needs --mirror-registries: the registries to mirror")
+	}
+	opts := []mirror.Option{
+		mirror.WithRegistries(cfg.MirrorRegistries...),
+		mirror.WithStateDir(filepath.Join(store.Root(), "mirror")),
+		mirror.WithLogger(log), mirror.WithRegisterer(reg),
+	}
+	if blobSource != nil {
+		opts = append(opts, mirror.WithBlobSource(blobSource))
+	}
+	h, err := mirror.New(store, upstream, opts...)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", cfg.MirrorAddr)
+	if err != nil {
+		h.Close()
+		return nil, fmt.Errorf("listening for the registry mirror: %w", err)
+	}
+	return &nodeMirror{cfg: cfg, handler: h, ln: ln}, nil
+}
+
+// configureHosts points containerd at the mirror for each mirrored registry,
+// when a hosts directory is configured. Registries spoken to over plain HTTP
+// keep an http:// server to fall back to.
+func (m *nodeMirror) configureHosts(insecure []string) error {
+	if m.cfg.HostsDir == "" {
+		return nil
+	}
+	var opts []mirror.HostsOption
+	for _, r := range m.cfg.MirrorRegistries {
+		if slices.Contains(insecure, r) || isLoopbackHost(r) {
+			opts = append(opts, mirror.ServerURL(r, "http://"+r))
+		}
+	}
+	return mirror.ConfigureHosts(m.cfg.HostsDir, "http://"+m.ln.Addr().String(), m.cfg.MirrorRegistries, opts...)
+}
+
+// run serves the mirror until ctx ends.
+func (m *nodeMirror) run(ctx context.Context, serve func(context.Context, net.Listener, http.Handler) error) error {
+	defer m.handler.Close()
+	return serve(ctx, m.ln, m.handler)
+}
+
+// isLoopbackHost reports whether host[:port] names the loopback interface.
+func isLoopbackHost(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
