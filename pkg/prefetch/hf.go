@@ -497,16 +497,19 @@ type hfTreeEntry struct {
 }
 
 type hfTreeLFS struct {
-	OID  string `json:"oid"` // sha256, hex
-	Size int64  `json:"size"`
+	OID         string `json:"oid"` // sha256, hex
+	Size        int64  `json:"size"`
+	PointerSize int64  `json:"pointerSize"`
 }
 
 // parseHFTree parses and checks one page of a tree listing: a JSON array of
 // entries. Directories are returned unchecked; every file must have a valid
 // path (see cache.ValidatePath; no control characters either), a size that
-// is not negative, and either an LFS sha256 (64 lowercase hex digits) with the
-// same size, or a git blob id (40 lowercase hex digits). Other entry types
-// are errors. Errors wrap cache.ErrInvalid.
+// is not negative, and either an LFS sha256 (64 lowercase hex digits, a
+// "sha256:" prefix allowed) with its size, or a git blob id (40 lowercase hex
+// digits). A file's size is its LFS size, which the entry's size must equal
+// (or, as some mirrors report, the pointer's size). Other entry types are
+// errors. Errors wrap cache.ErrInvalid.
 func parseHFTree(data []byte) ([]hfTreeEntry, error) {
 	var entries []hfTreeEntry
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -537,12 +540,14 @@ func parseHFTree(data []byte) ([]hfTreeEntry, error) {
 			return nil, fmt.Errorf("%w: file %q: negative size %d", cache.ErrInvalid, truncate(e.Path), e.Size)
 		}
 		if e.LFS != nil {
+			e.LFS.OID = strings.TrimPrefix(e.LFS.OID, "sha256:")
 			if !isHex(e.LFS.OID, 64) {
 				return nil, fmt.Errorf("%w: file %q: LFS oid %q is not a sha256", cache.ErrInvalid, truncate(e.Path), truncate(e.LFS.OID))
 			}
-			if e.LFS.Size != e.Size {
+			if e.LFS.Size < 0 || e.LFS.Size != e.Size && (e.LFS.PointerSize <= 0 || e.Size != e.LFS.PointerSize) {
 				return nil, fmt.Errorf("%w: file %q: size %d, LFS size %d", cache.ErrInvalid, truncate(e.Path), e.Size, e.LFS.Size)
 			}
+			e.Size = e.LFS.Size
 		} else if !isHex(e.OID, 40) {
 			return nil, fmt.Errorf("%w: file %q: oid %q is not a git blob id", cache.ErrInvalid, truncate(e.Path), truncate(e.OID))
 		}

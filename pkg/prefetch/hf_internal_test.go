@@ -61,6 +61,25 @@ func FuzzHFTree(f *testing.F) {
 	})
 }
 
+func TestParseHFTreeLFS(t *testing.T) {
+	t.Parallel()
+	sha := strings.Repeat("a", 64)
+	oid := strings.Repeat("0", 40)
+	entries, err := parseHFTree([]byte(`[
+		{"type":"file","oid":"` + oid + `","size":100,"path":"a.bin","lfs":{"oid":"` + sha + `","size":100,"pointerSize":134},"xetHash":"x","lastCommit":{}},
+		{"type":"file","oid":"` + oid + `","size":134,"path":"b.bin","lfs":{"oid":"sha256:` + sha + `","size":100,"pointerSize":134}},
+		{"type":"directory","oid":"` + oid + `","size":0,"path":"d"}
+	]`))
+	require.NoError(t, err)
+	require.Len(t, entries, 3)
+	for _, e := range entries[:2] {
+		assert.Equal(t, int64(100), e.Size, e.Path)
+		assert.Equal(t, sha, e.LFS.OID, e.Path)
+	}
+	_, err = parseHFTree([]byte(`[{"type":"file","oid":"` + oid + `","size":7,"path":"a","lfs":{"oid":"` + sha + `","size":100,"pointerSize":134}}]`))
+	assert.ErrorIs(t, err, cache.ErrInvalid)
+}
+
 func TestNextLink(t *testing.T) {
 	t.Parallel()
 	base, err := url.Parse("https://hub.example/api/models/o/m/tree/c?recursive=true")
