@@ -130,6 +130,9 @@ type fixtureOpts struct {
 	bigLayer int64 // if > 0, one more uncompressed layer of this many bytes
 	index    bool  // wrap the manifest in an index with a second platform's manifest (absent)
 	seed     uint64
+	// badDiffID makes the config lie about the first layer's diff ID, so
+	// that unpacking fails.
+	badDiffID bool
 }
 
 func newFixture(t testing.TB, store *cache.Store, name string, o fixtureOpts) *fixture {
@@ -146,10 +149,14 @@ func newFixture(t testing.TB, store *cache.Store, name string, o fixtureOpts) *f
 		layerBlobs = append(layerBlobs, b)
 		fx.diffIDs = append(fx.diffIDs, diffID)
 	}
+	diffIDs := append([]digest.Digest(nil), fx.diffIDs...)
+	if o.badDiffID {
+		diffIDs[0] = digest.FromString("not the layer")
+	}
 	cfg := ocispec.Image{
 		Platform: ocispec.Platform{OS: "linux", Architecture: runtime.GOARCH},
 		Config:   ocispec.ImageConfig{Cmd: []string{"/bin/true"}, Labels: map[string]string{"seed": fmt.Sprint(o.seed)}},
-		RootFS:   ocispec.RootFS{Type: "layers", DiffIDs: fx.diffIDs},
+		RootFS:   ocispec.RootFS{Type: "layers", DiffIDs: diffIDs},
 	}
 	cfgJSON, err := json.Marshal(cfg)
 	require.NoError(t, err)

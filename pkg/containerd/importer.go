@@ -26,6 +26,7 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/pkg/labels"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
@@ -48,6 +49,10 @@ type BlobOpener interface {
 // answer (not running, restarting): worth retrying.
 var ErrUnreachable = errors.New("containerd unreachable")
 
+// leaseExpiry bounds how long the content of an import that never finished
+// (the process died) is kept from containerd's garbage collector.
+const leaseExpiry = time.Hour
+
 // criManagedLabel is the label the CRI plugin puts on the images it pulls.
 const criManagedLabel = "io.cri-containerd.image"
 
@@ -61,10 +66,12 @@ type Importer struct {
 	m        *metrics
 	platform platforms.MatchComparer
 
-	mu     sync.Mutex
+	mu     sync.Mutex // guards client and closed
 	client *containerd.Client
-	names  map[string]*nameLock
 	closed bool
+
+	namesMu sync.Mutex
+	names   map[string]*nameLock
 }
 
 // New returns an Importer into the containerd cfg names, reading blobs from
@@ -159,7 +166,9 @@ func (im *Importer) Import(ctx context.Context, img *prefetch.Image) (err error)
 		return err
 	}
 	ctx = namespaces.WithNamespace(ctx, im.cfg.Namespace)
-	ctx, done, err := c.WithLease(ctx)
+	// The lease holds what the import writes and unpacks until the records
+	// reference it; should this process die, it expires.
+	ctx, done, err := c.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(leaseExpiry))
 	if err != nil {
 		return im.wrap(c, "creating a lease", err)
 	}
@@ -399,7 +408,7 @@ func (im *Importer) connect(ctx context.Context) (*containerd.Client, error) {
 // answering, marks it ErrUnreachable and drops the client so the next
 // import reconnects.
 func (im *Importer) wrap(c *containerd.Client, doing string, err error) error {
-	if !isUnreachable(err) {
+	if !isUnreachable(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("%s: %w", doing, err)
 	}
 	im.mu.Lock()
@@ -425,7 +434,7 @@ func isUnreachable(err error) bool {
 		return true
 	}
 	switch status.Code(err) {
-	case codes.Unavailable, codes.Canceled:
+	case codes.Unavailable:
 		return true
 	}
 	return false
@@ -438,20 +447,20 @@ type nameLock struct {
 }
 
 func (im *Importer) lockName(ctx context.Context, name string) (unlock func(), err error) {
-	im.mu.Lock()
+	im.namesMu.Lock()
 	l := im.names[name]
 	if l == nil {
 		l = &nameLock{ch: make(chan struct{}, 1)}
 		im.names[name] = l
 	}
 	l.refs++
-	im.mu.Unlock()
+	im.namesMu.Unlock()
 	release := func() {
-		im.mu.Lock()
+		im.namesMu.Lock()
 		if l.refs--; l.refs == 0 {
 			delete(im.names, name)
 		}
-		im.mu.Unlock()
+		im.namesMu.Unlock()
 	}
 	select {
 	case l.ch <- struct{}{}:

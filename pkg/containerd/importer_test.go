@@ -10,6 +10,7 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
@@ -187,9 +188,40 @@ func TestImport(t *testing.T) {
 	assert.EqualValues(t, 2, imports(t, e.reg, "ok"))
 
 	// containerd's GC keeps the image's content and snapshots.
-	_, err = e.ctd.Ctr(t.Context(), "content", "prune", "references")
-	if err == nil {
-		e.requireImported(t, fx.img.Name, fx.img.Target.Digest, fx.config, fx.diffIDs)
+	e.gc(t)
+	e.requireImported(t, fx.img.Name, fx.img.Target.Digest, fx.config, fx.diffIDs)
+	for _, b := range fx.img.Blobs {
+		_, err := cs.Info(ctx, b.Digest)
+		require.NoError(t, err, "blob %s kept by the GC", b.Digest)
+	}
+}
+
+// gc runs containerd's garbage collector now (deleting a lease
+// synchronously does).
+func (e *env) gc(t *testing.T) {
+	t.Helper()
+	ls := e.client.LeasesService()
+	l, err := ls.Create(e.ctx(t), leases.WithRandomID())
+	require.NoError(t, err)
+	require.NoError(t, ls.Delete(e.ctx(t), l, leases.SynchronousDelete))
+}
+
+func TestImportUnpackFailsLeavesNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	fx := newFixture(t, e.store, "registry.example/app:corrupt", fixtureOpts{layers: 2, seed: 13, badDiffID: true})
+	err := e.im.Import(t.Context(), fx.img)
+	require.Error(t, err)
+	t.Logf("unpack error: %v", err)
+	assert.Contains(t, err.Error(), "unpacking")
+	assert.NotErrorIs(t, err, ctrimport.ErrUnreachable)
+	e.requireNoRecord(t, fx.img.Name)
+
+	// What the import wrote was held by its lease only: the GC takes it.
+	e.gc(t)
+	for _, b := range fx.img.Blobs {
+		_, err := e.client.ContentStore().Info(e.ctx(t), b.Digest)
+		assert.True(t, errdefs.IsNotFound(err), "blob %s collected: %v", b.Digest, err)
 	}
 }
 
