@@ -12,6 +12,7 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -229,6 +230,9 @@ func (s *HFSource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 	if len(entries) == 0 {
 		return nil, cache.Permanent(fmt.Errorf("%w: repository has no files at commit %s", cache.ErrNotFound, commit))
 	}
+	if err := checkHFPaths(entries); err != nil {
+		return nil, cache.Permanent(fmt.Errorf("hub listing at %s: %w", commit, err))
+	}
 	res := &Resolution{
 		Model: cache.Model{Name: ref.Repository, Revision: commit, Files: make([]cache.File, len(entries))},
 		Blobs: make(map[digest.Digest]cache.RangeOpener),
@@ -281,6 +285,26 @@ func (s *HFSource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 		return nil, cache.Permanent(fmt.Errorf("hub listing at %s: %w", commit, err))
 	}
 	return res, nil
+}
+
+// checkHFPaths checks, before anything is fetched, that no two files have
+// the same path and no file is also another's directory.
+func checkHFPaths(entries []hfTreeEntry) error {
+	files := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		if files[e.Path] {
+			return fmt.Errorf("%w: duplicate file %q", cache.ErrInvalid, truncate(e.Path))
+		}
+		files[e.Path] = true
+	}
+	for _, e := range entries {
+		for dir := path.Dir(e.Path); dir != "."; dir = path.Dir(dir) {
+			if files[dir] {
+				return fmt.Errorf("%w: %q is both a file and a directory", cache.ErrInvalid, truncate(dir))
+			}
+		}
+	}
+	return nil
 }
 
 // commit asks the hub which commit revision names.
@@ -433,8 +457,8 @@ func gitBlobID(data []byte) string {
 
 // fileURL is /{repo}/resolve/{commit}/{path} on the hub, each path segment
 // escaped.
-func (s *HFSource) fileURL(repo, commit, path string) *url.URL {
-	segs := strings.Split(path, "/")
+func (s *HFSource) fileURL(repo, commit, file string) *url.URL {
+	segs := strings.Split(file, "/")
 	for i, seg := range segs {
 		segs[i] = url.PathEscape(seg)
 	}
