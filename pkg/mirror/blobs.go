@@ -146,20 +146,34 @@ func (dl *download) changed() <-chan struct{} {
 // timeout, so that it completes into the cache even when every client has
 // gone; the cache coalesces it with any other fetch of the blob.
 func (m *Mirror) download(registry, repository string, desc cache.Descriptor) (*download, error) {
+	running := func() (*download, error) {
+		if m.closed {
+			return nil, cache.ErrClosed
+		}
+		if dl, ok := m.downloads[desc.Digest]; ok && dl.desc.Size == desc.Size {
+			return dl, nil
+		}
+		if len(m.downloads) >= maxDownloads {
+			return nil, errTooManyDownloads
+		}
+		return nil, nil
+	}
+	m.mu.Lock()
+	dl, err := running()
+	m.mu.Unlock()
+	if dl != nil || err != nil {
+		return dl, err
+	}
+	// The sources are made outside the lock: the blob source is the
+	// agent's, and may take its time.
+	src := m.opts.blobSource(desc, m.upstream.BlobOpener(registry, repository, desc))
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.closed {
-		return nil, cache.ErrClosed
+	if dl, err := running(); dl != nil || err != nil {
+		return dl, err // started by another request meanwhile
 	}
-	if dl, ok := m.downloads[desc.Digest]; ok && dl.desc.Size == desc.Size {
-		return dl, nil
-	}
-	if len(m.downloads) >= maxDownloads {
-		return nil, errTooManyDownloads
-	}
-	dl := &download{desc: desc, done: make(chan struct{}), wake: make(chan struct{})}
+	dl = &download{desc: desc, done: make(chan struct{}), wake: make(chan struct{})}
 	m.downloads[desc.Digest] = dl
-	src := m.opts.blobSource(desc, m.upstream.BlobOpener(registry, repository, desc))
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()

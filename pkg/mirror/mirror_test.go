@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -269,9 +270,9 @@ func TestBlobStreamedWhileFetched(t *testing.T) {
 	layer := img.layers[0]
 	d := digest.FromBytes(layer)
 	up.gate, up.gateAt = make(chan struct{}), 5*testChunk
-	var wrapped int
+	var wrapped atomic.Int32
 	tm := newTestMirror(t, up, WithBlobSource(func(desc cache.Descriptor, upstream cache.RangeOpener) cache.RangeOpener {
-		wrapped++
+		wrapped.Add(1)
 		return upstream
 	}))
 
@@ -291,7 +292,7 @@ func TestBlobStreamedWhileFetched(t *testing.T) {
 	rest, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	assert.Equal(t, layer, append(first, rest...))
-	assert.Equal(t, 1, wrapped, "the blob source wraps the upstream")
+	assert.Equal(t, int32(1), wrapped.Load(), "the blob source wraps the upstream")
 	assert.Eventually(t, func() bool { return testutilBytes(tm, "fetch") == float64(len(layer)) }, 5*time.Second, 5*time.Millisecond)
 }
 
