@@ -52,10 +52,19 @@ func (g generated) ReadAt(p []byte, off int64) (int, error) {
 	if rest := g.size - off; int64(n) > rest {
 		n = int(rest)
 	}
+	key := g.seed * 0x9e3779b97f4a7c15
 	var word [8]byte
 	for i := 0; i < n; {
 		pos := off + int64(i)
-		binary.LittleEndian.PutUint64(word[:], splitmix64(g.seed*0x9e3779b97f4a7c15^uint64(pos/8)))
+		if pos%8 == 0 && n-i >= 8 {
+			// Whole words straight into p.
+			w := uint64(pos / 8)
+			for ; n-i >= 8; i, w = i+8, w+1 {
+				binary.LittleEndian.PutUint64(p[i:], splitmix64(key^w))
+			}
+			continue
+		}
+		binary.LittleEndian.PutUint64(word[:], splitmix64(key^uint64(pos/8)))
 		i += copy(p[i:n], word[pos%8:])
 	}
 	if n < len(p) {
