@@ -257,3 +257,18 @@ func readSection(t *testing.T, c hubtest.Content, off, n int64) []byte {
 	require.NoError(t, err)
 	return b.Bytes()
 }
+
+func TestHubStorage(t *testing.T) {
+	t.Parallel()
+	hub := hubtest.New()
+	defer hub.Close()
+	hub.AddRepo("org/model", map[string]hubtest.Content{
+		"small.safetensors": hubtest.As(hubtest.Git, hubtest.String("x")),
+		"notes.txt":         hubtest.As(hubtest.LFS, hubtest.String("y")),
+		"big.json":          hubtest.Generated(10<<20, 1),
+		"events.tfevents.1": hubtest.String("z"),
+	})
+	for p, status := range map[string]int{"small.safetensors": 200, "notes.txt": 302, "big.json": 302, "events.tfevents.1": 302} {
+		assert.Equal(t, status, get(t, hub.URL+"/org/model/resolve/main/"+p).StatusCode, p)
+	}
+}
