@@ -2,6 +2,7 @@ package containerd_test
 
 import (
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,8 @@ import (
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/identity"
 	"github.com/prometheus/client_golang/prometheus"
@@ -422,4 +425,59 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	assert.Equal(t, "k8s.io", c.Namespace)
 	assert.Equal(t, "overlayfs", c.Snapshotter)
 	assert.NotEmpty(t, c.Platform)
+}
+
+// TestImportPushedImage imports an image as weightd gets it from a
+// registry (Docker media types, gzip layers written by go-containerregistry)
+// and checks containerd ends up as a pull would leave it.
+func TestImportPushedImage(t *testing.T) {
+	t.Parallel()
+	services.RequireRegistry(t)
+	reg := services.NewRegistryT(t, services.RegistryConfig{})
+	e := newEnv(t)
+	pushed, err := services.PushRandomImage(t.Context(), reg.Addr, "team/pushed", "v2", 3, 256<<10, nil)
+	require.NoError(t, err)
+
+	// Fetch its blobs into the cache, as weightd would.
+	ref, err := name.ParseReference(pushed.Ref, name.Insecure)
+	require.NoError(t, err)
+	desc, err := remote.Get(ref, remote.WithContext(t.Context()))
+	require.NoError(t, err)
+	rimg, err := desc.Image()
+	require.NoError(t, err)
+	mt := string(desc.MediaType)
+	img := &prefetch.Image{Name: pushed.Ref}
+	img.Target = put(t, e.store, mt, desc.Manifest)
+	img.Blobs = append(img.Blobs, img.Target)
+	m, err := rimg.Manifest()
+	require.NoError(t, err)
+	rawCfg, err := rimg.RawConfigFile()
+	require.NoError(t, err)
+	cfg := put(t, e.store, string(m.Config.MediaType), rawCfg)
+	img.Blobs = append(img.Blobs, cfg)
+	layers, err := rimg.Layers()
+	require.NoError(t, err)
+	var diffIDs []digest.Digest
+	for i, l := range layers {
+		rc, err := l.Compressed()
+		require.NoError(t, err)
+		b, err := io.ReadAll(rc)
+		require.NoError(t, err)
+		rc.Close()
+		img.Blobs = append(img.Blobs, put(t, e.store, string(m.Layers[i].MediaType), b))
+		d, err := l.DiffID()
+		require.NoError(t, err)
+		diffIDs = append(diffIDs, digest.Digest(d.String()))
+	}
+	require.Equal(t, pushed.Digest, img.Target.Digest)
+
+	served := reg.BytesServed()
+	require.NoError(t, e.im.Import(t.Context(), img))
+	assert.Equal(t, served, reg.BytesServed(), "the import reads nothing from the registry")
+	e.requireImported(t, pushed.Ref, pushed.Digest, cfg.Digest, diffIDs)
+
+	// A pull of the same image by containerd finds everything present.
+	out, err := e.ctd.Ctr(t.Context(), "images", "pull", "--plain-http", pushed.Ref)
+	require.NoError(t, err, "%s", out)
+	assert.Less(t, reg.BytesServed()-served, int64(64<<10), "only the manifest is fetched again")
 }
