@@ -34,6 +34,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path"
@@ -72,6 +73,7 @@ type Hub struct {
 	CDNURL string
 
 	srv, cdn *httptest.Server
+	addr     string
 	pageSize int
 	secret   []byte
 
@@ -115,6 +117,15 @@ func WithSeparateCDN() Option {
 	}
 }
 
+// WithAddr makes the hub listen on addr ("host:port"; port 0 picks one)
+// instead of a free port on 127.0.0.1, so that other processes or network
+// namespaces can reach it; a separate CDN listens on the same host. Links
+// and redirects name the host the request was sent to, so a hub listening on
+// 0.0.0.0 works for clients on any interface. New panics if it cannot listen.
+func WithAddr(addr string) Option {
+	return func(h *Hub) { h.addr = addr }
+}
+
 // New starts a hub with no repositories.
 func New(opts ...Option) *Hub {
 	h := &Hub{
@@ -129,15 +140,59 @@ func New(opts ...Option) *Hub {
 	for _, o := range opts {
 		o(h)
 	}
-	h.srv = httptest.NewServer(http.HandlerFunc(h.serveHub))
+	h.srv = httptest.NewUnstartedServer(http.HandlerFunc(h.serveHub))
+	host := "127.0.0.1"
+	if h.addr != "" {
+		h.srv.Listener.Close()
+		h.srv.Listener = listen(h.addr)
+		host, _, _ = net.SplitHostPort(h.addr)
+	}
+	h.srv.Start()
 	h.URL = h.srv.URL
 	h.CDNURL = h.URL
 	if h.cdn != nil {
 		h.cdn.Config.Handler = http.HandlerFunc(h.serveCDNHost)
+		if h.addr != "" {
+			h.cdn.Listener.Close()
+			h.cdn.Listener = listen(net.JoinHostPort(host, "0"))
+		}
 		h.cdn.Start()
 		h.CDNURL = h.cdn.URL
 	}
 	return h
+}
+
+func listen(addr string) net.Listener {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		panic(fmt.Sprintf("hubtest: %v", err))
+	}
+	return ln
+}
+
+// base is the hub's URL as the client of r sees it.
+func (h *Hub) base(r *http.Request) string {
+	if r.Host == "" {
+		return h.URL
+	}
+	return "http://" + r.Host
+}
+
+// cdnBase is the CDN's URL as the client of r would see it: the hub's own,
+// or the separate CDN's port on the host the client named.
+func (h *Hub) cdnBase(r *http.Request) string {
+	if h.cdn == nil {
+		return h.base(r)
+	}
+	host := r.Host
+	if hn, _, err := net.SplitHostPort(host); err == nil {
+		host = hn
+	}
+	if host == "" {
+		return h.CDNURL
+	}
+	_, port, _ := net.SplitHostPort(h.cdn.Listener.Addr().String())
+	return "http://" + net.JoinHostPort(strings.Trim(host, "[]"), port)
 }
 
 // Close stops the servers and closes the files of FromFile contents added.

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -271,4 +272,22 @@ func TestHubStorage(t *testing.T) {
 	for p, status := range map[string]int{"small.safetensors": 200, "notes.txt": 302, "big.json": 302, "events.tfevents.1": 302} {
 		assert.Equal(t, status, get(t, hub.URL+"/org/model/resolve/main/"+p).StatusCode, p)
 	}
+}
+
+func TestHubAddr(t *testing.T) {
+	t.Parallel()
+	hub := hubtest.New(hubtest.WithAddr("0.0.0.0:0"), hubtest.WithSeparateCDN(), hubtest.WithPageSize(1))
+	defer hub.Close()
+	hub.AddRepo("org/model", map[string]hubtest.Content{"a.bin": hubtest.String("a"), "b.bin": hubtest.String("b")})
+	_, port, err := net.SplitHostPort(strings.TrimPrefix(hub.URL, "http://"))
+	require.NoError(t, err)
+	base := "http://localhost:" + port
+	resp := get(t, base+"/org/model/resolve/main/a.bin")
+	require.Equal(t, http.StatusFound, resp.StatusCode)
+	_, cdnPort, err := net.SplitHostPort(strings.TrimPrefix(hub.CDNURL, "http://"))
+	require.NoError(t, err)
+	assert.True(t, strings.HasPrefix(resp.Header.Get("Location"), "http://localhost:"+cdnPort+"/cdn/"), resp.Header.Get("Location"))
+	assert.Equal(t, "a", string(readAll(t, get(t, resp.Header.Get("Location")))))
+	resp = get(t, base+"/api/models/org/model/tree/main")
+	assert.True(t, strings.HasPrefix(resp.Header.Get("Link"), "<"+base+"/api/models/org/model/tree/main?cursor="), resp.Header.Get("Link"))
 }

@@ -365,7 +365,7 @@ func (h *Hub) serveTree(w http.ResponseWriter, r *http.Request, repo *Repo, segs
 	end := min(off+page, len(entries))
 	if end < len(entries) {
 		q.Set("cursor", base64.RawURLEncoding.EncodeToString([]byte(strconv.Itoa(end))))
-		next := h.URL + r.URL.EscapedPath() + "?" + q.Encode()
+		next := h.base(r) + r.URL.EscapedPath() + "?" + q.Encode()
 		w.Header().Set("Link", "<"+next+`>; rel="next"`)
 	}
 	writeJSON(w, entries[off:end:end])
@@ -437,7 +437,7 @@ func (h *Hub) serveResolve(w http.ResponseWriter, r *http.Request, segs []string
 	v.Set("Expires", strconv.FormatInt(expires, 10))
 	v.Set("Signature", h.sign(p, expires))
 	v.Set("Key-Pair-Id", "HUBTEST")
-	http.Redirect(w, r, h.CDNURL+p+"?"+v.Encode(), http.StatusFound)
+	http.Redirect(w, r, h.cdnBase(r)+p+"?"+v.Encode(), http.StatusFound)
 }
 
 // serveCDN serves /cdn/repos/{aa}/{bb}/{sha256} with a valid signature.
