@@ -143,13 +143,17 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 	if a.imports, err = cfg.importer(a.store, cfg.Platform, log.With("component", "containerd"), reg); err != nil {
 		return nil, err
 	}
-	if a.imports != nil {
-		queueOpts = append(queueOpts, prefetch.WithImporter(a.imports))
-	}
-	a.queue = prefetch.NewQueue(a.store, src, queueOpts...)
 	if a.mirror, err = newMirror(cfg.mirrorConfig, a.store, oci, blobSource, log.With("component", "mirror"), reg); err != nil {
 		return nil, err
 	}
+	if a.imports != nil || a.mirror != nil {
+		sink := imageSink{importer: a.imports, log: log.With("component", "images")}
+		if a.mirror != nil {
+			sink.mirror = a.mirror.handler
+		}
+		queueOpts = append(queueOpts, prefetch.WithImporter(sink))
+	}
+	a.queue = prefetch.NewQueue(a.store, src, queueOpts...)
 	apiOpts := []api.Option{
 		api.WithVersion(version),
 		api.WithReadiness(a.ready),

@@ -35,12 +35,22 @@ func shortTempDir(t *testing.T) string {
 // test ends; it returns the API address.
 func startAgent(t *testing.T) string {
 	t.Helper()
+	return startAgentWith(t, nil)
+}
+
+// startAgentWith is startAgent with a configuration changed by edit.
+func startAgentWith(t *testing.T, edit func(*agentConfig)) string {
+	t.Helper()
 	dir := shortTempDir(t)
 	addr := "unix://" + filepath.Join(dir, "api.sock")
-	a, err := newAgent(agentConfig{
+	cfg := agentConfig{
 		Root: filepath.Join(dir, "cache"), API: addr, ChunkSize: 1 << 20,
 		MaxJobs: 2, ShutdownTimeout: 5 * time.Second,
-	}, slog.New(slog.DiscardHandler))
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	a, err := newAgent(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -103,6 +103,44 @@ func (c importConfig) importer(store *cache.Store, platform string, log *slog.Lo
 	return containerd.New(cfg, store, containerd.WithLogger(log), containerd.WithRegisterer(reg))
 }
 
+// imageSink is where prefetched images go: the mirror learns their tags, so
+// the kubelet's own pulls of them succeed with the registry down, and
+// containerd imports them.
+type imageSink struct {
+	mirror   *mirror.Mirror       // nil without a mirror
+	importer *containerd.Importer // nil without containerd
+	log      *slog.Logger
+}
+
+// Import tells the mirror, then imports into containerd.
+func (s imageSink) Import(ctx context.Context, img *prefetch.Image) error {
+	if s.mirror != nil {
+		if registry, repository, tag, ok := splitImageName(img.Name); ok {
+			if err := s.mirror.Learn(registry, repository, tag, img.Target.Digest); err != nil {
+				s.log.Warn("the mirror could not learn a prefetched tag", "image", img.Name, "err", err)
+			}
+		}
+	}
+	if s.importer == nil {
+		return nil
+	}
+	return s.importer.Import(ctx, img)
+}
+
+// splitImageName splits "registry/repository:tag"; ok is false for names
+// without a tag (pinned by digest).
+func splitImageName(name string) (registry, repository, tag string, ok bool) {
+	if strings.Contains(name, "@") {
+		return "", "", "", false
+	}
+	registry, rest, found := strings.Cut(name, "/")
+	i := strings.LastIndexByte(rest, ':')
+	if !found || i < 0 {
+		return "", "", "", false
+	}
+	return registry, rest[:i], rest[i+1:], true
+}
+
 // nodeMirror is the registry mirror with its listener.
 type nodeMirror struct {
 	cfg     mirrorConfig

@@ -28,7 +28,7 @@ func BenchmarkServeBlob(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer store.Close()
-			if _, err := store.Fetch(b.Context(), cache.Descriptor{Digest: d, Size: int64(size)}, bytesOpener(data), nil); err != nil {
+			if _, err := store.Fetch(b.Context(), cache.Descriptor{Digest: d, Size: int64(size)}, cache.Bytes(data), nil); err != nil {
 				b.Fatal(err)
 			}
 			url, done := benchServer(b, store, up)

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -203,6 +204,23 @@ func (m *Mirror) upstreamManifest(ctx context.Context, registry, repository, ref
 	return mt, body, d, nil
 }
 
+// Learn records that tag names the manifest or index d, as a prefetch that
+// resolved the tag learned it, so that a pull of the tag through the mirror
+// is served even while the upstream is down. The manifest must be in the
+// cache already (a prefetched image's is). Tags of registries the mirror
+// does not serve are ignored.
+func (m *Mirror) Learn(registry, repository, tag string, d digest.Digest) error {
+	h, ok := canonicalHost(registry)
+	if !ok || !slices.Contains(m.opts.registries, h) {
+		return nil
+	}
+	_, mt, err := m.cachedManifest(d)
+	if err != nil {
+		return fmt.Errorf("learning %s/%s:%s: %w", registry, repository, tag, err)
+	}
+	return m.tags.put(tagKey(h, repository, tag), tagEntry{Digest: d, MediaType: mt, Updated: time.Now()})
+}
+
 // remember records a manifest's size and media type and its children's, so
 // that requests for them know their sizes without asking the upstream.
 func (m *Mirror) remember(d digest.Digest, size int64, mediaType string, children []descriptorJSON) {
@@ -223,7 +241,7 @@ func (m *Mirror) remember(d digest.Digest, size int64, mediaType string, childre
 func (m *Mirror) storeManifest(ctx context.Context, d digest.Digest, body []byte) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.opts.manifestTimeout)
 	defer cancel()
-	_, err := m.store.Fetch(ctx, cache.Descriptor{Digest: d, Size: int64(len(body))}, bytesOpener(body), nil)
+	_, err := m.store.Fetch(ctx, cache.Descriptor{Digest: d, Size: int64(len(body))}, cache.Bytes(body), nil)
 	return err
 }
 
@@ -275,16 +293,6 @@ func (m *Mirror) writeManifest(w http.ResponseWriter, r *http.Request, d digest.
 	cw := &countingWriter{ResponseWriter: w}
 	http.ServeContent(cw, r, "", time.Time{}, bytes.NewReader(body))
 	m.m.bytes.WithLabelValues(source).Add(float64(cw.n))
-}
-
-// bytesOpener serves a blob held in memory.
-type bytesOpener []byte
-
-func (b bytesOpener) OpenRange(_ context.Context, off int64) (io.ReadCloser, error) {
-	if off < 0 || off > int64(len(b)) {
-		return nil, cache.Permanent(fmt.Errorf("%w: offset %d of %d bytes", cache.ErrInvalid, off, len(b)))
-	}
-	return io.NopCloser(bytes.NewReader(b[off:])), nil
 }
 
 // countingWriter counts the body bytes written, keeping the ReaderFrom of

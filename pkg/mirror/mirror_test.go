@@ -176,7 +176,7 @@ func TestBlobFromCache(t *testing.T) {
 	tm := newTestMirror(t, up)
 	data := randomBytes(7, 300_000)
 	d := digest.FromBytes(data)
-	_, err := tm.store.Fetch(t.Context(), cache.Descriptor{Digest: d, Size: int64(len(data))}, bytesOpener(data), nil)
+	_, err := tm.store.Fetch(t.Context(), cache.Descriptor{Digest: d, Size: int64(len(data))}, cache.Bytes(data), nil)
 	require.NoError(t, err)
 	path := "/v2/library/app/blobs/" + d.String() + "?ns=docker.io"
 
@@ -530,4 +530,26 @@ func TestCloseEndsFetches(t *testing.T) {
 	resp2, body, err := tm.do(t, http.MethodGet, "/v2/library/app/blobs/"+d.String())
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusServiceUnavailable, resp2.StatusCode, "%s", body)
+}
+
+func TestLearnTagFromPrefetch(t *testing.T) {
+	t.Parallel()
+	up := newFakeUpstream()
+	img := up.addImage(3, "docker.io", "library/app", "v1", 100)
+	tm := newTestMirror(t, up)
+	up.setDown(true)
+
+	// Not in the cache yet: nothing to learn.
+	require.ErrorIs(t, tm.Learn("docker.io", "library/app", "v1", img.digest), cache.ErrNotFound)
+	// A prefetch stored the manifest and tells the mirror what the tag named.
+	_, err := tm.store.Fetch(t.Context(), cache.Descriptor{Digest: img.digest, Size: int64(len(img.manifest))}, cache.Bytes(img.manifest), nil)
+	require.NoError(t, err)
+	require.NoError(t, tm.Learn("index.docker.io", "library/app", "v1", img.digest))
+	require.NoError(t, tm.Learn("ghcr.io", "org/other", "v1", img.digest), "registries not mirrored are ignored")
+
+	resp, body, err := tm.do(t, http.MethodGet, "/v2/library/app/manifests/v1?ns=docker.io")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+	assert.Equal(t, img.manifest, body)
+	assert.Equal(t, mediaTypeOCIManifest, resp.Header.Get("Content-Type"))
 }
