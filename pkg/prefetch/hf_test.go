@@ -568,3 +568,23 @@ func TestHFEndpointWithPath(t *testing.T) {
 	require.NoError(t, err)
 	checkDir(t, dir, files)
 }
+
+func TestHFStalledHubIsRetriable(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	endpoint := fakeHub(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	defer close(release)
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	ref, err := prefetch.ParseRef("hf://org/model")
+	require.NoError(t, err)
+	_, err = hfSource(t, endpoint).Resolve(ctx, ref)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.NotErrorIs(t, err, cache.ErrPermanent)
+}
