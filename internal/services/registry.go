@@ -41,7 +41,6 @@ type Registry struct {
 	// Dir is RegistryConfig.Dir.
 	Dir string
 
-	cfg    RegistryConfig
 	ln     net.Listener
 	served atomic.Int64
 	token  *tokenServer // nil without TokenAuth
@@ -73,7 +72,7 @@ func StartRegistry(ctx context.Context, cfg RegistryConfig) (*Registry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("registry proxy: %w", err)
 	}
-	r := &Registry{Addr: ln.Addr().String(), Dir: cfg.Dir, cfg: cfg, ln: ln, conns: make(map[net.Conn]struct{})}
+	r := &Registry{Addr: ln.Addr().String(), Dir: cfg.Dir, ln: ln, conns: make(map[net.Conn]struct{})}
 	if cfg.TokenAuth {
 		r.Username = "weightd-" + randomHex(4)
 		r.Password = randomHex(16)

@@ -27,7 +27,6 @@ import (
 
 // fixture is an image built by hand, its blobs in a cache store.
 type fixture struct {
-	store   *cache.Store
 	img     *prefetch.Image
 	diffIDs []digest.Digest
 	config  digest.Digest
@@ -137,7 +136,7 @@ type fixtureOpts struct {
 
 func newFixture(t testing.TB, store *cache.Store, name string, o fixtureOpts) *fixture {
 	t.Helper()
-	fx := &fixture{store: store}
+	fx := &fixture{}
 	var layerBlobs []prefetch.ImageBlob
 	for i := range o.layers {
 		b, diffID := gzipLayer(t, o.seed*100+uint64(i), 3)

@@ -8,7 +8,7 @@ import (
 	"maps"
 	"net/url"
 	"os"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/containerd/containerd/v2/core/images"
@@ -149,14 +149,20 @@ func newPlan(img *prefetch.Image, blobs BlobOpener, platform platforms.MatchComp
 				matching = append(matching, m)
 			}
 		}
-		sort.SliceStable(matching, func(i, j int) bool {
-			if matching[i].Platform == nil {
-				return false
+		slices.SortStableFunc(matching, func(a, b ocispec.Descriptor) int {
+			switch {
+			case a.Platform == nil && b.Platform == nil:
+				return 0
+			case a.Platform == nil:
+				return 1
+			case b.Platform == nil:
+				return -1
+			case platform.Less(*a.Platform, *b.Platform):
+				return -1
+			case platform.Less(*b.Platform, *a.Platform):
+				return 1
 			}
-			if matching[j].Platform == nil {
-				return true
-			}
-			return platform.Less(*matching[i].Platform, *matching[j].Platform)
+			return 0
 		})
 		if len(matching) == 0 {
 			return nil, invalid("image %s: index %s has no manifest for %s", p.name, t.desc.Digest, platformName)
