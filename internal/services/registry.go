@@ -42,6 +42,7 @@ type Registry struct {
 	Dir string
 
 	ln     net.Listener
+	secret string // http.secret: the same across restarts, so uploads resume
 	served atomic.Int64
 	token  *tokenServer // nil without TokenAuth
 
@@ -72,7 +73,7 @@ func StartRegistry(ctx context.Context, cfg RegistryConfig) (*Registry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("registry proxy: %w", err)
 	}
-	r := &Registry{Addr: ln.Addr().String(), Dir: cfg.Dir, ln: ln, conns: make(map[net.Conn]struct{})}
+	r := &Registry{Addr: ln.Addr().String(), Dir: cfg.Dir, ln: ln, secret: randomHex(16), conns: make(map[net.Conn]struct{})}
 	if cfg.TokenAuth {
 		r.Username = "weightd-" + randomHex(4)
 		r.Password = randomHex(16)
@@ -182,7 +183,7 @@ storage:
 http:
   addr: %s
   secret: %s
-`, filepath.Join(r.Dir, "storage"), upstream, randomHex(16))
+`, filepath.Join(r.Dir, "storage"), upstream, r.secret)
 	if r.token != nil {
 		c += fmt.Sprintf(`auth:
   token:
