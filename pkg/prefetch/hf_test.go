@@ -303,7 +303,7 @@ func hubFront(t *testing.T, hub *hubtest.Hub, intercept func(http.ResponseWriter
 	t.Helper()
 	target, err := url.Parse(hub.URL)
 	require.NoError(t, err)
-	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) }}
 	srv := httptest.NewServer(http.StripPrefix("/mirror", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if intercept == nil || !intercept(w, r) {
 			proxy.ServeHTTP(w, r)
