@@ -1,0 +1,285 @@
+// Command image measures the image path against containerd's own pull, in
+// one run on one machine, with a real docker-registry and a real containerd
+// (both started here; root needed):
+//
+//  1. image-prefetch: an image of N gzip layers (8 × 256 MiB by default) is
+//     pushed to the registry; then, alternately, `ctr images pull` (fetch and
+//     unpack into the k8s.io namespace) and `weightd fetch oci://…` against a
+//     fresh `weightd agent` that imports into the same containerd, each from
+//     an empty containerd and an empty cache. It prints
+//     {"bench":"image-prefetch","size_bytes":…,"weightd_s":…,"ctr_s":…,"ratio":ctr_s/weightd_s}
+//     with each side's best round.
+//  2. mirror-pull: the image is removed from containerd, the registry is
+//     stopped, and `ctr images pull --hosts-dir` (what the kubelet's pull
+//     does through hosts.toml) pulls it through the agent's registry mirror
+//     from the weightd cache alone. It prints
+//     {"bench":"mirror-pull","size_bytes":…,"seconds":…,"upstream_bytes":…,"ok":true}
+//     where upstream_bytes counts what the registry sent during that pull.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/weightd/weightd/internal/services"
+	"github.com/weightd/weightd/pkg/api"
+	"github.com/weightd/weightd/pkg/prefetch"
+)
+
+type prefetchResult struct {
+	Bench     string  `json:"bench"`
+	SizeBytes int64   `json:"size_bytes"`
+	Layers    int     `json:"layers"`
+	WeightdS  float64 `json:"weightd_s"`
+	CtrS      float64 `json:"ctr_s"`
+	Ratio     float64 `json:"ratio"`
+}
+
+type mirrorResult struct {
+	Bench         string  `json:"bench"`
+	SizeBytes     int64   `json:"size_bytes"`
+	Seconds       float64 `json:"seconds"`
+	UpstreamBytes int64   `json:"upstream_bytes"`
+	OK            bool    `json:"ok"`
+}
+
+func main() {
+	layers := flag.Int("layers", 8, "image layers")
+	layerMiB := flag.Int64("layer-mib", 256, "random bytes per layer, MiB")
+	rounds := flag.Int("rounds", 2, "rounds of each side; the best counts")
+	bin := flag.String("weightd", "", "weightd binary (default: build ./cmd/weightd)")
+	dir := flag.String("dir", "", "working directory (default: a new temporary directory, removed at the end)")
+	flag.Parse()
+	log.SetFlags(0)
+	log.SetPrefix("bench/image: ")
+	if *layers < 1 || *layerMiB < 1 || *rounds < 1 {
+		log.Fatal("-layers, -layer-mib and -rounds must be positive")
+	}
+	if err := services.RegistryAvailable(); err != nil {
+		log.Fatal(err)
+	}
+	if err := services.ContainerdAvailable(); err != nil {
+		log.Fatal(err)
+	}
+	work := *dir
+	if work == "" {
+		var err error
+		if work, err = os.MkdirTemp("", "wdimg"); err != nil { // short: unix socket paths
+			log.Fatal(err)
+		}
+		defer os.RemoveAll(work)
+	}
+	if *bin == "" {
+		*bin = filepath.Join(work, "weightd")
+		if out, err := exec.Command("go", "build", "-o", *bin, "./cmd/weightd").CombinedOutput(); err != nil {
+			log.Fatalf("building weightd: %v\n%s", err, out)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := run(ctx, work, *bin, *layers, *layerMiB<<20, *rounds); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(ctx context.Context, work, bin string, layers int, layerSize int64, rounds int) error {
+	reg, err := services.StartRegistry(ctx, services.RegistryConfig{Dir: filepath.Join(work, "registry")})
+	if err != nil {
+		return err
+	}
+	defer reg.Close()
+	ctrd, err := services.StartContainerd(ctx, services.ContainerdConfig{Dir: filepath.Join(work, "ctrd")})
+	if err != nil {
+		return err
+	}
+	defer ctrd.Close()
+	log.Printf("pushing a %d × %d MiB image", layers, layerSize>>20)
+	img, err := services.PushRandomImage(ctx, reg.Addr, "bench/image", "v1", layers, layerSize, nil)
+	if err != nil {
+		return err
+	}
+	mirrorAddr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+
+	var best struct{ ctr, weightd time.Duration }
+	var last *agent
+	for r := range rounds {
+		took, err := ctrPull(ctx, ctrd, img.Ref)
+		if err != nil {
+			return err
+		}
+		log.Printf("round %d: ctr images pull %.2f s", r+1, took.Seconds())
+		best.ctr = minPositive(best.ctr, took)
+		if err := removeImage(ctx, ctrd, img.Ref); err != nil {
+			return err
+		}
+
+		if last != nil {
+			last.stop()
+		}
+		a, err := startAgent(ctx, bin, filepath.Join(work, fmt.Sprintf("w%d", r)), ctrd, reg.Addr, mirrorAddr)
+		if err != nil {
+			return err
+		}
+		last = a
+		syscall.Sync()
+		took, err = a.fetch(ctx, "oci://"+img.Ref)
+		if err != nil {
+			return err
+		}
+		log.Printf("round %d: weightd fetch (into the cache and containerd) %.2f s", r+1, took.Seconds())
+		best.weightd = minPositive(best.weightd, took)
+		if r < rounds-1 {
+			if err := removeImage(ctx, ctrd, img.Ref); err != nil {
+				return err
+			}
+		}
+	}
+	defer last.stop()
+	if err := emit(prefetchResult{
+		Bench: "image-prefetch", SizeBytes: img.Size, Layers: layers, WeightdS: round(best.weightd.Seconds()),
+		CtrS: round(best.ctr.Seconds()), Ratio: round(best.ctr.Seconds() / best.weightd.Seconds()),
+	}); err != nil {
+		return err
+	}
+
+	// The kubelet's pull of an image weightd holds, with the registry down.
+	if err := removeImage(ctx, ctrd, img.Ref); err != nil {
+		return err
+	}
+	reg.Stop()
+	before := reg.BytesServed()
+	syscall.Sync()
+	start := time.Now()
+	out, err := ctrd.Ctr(ctx, "images", "pull", "--hosts-dir", ctrd.HostsDir, img.Ref)
+	took := time.Since(start)
+	res := mirrorResult{Bench: "mirror-pull", SizeBytes: img.Size, Seconds: round(took.Seconds()), UpstreamBytes: reg.BytesServed() - before, OK: err == nil}
+	if err != nil {
+		log.Printf("pull through the mirror failed: %v\n%s", err, out)
+	}
+	return emit(res)
+}
+
+// agent is a weightd agent process importing into containerd and serving
+// the registry mirror.
+type agent struct {
+	cmd    *exec.Cmd
+	client *api.Client
+}
+
+func startAgent(ctx context.Context, bin, root string, ctrd *services.Containerd, registry, mirrorAddr string) (*agent, error) {
+	sock := "unix://" + root + ".sock"
+	cmd := exec.CommandContext(ctx, bin, "agent", "--root", root, "--api", sock, "--metrics-addr", "", "--log-level", "warn",
+		"--gossip-addr", "", "--chunk-addr", "",
+		"--containerd-address", ctrd.Address, "--insecure-registries", registry,
+		"--mirror-addr", mirrorAddr, "--mirror-registries", registry, "--hosts-dir", ctrd.HostsDir)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	client, err := api.NewClient(sock)
+	if err == nil {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err = client.WaitReady(rctx)
+		cancel()
+	}
+	if err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, fmt.Errorf("starting the agent: %w", err)
+	}
+	return &agent{cmd: cmd, client: client}, nil
+}
+
+// fetch prefetches ref and waits until it is ready: in the cache and, for an
+// image, imported and unpacked in containerd.
+func (a *agent) fetch(ctx context.Context, ref string) (time.Duration, error) {
+	start := time.Now()
+	st, err := a.client.Submit(ctx, api.FetchRequest{Ref: ref, Priority: "pod"})
+	if err != nil {
+		return 0, err
+	}
+	if st, err = a.client.Watch(ctx, st.ID, nil); err != nil {
+		return 0, err
+	}
+	if st.State != prefetch.StateReady {
+		return 0, fmt.Errorf("weightd fetch %s: %s", ref, st.Error)
+	}
+	return time.Since(start), nil
+}
+
+func (a *agent) stop() {
+	_ = a.cmd.Process.Signal(syscall.SIGTERM)
+	_ = a.cmd.Wait()
+}
+
+// ctrPull is the baseline: containerd's own client fetches and unpacks.
+func ctrPull(ctx context.Context, ctrd *services.Containerd, ref string) (time.Duration, error) {
+	syscall.Sync()
+	start := time.Now()
+	if out, err := ctrd.Ctr(ctx, "images", "pull", "--plain-http", ref); err != nil {
+		return 0, fmt.Errorf("ctr images pull: %v\n%s", err, out)
+	}
+	return time.Since(start), nil
+}
+
+// removeImage deletes the image and, through containerd's garbage
+// collector, its content and snapshots, so the next pull starts empty.
+func removeImage(ctx context.Context, ctrd *services.Containerd, ref string) error {
+	// The CRI plugin adds records of its own (by repository digest and by
+	// image ID) that hold the content too: remove every record.
+	out, err := ctrd.Ctr(ctx, "images", "ls", "-q")
+	if err != nil {
+		return err
+	}
+	names := strings.Fields(string(out))
+	if !slices.Contains(names, ref) {
+		return fmt.Errorf("containerd does not list %s:\n%s", ref, out)
+	}
+	if out, err := ctrd.Ctr(ctx, append([]string{"images", "rm", "--sync"}, names...)...); err != nil {
+		return fmt.Errorf("ctr images rm: %v\n%s", err, out)
+	}
+	out, err = ctrd.Ctr(ctx, "content", "ls", "-q")
+	if err != nil {
+		return err
+	}
+	if len(out) > 0 {
+		return fmt.Errorf("containerd still holds content after removing the image:\n%s", out)
+	}
+	return nil
+}
+
+// freeAddr returns a loopback address nothing listens on now.
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+func minPositive(a, b time.Duration) time.Duration {
+	if a == 0 || b < a {
+		return b
+	}
+	return a
+}
+
+func emit(v any) error { return json.NewEncoder(os.Stdout).Encode(v) }
+
+func round(f float64) float64 { return math.Round(f*1000) / 1000 }
