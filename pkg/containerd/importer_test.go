@@ -131,7 +131,11 @@ func (e *env) requireCRISees(t *testing.T, name string, target, config digest.Di
 		last = img
 		return img != nil && img.ID == config.String()
 	}, 5*time.Second, 20*time.Millisecond, "the CRI sees %s", name)
-	assert.Contains(t, last.RepoTags, name)
+	if strings.Contains(name, "@") {
+		assert.Contains(t, last.RepoDigests, name)
+	} else {
+		assert.Contains(t, last.RepoTags, name)
+	}
 	assert.NotZero(t, last.Size)
 	// By digest too, as a pod may name it, once the name has a tag.
 	if i := strings.LastIndexByte(name, ':'); i > strings.LastIndexByte(name, '/') && !strings.Contains(name, "@") {
@@ -367,6 +371,7 @@ func TestImportInvalidImages(t *testing.T) {
 		{"target not among the blobs", func(i *prefetch.Image) { i.Blobs = i.Blobs[1:] }, "target"},
 		{"bad digest", func(i *prefetch.Image) { i.Blobs[1].Digest = "sha256:nothex" }, "blob"},
 		{"no media type", func(i *prefetch.Image) { i.Blobs[2].MediaType = "" }, "media type"},
+		{"name's digest is not the target's", func(i *prefetch.Image) { i.Name = "registry.example/app@" + i.Blobs[1].Digest.String() }, "digest"},
 		{"target is a layer", func(i *prefetch.Image) { i.Target = i.Blobs[2]; i.Blobs = i.Blobs[2:] }, "neither an index nor a manifest"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -480,4 +485,13 @@ func TestImportPushedImage(t *testing.T) {
 	out, err := e.ctd.Ctr(t.Context(), "images", "pull", "--plain-http", pushed.Ref)
 	require.NoError(t, err, "%s", out)
 	assert.Less(t, reg.BytesServed()-served, int64(64<<10), "only the manifest is fetched again")
+}
+
+func TestImportByDigest(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	fx := newFixture(t, e.store, "registry.example/app:ignored", fixtureOpts{layers: 1, seed: 14})
+	fx.img.Name = "registry.example/app@" + fx.img.Target.Digest.String()
+	require.NoError(t, e.im.Import(t.Context(), fx.img))
+	e.requireImported(t, fx.img.Name, fx.img.Target.Digest, fx.config, fx.diffIDs)
 }

@@ -110,6 +110,9 @@ func newPlan(img *prefetch.Image, blobs BlobOpener, platform platforms.MatchComp
 		return nil, invalid("image %s: target %s is %s, its blob %s", p.name, img.Target.Digest, img.Target.MediaType, t.desc.MediaType)
 	}
 	p.target = t.desc
+	if dn, ok := named.(reference.Digested); ok && dn.Digest() != p.target.Digest {
+		return nil, invalid("image %s: the name's digest is not the target's, %s", p.name, p.target.Digest)
+	}
 
 	// Open every blob first: a blob missing from the cache fails the import
 	// before anything is written to containerd.
