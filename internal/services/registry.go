@@ -64,6 +64,11 @@ func StartRegistry(ctx context.Context, cfg RegistryConfig) (*Registry, error) {
 	if err := RegistryAvailable(); err != nil {
 		return nil, err
 	}
+	dir, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Dir = dir
 	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "storage")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err
