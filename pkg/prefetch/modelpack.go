@@ -155,7 +155,8 @@ const (
 )
 
 // parseOCIDocument parses a manifest or index and decides which it is from
-// its mediaType, else the Content-Type it was served with, else its shape. It
+// its mediaType, else the Content-Type it was served with, else its shape;
+// doc.MediaType is set to the type decided (OCI's for a shape). It
 // rejects Docker schema 1, unknown media types, documents that are both
 // (manifests and layers or config), and malformed descriptors. Errors wrap
 // cache.ErrInvalid.
@@ -180,9 +181,14 @@ func parseOCIDocument(contentType string, body []byte) (doc *ociDocument, index 
 		if !index && doc.Config == nil {
 			return nil, false, fmt.Errorf("%w: manifest has no mediaType and neither manifests nor config", cache.ErrInvalid)
 		}
+		mt = MediaTypeOCIManifest
+		if index {
+			mt = MediaTypeOCIIndex
+		}
 	default:
 		return nil, false, fmt.Errorf("%w: unknown manifest media type %q", cache.ErrInvalid, truncate(mt))
 	}
+	doc.MediaType = mt
 	if doc.SchemaVersion != 2 {
 		return nil, false, fmt.Errorf("%w: manifest schemaVersion %d, want 2", cache.ErrInvalid, doc.SchemaVersion)
 	}

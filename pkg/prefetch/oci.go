@@ -206,7 +206,7 @@ func (s *OCISource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 	if err != nil {
 		return nil, cache.Permanent(fmt.Errorf("manifest %s: %w", top, err))
 	}
-	target := ImageBlob{Descriptor: cache.Descriptor{Digest: top, Size: int64(len(body))}, MediaType: docMediaType(ct, body)}
+	target := ImageBlob{Descriptor: cache.Descriptor{Digest: top, Size: int64(len(body))}, MediaType: doc.MediaType}
 	res := &Resolution{Blobs: map[digest.Digest]cache.RangeOpener{top: bytesBlob(body)}}
 	var imageBlobs []ImageBlob
 	manifest := target
@@ -231,7 +231,7 @@ func (s *OCISource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 		if isIndex {
 			return nil, cache.Permanent(fmt.Errorf("%w: index %s: the entry for %s (%s) is itself an index, which is not supported", cache.ErrInvalid, top, s.platform, entry.Digest))
 		}
-		manifest = ImageBlob{Descriptor: want, MediaType: docMediaType(cmpOrString(entry.MediaType, ct), body)}
+		manifest = ImageBlob{Descriptor: want, MediaType: doc.MediaType}
 		res.Blobs[want.Digest] = bytesBlob(body)
 	}
 	imageBlobs = append(imageBlobs, manifest)
@@ -458,6 +458,12 @@ func (s *OCISource) transport(ctx context.Context, repo name.Repository) (http.R
 // classifyRegistryErr marks go-containerregistry's HTTP errors that retrying
 // cannot fix as permanent.
 func classifyRegistryErr(err error) error {
+	if s := err.Error(); strings.Contains(s, "invalid realm") || strings.Contains(s, "malformed www-authenticate") {
+		// go-containerregistry refuses the token server the registry
+		// names (a private address other than the registry's own, or plain
+		// http for a registry spoken to over https).
+		return cache.Permanent(err)
+	}
 	var te *transport.Error
 	if errors.As(err, &te) {
 		switch c := te.StatusCode; {

@@ -21,7 +21,7 @@ func authUser(t *testing.T, a authn.Authenticator) string {
 	return cfg.Username + ":" + cfg.Password + ":" + cfg.IdentityToken
 }
 
-func TestDockerKeychainLookup(t *testing.T) {
+func TestOCIKeychainLookup(t *testing.T) {
 	t.Parallel()
 	b64 := func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
 	auths := map[string]dockerAuth{
@@ -62,7 +62,7 @@ func TestDockerKeychainLookup(t *testing.T) {
 	}
 }
 
-func TestDockerKeychainOrder(t *testing.T) {
+func TestOCIKeychainOrder(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	file := filepath.Join(dir, "config.json")
@@ -95,7 +95,7 @@ func TestDockerKeychainOrder(t *testing.T) {
 	assert.ErrorIs(t, err, cache.ErrInvalid)
 }
 
-func TestPlatformMatch(t *testing.T) {
+func TestOCIPlatformMatch(t *testing.T) {
 	t.Parallel()
 	p := func(os, arch, variant string) *ociPlatform {
 		return &ociPlatform{OS: os, Architecture: arch, Variant: variant}
@@ -123,7 +123,7 @@ func TestPlatformMatch(t *testing.T) {
 	assert.Equal(t, "v8", Platform{OS: "linux", Architecture: "arm64"}.normalize().Variant)
 }
 
-func TestModelLayerTypes(t *testing.T) {
+func TestOCIModelLayerTypes(t *testing.T) {
 	t.Parallel()
 	for mt, want := range map[string]struct {
 		c       Compression
@@ -152,7 +152,7 @@ func TestModelLayerTypes(t *testing.T) {
 	}
 }
 
-func TestModelName(t *testing.T) {
+func TestOCIModelName(t *testing.T) {
 	t.Parallel()
 	for repo, want := range map[string]string{
 		"llama":                "llama",
