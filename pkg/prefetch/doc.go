@@ -1,28 +1,43 @@
-// Package prefetch brings models onto the node before anything asks for them:
-// it parses model references, resolves them through sources to files named by
-// digest, and runs the fetch queue that downloads those files into the cache
-// and materialises them as model directories.
+// Package prefetch brings models and images onto the node before anything
+// asks for them: it parses references, resolves them through sources to
+// blobs named by digest, and runs the fetch queue that downloads those blobs
+// into the cache and materialises models as directories (or hands images to
+// an Importer).
 //
 // # References
 //
-// A reference names a model or a single file where it can be fetched from
-// (see ParseRef). Today that is plain HTTP(S):
+// A reference names a model, an image or a single file where it can be
+// fetched from (see ParseRef):
 //
+//	oci://ghcr.io/org/llama:v1                    an image or a ModelPack model artifact, by tag ("latest" if none)
+//	oci://ghcr.io/org/llama@sha256:<64 hex>       the same, pinned by manifest or index digest
+//	hf://meta-llama/Llama-3.1-8B@main             a Hugging Face style hub repository at a branch, tag or commit ("main" if none)
 //	https://host/path/model.json                  a model manifest (see Manifest)
 //	https://host/path/file.bin#sha256:<64 hex>    one file pinned by its digest
+//
+// A reference that names immutable content (an OCI digest, a 40-hex hub
+// commit, a pinned file) is Pinned.
 //
 // # Sources
 //
 // A Source turns a Ref into a Resolution: the model's files (path, digest,
-// size) and, for each blob, a cache.RangeOpener that reads it from the origin
-// starting at any offset. Sources stay small: they open ranges and classify
+// size), packed layers to unpack (ModelPack tar, gzip and zstd layers), or an
+// image for the container runtime, and for each blob a cache.RangeOpener
+// that reads it from the origin starting at any offset. HTTPSource,
+// OCISource (go-containerregistry: Docker config and pull-secret
+// credentials, token auth, platform selection from indexes) and HFSource
+// (the hub's revision, tree and resolve APIs) are the three kinds; Sources
+// dispatches by kind. Sources stay small: they open ranges and classify
 // errors (cache.Permanent for what retrying cannot fix). Retries, resume,
 // stall detection and verification live in the cache.
 //
 // # The queue
 //
-// A Queue takes references (Submit), deduplicates concurrent requests for the
-// same reference, runs a bounded number of jobs at a time, each fetching a
-// bounded number of files at a time (largest first), then materialises the
-// model and reports its directory. Jobs stream their progress to watchers.
+// A Queue takes references (Submit) at a priority (a pod waiting beats a
+// person, who beats a background policy), deduplicates concurrent requests
+// for the same reference, runs a bounded number of jobs at a time, each
+// fetching a bounded number of blobs at a time (largest first), retries
+// resolving and importing with jittered backoff, unpacks packed layers, then
+// materialises the model or imports the image. Jobs can be cancelled and
+// stream their progress to watchers.
 package prefetch
