@@ -245,6 +245,11 @@ func (im *Importer) writeBlob(ctx context.Context, c *containerd.Client, cs cont
 	info, err := cs.Info(ctx, d)
 	switch {
 	case err == nil:
+		// Present, but maybe unreferenced (left by a failed import): the
+		// lease keeps it until the records reference it, as a pull's would.
+		if err := im.lease(ctx, c, d); err != nil {
+			return 0, err
+		}
 		return 0, im.addLabels(ctx, c, cs, info, b)
 	case !errdefs.IsNotFound(err):
 		return 0, im.wrap(c, fmt.Sprintf("looking up %s", d), err)
@@ -289,6 +294,19 @@ func (im *Importer) writeBlob(ctx context.Context, c *containerd.Client, cs cont
 		return n, im.wrap(c, fmt.Sprintf("committing %s", d), err)
 	}
 	return n, nil
+}
+
+// lease adds the content d to the import's lease.
+func (im *Importer) lease(ctx context.Context, c *containerd.Client, d digest.Digest) error {
+	id, ok := leases.FromContext(ctx)
+	if !ok {
+		return nil
+	}
+	err := c.LeasesService().AddResource(ctx, leases.Lease{ID: id}, leases.Resource{ID: d.String(), Type: "content"})
+	if err != nil && !errdefs.IsAlreadyExists(err) {
+		return im.wrap(c, fmt.Sprintf("leasing %s", d), err)
+	}
+	return nil
 }
 
 // addLabels sets the labels of b that info lacks.
