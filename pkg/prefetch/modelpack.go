@@ -2,6 +2,7 @@ package prefetch
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"path"
@@ -317,14 +318,7 @@ func selectManifest(doc *ociDocument, p Platform) (ociDescriptor, error) {
 			have = append(have, m.Platform.String())
 		}
 	}
-	return ociDescriptor{}, fmt.Errorf("%w: no manifest for %s in the index (it has %s)", cache.ErrNotFound, p, strings.Join(cmpOr(have, []string{"none"}), ", "))
-}
-
-func cmpOr(a, b []string) []string {
-	if len(a) > 0 {
-		return a
-	}
-	return b
+	return ociDescriptor{}, fmt.Errorf("%w: no manifest for %s in the index (it has %s)", cache.ErrNotFound, p, cmp.Or(strings.Join(have, ", "), "none"))
 }
 
 // isModelManifest reports whether a manifest is a ModelPack model artifact.

@@ -2,6 +2,7 @@ package prefetch
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -14,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -225,7 +227,7 @@ func (s *OCISource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 		if err != nil {
 			return nil, err
 		}
-		if doc, isIndex, err = parseOCIDocument(cmpOrString(entry.MediaType, ct), body); err != nil {
+		if doc, isIndex, err = parseOCIDocument(cmp.Or(entry.MediaType, ct), body); err != nil {
 			return nil, cache.Permanent(fmt.Errorf("manifest %s: %w", entry.Digest, err))
 		}
 		if isIndex {
@@ -264,7 +266,7 @@ func (s *OCISource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 		if _, ok := res.Blobs[b.Digest]; !ok {
 			res.Blobs[b.Digest] = s.blob(repo, b.Descriptor)
 		}
-		if !slicesContainsBlob(imageBlobs, b.Digest) {
+		if !slices.ContainsFunc(imageBlobs, func(ib ImageBlob) bool { return ib.Digest == b.Digest }) {
 			imageBlobs = append(imageBlobs, b)
 		}
 	}
@@ -275,22 +277,6 @@ func (s *OCISource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 	}
 	res.Model = cache.Model{Name: modelName(ref.Repository), Revision: rev}
 	return res, nil
-}
-
-func slicesContainsBlob(bs []ImageBlob, d digest.Digest) bool {
-	for _, b := range bs {
-		if b.Digest == d {
-			return true
-		}
-	}
-	return false
-}
-
-func cmpOrString(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // imageName is the containerd name of an image: registry/repository:tag,
