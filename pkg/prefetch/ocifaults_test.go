@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -495,4 +496,39 @@ func TestOCIUserAgent(t *testing.T) {
 	_, err := prefetch.NewOCISource(prefetch.WithOCIVersion("1.2.3")).Resolve(t.Context(), ociRef(t, rg.host, "app:v1"))
 	require.NoError(t, err)
 	assert.Contains(t, ua.Load(), "weightd/1.2.3")
+}
+
+// schemeRecorder records the schemes of the requests to a host and fails
+// them all.
+type schemeRecorder struct {
+	mu      sync.Mutex
+	schemes map[string]bool
+}
+
+func (s *schemeRecorder) RoundTrip(r *http.Request) (*http.Response, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.schemes == nil {
+		s.schemes = make(map[string]bool)
+	}
+	s.schemes[r.URL.Scheme] = true
+	return nil, errors.New("connection refused (test)")
+}
+
+func TestOCIInsecureRegistries(t *testing.T) {
+	t.Parallel()
+	for _, insecure := range []bool{false, true} {
+		rec := &schemeRecorder{}
+		opts := []prefetch.OCIOption{prefetch.WithOCITransport(rec)}
+		if insecure {
+			opts = append(opts, prefetch.WithInsecureRegistries("registry.test:5000"))
+		}
+		_, err := prefetch.NewOCISource(opts...).Resolve(t.Context(), ociRef(t, "registry.test:5000", "app:v1"))
+		require.Error(t, err)
+		assert.NotErrorIs(t, err, cache.ErrPermanent, "a refused connection is worth retrying")
+		rec.mu.Lock()
+		assert.True(t, rec.schemes["https"], "https is tried")
+		assert.Equal(t, insecure, rec.schemes["http"], "plain http only for an insecure registry")
+		rec.mu.Unlock()
+	}
 }
