@@ -774,16 +774,35 @@ func parseDockerConfig(data []byte) (map[string]dockerAuth, error) {
 	}
 	raw, ok := top["auths"]
 	if !ok {
-		if _, helpers := top["credsStore"]; helpers || top["credHelpers"] != nil || top["HttpHeaders"] != nil || len(top) == 0 {
+		if !isDockercfg(top) {
 			return nil, nil // a config.json without auths
 		}
-		raw = data // .dockercfg
+		raw = data
 	}
 	var auths map[string]dockerAuth
 	if err := json.Unmarshal(raw, &auths); err != nil {
 		return nil, fmt.Errorf("%w: Docker config auths: %v", cache.ErrInvalid, err)
 	}
 	return auths, nil
+}
+
+// isDockercfg reports whether a config without "auths" is the older
+// .dockercfg: registries mapped to objects, none of the keys the Docker
+// CLI's config.json has besides "auths".
+func isDockercfg(top map[string]json.RawMessage) bool {
+	if len(top) == 0 {
+		return false
+	}
+	for k, v := range top {
+		switch k {
+		case "credsStore", "credHelpers", "HttpHeaders", "proxies", "plugins", "aliases", "features", "currentContext", "psFormat", "imagesFormat", "detachKeys", "experimental":
+			return false
+		}
+		if v = bytes.TrimSpace(v); len(v) == 0 || v[0] != '{' {
+			return false
+		}
+	}
+	return true
 }
 
 // lookupAuth finds the credentials for r among auths, kubelet's way: keys

@@ -87,10 +87,13 @@ func TestOCIKeychainOrder(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, authn.Anonymous, a)
 
-	// A config with helpers and no auths holds no credentials.
-	none, err := parseDockerConfig([]byte(`{"credsStore":"osxkeychain"}`))
-	require.NoError(t, err)
-	assert.Empty(t, none)
+	// A config with helpers or other settings and no auths holds no
+	// credentials.
+	for _, cfg := range []string{`{"credsStore":"osxkeychain"}`, `{"currentContext":"default"}`, `{"proxies":{"default":{"httpProxy":"http://p"}}}`, `{}`} {
+		none, err := parseDockerConfig([]byte(cfg))
+		require.NoError(t, err, cfg)
+		assert.Empty(t, none, cfg)
+	}
 	_, err = parseDockerConfig([]byte(`{"auths":[]}`))
 	assert.ErrorIs(t, err, cache.ErrInvalid)
 }
