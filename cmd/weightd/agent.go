@@ -122,7 +122,11 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening cache: %w", err)
 	}
-	sources, oci, err := cfg.sources()
+	var shared prefetch.SharedResolver
+	if a.peers != nil {
+		shared = a.peers.sharedResolve
+	}
+	sources, oci, err := cfg.sources(shared)
 	if err != nil {
 		return nil, err
 	}

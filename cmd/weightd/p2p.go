@@ -160,6 +160,24 @@ func (p *peering) blobSource(desc cache.Descriptor, upstream cache.RangeOpener) 
 	return p.swarm.Source(desc, upstream)
 }
 
+// sharedResolve resolves a pinned reference once for the cluster (see
+// p2p.Swarm.SharedResolve) and remembers the answer for the peers that ask.
+// The source checks the model it gets.
+func (p *peering) sharedResolve(ctx context.Context, pinned prefetch.Ref, resolve func(context.Context) (cache.Model, error)) (cache.Model, error) {
+	key := pinned.String()
+	own := func(ctx context.Context) (cache.Model, error) {
+		m, err := resolve(ctx)
+		if err == nil {
+			p.resolutions.Put(key, m)
+		}
+		return m, err
+	}
+	if len(p.membership.Members()) == 0 {
+		return own(ctx)
+	}
+	return p.swarm.SharedResolve(ctx, key, own, func(cache.Model) error { return nil })
+}
+
 type swarmSource struct {
 	inner prefetch.Source
 	p     *peering

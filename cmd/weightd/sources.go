@@ -45,8 +45,9 @@ type mirrorConfig struct {
 }
 
 // sources builds the origin sources: HTTP(S), OCI registries and the hub.
-// The OCI source is also the mirror's upstream.
-func (c sourcesConfig) sources() (prefetch.Sources, *prefetch.OCISource, error) {
+// The OCI source is also the mirror's upstream. shared, when not nil,
+// resolves hub listings once for the cluster.
+func (c sourcesConfig) sources(shared prefetch.SharedResolver) (prefetch.Sources, *prefetch.OCISource, error) {
 	ociOpts := []prefetch.OCIOption{prefetch.WithOCIVersion(version), prefetch.WithInsecureRegistries(c.InsecureRegistries...)}
 	if c.DockerConfig != "" {
 		ociOpts = append(ociOpts, prefetch.WithDockerConfig(c.DockerConfig))
@@ -74,6 +75,9 @@ func (c sourcesConfig) sources() (prefetch.Sources, *prefetch.OCISource, error) 
 	}
 	if token != "" {
 		hfOpts = append(hfOpts, prefetch.WithHFToken(token))
+	}
+	if shared != nil {
+		hfOpts = append(hfOpts, prefetch.WithHFShared(shared))
 	}
 	hf, err := prefetch.NewHFSource(nil, hfOpts...)
 	if err != nil {

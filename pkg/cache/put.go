@@ -61,9 +61,14 @@ func (o fileOpener) OpenRange(_ context.Context, off int64) (io.ReadCloser, erro
 type Bytes []byte
 
 // OpenRange reads b from off.
-func (b Bytes) OpenRange(_ context.Context, off int64) (io.ReadCloser, error) {
-	if off < 0 || off > int64(len(b)) {
-		return nil, Permanent(fmt.Errorf("offset %d outside %d bytes", off, len(b)))
+func (b Bytes) OpenRange(ctx context.Context, off int64) (io.ReadCloser, error) {
+	return b.OpenBoundedRange(ctx, off, int64(len(b))-off)
+}
+
+// OpenBoundedRange reads bytes [off, off+n) of b.
+func (b Bytes) OpenBoundedRange(_ context.Context, off, n int64) (io.ReadCloser, error) {
+	if off < 0 || n < 0 || off > int64(len(b)) || n > int64(len(b))-off {
+		return nil, Permanent(fmt.Errorf("%w: bytes %d+%d outside a blob of %d bytes", ErrInvalid, off, n, len(b)))
 	}
-	return io.NopCloser(bytes.NewReader(b[off:])), nil
+	return io.NopCloser(bytes.NewReader(b[off : off+n])), nil
 }

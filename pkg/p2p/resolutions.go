@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/weightd/weightd/pkg/cache"
 )
 
@@ -92,6 +94,67 @@ func (s *Swarm) ResolveFromPeers(ctx context.Context, ref string, accept func(ca
 		return cache.Model{}, errors.New("no peer to ask")
 	}
 	return cache.Model{}, errors.Join(errs...)
+}
+
+// SharedResolveWait is how long SharedResolve waits for the peer chosen to
+// resolve a reference before it asks the origin itself.
+const SharedResolveWait = 15 * time.Second
+
+// SharedResolve resolves a pinned reference once for the cluster: the live
+// member first in rendezvous order for ref calls resolve (it asks the
+// origin; the caller then Puts the result in the Resolutions its chunk
+// server serves), and every other node polls that member for its answer, so
+// that N nodes resolving the same model at once ask the origin about once.
+// A node resolves from the origin itself when the chosen member leaves,
+// answers with a model that is invalid or that accept rejects, or has no
+// answer after SharedResolveWait.
+func (s *Swarm) SharedResolve(ctx context.Context, ref string, resolve func(context.Context) (cache.Model, error),
+	accept func(cache.Model) error,
+) (cache.Model, error) {
+	key := resolutionKey(ref)
+	deadline := time.Now().Add(SharedResolveWait)
+	for poll := 0; time.Now().Before(deadline); poll++ {
+		peer, ok := s.resolver(key)
+		if !ok {
+			break // this node is first
+		}
+		m, err := s.askResolution(ctx, peer.Meta.ChunkAddr, key)
+		if err == nil {
+			if err = m.Validate(); err == nil {
+				err = accept(m)
+			}
+			if err == nil {
+				s.log.Info("resolved by a peer", "peer", peer.Name, "model", m.Name, "revision", m.Revision, "polls", poll+1)
+				return m, nil
+			}
+			s.log.Warn("a peer's resolution is unusable; asking the origin", "peer", peer.Name, "err", err)
+			break
+		}
+		t := time.NewTimer(200 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return cache.Model{}, ctx.Err()
+		case <-t.C:
+		}
+	}
+	return resolve(ctx)
+}
+
+// resolver is the live member that resolves key for the cluster, or false
+// when it is this node.
+func (s *Swarm) resolver(key string) (Peer, bool) {
+	names := []string{s.dir.LocalName()}
+	peers := make(map[string]Peer)
+	for _, p := range s.dir.Members() {
+		if p.Meta.ChunkAddr != "" && !s.Banned(p.Name) {
+			names = append(names, p.Name)
+			peers[p.Name] = p
+		}
+	}
+	first := rendezvous(digest.Digest(key), names)[0]
+	p, ok := peers[first]
+	return p, ok
 }
 
 func (s *Swarm) askResolution(ctx context.Context, addr, key string) (cache.Model, error) {

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -364,6 +365,60 @@ func TestResolveFromPeers(t *testing.T) {
 	nodes[2].res.Put("c", m)
 	_, err = nodes[0].swarm.ResolveFromPeers(t.Context(), "https://origin/m.json", any)
 	require.Error(t, err)
+}
+
+func TestSharedResolveAsksTheOriginOnce(t *testing.T) {
+	t.Parallel()
+	nodes := startSwarmCluster(t, 4, nil)
+	m := cache.Model{Name: "org/m", Revision: strings.Repeat("ab", 20), Files: []cache.File{{Path: "w.bin", Descriptor: descOf([]byte("x"))}}}
+	const ref = "hf://org/m@abababababababababababababababababababab"
+	var originCalls atomic.Int32
+	g, ctx := errgroup.WithContext(t.Context())
+	for _, n := range nodes {
+		g.Go(func() error {
+			got, err := n.swarm.SharedResolve(ctx, ref, func(context.Context) (cache.Model, error) {
+				originCalls.Add(1)
+				time.Sleep(300 * time.Millisecond) // the origin is slow: the others must wait, not ask too
+				n.res.Put(ref, m)
+				return m, nil
+			}, func(got cache.Model) error {
+				if got.Revision != m.Revision {
+					return errors.New("wrong revision")
+				}
+				return nil
+			})
+			if err == nil && !reflect.DeepEqual(got, m) {
+				err = fmt.Errorf("resolved %+v", got)
+			}
+			return err
+		})
+	}
+	require.NoError(t, g.Wait())
+	require.Equal(t, int32(1), originCalls.Load(), "one node asked the origin for the cluster")
+}
+
+func TestSharedResolveFallsBackToTheOrigin(t *testing.T) {
+	t.Parallel()
+	nodes := startSwarmCluster(t, 2, nil)
+	m := cache.Model{Name: "org/m", Revision: "main", Files: []cache.File{{Path: "w.bin", Descriptor: descOf([]byte("x"))}}}
+	// Find a reference the other node is chosen for, and make its answer
+	// unusable: the asking node goes to the origin itself.
+	var ref string
+	for i := 0; ; i++ {
+		ref = fmt.Sprint("hf://org/m@", i)
+		if _, other := nodes[0].swarm.resolver(resolutionKey(ref)); other {
+			break
+		}
+	}
+	nodes[1].res.Put(ref, m)
+	var called bool
+	got, err := nodes[0].swarm.SharedResolve(t.Context(), ref, func(context.Context) (cache.Model, error) {
+		called = true
+		return m, nil
+	}, func(cache.Model) error { return errors.New("not the model asked for") })
+	require.NoError(t, err)
+	require.True(t, called)
+	require.Equal(t, m, got)
 }
 
 func TestDownloadLimitPacesTheSwarm(t *testing.T) {

@@ -74,6 +74,7 @@ type HFSource struct {
 	token    string
 	version  string
 	http     *HTTPSource // makes the requests; its client adds the token
+	shared   SharedResolver
 }
 
 // HFOption configures an HFSource.
@@ -118,6 +119,16 @@ func WithHFToken(token string) HFOption {
 			}
 		}
 		s.token = token
+		return nil
+	}
+}
+
+// WithHFShared resolves each listing at a commit through shared: once for
+// the cluster, the other nodes taking the model from the node that asked the
+// hub (see p2p.Swarm.SharedResolve). Without it every resolve asks the hub.
+func WithHFShared(shared SharedResolver) HFOption {
+	return func(s *HFSource) error {
+		s.shared = shared
 		return nil
 	}
 }
@@ -223,7 +234,41 @@ func (s *HFSource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 			return nil, err
 		}
 	}
-	entries, err := s.list(ctx, ref.Repository, commit)
+	if s.shared == nil {
+		return s.resolveAt(ctx, ref.Repository, commit)
+	}
+	// The listing at a commit never changes: resolve it once for the cluster.
+	var own *Resolution
+	m, err := s.shared(ctx, Ref{Kind: KindHF, Repository: ref.Repository, Revision: commit}, func(ctx context.Context) (cache.Model, error) {
+		res, err := s.resolveAt(ctx, ref.Repository, commit)
+		if err != nil {
+			return cache.Model{}, err
+		}
+		own = res
+		return res.Model, nil
+	})
+	switch {
+	case err != nil:
+		return nil, err
+	case own != nil:
+		return own, nil
+	case m.Name != ref.Repository || m.Revision != commit || m.Validate() != nil:
+		return nil, fmt.Errorf("%w: resolved elsewhere as %s@%s, not %s@%s", cache.ErrInvalid, m.Name, m.Revision, ref.Repository, commit)
+	}
+	// Every file, small ones too, is then read with ranged GETs at the commit.
+	res := &Resolution{Model: m, Blobs: make(map[digest.Digest]cache.RangeOpener, len(m.Files))}
+	for _, f := range m.Files {
+		if _, ok := res.Blobs[f.Digest]; !ok {
+			res.Blobs[f.Digest] = &hfBlob{src: s, url: s.fileURL(ref.Repository, commit, f.Path), size: f.Size}
+		}
+	}
+	return res, nil
+}
+
+// resolveAt lists the repository's files at a commit, reads the small ones
+// and returns the model with an opener per blob.
+func (s *HFSource) resolveAt(ctx context.Context, repo, commit string) (*Resolution, error) {
+	entries, err := s.list(ctx, repo, commit)
 	if err != nil {
 		return nil, err
 	}
@@ -234,7 +279,7 @@ func (s *HFSource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 		return nil, cache.Permanent(fmt.Errorf("hub listing at %s: %w", commit, err))
 	}
 	res := &Resolution{
-		Model: cache.Model{Name: ref.Repository, Revision: commit, Files: make([]cache.File, len(entries))},
+		Model: cache.Model{Name: repo, Revision: commit, Files: make([]cache.File, len(entries))},
 		Blobs: make(map[digest.Digest]cache.RangeOpener),
 	}
 	var inline []int
@@ -254,7 +299,7 @@ func (s *HFSource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 		d := cache.Descriptor{Digest: digest.NewDigestFromEncoded(digest.SHA256, e.LFS.OID), Size: e.Size}
 		res.Model.Files[i].Descriptor = d
 		if _, ok := res.Blobs[d.Digest]; !ok {
-			res.Blobs[d.Digest] = &hfBlob{src: s, url: s.fileURL(ref.Repository, commit, e.Path), size: e.Size}
+			res.Blobs[d.Digest] = &hfBlob{src: s, url: s.fileURL(repo, commit, e.Path), size: e.Size}
 		}
 	}
 
@@ -264,7 +309,7 @@ func (s *HFSource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 	for _, i := range inline {
 		g.Go(func() error {
 			e := entries[i]
-			data, err := s.fetchSmall(gctx, s.fileURL(ref.Repository, commit, e.Path), commit, e)
+			data, err := s.fetchSmall(gctx, s.fileURL(repo, commit, e.Path), commit, e)
 			if err != nil {
 				return fmt.Errorf("file %q: %w", e.Path, err)
 			}
@@ -273,7 +318,7 @@ func (s *HFSource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 			defer mu.Unlock()
 			res.Model.Files[i].Descriptor = d
 			if _, ok := res.Blobs[d.Digest]; !ok {
-				res.Blobs[d.Digest] = memBlob(data)
+				res.Blobs[d.Digest] = cache.Bytes(data)
 			}
 			return nil
 		})
@@ -659,22 +704,6 @@ func nextLink(values []string, base *url.URL) (*url.URL, error) {
 		}
 	}
 	return nil, nil
-}
-
-// memBlob is a blob held in memory: a small file read while resolving.
-type memBlob []byte
-
-// OpenRange reads the blob from off.
-func (b memBlob) OpenRange(_ context.Context, off int64) (io.ReadCloser, error) {
-	return b.OpenBoundedRange(context.Background(), off, int64(len(b))-off)
-}
-
-// OpenBoundedRange reads bytes [off, off+n) of the blob.
-func (b memBlob) OpenBoundedRange(_ context.Context, off, n int64) (io.ReadCloser, error) {
-	if off < 0 || n < 0 || off > int64(len(b)) || n > int64(len(b))-off {
-		return nil, cache.Permanent(fmt.Errorf("%w: bytes %d+%d outside a blob of %d bytes", cache.ErrInvalid, off, n, len(b)))
-	}
-	return io.NopCloser(bytes.NewReader(b[off : off+n])), nil
 }
 
 // hfBlob reads an LFS file with ranged GETs of its resolve URL at a commit,
