@@ -323,9 +323,10 @@ func (s *OCISource) Manifest(ctx context.Context, registry, repository, referenc
 	return docMediaType(ct, body), body, d, nil
 }
 
-// BlobSize asks the registry for the size of blob d of registry/repository
-// (HEAD). A blob the registry does not have is an error wrapping
-// cache.ErrNotFound.
+// BlobSize asks the registry for the size of blob d of registry/repository:
+// HEAD, or a GET of its first byte where HEAD is refused (as object stores
+// that registries redirect to may, their URLs signed for GET only). A blob
+// the registry does not have is an error wrapping cache.ErrNotFound.
 func (s *OCISource) BlobSize(ctx context.Context, registry, repository string, d digest.Digest) (int64, error) {
 	size, err := s.blobSize(ctx, registry, repository, d)
 	if err != nil {
@@ -346,17 +347,48 @@ func (s *OCISource) blobSize(ctx context.Context, registry, repository string, d
 	if err != nil {
 		return 0, err
 	}
-	defer drainClose(resp.Body)
-	if resp.StatusCode != http.StatusOK {
+	drainClose(resp.Body)
+	redirected := resp.Request.URL.Host != repo.RegistryStr()
+	switch c := resp.StatusCode; {
+	case c == http.StatusOK && resp.ContentLength >= 0:
+		if got := resp.Header.Get("Docker-Content-Digest"); strings.HasPrefix(got, "sha256:") && got != d.String() {
+			return 0, cache.Permanent(fmt.Errorf("%w: HEAD %s: registry says %s", cache.ErrDigestMismatch, redact(resp.Request.URL), truncate(got)))
+		}
+		return resp.ContentLength, nil
+	case c == http.StatusOK, c == http.StatusMethodNotAllowed, c == http.StatusNotImplemented, c == http.StatusForbidden && redirected:
+		// No length, HEAD refused, or a redirect to an object store that
+		// signed its URL for GET only: ask for the first byte instead.
+	default:
 		return 0, registryError(resp)
 	}
-	if got := resp.Header.Get("Docker-Content-Digest"); got != "" && got != d.String() && strings.HasPrefix(got, "sha256:") {
-		return 0, cache.Permanent(fmt.Errorf("%w: HEAD %s: registry says %s", cache.ErrDigestMismatch, redact(resp.Request.URL), truncate(got)))
+	resp, err = s.do(ctx, repo, http.MethodGet, "blobs/"+d.String(), func(h http.Header) {
+		h.Set("Range", "bytes=0-0")
+		h.Set("Accept-Encoding", "identity")
+	})
+	if err != nil {
+		return 0, err
 	}
-	if resp.ContentLength < 0 {
-		return 0, fmt.Errorf("HEAD %s: no Content-Length", redact(resp.Request.URL))
+	where := "GET " + redact(resp.Request.URL)
+	switch resp.StatusCode {
+	case http.StatusPartialContent:
+		defer drainClose(resp.Body)
+		_, _, total, err := parseContentRange(resp.Header.Get("Content-Range"))
+		if err != nil || total < 0 {
+			return 0, fmt.Errorf("%s: Content-Range %q: want a known total", where, truncate(resp.Header.Get("Content-Range")))
+		}
+		return total, nil
+	case http.StatusOK:
+		resp.Body.Close() // the whole blob is coming: do not read it
+		if resp.ContentLength < 0 {
+			return 0, fmt.Errorf("%s: no Content-Length", where)
+		}
+		return resp.ContentLength, nil
+	case http.StatusRequestedRangeNotSatisfiable:
+		drainClose(resp.Body)
+		return 0, nil // the only blob with no first byte is the empty one
+	default:
+		return 0, registryError(resp)
 	}
-	return resp.ContentLength, nil
 }
 
 // BlobOpener returns an opener of blob desc of registry/repository that

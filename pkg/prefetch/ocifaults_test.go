@@ -448,7 +448,7 @@ func TestOCIRedirect(t *testing.T) {
 		if r.Header.Get("Authorization") != "" {
 			leaked.Add(1)
 		}
-		if fail.Load() {
+		if fail.Load() || r.Method == http.MethodHead { // signed for GET only
 			w.WriteHeader(http.StatusForbidden)
 			return
 		}
@@ -458,7 +458,7 @@ func TestOCIRedirect(t *testing.T) {
 	t.Cleanup(store.Close)
 	auth := rg.fault.Load()
 	rg.setFault(func(w http.ResponseWriter, r *http.Request, next http.Handler) {
-		if strings.Contains(r.URL.Path, "/blobs/") && r.Method == http.MethodGet {
+		if strings.Contains(r.URL.Path, "/blobs/") {
 			if _, _, ok := r.BasicAuth(); !ok {
 				w.WriteHeader(http.StatusUnauthorized)
 				return
@@ -475,9 +475,13 @@ func TestOCIRedirect(t *testing.T) {
 	}
 	assert.EqualValues(t, 2, served.Load())
 	assert.Zero(t, leaked.Load(), "credentials sent to the object store")
+	size, err := src.BlobSize(t.Context(), rg.host, "private/app", d.Digest)
+	require.NoError(t, err)
+	assert.Equal(t, d.Size, size)
+	assert.Zero(t, leaked.Load(), "credentials sent to the object store")
 
 	fail.Store(true)
-	_, err := o.OpenRange(t.Context(), 0)
+	_, err = o.OpenRange(t.Context(), 0)
 	require.Error(t, err)
 	assert.ErrorIs(t, err, cache.ErrPermanent)
 	assert.ErrorContains(t, err, "403")
