@@ -25,6 +25,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"github.com/opencontainers/go-digest"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/weightd/weightd/pkg/cache"
 )
@@ -81,6 +82,7 @@ type OCISource struct {
 	platform    Platform
 	maxManifest int64
 
+	handshakes singleflight.Group
 	mu         sync.Mutex
 	transports map[string]cachedTransport // by registry/repository
 }
@@ -451,26 +453,34 @@ func (s *OCISource) transport(ctx context.Context, repo name.Repository) (http.R
 	if ok && time.Since(ct.created) < ociTransportTTL {
 		return ct.rt, nil
 	}
-	auth, err := s.keychain.Resolve(repo)
-	if err != nil {
-		return nil, cache.Permanent(fmt.Errorf("looking up credentials for %s: %w", repo, err))
-	}
-	base := transport.NewUserAgent(s.base, s.userAgent)
-	rt, err := transport.NewWithContext(ctx, repo.Registry, auth, base, []string{repo.Scope(transport.PullScope)})
-	if err != nil {
-		return nil, fmt.Errorf("authenticating to %s: %w", repo.RegistryStr(), classifyRegistryErr(err))
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.transports) >= ociMaxTransports {
-		for k, v := range s.transports {
-			if time.Since(v.created) >= ociTransportTTL || len(s.transports) >= ociMaxTransports {
-				delete(s.transports, k)
+	// One handshake per repository at a time: blobs opened together after
+	// the transport expired share it.
+	v, err, _ := s.handshakes.Do(key, func() (any, error) {
+		auth, err := s.keychain.Resolve(repo)
+		if err != nil {
+			return nil, cache.Permanent(fmt.Errorf("looking up credentials for %s: %w", repo, err))
+		}
+		base := transport.NewUserAgent(s.base, s.userAgent)
+		rt, err := transport.NewWithContext(ctx, repo.Registry, auth, base, []string{repo.Scope(transport.PullScope)})
+		if err != nil {
+			return nil, fmt.Errorf("authenticating to %s: %w", repo.RegistryStr(), classifyRegistryErr(err))
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if len(s.transports) >= ociMaxTransports {
+			for k, v := range s.transports {
+				if time.Since(v.created) >= ociTransportTTL || len(s.transports) >= ociMaxTransports {
+					delete(s.transports, k)
+				}
 			}
 		}
+		s.transports[key] = cachedTransport{rt: rt, created: time.Now()}
+		return rt, nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	s.transports[key] = cachedTransport{rt: rt, created: time.Now()}
-	return rt, nil
+	return v.(http.RoundTripper), nil
 }
 
 // classifyRegistryErr marks go-containerregistry's HTTP errors that retrying

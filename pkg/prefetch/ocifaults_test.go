@@ -536,3 +536,27 @@ func TestOCIInsecureRegistries(t *testing.T) {
 		rec.mu.Unlock()
 	}
 }
+
+// TestOCIHandshakeShared opens many blobs at once from a fresh source: they
+// share one authentication handshake (one token).
+func TestOCIHandshakeShared(t *testing.T) {
+	t.Parallel()
+	rg, tokens := authRegistry(t, true)
+	d := rg.pushBlob(t, "private/app", "application/octet-stream", bytes.Repeat([]byte("z"), 4096))
+	src := prefetch.NewOCISource(prefetch.WithPullSecret(dockerConfigJSON(rg.host, "alice", "s3cret")))
+	before := tokens.Load()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			r, err := src.BlobOpener(rg.host, "private/app", d.desc()).OpenRange(t.Context(), 100)
+			if assert.NoError(t, err) {
+				n, err := io.Copy(io.Discard, r)
+				r.Close()
+				assert.NoError(t, err)
+				assert.EqualValues(t, 4096-100, n)
+			}
+		})
+	}
+	wg.Wait()
+	assert.EqualValues(t, 1, tokens.Load()-before)
+}
