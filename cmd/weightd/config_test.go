@@ -52,7 +52,9 @@ agent:
 	defaults := agentCmd{agentConfig: agentConfig{
 		Root: "/var/lib/weightd", API: defaultAPI, MetricsAddr: "127.0.0.1:9464", ChunkSize: 16 << 20,
 		BudgetPercent: 80, MaxJobs: 2, ShutdownTimeout: 15 * time.Second,
-		p2pConfig: p2pConfig{GossipAddr: ":7946", ChunkAddr: ":7947", OriginFetchers: 1, MaxUploads: 4},
+		p2pConfig:     p2pConfig{GossipAddr: ":7946", ChunkAddr: ":7947", OriginFetchers: 1, MaxUploads: 4},
+		sourcesConfig: sourcesConfig{HFEndpoint: "https://huggingface.co"},
+		importConfig:  importConfig{ContainerdNamespace: "k8s.io", Snapshotter: "overlayfs"},
 	}, LogLevel: slog.LevelInfo, LogFormat: "text"}
 
 	tests := []struct {
@@ -147,7 +149,7 @@ func TestClientCommandsConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := fetchCmd{Ref: "https://example.com/m/model.json", Wait: true, API: defaultAPI, JSON: true, Timeout: 5 * time.Minute}
+	want := fetchCmd{Ref: "https://example.com/m/model.json", Priority: "normal", Wait: true, API: defaultAPI, JSON: true, Timeout: 5 * time.Minute}
 	if cmd != "fetch <ref>" || c.Fetch != want {
 		t.Fatalf("fetch: %q %+v", cmd, c.Fetch)
 	}

@@ -44,7 +44,7 @@ func TestDemoAgentsShare(t *testing.T) {
 		"every agent's holds the same files",
 		"demo-c  weightd status --api unix://" + dir + "/demo-c/weightd.sock",
 		"demo-b  curl -s http://127.0.0.1:",
-		`weightd_prefetch_jobs_total{outcome="ready"} 2`,
+		`weightd_prefetch_jobs_total{kind="http",outcome="ready"} 2`,
 		"weightd_p2p_peers 2",
 	} {
 		if !strings.Contains(stdout, want) {

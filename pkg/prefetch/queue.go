@@ -83,6 +83,19 @@ func (p Priority) String() string {
 	return strconv.Itoa(int(p))
 }
 
+// MarshalText writes the priority's name.
+func (p Priority) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
+
+// UnmarshalText reads a priority's name.
+func (p *Priority) UnmarshalText(b []byte) error {
+	v, err := ParsePriority(string(b))
+	if err != nil {
+		return err
+	}
+	*p = v
+	return nil
+}
+
 // ParsePriority parses a priority name: background, normal or pod.
 func ParsePriority(s string) (Priority, error) {
 	for _, p := range []Priority{PriorityBackground, PriorityNormal, PriorityPod} {

@@ -655,8 +655,12 @@ func TestJobStatusJSON(t *testing.T) {
 	created := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 	data, err := json.Marshal(prefetch.JobStatus{ID: "abc", Ref: "https://x/model.json", State: prefetch.StateQueued, Created: created})
 	require.NoError(t, err)
-	assert.JSONEq(t, `{"id":"abc","ref":"https://x/model.json","state":"queued","bytesDone":0,"bytesTotal":0,
+	assert.JSONEq(t, `{"id":"abc","ref":"https://x/model.json","state":"queued","priority":"normal","bytesDone":0,"bytesTotal":0,
 		"filesDone":0,"filesTotal":0,"created":"2025-01-02T03:04:05Z"}`, string(data))
+	var back prefetch.JobStatus
+	require.NoError(t, json.Unmarshal([]byte(`{"priority":"pod"}`), &back))
+	assert.Equal(t, prefetch.PriorityPod, back.Priority)
+	assert.Error(t, json.Unmarshal([]byte(`{"priority":"urgent"}`), &back))
 	assert.True(t, prefetch.StateFailed.Finished())
 	assert.False(t, prefetch.StateFetching.Finished())
 }
