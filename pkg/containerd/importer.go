@@ -426,7 +426,10 @@ func (im *Importer) connect(ctx context.Context) (*containerd.Client, error) {
 // answering, marks it ErrUnreachable and drops the client so the next
 // import reconnects.
 func (im *Importer) wrap(c *containerd.Client, doing string, err error) error {
-	if !isUnreachable(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%s: %w", doing, err)
+	}
+	if !isUnreachable(err) && serving(c) {
 		return fmt.Errorf("%s: %w", doing, err)
 	}
 	im.mu.Lock()
@@ -445,6 +448,15 @@ func socketPath(addr string) (string, bool) {
 		return p, true
 	}
 	return addr, strings.HasPrefix(addr, "/")
+}
+
+// serving asks containerd whether it still answers: a stream cut by a
+// daemon that went away does not always say so in its error.
+func serving(c *containerd.Client) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	ok, err := c.IsServing(ctx)
+	return err == nil && ok
 }
 
 func isUnreachable(err error) bool {
