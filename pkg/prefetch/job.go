@@ -2,10 +2,13 @@ package prefetch
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/weightd/weightd/pkg/cache"
 )
 
 // JobState is where a job is in its life.
@@ -57,6 +60,7 @@ type Job struct {
 	st       JobStatus
 	err      error
 	blobs    map[digest.Digest]*blobProgress
+	descs    []cache.Descriptor
 	watchers map[chan JobStatus]func() bool // → stop of the context.AfterFunc
 	done     chan struct{}
 	// stop cancels the running job; canceled records a Cancel that came
@@ -91,6 +95,16 @@ func (j *Job) Status() JobStatus {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return j.st
+}
+
+// Blobs lists the distinct blobs the job fetches (model files, packed
+// layers, image blobs), largest first; empty until the reference is
+// resolved. Files unpacked from packed layers are not among them. Policies
+// pin them.
+func (j *Job) Blobs() []cache.Descriptor {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return slices.Clone(j.descs)
 }
 
 // Done returns a channel closed when the job has finished, ready or failed.
@@ -206,6 +220,7 @@ func (j *Job) plan(name, revision string, blobs []fetchBlob) {
 	j.blobs = make(map[digest.Digest]*blobProgress, len(blobs))
 	j.st.Model, j.st.Revision = name, revision
 	for _, b := range blobs {
+		j.descs = append(j.descs, b.Descriptor)
 		j.blobs[b.Digest] = &blobProgress{files: b.files}
 		j.st.BytesTotal += b.Size
 		j.st.FilesTotal += b.files

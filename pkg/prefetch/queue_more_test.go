@@ -164,6 +164,7 @@ func TestQueueImportsImages(t *testing.T) {
 	assert.Equal(t, []string{"registry.example/org/app:v1"}, imp.imported)
 	assert.Equal(t, 2, imp.calls, "a failed import is retried")
 	assert.Empty(t, st.Dir, "an image has no model directory")
+	assert.Len(t, j.Blobs(), 4, "the job lists the blobs it fetched")
 }
 
 func TestQueueImportFailsPermanently(t *testing.T) {
