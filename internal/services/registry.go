@@ -54,6 +54,16 @@ type Registry struct {
 	proxyWG  sync.WaitGroup
 }
 
+// DirectAddr is host:port of the registry process itself, bypassing the
+// byte-counting proxy (a user-space copy): for benchmarks that measure the
+// registry's speed rather than its traffic. It changes across Stop and
+// Start, and is "" while stopped.
+func (r *Registry) DirectAddr() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.upstream
+}
+
 // StartRegistry starts docker-registry on a free loopback port with its
 // storage under cfg.Dir, and the proxy in front of it, and waits until it
 // answers. Close stops both.
