@@ -28,12 +28,10 @@ import (
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/pkg/labels"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -133,108 +131,58 @@ func (im *Importer) Close() error {
 // blob missing from the cache wraps the opener's error; containerd not
 // answering wraps ErrUnreachable. Nothing is left half-imported: a retry
 // picks up where a failed import stopped.
-func (im *Importer) Import(ctx context.Context, img *prefetch.Image) (err error) {
+func (im *Importer) Import(ctx context.Context, img *prefetch.Image) error {
 	start := time.Now()
-	var written int64
-	defer func() {
-		outcome := outcomeOK
+	p, err := newPlan(img, im.platform, im.cfg.Platform)
+	if err == nil {
+		// Everything is read before containerd is asked anything: a blob
+		// missing from the cache or an invalid image fails at once.
+		if err = p.openAll(im.blobs); err == nil {
+			_, err = p.layout()
+		}
 		if err != nil {
-			outcome = outcomeError
+			p.close()
 		}
-		im.m.seconds.WithLabelValues(outcome).Observe(time.Since(start).Seconds())
-		if err != nil {
-			im.log.Warn("image import failed", "image", nameOf(img), "error", err)
-		} else {
-			im.log.Info("image imported", "image", nameOf(img), "bytes_written", written, "duration", time.Since(start))
-		}
-	}()
-
-	p, err := newPlan(img, im.blobs, im.platform, im.cfg.Platform)
+	}
+	if err != nil {
+		im.observe(nameOf(img), start, 0, err)
+		return err
+	}
+	ii, err := im.begin(ctx, p, start)
 	if err != nil {
 		return err
 	}
-	defer p.close()
-
-	unlock, err := im.lockName(ctx, p.name)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-
-	c, err := im.connect(ctx)
-	if err != nil {
-		return err
-	}
-	ctx = namespaces.WithNamespace(ctx, im.cfg.Namespace)
-	// The lease holds what the import writes and unpacks until the records
-	// reference it; should this process die, it expires.
-	ctx, done, err := c.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(leaseExpiry))
-	if err != nil {
-		return im.wrap(c, "creating a lease", err)
-	}
-	defer func() {
-		// The image record (or the failure) makes the lease moot; delete it
-		// even if ctx has ended.
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		if derr := done(dctx); derr != nil {
-			im.log.Debug("deleting the import lease", "image", p.name, "error", derr)
-		}
-	}()
-
-	phase := time.Now()
-	written, err = im.writeBlobs(ctx, c, p)
-	im.m.bytes.Add(float64(written))
-	if err != nil {
-		return err
-	}
-	im.log.Debug("image blobs in containerd", "image", p.name, "bytes_written", written, "duration", time.Since(phase))
-
-	phase = time.Now()
-	ci := containerd.NewImageWithPlatform(c, images.Image{Name: p.name, Target: p.target}, im.platform)
-	if err := ci.Unpack(ctx, im.cfg.Snapshotter); err != nil {
-		return im.wrap(c, fmt.Sprintf("unpacking %s for %s", p.name, im.cfg.Snapshotter), err)
-	}
-	im.log.Debug("image unpacked", "image", p.name, "snapshotter", im.cfg.Snapshotter, "duration", time.Since(phase))
-
-	return im.putRecords(ctx, c, p)
+	return ii.Commit(ctx)
 }
 
-// writeBlobs writes the blobs containerd lacks, the layers and config
-// concurrently, then the manifest and the index, and returns the bytes
-// written.
-func (im *Importer) writeBlobs(ctx context.Context, c *containerd.Client, p *plan) (int64, error) {
-	cs := c.ContentStore()
-	var (
-		mu      sync.Mutex
-		written int64
-	)
-	write := func(ctx context.Context, b *planBlob) error {
-		n, err := im.writeBlob(ctx, c, cs, p.name, b)
-		mu.Lock()
-		written += n
-		mu.Unlock()
-		return err
+// Begin starts an import of img whose blobs are still arriving in the
+// cache: the caller hands each blob over with Blob as soon as it is
+// complete, then calls Commit once all are (or Abort). Meanwhile the
+// import writes each blob into containerd and unpacks the layers, base
+// first, as soon as a layer and those below it are written, so that little
+// is left to do when the last blob lands. Errors are Import's.
+func (im *Importer) Begin(ctx context.Context, img *prefetch.Image) (prefetch.ImageImport, error) {
+	start := time.Now()
+	p, err := newPlan(img, im.platform, im.cfg.Platform)
+	if err != nil {
+		im.observe(nameOf(img), start, 0, err)
+		return nil, err
 	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(im.cfg.Concurrency)
-	var parents []*planBlob
-	for _, b := range p.blobs {
-		if b.parent { // a manifest or an index
-			parents = append(parents, b)
-			continue
-		}
-		g.Go(func() error { return write(gctx, b) })
+	return im.begin(ctx, p, start)
+}
+
+// observe records the end of an import.
+func (im *Importer) observe(name string, start time.Time, written int64, err error) {
+	outcome := outcomeOK
+	if err != nil {
+		outcome = outcomeError
 	}
-	if err := g.Wait(); err != nil {
-		return written, err
+	im.m.seconds.WithLabelValues(outcome).Observe(time.Since(start).Seconds())
+	if err != nil {
+		im.log.Warn("image import failed", "image", name, "error", err)
+	} else {
+		im.log.Info("image imported", "image", name, "bytes_written", written, "duration", time.Since(start))
 	}
-	for _, b := range parents {
-		if err := write(ctx, b); err != nil {
-			return written, err
-		}
-	}
-	return written, nil
 }
 
 // writeBlob writes one blob into the content store unless it is there

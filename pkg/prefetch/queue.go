@@ -13,6 +13,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,6 +46,32 @@ type Store interface {
 // wrapped with cache.Permanent are retried.
 type Importer interface {
 	Import(ctx context.Context, img *Image) error
+}
+
+// StreamingImporter is an Importer that can take an image's blobs one by
+// one as they land in the store, so that importing overlaps fetching. The
+// queue uses it when the importer implements it.
+type StreamingImporter interface {
+	Importer
+	// Begin starts importing img, none of whose blobs need be in the store
+	// yet. Its errors are Import's.
+	Begin(ctx context.Context, img *Image) (ImageImport, error)
+}
+
+// ImageImport is one image's import under way (StreamingImporter.Begin).
+// Its methods are safe for concurrent use.
+type ImageImport interface {
+	// Blob says blob d of the image is complete in the store. It does not
+	// wait for what the import does with it (or waits a bounded time); it
+	// returns the import's first failure, if any.
+	Blob(ctx context.Context, d digest.Digest) error
+	// Commit finishes the import once every blob is in the store (those not
+	// handed over with Blob are taken from the store now) and ends it. On
+	// error the image is not imported and nothing is held.
+	Commit(ctx context.Context) error
+	// Abort ends the import without importing the image, releasing what it
+	// holds. It does nothing once the import has ended.
+	Abort()
 }
 
 // Errors of jobs that did not run to their end.
@@ -456,6 +483,12 @@ func (q *Queue) run(ctx context.Context, j *Job) (string, error) {
 		defer q.store.Hold(b.Digest)()
 	}
 
+	// An image's import starts now and takes each blob as it lands.
+	var imp *streamingImport
+	if res.Image != nil {
+		imp = q.beginImport(ctx, j, res.Image)
+		defer imp.abort()
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(q.cfg.files)
 	for _, b := range blobs {
@@ -465,6 +498,7 @@ func (q *Queue) run(ctx context.Context, j *Job) (string, error) {
 				return fmt.Errorf("fetching %s (%s): %w", b.path, b.Digest, err)
 			}
 			j.blobDone(b.Digest, b.Size)
+			imp.blob(gctx, b.Digest)
 			return nil
 		})
 	}
@@ -472,7 +506,7 @@ func (q *Queue) run(ctx context.Context, j *Job) (string, error) {
 		return "", err
 	}
 	if res.Image != nil {
-		return "", q.importImage(ctx, j, res.Image)
+		return "", q.importImage(ctx, j, res.Image, imp)
 	}
 	m := res.Model
 	for _, l := range res.Packed {
@@ -498,10 +532,14 @@ type fetchBlob struct {
 	path  string
 	files int // files of the model that are this blob
 	src   cache.RangeOpener
+	// doc is an image's index, manifest or config: fetched first, so that
+	// a streaming import knows the image's layers early.
+	doc bool
 }
 
 // fetchList checks a resolution and lists the distinct blobs to fetch,
-// largest first: the model's files, its packed layers, the image's blobs.
+// largest first: the model's files, its packed layers, the image's blobs
+// (an image's index, manifest and config before all).
 func fetchList(res *Resolution) ([]fetchBlob, error) {
 	if res.Image == nil || len(res.Model.Files) > 0 {
 		if err := res.Model.Validate(); err != nil {
@@ -549,9 +587,22 @@ func fetchList(res *Resolution) ([]fetchBlob, error) {
 			if err := add(b.Descriptor, b.MediaType+" "+b.Digest.String(), false); err != nil {
 				return nil, err
 			}
+			// JSON documents, as every index, manifest and config is; layers
+			// are archives.
+			if b.Digest == img.Target.Digest || strings.HasSuffix(b.MediaType, "json") {
+				blobs[index[b.Digest]].doc = true
+			}
 		}
 	}
-	slices.SortStableFunc(blobs, func(a, b fetchBlob) int { return cmp.Compare(b.Size, a.Size) })
+	slices.SortStableFunc(blobs, func(a, b fetchBlob) int {
+		if a.doc != b.doc {
+			if a.doc {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Compare(b.Size, a.Size)
+	})
 	return blobs, nil
 }
 
@@ -571,18 +622,88 @@ func (q *Queue) unpack(ctx context.Context, l PackedLayer) ([]cache.File, error)
 	})
 }
 
-// importImage hands an image whose blobs are all present to the importer,
-// retrying errors that are not permanent.
-func (q *Queue) importImage(ctx context.Context, j *Job, img *Image) error {
+// importImage finishes the image's import: it commits the streaming
+// import, if one runs, or hands the image to the importer whole, retrying
+// errors that are not permanent (with whole imports).
+func (q *Queue) importImage(ctx context.Context, j *Job, img *Image, imp *streamingImport) error {
 	if q.cfg.importer == nil {
 		q.cfg.logger.Info("image fetched into the cache; no container runtime to import it into is configured", "job", j.id, "image", img.Name)
 		return nil
 	}
 	j.setState(StateImporting, time.Now())
 	_, err := retry(ctx, q, "importing", j.ref, func() (struct{}, error) {
+		if imp.usable() {
+			err := imp.commit(ctx)
+			imp = nil
+			return struct{}{}, err
+		}
 		return struct{}{}, q.cfg.importer.Import(ctx, img)
 	})
 	return err
+}
+
+// streamingImport is the queue's side of an ImageImport: it stops handing
+// blobs over after the first failure. A nil *streamingImport does nothing.
+type streamingImport struct {
+	imp ImageImport
+	log *slog.Logger
+	job string
+
+	mu     sync.Mutex
+	failed error
+}
+
+// beginImport begins a streaming import of img if the importer can, or
+// returns nil: the image is then imported whole once fetched.
+func (q *Queue) beginImport(ctx context.Context, j *Job, img *Image) *streamingImport {
+	si, ok := q.cfg.importer.(StreamingImporter)
+	if !ok {
+		return nil
+	}
+	imp, err := si.Begin(ctx, img)
+	if err != nil {
+		// The whole import after the fetches tells, or retries.
+		q.cfg.logger.Warn("beginning an image import while fetching failed; importing once fetched", "job", j.id, "image", img.Name, "err", err)
+		return nil
+	}
+	return &streamingImport{imp: imp, log: q.cfg.logger, job: j.id}
+}
+
+// blob hands d over unless the import has failed.
+func (s *streamingImport) blob(ctx context.Context, d digest.Digest) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failed != nil {
+		return
+	}
+	if err := s.imp.Blob(ctx, d); err != nil {
+		s.failed = err
+		s.log.Warn("image import while fetching failed; importing once fetched", "job", s.job, "err", err)
+		s.imp.Abort()
+	}
+}
+
+// usable says whether the import can still be committed.
+func (s *streamingImport) usable() bool {
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.failed == nil
+}
+
+func (s *streamingImport) commit(ctx context.Context) error {
+	return s.imp.Commit(ctx)
+}
+
+func (s *streamingImport) abort() {
+	if s != nil {
+		s.imp.Abort()
+	}
 }
 
 // retry calls fn until it succeeds, fails permanently, ctx ends or the
