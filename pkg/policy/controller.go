@@ -1,0 +1,784 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/prefetch"
+)
+
+// Fetcher submits references to be fetched. FromQueue adapts a
+// *prefetch.Queue.
+type Fetcher interface {
+	// Submit queues ref (canonical) at priority p, or returns the
+	// unfinished job already queued or running for it.
+	Submit(ref string, p prefetch.Priority) (Job, error)
+}
+
+// Job is a submitted fetch; *prefetch.Job implements it.
+type Job interface {
+	// Done is closed when the job has finished, ready or failed.
+	Done() <-chan struct{}
+	// Status is a snapshot: state, bytes, model directory, error.
+	Status() prefetch.JobStatus
+	// Blobs lists the blobs the job fetches, once resolved.
+	Blobs() []cache.Descriptor
+}
+
+// Pinner keeps blobs from eviction; *cache.Store implements it.
+type Pinner interface {
+	// Pin keeps the complete blob d until owner unpins it; a blob that is
+	// not in the store is an error wrapping cache.ErrNotFound.
+	Pin(d digest.Digest, owner string) error
+	// Unpin drops owner's pin; unpinning what is not pinned is no error.
+	Unpin(d digest.Digest, owner string) error
+	// List describes every blob, with its pin owners: the controller
+	// finds the pins its policies left before a restart.
+	List() []cache.Info
+}
+
+// FromQueue adapts a prefetch queue to Fetcher.
+func FromQueue(q *prefetch.Queue) Fetcher { return queueFetcher{q} }
+
+type queueFetcher struct{ q *prefetch.Queue }
+
+func (f queueFetcher) Submit(ref string, p prefetch.Priority) (Job, error) {
+	j, err := f.q.Submit(ref, p)
+	if err != nil {
+		return nil, err
+	}
+	return j, nil
+}
+
+// Config tunes a Controller. Zero fields take the defaults of
+// DefaultConfig.
+type Config struct {
+	// Debounce is the least time between two status writes of one policy
+	// by this node (default 3s).
+	Debounce time.Duration
+	// SummaryDelay is how long the agent ranked first among a policy's
+	// entries waits before correcting the status counts; the one ranked
+	// k-th waits k times as long, and only the first SummaryRanks try
+	// (default 2s).
+	SummaryDelay time.Duration
+	// SummaryRanks is how many agents, by rank, correct the counts
+	// (default 8).
+	SummaryRanks int
+	// RetryBase and RetryMax bound the pause before a failed reference is
+	// submitted again: RetryBase doubled for each consecutive failure, at
+	// most RetryMax (defaults 1m and 1h).
+	RetryBase, RetryMax time.Duration
+	// Resync re-evaluates every policy this often (default 10m).
+	Resync time.Duration
+	// Logger (default: discard).
+	Logger *slog.Logger
+	// Recorder records the Events on policies (default: one that writes
+	// them through the clientset, started by Run).
+	Recorder record.EventRecorder
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	return Config{
+		Debounce:     3 * time.Second,
+		SummaryDelay: 2 * time.Second,
+		SummaryRanks: 8,
+		RetryBase:    time.Minute,
+		RetryMax:     time.Hour,
+		Resync:       10 * time.Minute,
+		Logger:       slog.New(slog.DiscardHandler),
+	}
+}
+
+// Event reasons recorded on policies.
+const (
+	// ReasonFailed: a reference of the policy failed on a node.
+	ReasonFailed = "PrefetchFailed"
+	// ReasonInvalid: a reference of the policy is malformed.
+	ReasonInvalid = "InvalidReference"
+)
+
+// Controller keeps what the PrefetchPolicies select for its node fetched and
+// pinned, and reports it in their status. Create it with New and run it with
+// Run.
+type Controller struct {
+	node  string
+	kube  kubernetes.Interface
+	dyn   dynamic.Interface
+	fetch Fetcher
+	pins  Pinner
+	cfg   Config
+	log   *slog.Logger
+
+	// Set up by Run; everything below is touched by the worker only.
+	ctx      context.Context
+	rec      record.EventRecorder
+	queue    workqueue.TypedRateLimitingInterface[item]
+	policies toolscache.Store
+	nodes    toolscache.Store
+
+	jobs      map[string]*tracked               // canonical ref → its latest job
+	pinned    map[string]map[digest.Digest]bool // policy → blobs pinned for it
+	written   map[string]*NodeStatus            // policy → entry last written
+	lastWrite map[string]time.Time              // policy → time of that write
+	reported  map[string]map[string]string      // policy → shown ref → reason of the Event recorded
+}
+
+// item is a unit of work: reconcile a policy, check its counts, or correct
+// them.
+type item struct {
+	name string
+	kind itemKind
+}
+
+type itemKind uint8
+
+const (
+	reconcile itemKind = iota
+	checkCounts
+	fixCounts
+)
+
+// tracked is the latest job of a reference.
+type tracked struct {
+	job      Job
+	failures int       // consecutive failed jobs
+	counted  bool      // this job's failure is in failures
+	retryAt  time.Time // when a failed job may be replaced
+	blobs    []digest.Digest
+	listed   bool // blobs holds the ready job's blobs
+}
+
+// New returns a controller for node (the name of the Node the agent runs
+// on) that reads policies and the node through dyn and kube, submits to f
+// and pins in p. It starts nothing: call Run.
+func New(node string, kube kubernetes.Interface, dyn dynamic.Interface, f Fetcher, p Pinner, cfg Config) (*Controller, error) {
+	switch {
+	case node == "":
+		return nil, errors.New("policy controller: empty node name")
+	case kube == nil || dyn == nil:
+		return nil, errors.New("policy controller: nil Kubernetes client")
+	case f == nil || p == nil:
+		return nil, errors.New("policy controller: nil fetcher or pinner")
+	}
+	def := DefaultConfig()
+	if cfg.Debounce <= 0 {
+		cfg.Debounce = def.Debounce
+	}
+	if cfg.SummaryDelay <= 0 {
+		cfg.SummaryDelay = def.SummaryDelay
+	}
+	if cfg.SummaryRanks <= 0 {
+		cfg.SummaryRanks = def.SummaryRanks
+	}
+	if cfg.RetryBase <= 0 {
+		cfg.RetryBase = def.RetryBase
+	}
+	if cfg.RetryMax < cfg.RetryBase {
+		cfg.RetryMax = max(def.RetryMax, cfg.RetryBase)
+	}
+	if cfg.Resync <= 0 {
+		cfg.Resync = def.Resync
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = def.Logger
+	}
+	return &Controller{
+		node: node, kube: kube, dyn: dyn, fetch: f, pins: p, cfg: cfg,
+		log: cfg.Logger.With("component", "policy", "node", node),
+	}, nil
+}
+
+// Run watches the policies and the node until ctx ends, then returns nil.
+// It keeps going when the API server is away (the informers reconnect) and
+// when the CRD is not installed yet (it waits for it). It may be called
+// once.
+func (c *Controller) Run(ctx context.Context) error {
+	if c.ctx != nil {
+		return errors.New("policy controller: Run called twice")
+	}
+	c.ctx = ctx
+	c.jobs = make(map[string]*tracked)
+	c.pinned = make(map[string]map[digest.Digest]bool)
+	c.written = make(map[string]*NodeStatus)
+	c.lastWrite = make(map[string]time.Time)
+	c.reported = make(map[string]map[string]string)
+	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.DefaultTypedControllerRateLimiter[item](),
+		workqueue.TypedRateLimitingQueueConfig[item]{Name: "policy"})
+	defer c.queue.ShutDown()
+
+	c.rec = c.cfg.Recorder
+	if c.rec == nil {
+		b := record.NewBroadcaster(record.WithContext(ctx))
+		b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.kube.CoreV1().Events("")})
+		defer b.Shutdown()
+		c.rec = b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "weightd", Host: c.node})
+	}
+
+	pf := dynamicinformer.NewFilteredDynamicSharedInformerFactory(c.dyn, c.cfg.Resync, "", nil)
+	pinf := pf.ForResource(GVR).Informer()
+	if err := pinf.SetTransform(stripManagedFields); err != nil {
+		return fmt.Errorf("policy informer: %w", err)
+	}
+	if _, err := pinf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { c.policyChanged(nil, obj) },
+		UpdateFunc: func(old, obj any) { c.policyChanged(old, obj) },
+		DeleteFunc: func(obj any) { c.policyChanged(nil, obj) },
+	}); err != nil {
+		return fmt.Errorf("policy informer: %w", err)
+	}
+	c.policies = pinf.GetStore()
+
+	nf := informers.NewSharedInformerFactoryWithOptions(c.kube, c.cfg.Resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", c.node).String()
+		}))
+	ninf := nf.Core().V1().Nodes().Informer()
+	if err := ninf.SetTransform(nodeLabelsOnly); err != nil {
+		return fmt.Errorf("node informer: %w", err)
+	}
+	if _, err := ninf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { c.enqueueAll() },
+		UpdateFunc: func(old, obj any) {
+			o, ok1 := old.(*corev1.Node)
+			n, ok2 := obj.(*corev1.Node)
+			if !ok1 || !ok2 || !maps.Equal(o.Labels, n.Labels) {
+				c.enqueueAll()
+			}
+		},
+		DeleteFunc: func(any) { c.enqueueAll() },
+	}); err != nil {
+		return fmt.Errorf("node informer: %w", err)
+	}
+	c.nodes = ninf.GetStore()
+
+	pf.Start(ctx.Done())
+	nf.Start(ctx.Done())
+	defer pf.Shutdown()
+	defer nf.Shutdown()
+
+	c.log.Info("policy controller waiting for PrefetchPolicies and the node")
+	if !toolscache.WaitForCacheSync(ctx.Done(), pinf.HasSynced, ninf.HasSynced) {
+		return nil // ctx ended
+	}
+	// Pins of policies that were deleted, or stopped selecting this node,
+	// while the agent was down are released by their first reconcile.
+	for _, info := range c.pins.List() {
+		for _, owner := range info.Pins {
+			if name, ok := strings.CutPrefix(owner, pinPrefix); ok {
+				c.pinSet(name)[info.Digest] = true
+				c.queue.Add(item{name: name})
+			}
+		}
+	}
+	c.enqueueAll()
+	c.log.Info("policy controller started")
+
+	go func() {
+		<-ctx.Done()
+		c.queue.ShutDown()
+	}()
+	for c.processNext() {
+	}
+	return nil
+}
+
+// processNext handles one item; false once the queue is shut down.
+func (c *Controller) processNext() bool {
+	it, shutdown := c.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer c.queue.Done(it)
+	var err error
+	switch it.kind {
+	case reconcile:
+		err = c.reconcile(it.name)
+	case checkCounts, fixCounts:
+		err = c.counts(it.name, it.kind == fixCounts)
+	}
+	if err == nil {
+		c.queue.Forget(it)
+		return true
+	}
+	if c.ctx.Err() == nil {
+		c.log.Warn("policy: will retry", "policy", it.name, "err", err)
+	}
+	c.queue.AddRateLimited(it)
+	return true
+}
+
+// policyChanged enqueues the work an informer event calls for.
+func (c *Controller) policyChanged(old, obj any) {
+	if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return
+	}
+	name := u.GetName()
+	c.queue.Add(item{name: name, kind: checkCounts})
+	if o, ok := old.(*unstructured.Unstructured); ok &&
+		o.GetResourceVersion() != u.GetResourceVersion() &&
+		o.GetGeneration() == u.GetGeneration() &&
+		equalOwnEntry(o, u, c.node) {
+		return // another node's status changed: nothing for this node to do
+	}
+	c.queue.Add(item{name: name})
+}
+
+// enqueueAll enqueues every known policy for a reconcile.
+func (c *Controller) enqueueAll() {
+	if c.policies == nil {
+		return
+	}
+	for _, name := range c.policies.ListKeys() {
+		c.queue.Add(item{name: name})
+	}
+}
+
+// nodeLabels returns the node's labels; false while the node is unknown.
+func (c *Controller) nodeLabels() (map[string]string, bool) {
+	obj, ok, err := c.nodes.GetByKey(c.node)
+	if err != nil || !ok {
+		return nil, false
+	}
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return nil, false
+	}
+	return n.Labels, true
+}
+
+// policy returns the policy from the informer; nil if there is none.
+func (c *Controller) policy(name string) (*PrefetchPolicy, *unstructured.Unstructured, error) {
+	obj, ok, err := c.policies.GetByKey(name)
+	if err != nil || !ok {
+		return nil, nil, err
+	}
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return nil, nil, fmt.Errorf("policy %q: unexpected %T in the informer", name, obj)
+	}
+	p, err := FromUnstructured(u)
+	return p, u, err
+}
+
+// reconcile brings this node's part of one policy in line: fetch, pin,
+// report.
+func (c *Controller) reconcile(name string) error {
+	p, u, err := c.policy(name)
+	if err != nil {
+		return err
+	}
+	if p == nil {
+		c.log.Info("policy gone: releasing its pins", "policy", name)
+		c.forget(name)
+		return c.unpinAll(name)
+	}
+	labels, known := c.nodeLabels()
+	if !known {
+		c.log.Debug("node not seen yet", "policy", name)
+		return nil // the node's informer event enqueues every policy
+	}
+	match, err := Matches(p.Spec.NodeSelector, labels)
+	if err != nil {
+		c.log.Warn("policy selector does not parse; treating it as selecting no node", "policy", name, "err", err)
+	}
+	if !match {
+		if err := c.unpinAll(name); err != nil {
+			return err
+		}
+		c.reported[name] = nil
+		return c.removeEntry(p)
+	}
+
+	now := time.Now()
+	wants := Wants(p.Spec)
+	states := make([]RefState, 0, len(wants))
+	desired := make(map[digest.Digest]bool)
+	var retryIn time.Duration
+	for _, w := range wants {
+		if w.Err != nil {
+			states = append(states, RefState{Shown: w.Shown, State: prefetch.StateFailed, Reason: w.Err.Error()})
+			continue
+		}
+		t, err := c.track(w.Ref, now)
+		if err != nil {
+			states = append(states, RefState{Shown: w.Shown, State: prefetch.StateFailed, Reason: err.Error()})
+			continue
+		}
+		st := t.job.Status()
+		switch st.State {
+		case prefetch.StateFailed:
+			if wait := t.retryAt.Sub(now); retryIn == 0 || wait < retryIn {
+				retryIn = wait
+			}
+		case prefetch.StateReady:
+			if !t.listed {
+				t.blobs, err = readyBlobs(t.job, st)
+				if err != nil {
+					return fmt.Errorf("listing the blobs of %s: %w", w.Shown, err)
+				}
+				t.listed = true
+			}
+			if p.Spec.Pinned() {
+				if err := c.pinAll(name, t.blobs); err != nil {
+					if !errors.Is(err, cache.ErrNotFound) {
+						return err
+					}
+					// Evicted before it could be pinned: fetch it again.
+					c.log.Warn("blob of a ready reference gone before pinning: fetching again", "policy", name, "ref", w.Shown, "err", err)
+					delete(c.jobs, w.Ref)
+					c.queue.Add(item{name: name})
+					st.State = prefetch.StateQueued
+				}
+			}
+			for _, d := range t.blobs {
+				desired[d] = true
+			}
+		}
+		states = append(states, RefState{Shown: w.Shown, State: st.State, Bytes: st.BytesDone, Reason: st.Error})
+	}
+	if !p.Spec.Pinned() {
+		clear(desired)
+	}
+	if err := c.unpinExcept(name, desired); err != nil {
+		return err
+	}
+	if retryIn > 0 {
+		c.queue.AddAfter(item{name: name}, retryIn)
+	}
+
+	entry := BuildEntry(c.node, p.Generation, states, now)
+	c.recordFailures(u, name, wants, entry)
+	return c.writeEntry(p, entry, now)
+}
+
+// track returns the job of ref, submitting it if there is none or if the
+// last one failed and its pause is over.
+func (c *Controller) track(ref string, now time.Time) (*tracked, error) {
+	t := c.jobs[ref]
+	if t != nil {
+		st := t.job.Status()
+		if st.State != prefetch.StateFailed {
+			return t, nil
+		}
+		if !t.counted {
+			t.counted = true
+			t.failures++
+			t.retryAt = st.Finished.Add(backoff(c.cfg.RetryBase, c.cfg.RetryMax, t.failures))
+		}
+		if now.Before(t.retryAt) {
+			return t, nil
+		}
+	}
+	j, err := c.fetch.Submit(ref, prefetch.PriorityBackground)
+	if err != nil {
+		return nil, err
+	}
+	next := &tracked{job: j}
+	if t != nil && t.job != j {
+		next.failures = t.failures
+	}
+	c.jobs[ref] = next
+	go func() {
+		select {
+		case <-j.Done():
+			c.enqueueAll()
+		case <-c.ctx.Done():
+		}
+	}()
+	return next, nil
+}
+
+// backoff is base doubled failures-1 times, at most most.
+func backoff(base, most time.Duration, failures int) time.Duration {
+	d := base
+	for i := 1; i < failures && d < most; i++ {
+		d *= 2
+	}
+	return min(d, most)
+}
+
+// readyBlobs lists the blobs of a ready job: those it fetched, and those
+// its model directory links to (files unpacked from packed layers).
+func readyBlobs(j Job, st prefetch.JobStatus) ([]digest.Digest, error) {
+	seen := make(map[digest.Digest]bool)
+	var out []digest.Digest
+	for _, b := range j.Blobs() {
+		if !seen[b.Digest] {
+			seen[b.Digest] = true
+			out = append(out, b.Digest)
+		}
+	}
+	files, err := dirBlobs(st.Dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range files {
+		if !seen[d] {
+			seen[d] = true
+			out = append(out, d)
+		}
+	}
+	return out, nil
+}
+
+func (c *Controller) pinSet(name string) map[digest.Digest]bool {
+	s := c.pinned[name]
+	if s == nil {
+		s = make(map[digest.Digest]bool)
+		c.pinned[name] = s
+	}
+	return s
+}
+
+// pinAll pins the blobs for the policy that it does not pin yet.
+func (c *Controller) pinAll(name string, blobs []digest.Digest) error {
+	set := c.pinSet(name)
+	for _, d := range blobs {
+		if set[d] {
+			continue
+		}
+		if err := c.pins.Pin(d, PinOwner(name)); err != nil {
+			return fmt.Errorf("pinning %s for policy %s: %w", d, name, err)
+		}
+		set[d] = true
+	}
+	return nil
+}
+
+// unpinExcept drops the policy's pins on blobs not in keep.
+func (c *Controller) unpinExcept(name string, keep map[digest.Digest]bool) error {
+	set := c.pinned[name]
+	for _, d := range slices.Sorted(maps.Keys(set)) {
+		if keep[d] {
+			continue
+		}
+		if err := c.pins.Unpin(d, PinOwner(name)); err != nil {
+			return fmt.Errorf("unpinning %s for policy %s: %w", d, name, err)
+		}
+		delete(set, d)
+	}
+	if len(set) == 0 {
+		delete(c.pinned, name)
+	}
+	return nil
+}
+
+func (c *Controller) unpinAll(name string) error { return c.unpinExcept(name, nil) }
+
+// forget drops what the controller remembers of a deleted policy.
+func (c *Controller) forget(name string) {
+	delete(c.written, name)
+	delete(c.lastWrite, name)
+	delete(c.reported, name)
+}
+
+// recordFailures records a Warning Event on the policy for each failure of
+// this node's entry not reported yet with the same reason.
+func (c *Controller) recordFailures(u *unstructured.Unstructured, name string, wants []Want, e NodeStatus) {
+	invalid := make(map[string]bool)
+	for _, w := range wants {
+		if w.Err != nil {
+			invalid[w.Shown] = true
+		}
+	}
+	prev := c.reported[name]
+	next := make(map[string]string, len(e.Failed))
+	for _, f := range e.Failed {
+		next[f.Ref] = f.Reason
+		if prev[f.Ref] == f.Reason {
+			continue
+		}
+		reason := ReasonFailed
+		if invalid[f.Ref] {
+			reason = ReasonInvalid
+		}
+		c.rec.Eventf(u, corev1.EventTypeWarning, reason, "node %s: %s: %s", c.node, cut(f.Ref, 256), f.Reason)
+	}
+	c.reported[name] = next
+}
+
+// writeEntry applies this node's entry to the policy's status, unless the
+// status already says the same; at most once per Debounce.
+func (c *Controller) writeEntry(p *PrefetchPolicy, e NodeStatus, now time.Time) error {
+	name := p.Name
+	if cur, ok := p.Status.Entry(c.node); ok && sameEntry(cur, e) {
+		c.written[name] = &e
+		return nil
+	}
+	if w := c.written[name]; w != nil && sameEntry(*w, e) {
+		// Written, and the informer has not caught up yet: look again
+		// once it should have.
+		if since := now.Sub(c.lastWrite[name]); since < 4*c.cfg.Debounce {
+			c.queue.AddAfter(item{name: name}, 4*c.cfg.Debounce-since)
+			return nil
+		}
+	}
+	if wait := c.lastWrite[name].Add(c.cfg.Debounce).Sub(now); wait > 0 {
+		c.queue.AddAfter(item{name: name}, wait)
+		return nil
+	}
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&e)
+	if err != nil {
+		return fmt.Errorf("converting the status entry: %w", err)
+	}
+	obj := applyObject(name, map[string]any{"nodes": []any{m}})
+	if err := c.apply(obj, FieldManager(c.node)); err != nil {
+		return err
+	}
+	c.written[name] = &e
+	c.lastWrite[name] = now
+	c.log.Debug("policy status written", "policy", name, "state", e.State, "ready", len(e.Ready), "fetching", len(e.Fetching), "failed", len(e.Failed))
+	return nil
+}
+
+// removeEntry takes this node's entry out of the policy's status, if it is
+// there: an apply that no longer names it. If the node was the last one,
+// it zeroes the counts too.
+func (c *Controller) removeEntry(p *PrefetchPolicy) error {
+	name := p.Name
+	_, there := p.Status.Entry(c.node)
+	if !there && c.written[name] == nil {
+		return nil
+	}
+	if err := c.apply(applyObject(name, nil), FieldManager(c.node)); err != nil {
+		return err
+	}
+	c.log.Info("node no longer selected: status entry removed", "policy", name)
+	delete(c.written, name)
+	c.lastWrite[name] = time.Now()
+	others := slices.DeleteFunc(slices.Clone(p.Status.Nodes), func(n NodeStatus) bool { return n.Name == c.node })
+	if len(others) == 0 && (p.Status.NodeCount != 0 || p.Status.ReadyNodes != 0 || p.Status.FailedNodes != 0) {
+		return c.apply(applyObject(name, countsMap(0, 0, 0)), SummaryFieldManager)
+	}
+	return nil
+}
+
+// counts checks the policy's status counts against its entries. A check
+// that finds them wrong schedules a fix after this node's rank delay; a fix
+// writes them if they are still wrong.
+func (c *Controller) counts(name string, fix bool) error {
+	p, _, err := c.policy(name)
+	if err != nil || p == nil {
+		return err
+	}
+	n, r, f := Counts(p.Status.Nodes, p.Generation)
+	if n == p.Status.NodeCount && r == p.Status.ReadyNodes && f == p.Status.FailedNodes {
+		return nil
+	}
+	if fix {
+		return c.apply(applyObject(name, countsMap(n, r, f)), SummaryFieldManager)
+	}
+	rank := slices.IndexFunc(sortedNames(p.Status.Nodes), func(s string) bool { return s == c.node })
+	if rank < 0 || rank >= c.cfg.SummaryRanks {
+		return nil
+	}
+	c.queue.AddAfter(item{name: name, kind: fixCounts}, time.Duration(rank+1)*c.cfg.SummaryDelay)
+	return nil
+}
+
+func sortedNames(nodes []NodeStatus) []string {
+	names := make([]string, len(nodes))
+	for i, n := range nodes {
+		names[i] = n.Name
+	}
+	slices.Sort(names)
+	return names
+}
+
+func countsMap(n, r, f int32) map[string]any {
+	return map[string]any{"nodeCount": int64(n), "readyNodes": int64(r), "failedNodes": int64(f)}
+}
+
+// applyObject is a server-side apply configuration of a policy's status.
+func applyObject(name string, status map[string]any) *unstructured.Unstructured {
+	obj := map[string]any{
+		"apiVersion": APIVersion,
+		"kind":       Kind,
+		"metadata":   map[string]any{"name": name},
+	}
+	if status != nil {
+		obj["status"] = status
+	}
+	return &unstructured.Unstructured{Object: obj}
+}
+
+// apply applies obj to the status subresource as manager. A policy deleted
+// meanwhile is not an error.
+func (c *Controller) apply(obj *unstructured.Unstructured, manager string) error {
+	_, err := c.dyn.Resource(GVR).ApplyStatus(c.ctx, obj.GetName(), obj, metav1.ApplyOptions{FieldManager: manager, Force: true})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("applying the status of policy %s: %w", obj.GetName(), err)
+	}
+	return nil
+}
+
+// equalOwnEntry reports whether node's status entry is the same in a and b.
+func equalOwnEntry(a, b *unstructured.Unstructured, node string) bool {
+	ea, oka := rawEntry(a, node)
+	eb, okb := rawEntry(b, node)
+	return oka == okb && (!oka || reflect.DeepEqual(ea, eb))
+}
+
+func rawEntry(u *unstructured.Unstructured, node string) (map[string]any, bool) {
+	nodes, _, _ := unstructured.NestedSlice(u.Object, "status", "nodes")
+	for _, n := range nodes {
+		if m, ok := n.(map[string]any); ok && m["name"] == node {
+			return m, true
+		}
+	}
+	return nil, false
+}
+
+// stripManagedFields is the policy informer's transform: the managed fields
+// of a policy that a thousand nodes write are large and of no use here.
+func stripManagedFields(obj any) (any, error) {
+	if u, ok := obj.(*unstructured.Unstructured); ok {
+		u.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+// nodeLabelsOnly is the node informer's transform: only the name and
+// labels matter.
+func nodeLabelsOnly(obj any) (any, error) {
+	if n, ok := obj.(*corev1.Node); ok {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{
+			Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: n.Labels,
+		}}, nil
+	}
+	return obj, nil
+}
