@@ -1,0 +1,159 @@
+package kubetest
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// forwarder accepts TCP connections on a listener made inside a network
+// namespace and joins each to a connection to the API server. The TLS
+// stream passes through untouched.
+type forwarder struct {
+	l      net.Listener
+	target string
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// listenForward listens on addr inside the named network namespace and
+// forwards every connection to target (an address in this process's own
+// namespace).
+func listenForward(netns, addr, target string) (*forwarder, error) {
+	l, err := listenInNetns(netns, addr)
+	if err != nil {
+		return nil, err
+	}
+	f := &forwarder{l: l, target: target, conns: map[net.Conn]struct{}{}}
+	f.wg.Add(1)
+	go f.serve()
+	return f, nil
+}
+
+func (f *forwarder) serve() {
+	defer f.wg.Done()
+	for {
+		c, err := f.l.Accept()
+		if err != nil {
+			return
+		}
+		f.wg.Add(1)
+		go f.join(c)
+	}
+}
+
+func (f *forwarder) track(c net.Conn) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		c.Close()
+		return false
+	}
+	f.conns[c] = struct{}{}
+	return true
+}
+
+func (f *forwarder) untrack(c net.Conn) {
+	f.mu.Lock()
+	delete(f.conns, c)
+	f.mu.Unlock()
+	c.Close()
+}
+
+func (f *forwarder) join(c net.Conn) {
+	defer f.wg.Done()
+	if !f.track(c) {
+		return
+	}
+	defer f.untrack(c)
+	// While the API server is stopped the dial fails and the client sees
+	// its connection closed, as it would see a refused one.
+	up, err := net.Dial("tcp", f.target)
+	if err != nil {
+		return
+	}
+	if !f.track(up) {
+		return
+	}
+	defer f.untrack(up)
+	done := make(chan struct{}, 2)
+	pipe := func(dst, src net.Conn) {
+		io.Copy(dst, src)
+		// Half-close so that the other direction drains, then ends.
+		if tc, ok := dst.(*net.TCPConn); ok {
+			tc.CloseWrite()
+		}
+		done <- struct{}{}
+	}
+	go pipe(up, c)
+	go pipe(c, up)
+	<-done
+	<-done
+}
+
+func (f *forwarder) close() {
+	f.l.Close()
+	f.mu.Lock()
+	f.closed = true
+	for c := range f.conns {
+		c.Close()
+	}
+	f.mu.Unlock()
+	f.wg.Wait()
+}
+
+// listenInNetns makes a TCP listener inside the named network namespace. A
+// socket belongs to the namespace of the thread that created it, so the
+// thread enters the namespace, listens and comes back; the listener keeps
+// working from any thread afterwards.
+func listenInNetns(name, addr string) (net.Listener, error) {
+	target, err := os.Open(filepath.Join("/run/netns", name))
+	if err != nil {
+		return nil, fmt.Errorf("opening network namespace %s: %w", name, err)
+	}
+	defer target.Close()
+
+	type result struct {
+		l   net.Listener
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		self, err := os.Open(fmt.Sprintf("/proc/%d/task/%d/ns/net", os.Getpid(), unix.Gettid()))
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{err: err}
+			return
+		}
+		defer self.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{err: fmt.Errorf("entering network namespace %s: %w", name, err)}
+			return
+		}
+		l, lerr := net.Listen("tcp", addr)
+		if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
+			// The thread stays locked and dies with this goroutine,
+			// rather than run other goroutines in the wrong namespace.
+			if l != nil {
+				l.Close()
+			}
+			ch <- result{err: fmt.Errorf("leaving network namespace %s: %w", name, err)}
+			return
+		}
+		runtime.UnlockOSThread()
+		ch <- result{l: l, err: lerr}
+	}()
+	r := <-ch
+	return r.l, r.err
+}
