@@ -42,6 +42,7 @@ type agentConfig struct {
 	sourcesConfig
 	importConfig
 	mirrorConfig
+	kubeConfig
 }
 
 // agentCmd runs the agent.
@@ -77,6 +78,7 @@ type agent struct {
 	peerRun []func(context.Context) error
 	mirror  *nodeMirror          // nil when the registry mirror is disabled
 	imports *containerd.Importer // nil when images are not imported
+	kube    *kubeSide            // nil when Kubernetes features are off
 	running atomic.Bool
 }
 
@@ -158,6 +160,9 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 		queueOpts = append(queueOpts, prefetch.WithImporter(sink))
 	}
 	a.queue = prefetch.NewQueue(a.store, src, queueOpts...)
+	if a.kube, err = newKube(cfg.kubeConfig, cfg.NodeName, a.queue, a.store, log); err != nil {
+		return nil, err
+	}
 	apiOpts := []api.Option{
 		api.WithVersion(version),
 		api.WithReadiness(a.ready),
@@ -231,6 +236,9 @@ func (a *agent) Run(ctx context.Context) error {
 		g.Go(func() error { return serveHTTP(gctx, a.metLn, a.metrics, a.cfg.ShutdownTimeout, a.log) })
 	}
 	for _, run := range a.peerRun {
+		g.Go(func() error { return run(gctx) })
+	}
+	for _, run := range a.kube.runs() {
 		g.Go(func() error { return run(gctx) })
 	}
 	if a.mirror != nil {

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+
+	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/kube"
+	"github.com/weightd/weightd/pkg/prefetch"
+)
+
+// kubeConfig is the Kubernetes part of the agent's configuration. Zero
+// values mean the defaults, so that a configuration built in code (the demo,
+// tests) needs none of it.
+type kubeConfig struct {
+	Kubeconfig         string        `help:"kubeconfig file of the cluster; empty: the in-cluster configuration when KUBERNETES_SERVICE_HOST is set, else Kubernetes features (pod intake, node labels) are off." env:"WEIGHTD_KUBECONFIG" type:"path"`
+	KubeQPS            float32       `name:"kube-qps" help:"Most requests per second to the Kubernetes API server, on average (0: 5)." env:"WEIGHTD_KUBE_QPS"`
+	KubeBurst          int           `name:"kube-burst" help:"Most requests to the Kubernetes API server in a burst (0: 10)." env:"WEIGHTD_KUBE_BURST"`
+	NodeUpdateInterval time.Duration `help:"Least time between two writes of this node's cache labels and summary (0: 5s); progress alone is written at most every 6 intervals." env:"WEIGHTD_NODE_UPDATE_INTERVAL"`
+}
+
+// kubeSide is the agent's Kubernetes side: the pod intake and the node
+// publisher, each run in the agent's errgroup.
+type kubeSide struct {
+	intake    *kube.PodIntake
+	publisher *kube.NodePublisher
+}
+
+// newKube builds the Kubernetes side for node, or returns nil when no
+// cluster is configured (one info line says so). It starts nothing.
+func newKube(cfg kubeConfig, node string, queue *prefetch.Queue, store *cache.Store, log *slog.Logger) (*kubeSide, error) {
+	if cfg.KubeQPS < 0 || cfg.KubeBurst < 0 || cfg.NodeUpdateInterval < 0 {
+		return nil, fmt.Errorf("--kube-qps, --kube-burst and --node-update-interval must not be negative")
+	}
+	rc, err := kube.RESTConfig(cfg.Kubeconfig, cfg.KubeQPS, cfg.KubeBurst, "weightd/"+version)
+	if errors.Is(err, kube.ErrNoCluster) {
+		log.Info("Kubernetes features off: no --kubeconfig and not in a pod")
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if node == "" {
+		if node, err = os.Hostname(); err != nil {
+			return nil, fmt.Errorf("--node-name is empty and the hostname unknown: %w", err)
+		}
+	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("building the Kubernetes client: %w", err)
+	}
+	// client-go logs through klog: send it to the agent's log, quietly (a
+	// restarting API server makes the informers say so every few seconds).
+	klog.SetSlogLogger(log.With("component", "client-go"))
+
+	kl := log.With("component", "kube", "node", node)
+	interval := cfg.NodeUpdateInterval
+	if interval == 0 {
+		interval = kube.DefaultNodeInterval
+	}
+	k := &kubeSide{}
+	if k.intake, err = kube.NewPodIntake(client, node, queue, kube.WithIntakeLogger(kl)); err != nil {
+		return nil, err
+	}
+	if k.publisher, err = kube.NewNodePublisher(client, node, queue, store,
+		kube.WithNodeInterval(interval, 6*interval), kube.WithPublisherLogger(kl)); err != nil {
+		return nil, err
+	}
+	log.Info("Kubernetes features on", "node", node, "api-server", rc.Host)
+	return k, nil
+}
+
+// runs are the components to run in the agent's errgroup. Each returns only
+// when ctx ends: an API server that fails never stops the agent.
+func (k *kubeSide) runs() []func(context.Context) error {
+	if k == nil {
+		return nil
+	}
+	return []func(context.Context) error{k.intake.Run, k.publisher.Run}
+}

@@ -1,0 +1,25 @@
+// Package kube connects a weightd agent to Kubernetes: it takes requests from
+// the pods bound to its node and answers on them, and it publishes the node's
+// cache state on its Node object for the scheduler and for people.
+//
+//   - PodIntake watches only the pods whose spec.nodeName is this node (so its
+//     memory is bounded by this node's pods), parses their weightd.io/
+//     annotations with podrequest, submits every reference to the prefetch
+//     queue at once at PriorityPod (the agent races the kubelet), and answers
+//     on each pod with the weightd.io/status annotation ("queued",
+//     "fetching 43%", "ready", "failed: …"), debounced per pod, and with
+//     Events (Prefetching, Prefetched, PrefetchFailed, InvalidAnnotation)
+//     through client-go's event recorder and its spam filter.
+//   - NodePublisher labels the node models.weightd.io/<key>=ready for each
+//     reference whose job ended ready and whose blobs are still in the cache,
+//     and writes the size-bounded summary annotation (nodestate), with
+//     server-side apply under the field manager "weightd", at most once per
+//     interval however fast chunks arrive. At start it rebuilds its state from
+//     the node's summary annotation, resubmitting those references at
+//     PriorityBackground (cache hits download nothing).
+//
+// Both have a Run(ctx) error that returns only when ctx ends: an API server
+// that is down or restarting never stops the agent; informers reconnect, and
+// writes are retried with backoff. Neither holds anything the local API or the
+// prefetch queue depends on.
+package kube
