@@ -49,7 +49,7 @@ func Wants(s Spec) []Want {
 	seen := make(map[string]bool)
 	add := func(raw string, image bool, ref prefetch.Ref, err error) {
 		if err != nil {
-			out = append(out, Want{Shown: redactRaw(raw), Image: image, Err: err})
+			out = append(out, Want{Shown: redactRaw(raw), Image: image, Err: redactErr(err, raw)})
 			return
 		}
 		c := ref.String()
@@ -81,6 +81,32 @@ func redactRaw(s string) string {
 	}
 	return cut(s, MaxRefLen)
 }
+
+// redactErr hides the query of raw where err's message quotes it (parse
+// errors quote the first 120 bytes of the reference).
+func redactErr(err error, raw string) error {
+	if !strings.Contains(raw, "?") {
+		return err
+	}
+	msg := err.Error()
+	for _, n := range []int{len(raw), 120} {
+		if n <= len(raw) {
+			msg = strings.ReplaceAll(msg, raw[:n], redactRaw(raw))
+		}
+	}
+	if msg == err.Error() && strings.Contains(msg, "?") {
+		msg = "malformed reference " + redactRaw(raw) // say less rather than leak
+	}
+	return redactedError{msg: msg, err: err}
+}
+
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e redactedError) Error() string { return e.msg }
+func (e redactedError) Unwrap() error { return e.err }
 
 // cut bounds s to n bytes, without splitting a UTF-8 sequence.
 func cut(s string, n int) string {
