@@ -1,0 +1,494 @@
+package policy_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/weightd/weightd/internal/kubetest"
+	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/origin"
+	"github.com/weightd/weightd/pkg/policy"
+	"github.com/weightd/weightd/pkg/prefetch"
+)
+
+var (
+	_ policy.Pinner = (*cache.Store)(nil)
+	_ policy.Job    = (*prefetch.Job)(nil)
+)
+
+// env is one API server shared by the tests of this package (each test uses
+// its own node and policy names); nil when the binaries are not built.
+var env *kubetest.Env
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	if _, err := kubetest.FindAssets(); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		e, err := kubetest.Start(ctx, kubetest.Config{})
+		cancel()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "starting the API server:", err)
+			return 1
+		}
+		defer e.Close()
+		ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+		err = policy.InstallCRD(ctx, dynamic.NewForConfigOrDie(e.Config))
+		cancel()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		env = e
+	}
+	return m.Run()
+}
+
+// kube returns the shared API server, skipping the test without one (failing
+// under CI=true).
+func kube(t *testing.T) (*kubetest.Env, kubernetes.Interface, dynamic.Interface) {
+	t.Helper()
+	kubetest.Require(t)
+	require.NotNil(t, env)
+	return env, kubernetes.NewForConfigOrDie(env.Config), dynamic.NewForConfigOrDie(env.Config)
+}
+
+// startOrigin serves a generated model until the test ends and returns its
+// manifest reference.
+func startOrigin(t *testing.T, spec origin.Spec) (string, *origin.Manifest) {
+	t.Helper()
+	dir := t.TempDir()
+	m, err := origin.Generate(dir, spec)
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	s := origin.NewServer(ln, dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		assert.NoError(t, <-done)
+	})
+	return s.URL() + "/" + origin.ManifestName, m
+}
+
+// agent is what one node runs: a cache, a prefetch queue, the controller.
+type agent struct {
+	node  string
+	store *cache.Store
+	stop  func()
+}
+
+func startAgent(t *testing.T, kc kubernetes.Interface, dc dynamic.Interface, node string) *agent {
+	t.Helper()
+	store, err := cache.Open(t.TempDir(), cache.WithChunkSize(64<<10))
+	require.NoError(t, err)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	q := prefetch.NewQueue(store, prefetch.NewHTTPSource(nil), prefetch.WithResolveRetries(1, 0), prefetch.WithLogger(log))
+	c, err := policy.New(node, kc, dc, policy.FromQueue(q), store, policy.Config{
+		Debounce:     200 * time.Millisecond,
+		SummaryDelay: 100 * time.Millisecond,
+		RetryBase:    time.Hour,
+		Logger:       log,
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { assert.NoError(t, q.Run(ctx)) })
+	wg.Go(func() { assert.NoError(t, c.Run(ctx)) })
+	var once sync.Once
+	a := &agent{node: node, store: store, stop: func() {
+		once.Do(func() {
+			cancel()
+			wg.Wait()
+			store.Close()
+		})
+	}}
+	t.Cleanup(a.stop)
+	return a
+}
+
+// pinnedBy lists the blobs pinned by owner.
+func (a *agent) pinnedBy(owner string) []digest.Digest {
+	var out []digest.Digest
+	for _, info := range a.store.List() {
+		if slices.Contains(info.Pins, owner) {
+			out = append(out, info.Digest)
+		}
+	}
+	return out
+}
+
+func createPolicy(t *testing.T, dc dynamic.Interface, name string, sel map[string]string, models, images []string) *policy.PrefetchPolicy {
+	t.Helper()
+	p := &policy.PrefetchPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       policy.Spec{NodeSelector: &metav1.LabelSelector{MatchLabels: sel}, Models: models, Images: images},
+	}
+	u, err := policy.ToUnstructured(p)
+	require.NoError(t, err)
+	u, err = dc.Resource(policy.GVR).Create(t.Context(), u, metav1.CreateOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = dc.Resource(policy.GVR).Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+	got, err := policy.FromUnstructured(u)
+	require.NoError(t, err)
+	return got
+}
+
+func getPolicy(t *testing.T, dc dynamic.Interface, name string) *policy.PrefetchPolicy {
+	t.Helper()
+	u, err := dc.Resource(policy.GVR).Get(t.Context(), name, metav1.GetOptions{})
+	require.NoError(t, err)
+	p, err := policy.FromUnstructured(u)
+	require.NoError(t, err)
+	return p
+}
+
+// eventually polls cond until it holds, failing the test after a minute
+// with the last policy seen.
+func eventually(t *testing.T, dc dynamic.Interface, name, what string, cond func(p *policy.PrefetchPolicy) bool) *policy.PrefetchPolicy {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		p := getPolicy(t, dc, name)
+		if cond(p) {
+			return p
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("policy %s: timed out waiting for %s; status: %+v", name, what, p.Status)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func setLabels(t *testing.T, kc kubernetes.Interface, node string, labels map[string]string) {
+	t.Helper()
+	n, err := kc.CoreV1().Nodes().Get(t.Context(), node, metav1.GetOptions{})
+	require.NoError(t, err)
+	n.Labels = labels
+	_, err = kc.CoreV1().Nodes().Update(t.Context(), n, metav1.UpdateOptions{})
+	require.NoError(t, err)
+}
+
+func fileDigests(m *origin.Manifest) []digest.Digest {
+	var ds []digest.Digest
+	for _, f := range m.Files {
+		if !slices.Contains(ds, f.Digest()) {
+			ds = append(ds, f.Digest())
+		}
+	}
+	return ds
+}
+
+// TestPolicyLifecycle follows one node through a policy's life: selected
+// (fetched, pinned, reported ready), deselected by a label change (unpinned,
+// entry removed), selected again, and the policy deleted (unpinned).
+func TestPolicyLifecycle(t *testing.T) {
+	t.Parallel()
+	e, kc, dc := kube(t)
+	ref, m := startOrigin(t, origin.Spec{Name: "org/lifecycle", Files: 4, TotalBytes: 1<<20 + 3, Seed: 7})
+	const node, name = "life-1", "life"
+	_, err := e.CreateNode(t.Context(), node, map[string]string{"pool": "life"})
+	require.NoError(t, err)
+	a := startAgent(t, kc, dc, node)
+	p := createPolicy(t, dc, name, map[string]string{"pool": "life"}, []string{ref}, nil)
+	owner := policy.PinOwner(name)
+
+	ready := func(p *policy.PrefetchPolicy) bool {
+		n, ok := p.Status.Entry(node)
+		return ok && n.State == policy.NodeReady && p.Status.ReadyNodes == 1
+	}
+	got := eventually(t, dc, name, "the node's entry ready", ready)
+	n, _ := got.Status.Entry(node)
+	assert.Equal(t, []string{ref}, n.Ready)
+	assert.Empty(t, n.Fetching)
+	assert.Empty(t, n.Failed)
+	assert.Equal(t, m.TotalBytes(), n.Bytes)
+	assert.Equal(t, p.Generation, n.ObservedGeneration)
+	assert.WithinDuration(t, time.Now(), n.Updated.Time, time.Minute)
+	assert.Equal(t, int32(1), got.Status.NodeCount)
+	assert.Equal(t, int32(0), got.Status.FailedNodes)
+	assert.ElementsMatch(t, fileDigests(m), a.pinnedBy(owner), "every file of the model pinned")
+
+	// Only this node's field manager owns the entry.
+	u, err := dc.Resource(policy.GVR).Get(t.Context(), name, metav1.GetOptions{})
+	require.NoError(t, err)
+	var managers []string
+	for _, mf := range u.GetManagedFields() {
+		managers = append(managers, mf.Manager)
+	}
+	assert.Contains(t, managers, policy.FieldManager(node))
+
+	// kubectl answers from the printer columns.
+	if kubectl, err := exec.LookPath("kubectl"); err == nil {
+		out, err := exec.CommandContext(t.Context(), kubectl, "--kubeconfig", e.Kubeconfig, "get", "pp", name).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		require.Len(t, lines, 2, "%s", out)
+		assert.Equal(t, []string{"NAME", "NODES", "READY", "FAILED", "AGE"}, strings.Fields(lines[0]))
+		assert.Equal(t, []string{name, "1", "1", "0"}, strings.Fields(lines[1])[:4])
+	}
+
+	// The node's labels change: no longer selected.
+	setLabels(t, kc, node, map[string]string{"pool": "other"})
+	got = eventually(t, dc, name, "the node's entry removed", func(p *policy.PrefetchPolicy) bool {
+		_, ok := p.Status.Entry(node)
+		return !ok && p.Status.NodeCount == 0
+	})
+	assert.Equal(t, int32(0), got.Status.ReadyNodes)
+	require.Eventually(t, func() bool { return len(a.pinnedBy(owner)) == 0 }, 10*time.Second, 20*time.Millisecond, "unpinned")
+	for _, d := range fileDigests(m) {
+		_, err := a.store.Stat(d)
+		assert.NoError(t, err, "unpinned, not deleted")
+	}
+
+	// Selected again: a cache hit, pinned again.
+	setLabels(t, kc, node, map[string]string{"pool": "life", "extra": "x"})
+	eventually(t, dc, name, "the node's entry ready again", ready)
+	require.Eventually(t, func() bool { return len(a.pinnedBy(owner)) == len(fileDigests(m)) }, 10*time.Second, 20*time.Millisecond)
+
+	// Deleted: unpinned.
+	require.NoError(t, dc.Resource(policy.GVR).Delete(t.Context(), name, metav1.DeleteOptions{}))
+	require.Eventually(t, func() bool { return len(a.pinnedBy(owner)) == 0 }, 10*time.Second, 20*time.Millisecond, "unpinned")
+}
+
+// TestPolicyFailures: content that does not exist and malformed references
+// are listed under failed with their reasons, with a Warning Event each,
+// and what exists still becomes ready and pinned.
+func TestPolicyFailures(t *testing.T) {
+	t.Parallel()
+	_, kc, dc := kube(t)
+	ref, m := startOrigin(t, origin.Spec{Name: "org/partial", Files: 2, TotalBytes: 64 << 10, Seed: 8})
+	missing := strings.TrimSuffix(ref, origin.ManifestName) + "nothing/model.json"
+	const node, name = "fail-1", "fail"
+	_, err := env.CreateNode(t.Context(), node, map[string]string{"pool": "fail"})
+	require.NoError(t, err)
+	a := startAgent(t, kc, dc, node)
+	createPolicy(t, dc, name, map[string]string{"pool": "fail"},
+		[]string{ref, missing, "https://host.example/dir/?X-Amz-Signature=secret"},
+		[]string{"Not/A:Valid:Image"})
+
+	got := eventually(t, dc, name, "three failures", func(p *policy.PrefetchPolicy) bool {
+		n, ok := p.Status.Entry(node)
+		return ok && len(n.Failed) == 3 && len(n.Ready) == 1
+	})
+	n, _ := got.Status.Entry(node)
+	assert.Equal(t, policy.NodeFailed, n.State)
+	assert.Equal(t, []string{ref}, n.Ready)
+	reasons := make(map[string]string)
+	for _, f := range n.Failed {
+		reasons[f.Ref] = f.Reason
+	}
+	assert.Contains(t, reasons[missing], "404")
+	assert.Contains(t, reasons["https://host.example/dir/?REDACTED"], "must name a file")
+	assert.Contains(t, reasons["Not/A:Valid:Image"], "parsing image")
+	assert.NotContains(t, fmt.Sprint(got.Status), "secret")
+	assert.Equal(t, int32(1), got.Status.FailedNodes)
+	assert.ElementsMatch(t, fileDigests(m), a.pinnedBy(policy.PinOwner(name)), "what exists is pinned")
+
+	// One Warning Event per failure, on the policy, from this node.
+	var events []corev1.Event
+	require.Eventually(t, func() bool {
+		list, err := kc.CoreV1().Events(metav1.NamespaceDefault).List(t.Context(), metav1.ListOptions{
+			FieldSelector: fields.Set{"involvedObject.name": name, "involvedObject.kind": policy.Kind}.String(),
+		})
+		require.NoError(t, err)
+		events = list.Items
+		return len(events) >= 3
+	}, 30*time.Second, 100*time.Millisecond)
+	byReason := make(map[string]int)
+	for _, ev := range events {
+		assert.Equal(t, corev1.EventTypeWarning, ev.Type)
+		assert.Equal(t, types.UID(got.UID), ev.InvolvedObject.UID)
+		assert.Equal(t, policy.APIVersion, ev.InvolvedObject.APIVersion)
+		assert.Equal(t, node, ev.Source.Host)
+		assert.Contains(t, ev.Message, "node "+node)
+		assert.NotContains(t, ev.Message, "secret")
+		byReason[ev.Reason]++
+	}
+	assert.Equal(t, map[string]int{policy.ReasonFailed: 1, policy.ReasonInvalid: 2}, byReason)
+}
+
+// TestPolicyManyNodes: agents of several nodes write the same policy's
+// status at the same time; server-side apply with a field manager per node
+// loses no entry and reports no conflict.
+func TestPolicyManyNodes(t *testing.T) {
+	t.Parallel()
+	_, kc, dc := kube(t)
+	refA, _ := startOrigin(t, origin.Spec{Name: "org/many-a", Files: 3, TotalBytes: 256 << 10, Seed: 9})
+	refB, _ := startOrigin(t, origin.Spec{Name: "org/many-b", Files: 2, TotalBytes: 128 << 10, Seed: 10})
+	nodes := []string{"many-1", "many-2", "many-3"}
+	for _, n := range nodes {
+		_, err := env.CreateNode(t.Context(), n, map[string]string{"pool": "many"})
+		require.NoError(t, err)
+	}
+	// Both policies first, then all agents at once: their writes race.
+	createPolicy(t, dc, "many-a", map[string]string{"pool": "many"}, []string{refA}, nil)
+	createPolicy(t, dc, "many-b", map[string]string{"pool": "many"}, []string{refA, refB}, nil)
+	agents := make([]*agent, len(nodes))
+	for i, n := range nodes {
+		agents[i] = startAgent(t, kc, dc, n)
+	}
+	for _, name := range []string{"many-a", "many-b"} {
+		got := eventually(t, dc, name, "every node ready", func(p *policy.PrefetchPolicy) bool {
+			for _, n := range nodes {
+				if e, ok := p.Status.Entry(n); !ok || e.State != policy.NodeReady {
+					return false
+				}
+			}
+			return p.Status.ReadyNodes == int32(len(nodes))
+		})
+		assert.Len(t, got.Status.Nodes, len(nodes))
+		assert.Equal(t, int32(len(nodes)), got.Status.NodeCount)
+		for _, a := range agents {
+			assert.NotEmpty(t, a.pinnedBy(policy.PinOwner(name)))
+		}
+	}
+
+	// One node leaves the pool: only its entry goes.
+	setLabels(t, kc, nodes[1], nil)
+	got := eventually(t, dc, "many-b", "one entry fewer", func(p *policy.PrefetchPolicy) bool {
+		return len(p.Status.Nodes) == 2 && p.Status.NodeCount == 2 && p.Status.ReadyNodes == 2
+	})
+	_, ok := got.Status.Entry(nodes[1])
+	assert.False(t, ok)
+	require.Eventually(t, func() bool { return len(agents[1].pinnedBy(policy.PinOwner("many-b"))) == 0 }, 10*time.Second, 20*time.Millisecond)
+	assert.NotEmpty(t, agents[0].pinnedBy(policy.PinOwner("many-b")))
+}
+
+// TestPolicyAgentRestart: pins survive the agent; a policy deleted while it
+// was down is unpinned when it comes back.
+func TestPolicyAgentRestart(t *testing.T) {
+	t.Parallel()
+	_, kc, dc := kube(t)
+	ref, m := startOrigin(t, origin.Spec{Name: "org/restart", Files: 2, TotalBytes: 64 << 10, Seed: 11})
+	const node, name = "restart-1", "restart"
+	_, err := env.CreateNode(t.Context(), node, map[string]string{"pool": "restart"})
+	require.NoError(t, err)
+	root := t.TempDir()
+	run := func() (*policy.Controller, *cache.Store, func()) {
+		store, err := cache.Open(root)
+		require.NoError(t, err)
+		q := prefetch.NewQueue(store, prefetch.NewHTTPSource(nil))
+		c, err := policy.New(node, kc, dc, policy.FromQueue(q), store, policy.Config{Debounce: 100 * time.Millisecond})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		wg.Go(func() { assert.NoError(t, q.Run(ctx)) })
+		wg.Go(func() { assert.NoError(t, c.Run(ctx)) })
+		return c, store, func() { cancel(); wg.Wait(); store.Close() }
+	}
+	_, store, stop := run()
+	createPolicy(t, dc, name, map[string]string{"pool": "restart"}, []string{ref}, nil)
+	eventually(t, dc, name, "ready", func(p *policy.PrefetchPolicy) bool {
+		n, ok := p.Status.Entry(node)
+		return ok && n.State == policy.NodeReady
+	})
+	a := &agent{store: store}
+	require.Eventually(t, func() bool { return len(a.pinnedBy(policy.PinOwner(name))) == len(fileDigests(m)) }, 10*time.Second, 20*time.Millisecond)
+	stop()
+
+	require.NoError(t, dc.Resource(policy.GVR).Delete(t.Context(), name, metav1.DeleteOptions{}))
+	_, store, stop = run()
+	defer stop()
+	a = &agent{store: store}
+	assert.Len(t, a.pinnedBy(policy.PinOwner(name)), len(fileDigests(m)), "pins survived the restart")
+	require.Eventually(t, func() bool { return len(a.pinnedBy(policy.PinOwner(name))) == 0 }, 20*time.Second, 20*time.Millisecond,
+		"a policy deleted while the agent was down is unpinned")
+}
+
+// TestCRDValidation: the API server rejects malformed policies with 422.
+func TestCRDValidation(t *testing.T) {
+	t.Parallel()
+	_, _, dc := kube(t)
+	valid := func() map[string]any {
+		return map[string]any{
+			"nodeSelector": map[string]any{"matchLabels": map[string]any{"pool": "a"}},
+			"models":       []any{"hf://org/m@main"},
+		}
+	}
+	many := make([]any, policy.MaxModels+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("hf://org/m%d@main", i)
+	}
+	tests := []struct {
+		name   string
+		mutate func(spec map[string]any)
+		field  string
+	}{
+		{"no selector", func(s map[string]any) { delete(s, "nodeSelector") }, "nodeSelector"},
+		{"nothing to keep", func(s map[string]any) { delete(s, "models") }, "at least one model or image"},
+		{"unknown scheme", func(s map[string]any) { s["models"] = []any{"ftp://host/m"} }, "models[0]"},
+		{"spaces", func(s map[string]any) { s["models"] = []any{"hf://org/m @main"} }, "models[0]"},
+		{"too long", func(s map[string]any) { s["models"] = []any{"https://h/" + strings.Repeat("a", 5000)} }, "models[0]"},
+		{"too many", func(s map[string]any) { s["models"] = many }, "models"},
+		{"duplicates", func(s map[string]any) { s["models"] = []any{"hf://a/b@main", "hf://a/b@main"} }, "models[1]"},
+		{"empty image", func(s map[string]any) { s["images"] = []any{""} }, "images[0]"},
+		{"pin not a bool", func(s map[string]any) { s["pin"] = "yes" }, "pin"},
+		{"bad operator", func(s map[string]any) {
+			s["nodeSelector"] = map[string]any{"matchExpressions": []any{map[string]any{"key": "a", "operator": "Near"}}}
+		}, "operator"},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			spec := valid()
+			tt.mutate(spec)
+			u, err := policy.ToUnstructured(&policy.PrefetchPolicy{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("invalid-%d", i)}})
+			require.NoError(t, err)
+			u.Object["spec"] = spec
+			_, err = dc.Resource(policy.GVR).Create(t.Context(), u, metav1.CreateOptions{})
+			require.Error(t, err)
+			assert.True(t, apierrors.IsInvalid(err), "want 422, got %v", err)
+			var se apierrors.APIStatus
+			require.ErrorAs(t, err, &se)
+			assert.Equal(t, int32(422), se.Status().Code)
+			assert.Contains(t, err.Error(), tt.field)
+		})
+	}
+
+	// The valid one passes, and pin defaults to true.
+	u, err := policy.ToUnstructured(&policy.PrefetchPolicy{ObjectMeta: metav1.ObjectMeta{Name: "valid"}})
+	require.NoError(t, err)
+	u.Object["spec"] = valid()
+	u, err = dc.Resource(policy.GVR).Create(t.Context(), u, metav1.CreateOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = dc.Resource(policy.GVR).Delete(context.Background(), "valid", metav1.DeleteOptions{}) })
+	p, err := policy.FromUnstructured(u)
+	require.NoError(t, err)
+	require.NotNil(t, p.Spec.Pin)
+	assert.True(t, *p.Spec.Pin)
+
+	// A status entry with an unknown state is refused too.
+	u.Object["status"] = map[string]any{"nodes": []any{map[string]any{"name": "n", "state": "Bogus"}}}
+	_, err = dc.Resource(policy.GVR).UpdateStatus(t.Context(), u, metav1.UpdateOptions{})
+	assert.True(t, apierrors.IsInvalid(err), "want 422, got %v", err)
+}
