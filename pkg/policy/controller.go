@@ -228,8 +228,10 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.written = make(map[string]*NodeStatus)
 	c.lastWrite = make(map[string]time.Time)
 	c.reported = make(map[string]map[string]string)
+	// Failed items are retried from 100ms up to every 30s: an API server
+	// that was away is written to soon after it is back.
 	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
-		workqueue.DefaultTypedControllerRateLimiter[item](),
+		workqueue.NewTypedItemExponentialFailureRateLimiter[item](100*time.Millisecond, 30*time.Second),
 		workqueue.TypedRateLimitingQueueConfig[item]{Name: "policy"})
 	defer c.queue.ShutDown()
 
@@ -394,6 +396,9 @@ func (c *Controller) policy(name string) (*PrefetchPolicy, *unstructured.Unstruc
 // reconcile brings this node's part of one policy in line: fetch, pin,
 // report.
 func (c *Controller) reconcile(name string) error {
+	if c.ctx.Err() != nil {
+		return nil // shutting down: jobs fail with the context, which says nothing of the content
+	}
 	p, u, err := c.policy(name)
 	if err != nil {
 		return err
@@ -663,8 +668,7 @@ func (c *Controller) writeEntry(p *PrefetchPolicy, e NodeStatus, now time.Time) 
 }
 
 // removeEntry takes this node's entry out of the policy's status, if it is
-// there: an apply that no longer names it. If the node was the last one,
-// it zeroes the counts too.
+// there: an apply that no longer names it.
 func (c *Controller) removeEntry(p *PrefetchPolicy) error {
 	name := p.Name
 	_, there := p.Status.Entry(c.node)
@@ -678,7 +682,10 @@ func (c *Controller) removeEntry(p *PrefetchPolicy) error {
 	delete(c.written, name)
 	c.lastWrite[name] = time.Now()
 	others := slices.DeleteFunc(slices.Clone(p.Status.Nodes), func(n NodeStatus) bool { return n.Name == c.node })
-	if len(others) == 0 && (p.Status.NodeCount != 0 || p.Status.ReadyNodes != 0 || p.Status.FailedNodes != 0) {
+	if len(others) == 0 {
+		// The last node out zeroes the counts: no entry is left to rank
+		// the agents that would correct them. (An apply that changes
+		// nothing does not write.)
 		return c.apply(applyObject(name, countsMap(0, 0, 0)), SummaryFieldManager)
 	}
 	return nil
