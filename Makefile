@@ -18,7 +18,7 @@ FUZZTIME ?= 20s
 GOLANGCI_LINT_VERSION ?= v2.15.0
 TOOLS := $(CURDIR)/.tools
 
-.PHONY: build demo test test-deps lint bench fuzz clean
+.PHONY: build demo test test-deps kube-assets lint bench fuzz clean
 
 ## build: bin/weightd, with the version and commit stamped in
 build:
@@ -28,8 +28,12 @@ build:
 demo: build
 	./$(BIN) demo $(DEMO_FLAGS)
 
-## test-deps: install what the tests need on a fresh Debian machine (a C toolchain for the race detector, iproute2 for the multi-host tests, containerd and docker-registry for the image tests)
-test-deps:
+## kube-assets: build kube-apiserver v1.37.2 and etcd v3.7.3 for the real-API-server tests (internal/kubetest) from the Go module proxy into WEIGHTD_KUBE_ASSETS or ~/.cache/weightd/kube-1.37.2; about 10 minutes on a fresh machine (2 cores), nothing once built
+kube-assets:
+	$(GO) run ./internal/kubetest/cmd/kube-assets
+
+## test-deps: install what the tests need on a fresh Debian machine (a C toolchain for the race detector, iproute2 for the multi-host tests, containerd and docker-registry for the image tests, kube-apiserver and etcd built by kube-assets: about 10 minutes the first time)
+test-deps: kube-assets
 	@if ! command -v gcc >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing gcc for the race detector"; \
