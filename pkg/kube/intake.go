@@ -136,6 +136,8 @@ type podState struct {
 	lastPatch   time.Time
 	notBefore   time.Time // no status patch before
 	reported    string    // final status an Event was sent for (or found on the pod)
+	announce    bool      // the Prefetching Event is still to be sent
+	refs        []string  // redacted, for that Event
 }
 
 // NewPodIntake returns the intake of node's pods, submitting to queue. It
@@ -342,9 +344,10 @@ func (s *syncer) sync(ctx context.Context, key string) error {
 		if finalStatus(st.written) && !changed {
 			st.reported = st.written
 		}
-		if st.written == "" || changed {
-			s.recorder.Event(&ref, corev1.EventTypeNormal, ReasonPrefetching, prefetchingMessage(refs))
-		}
+		// Announced at the first status unless ready by then: a pod whose
+		// references are all on the node gets only Prefetched.
+		st.announce = st.written == "" || changed
+		st.refs = refs
 		in.mu.Lock()
 		in.pods[key] = st
 		in.mu.Unlock()
@@ -357,8 +360,17 @@ func (s *syncer) sync(ctx context.Context, key string) error {
 	in.mu.Lock()
 	jobs := st.statuses()
 	status := PodStatus(jobs)
-	written, lastPatch, notBefore, reported := st.written, st.lastPatch, st.notBefore, st.reported
+	written, lastPatch, notBefore, reported, announce := st.written, st.lastPatch, st.notBefore, st.reported, st.announce
 	in.mu.Unlock()
+
+	if announce && (finalStatus(status) || !now.Before(st.started.Add(in.cfg.firstDelay))) {
+		if !finalStatus(status) {
+			s.recorder.Event(&st.obj, corev1.EventTypeNormal, ReasonPrefetching, prefetchingMessage(st.refs))
+		}
+		in.mu.Lock()
+		st.announce = false
+		in.mu.Unlock()
+	}
 
 	if finalStatus(status) && reported != status {
 		if statusKind(status) == StatusReady {
