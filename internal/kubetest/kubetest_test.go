@@ -73,12 +73,23 @@ func TestNodeAndRestart(t *testing.T) {
 	}
 }
 
-func TestKubeconfig(t *testing.T) {
-	env := kubetest.NewT(t, kubetest.Config{})
-	kubectl, err := exec.LookPath("kubectl")
+// requireKubectl returns kubectl's path; a missing kubectl skips the test,
+// or fails it under CI=true.
+func requireKubectl(t *testing.T) string {
+	t.Helper()
+	p, err := exec.LookPath("kubectl")
 	if err != nil {
-		t.Skip("no kubectl")
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI=true but no kubectl: %v", err)
+		}
+		t.Skipf("skipping: no kubectl: %v", err)
 	}
+	return p
+}
+
+func TestKubeconfig(t *testing.T) {
+	kubectl := requireKubectl(t)
+	env := kubetest.NewT(t, kubetest.Config{})
 	ctx := t.Context()
 	if _, err := env.CreateNode(ctx, "n1", nil); err != nil {
 		t.Fatal(err)
