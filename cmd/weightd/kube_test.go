@@ -1,0 +1,89 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/weightd/weightd/internal/kubetest"
+	"github.com/weightd/weightd/pkg/nodestate"
+	"github.com/weightd/weightd/pkg/podrequest"
+)
+
+// TestAgentKubernetes runs the agent as `weightd agent --kubeconfig` would
+// against a real API server: a pod bound to its node gets its model, its
+// status annotation says ready, and the node is labelled.
+func TestAgentKubernetes(t *testing.T) {
+	env := kubetest.NewT(t, kubetest.Config{})
+	const node = "gpu-node-1"
+	if _, err := env.CreateNode(t.Context(), node, nil); err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := startOrigin(t, 2, 4<<20)
+	startAgentWith(t, func(c *agentConfig) {
+		c.Kubeconfig, c.NodeName, c.NodeUpdateInterval = env.Kubeconfig, node, 500*time.Millisecond
+	})
+	pods := env.Clientset().CoreV1().Pods("default")
+	_, err := pods.Create(t.Context(), &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "llm", Annotations: map[string]string{podrequest.Models: ref}},
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "main", Image: "registry.k8s.io/pause:3.10"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		p, err := pods.Get(t.Context(), "llm", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := env.Clientset().CoreV1().Nodes().Get(t.Context(), node, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		status, label := p.Annotations[podrequest.Status], n.Labels[nodestate.Label(ref)]
+		if status == "ready" && label == nodestate.LabelReady {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pod status %q, node label %q", status, label)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func TestKeyCommand(t *testing.T) {
+	code, out, errOut := runCLI(t, "key", "hf://meta-llama/Llama-3.1-8B-Instruct@main")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	label := nodestate.Label("hf://meta-llama/Llama-3.1-8B-Instruct@main")
+	for _, want := range []string{"key: " + nodestate.Key("hf://meta-llama/Llama-3.1-8B-Instruct@main"), "label: " + label + "=ready", "- key: " + label} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	var parsed struct {
+		Key      string          `json:"key"`
+		Label    string          `json:"label"`
+		Affinity corev1.Affinity `json:"affinity"`
+	}
+	if err := yaml.UnmarshalStrict([]byte(out), &parsed); err != nil {
+		t.Fatalf("output is not YAML of a key, a label and an affinity: %v", err)
+	}
+	if terms := parsed.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution; len(terms) != 1 ||
+		terms[0].Preference.MatchExpressions[0].Key != label || terms[0].Preference.MatchExpressions[0].Values[0] != "ready" {
+		t.Errorf("affinity %+v", parsed.Affinity)
+	}
+	code, out, _ = runCLI(t, "key", "--image", "nginx")
+	if code != 0 || !strings.Contains(out, nodestate.Key("oci://docker.io/library/nginx:latest")) {
+		t.Errorf("exit %d:\n%s", code, out)
+	}
+	if code, _, _ := runCLI(t, "key", "ftp://nope"); code == 0 {
+		t.Error("a bad reference is an error")
+	}
+}
