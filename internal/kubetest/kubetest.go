@@ -262,6 +262,10 @@ func (e *Env) apiserverArgs() []string {
 		"--etcd-servers=" + e.etcdURL,
 		"--bind-address=" + e.bind,
 		"--advertise-address=" + e.bind,
+		// The endpoints of the kubernetes Service would be the advertise
+		// address, which the reconciler refuses when it is loopback; no pod
+		// runs here to use that Service.
+		"--endpoint-reconciler-type=none",
 		"--secure-port=" + strconv.Itoa(e.port),
 		"--cert-dir=" + filepath.Join(e.Dir, "apiserver-certs"),
 		"--tls-cert-file=" + e.pki.serveCertFile,
