@@ -37,6 +37,10 @@ var (
 	_ policy.Job    = (*prefetch.Job)(nil)
 )
 
+// kubeConfig is how the tests start API servers: on loopback, without the
+// endpoint reconciler (which refuses a loopback advertise address).
+var kubeConfig = kubetest.Config{APIServerArgs: []string{"--endpoint-reconciler-type=none"}}
+
 // env is one API server shared by the tests of this package (each test uses
 // its own node and policy names); nil when the binaries are not built.
 var env *kubetest.Env
@@ -48,7 +52,7 @@ func TestMain(m *testing.M) {
 func run(m *testing.M) int {
 	if _, err := kubetest.FindAssets(); err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		e, err := kubetest.Start(ctx, kubetest.Config{})
+		e, err := kubetest.Start(ctx, kubeConfig)
 		cancel()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "starting the API server:", err)
@@ -491,4 +495,47 @@ func TestCRDValidation(t *testing.T) {
 	u.Object["status"] = map[string]any{"nodes": []any{map[string]any{"name": "n", "state": "Bogus"}}}
 	_, err = dc.Resource(policy.GVR).UpdateStatus(t.Context(), u, metav1.UpdateOptions{})
 	assert.True(t, apierrors.IsInvalid(err), "want 422, got %v", err)
+}
+
+// TestPolicyAPIServerRestart: the agent rides out an API server restart (its
+// own, so the other tests' server stays up): the cache keeps its content,
+// and once the server is back the agent sees a change to the policy and
+// reports it.
+func TestPolicyAPIServerRestart(t *testing.T) {
+	kubetest.Require(t)
+	e := kubetest.NewT(t, kubeConfig)
+	kc, dc := kubernetes.NewForConfigOrDie(e.Config), dynamic.NewForConfigOrDie(e.Config)
+	require.NoError(t, policy.InstallCRD(t.Context(), dc))
+	ref1, m1 := startOrigin(t, origin.Spec{Name: "org/restart-a", Files: 2, TotalBytes: 64 << 10, Seed: 12})
+	ref2, _ := startOrigin(t, origin.Spec{Name: "org/restart-b", Files: 2, TotalBytes: 64 << 10, Seed: 13})
+	const node, name = "apirestart-1", "apirestart"
+	_, err := e.CreateNode(t.Context(), node, map[string]string{"pool": "r"})
+	require.NoError(t, err)
+	a := startAgent(t, kc, dc, node)
+	createPolicy(t, dc, name, map[string]string{"pool": "r"}, []string{ref1}, nil)
+	eventually(t, dc, name, "ready", func(p *policy.PrefetchPolicy) bool {
+		n, ok := p.Status.Entry(node)
+		return ok && n.State == policy.NodeReady
+	})
+
+	require.NoError(t, e.StopAPIServer())
+	time.Sleep(2 * time.Second) // the informers notice and retry
+	for _, d := range fileDigests(m1) {
+		_, err := a.store.Stat(d)
+		assert.NoError(t, err, "the cache serves on without the API server")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	require.NoError(t, e.StartAPIServer(ctx))
+
+	patch := fmt.Appendf(nil, `{"spec":{"models":[%q,%q]}}`, ref1, ref2)
+	_, err = dc.Resource(policy.GVR).Patch(t.Context(), name, types.MergePatchType, patch, metav1.PatchOptions{})
+	require.NoError(t, err)
+	got := eventually(t, dc, name, "both models ready at the new generation", func(p *policy.PrefetchPolicy) bool {
+		n, ok := p.Status.Entry(node)
+		return ok && n.State == policy.NodeReady && n.ObservedGeneration == p.Generation && len(n.Ready) == 2 &&
+			p.Status.ReadyNodes == 1
+	})
+	n, _ := got.Status.Entry(node)
+	assert.Equal(t, []string{ref1, ref2}, n.Ready)
 }
