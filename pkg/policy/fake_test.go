@@ -1,0 +1,230 @@
+package policy_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/policy"
+	"github.com/weightd/weightd/pkg/prefetch"
+)
+
+// fakeJob is a job the test finishes by hand.
+type fakeJob struct {
+	mu    sync.Mutex
+	st    prefetch.JobStatus
+	blobs []cache.Descriptor
+	done  chan struct{}
+}
+
+func (j *fakeJob) Done() <-chan struct{} { return j.done }
+
+func (j *fakeJob) Status() prefetch.JobStatus {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.st
+}
+
+func (j *fakeJob) Blobs() []cache.Descriptor {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return slices.Clone(j.blobs)
+}
+
+func (j *fakeJob) finish(blobs []digest.Digest, err string) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.st.Finished = time.Now()
+	if err != "" {
+		j.st.State, j.st.Error = prefetch.StateFailed, err
+	} else {
+		j.st.State = prefetch.StateReady
+		for _, d := range blobs {
+			j.blobs = append(j.blobs, cache.Descriptor{Digest: d, Size: 10})
+			j.st.BytesDone += 10
+		}
+	}
+	close(j.done)
+}
+
+// fakeFetcher hands out fakeJobs, one unfinished job per reference.
+type fakeFetcher struct {
+	mu   sync.Mutex
+	jobs map[string][]*fakeJob // ref → every job submitted for it
+}
+
+func (f *fakeFetcher) Submit(ref string, p prefetch.Priority) (policy.Job, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if p != prefetch.PriorityBackground {
+		return nil, fmt.Errorf("priority %v, want background", p)
+	}
+	js := f.jobs[ref]
+	if n := len(js); n > 0 && !js[n-1].Status().State.Finished() {
+		return js[n-1], nil
+	}
+	j := &fakeJob{st: prefetch.JobStatus{Ref: ref, State: prefetch.StateQueued, Created: time.Now()}, done: make(chan struct{})}
+	f.jobs[ref] = append(js, j)
+	return j, nil
+}
+
+// latest returns the latest job of ref and how many were submitted.
+func (f *fakeFetcher) latest(ref string) (*fakeJob, int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	js := f.jobs[ref]
+	if len(js) == 0 {
+		return nil, 0
+	}
+	return js[len(js)-1], len(js)
+}
+
+// fakePinner is a store that holds the blobs in present.
+type fakePinner struct {
+	mu      sync.Mutex
+	present map[digest.Digest]bool
+	pins    map[digest.Digest]map[string]bool
+}
+
+func (p *fakePinner) Pin(d digest.Digest, owner string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.present[d] {
+		return fmt.Errorf("pinning %s: %w", d, cache.ErrNotFound)
+	}
+	if p.pins[d] == nil {
+		p.pins[d] = make(map[string]bool)
+	}
+	p.pins[d][owner] = true
+	return nil
+}
+
+func (p *fakePinner) Unpin(d digest.Digest, owner string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.pins[d], owner)
+	return nil
+}
+
+func (p *fakePinner) List() []cache.Info {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []cache.Info
+	for d := range p.present {
+		info := cache.Info{Descriptor: cache.Descriptor{Digest: d, Size: 10}}
+		for o := range p.pins[d] {
+			info.Pins = append(info.Pins, o)
+		}
+		out = append(out, info)
+	}
+	return out
+}
+
+func (p *fakePinner) add(ds ...digest.Digest) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, d := range ds {
+		p.present[d] = true
+	}
+}
+
+func (p *fakePinner) pinned(owner string) []digest.Digest {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []digest.Digest
+	for d, owners := range p.pins {
+		if owners[owner] {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// TestPolicyWithFakes drives the controller through job outcomes a real
+// origin makes hard to time: partial readiness, a failure retried after its
+// pause, a blob evicted before it could be pinned, a model dropped from the
+// policy, pinning turned off.
+func TestPolicyWithFakes(t *testing.T) {
+	t.Parallel()
+	_, kc, dc := kube(t)
+	const node, name = "fake-1", "fake"
+	_, err := env.CreateNode(t.Context(), node, map[string]string{"pool": "fake"})
+	require.NoError(t, err)
+	f := &fakeFetcher{jobs: make(map[string][]*fakeJob)}
+	pins := &fakePinner{present: make(map[digest.Digest]bool), pins: make(map[digest.Digest]map[string]bool)}
+	c, err := policy.New(node, kc, dc, f, pins, policy.Config{Debounce: 50 * time.Millisecond, RetryBase: 500 * time.Millisecond})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		assert.NoError(t, <-done)
+	})
+
+	const a, b = "hf://org/a@main", "hf://org/b@main"
+	owner := policy.PinOwner(name)
+	createPolicy(t, dc, name, map[string]string{"pool": "fake"}, []string{a, b}, nil)
+	entry := func(what string, cond func(n policy.NodeStatus) bool) policy.NodeStatus {
+		t.Helper()
+		p := eventually(t, dc, name, what, func(p *policy.PrefetchPolicy) bool {
+			n, ok := p.Status.Entry(node)
+			return ok && n.ObservedGeneration == p.Generation && cond(n)
+		})
+		n, _ := p.Status.Entry(node)
+		return n
+	}
+	entry("both fetching", func(n policy.NodeStatus) bool { return slices.Equal(n.Fetching, []string{a, b}) })
+
+	dA1, dA2, dB := digest.FromString("a1"), digest.FromString("a2"), digest.FromString("b")
+	pins.add(dA1, dA2)
+	ja, _ := f.latest(a)
+	ja.finish([]digest.Digest{dA1, dA2}, "")
+	n := entry("a ready", func(n policy.NodeStatus) bool { return slices.Equal(n.Ready, []string{a}) })
+	assert.Equal(t, policy.NodeFetching, n.State)
+	assert.Equal(t, int64(20), n.Bytes)
+	assert.ElementsMatch(t, []digest.Digest{dA1, dA2}, pins.pinned(owner))
+
+	jb, _ := f.latest(b)
+	jb.finish(nil, "resolving hf://org/b@main: 404 Not Found")
+	n = entry("b failed", func(n policy.NodeStatus) bool { return len(n.Failed) == 1 })
+	assert.Equal(t, policy.NodeFailed, n.State)
+	assert.Equal(t, policy.Failure{Ref: b, Reason: "resolving hf://org/b@main: 404 Not Found"}, n.Failed[0])
+
+	// Retried after RetryBase; this time ready, but its blob is gone
+	// before it is pinned: fetched once more.
+	require.Eventually(t, func() bool { _, k := f.latest(b); return k == 2 }, 10*time.Second, 10*time.Millisecond, "retried")
+	jb, _ = f.latest(b)
+	jb.finish([]digest.Digest{dB}, "")
+	require.Eventually(t, func() bool { _, k := f.latest(b); return k == 3 }, 10*time.Second, 10*time.Millisecond, "fetched again")
+	pins.add(dB)
+	jb, _ = f.latest(b)
+	jb.finish([]digest.Digest{dB}, "")
+	n = entry("both ready", func(n policy.NodeStatus) bool { return n.State == policy.NodeReady })
+	assert.Equal(t, []string{a, b}, n.Ready)
+	assert.ElementsMatch(t, []digest.Digest{dA1, dA2, dB}, pins.pinned(owner))
+
+	// a leaves the policy: its blobs are unpinned.
+	_, err = dc.Resource(policy.GVR).Patch(t.Context(), name, types.MergePatchType, fmt.Appendf(nil, `{"spec":{"models":[%q]}}`, b), metav1.PatchOptions{})
+	require.NoError(t, err)
+	entry("only b", func(n policy.NodeStatus) bool { return slices.Equal(n.Ready, []string{b}) })
+	require.Eventually(t, func() bool { return slices.Equal(pins.pinned(owner), []digest.Digest{dB}) }, 10*time.Second, 10*time.Millisecond)
+
+	// Pinning turned off: kept, not pinned.
+	_, err = dc.Resource(policy.GVR).Patch(t.Context(), name, types.MergePatchType, []byte(`{"spec":{"pin":false}}`), metav1.PatchOptions{})
+	require.NoError(t, err)
+	entry("still ready", func(n policy.NodeStatus) bool { return n.State == policy.NodeReady })
+	require.Eventually(t, func() bool { return len(pins.pinned(owner)) == 0 }, 10*time.Second, 10*time.Millisecond)
+	_, k := f.latest(a)
+	assert.Equal(t, 1, k, "a ready reference is not fetched again")
+}
