@@ -3,7 +3,9 @@ package policy_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +15,11 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/weightd/weightd/internal/kubetest"
 
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/policy"
@@ -227,4 +234,81 @@ func TestPolicyWithFakes(t *testing.T) {
 	require.Eventually(t, func() bool { return len(pins.pinned(owner)) == 0 }, 10*time.Second, 10*time.Millisecond)
 	_, k := f.latest(a)
 	assert.Equal(t, 1, k, "a ready reference is not fetched again")
+}
+
+// writeLog records the times of status writes made under one field manager.
+type writeLog struct {
+	manager string
+	next    http.RoundTripper
+	mu      sync.Mutex
+	times   []time.Time
+}
+
+func (w *writeLog) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method == http.MethodPatch && strings.HasSuffix(r.URL.Path, "/status") && r.URL.Query().Get("fieldManager") == w.manager {
+		w.mu.Lock()
+		w.times = append(w.times, time.Now())
+		w.mu.Unlock()
+	}
+	return w.next.RoundTrip(r)
+}
+
+func (w *writeLog) writes() []time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.times)
+}
+
+// TestPolicyDebounce: references finishing in quick succession make few
+// status writes, at least Debounce apart, the last one complete.
+func TestPolicyDebounce(t *testing.T) {
+	t.Parallel()
+	kubetest.Require(t)
+	const node, name = "debounce-1", "debounce"
+	const debounce = time.Second
+	log := &writeLog{manager: policy.FieldManager(node)}
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { log.next = rt; return log })
+	kc, dc := kubernetes.NewForConfigOrDie(cfg), dynamic.NewForConfigOrDie(cfg)
+	_, err := env.CreateNode(t.Context(), node, map[string]string{"pool": "debounce"})
+	require.NoError(t, err)
+	f := &fakeFetcher{jobs: make(map[string][]*fakeJob)}
+	pins := &fakePinner{present: make(map[digest.Digest]bool), pins: make(map[digest.Digest]map[string]bool)}
+	c, err := policy.New(node, kc, dc, f, pins, policy.Config{Debounce: debounce})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		assert.NoError(t, <-done)
+	})
+
+	var refs []string
+	for i := range 10 {
+		refs = append(refs, fmt.Sprintf("hf://org/m%d@main", i))
+	}
+	createPolicy(t, dc, name, map[string]string{"pool": "debounce"}, refs, nil)
+	require.Eventually(t, func() bool { return len(log.writes()) > 0 }, 30*time.Second, 10*time.Millisecond, "first write")
+	for i, ref := range refs {
+		var j *fakeJob
+		require.Eventually(t, func() bool { j, _ = f.latest(ref); return j != nil }, 10*time.Second, 5*time.Millisecond)
+		d := digest.FromString(ref)
+		pins.add(d)
+		j.finish([]digest.Digest{d}, "")
+		if i%3 == 0 {
+			time.Sleep(150 * time.Millisecond)
+		}
+	}
+	eventually(t, dc, name, "all ready", func(p *policy.PrefetchPolicy) bool {
+		n, ok := p.Status.Entry(node)
+		return ok && n.State == policy.NodeReady && len(n.Ready) == len(refs)
+	})
+	time.Sleep(2 * debounce) // nothing more to write
+	ws := log.writes()
+	t.Logf("%d status writes for %d references", len(ws), len(refs))
+	assert.LessOrEqual(t, len(ws), 4, "10 references finishing within half a second: a first write, and few more")
+	for i := 1; i < len(ws); i++ {
+		assert.GreaterOrEqual(t, ws[i].Sub(ws[i-1]), debounce-50*time.Millisecond, "writes %d and %d", i-1, i)
+	}
 }
