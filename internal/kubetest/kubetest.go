@@ -395,10 +395,25 @@ func (e *Env) waitDefaultNamespace(ctx context.Context) error {
 }
 
 func (e *Env) writeKubeconfig(path, host string) error {
+	cfg := rest.CopyConfig(e.Config)
+	cfg.Host = host
+	return WriteKubeconfig(path, cfg)
+}
+
+// WriteKubeconfig writes a kubeconfig file for cfg (its host, CA, client
+// certificate or bearer token), for a process or kubectl to act as cfg
+// does: for example an agent started as a process with the configuration
+// of ServiceAccountConfig. Set cfg.Host to Env.NetnsHost for a process in
+// Config.Netns's testbed.
+func WriteKubeconfig(path string, cfg *rest.Config) error {
 	kc := clientcmdapi.NewConfig()
-	kc.Clusters["kubetest"] = &clientcmdapi.Cluster{Server: host, CertificateAuthorityData: e.pki.caCert}
-	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: e.pki.adminCert, ClientKeyData: e.pki.adminKey}
-	kc.Contexts["kubetest"] = &clientcmdapi.Context{Cluster: "kubetest", AuthInfo: "admin", Namespace: metav1.NamespaceDefault}
+	kc.Clusters["kubetest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["user"] = &clientcmdapi.AuthInfo{
+		ClientCertificateData: cfg.CertData,
+		ClientKeyData:         cfg.KeyData,
+		Token:                 cfg.BearerToken,
+	}
+	kc.Contexts["kubetest"] = &clientcmdapi.Context{Cluster: "kubetest", AuthInfo: "user", Namespace: metav1.NamespaceDefault}
 	kc.CurrentContext = "kubetest"
 	if err := clientcmd.WriteToFile(*kc, path); err != nil {
 		return fmt.Errorf("kubetest: writing %s: %w", path, err)

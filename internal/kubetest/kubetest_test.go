@@ -147,6 +147,17 @@ func TestServiceAccountToken(t *testing.T) {
 	if got := ui.Extra["authentication.kubernetes.io/node-name"]; len(got) != 1 || got[0] != "n1" {
 		t.Errorf("extra node-name = %v (extra %v)", got, ui.Extra)
 	}
+	// The same identity in a kubeconfig file, for a process.
+	if kubectl, err := exec.LookPath("kubectl"); err == nil {
+		path := filepath.Join(t.TempDir(), "kubeconfig")
+		if err := kubetest.WriteKubeconfig(path, cfg); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.CommandContext(ctx, kubectl, "--kubeconfig", path, "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}").CombinedOutput()
+		if err != nil || string(out) != "system:serviceaccount:default:agent" {
+			t.Errorf("kubectl auth whoami: %q, %v", out, err)
+		}
+	}
 	// No role binds it: RBAC refuses.
 	if _, err := sacs.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err == nil {
 		t.Error("a service account without roles listed nodes")
