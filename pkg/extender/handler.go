@@ -226,9 +226,12 @@ func (h *Handler) filter(a *args) (*filterResult, error) {
 		// Pass every node back as it came.
 		if a.NodeNames != nil {
 			res.NodeNames = a.NodeNames
-		} else {
-			res.Nodes = a.Nodes
+			return res, nil
 		}
+		if _, err := a.items(); err != nil {
+			return nil, err
+		}
+		res.Nodes = a.Nodes
 		return res, nil
 	}
 	names, nodes, err := a.candidates()
@@ -395,15 +398,13 @@ func (a *args) candidates() ([]string, []wireNode, error) {
 	if a.NodeNames != nil {
 		return *a.NodeNames, nil, nil
 	}
-	var list struct {
-		Items []json.RawMessage `json:"items"`
+	items, err := a.items()
+	if err != nil {
+		return nil, nil, err
 	}
-	if err := json.Unmarshal(a.Nodes, &list); err != nil {
-		return nil, nil, fmt.Errorf("decoding ExtenderArgs.Nodes: %w", err)
-	}
-	names := make([]string, len(list.Items))
-	nodes := make([]wireNode, len(list.Items))
-	for i, raw := range list.Items {
+	names := make([]string, len(items))
+	nodes := make([]wireNode, len(items))
+	for i, raw := range items {
 		if err := json.Unmarshal(raw, &nodes[i]); err != nil {
 			return nil, nil, fmt.Errorf("decoding ExtenderArgs.Nodes item %d: %w", i, err)
 		}
@@ -414,6 +415,23 @@ func (a *args) candidates() ([]string, []wireNode, error) {
 		names[i] = nodes[i].Metadata.Name
 	}
 	return names, nodes, nil
+}
+
+// items returns the raw Node objects of nodes mode, checking that Nodes is
+// a NodeList whose items are objects (so that filter can pass them back).
+func (a *args) items() ([]json.RawMessage, error) {
+	var list struct {
+		Items []json.RawMessage `json:"items"`
+	}
+	if err := json.Unmarshal(a.Nodes, &list); err != nil {
+		return nil, fmt.Errorf("decoding ExtenderArgs.Nodes: %w", err)
+	}
+	for i, raw := range list.Items {
+		if len(raw) == 0 || raw[0] != '{' {
+			return nil, fmt.Errorf("ExtenderArgs.Nodes item %d is not an object", i)
+		}
+	}
+	return list.Items, nil
 }
 
 func (a *args) podName() string {
