@@ -229,8 +229,8 @@ func (im *Importer) writeBlob(ctx context.Context, c *containerd.Client, cs cont
 	if off > 0 {
 		im.log.Debug("resuming a blob's ingest", "image", name, "digest", d, "offset", off)
 	}
-	// Large writes: each is one round trip to containerd (at most 8 MiB).
-	buf := make([]byte, 4<<20)
+	// Each write is one message and one round trip to containerd.
+	buf := make([]byte, writeChunk)
 	n, err := io.CopyBuffer(writerOnly{w}, io.NewSectionReader(b.file, off, b.desc.Size-off), buf)
 	if err != nil {
 		return n, im.wrap(c, fmt.Sprintf("writing %s", d), err)
@@ -346,7 +346,7 @@ func (im *Importer) connect(ctx context.Context) (*containerd.Client, error) {
 	}
 	for attempt := range 2 {
 		if im.client == nil {
-			c, err := containerd.New(im.cfg.Address, containerd.WithTimeout(5*time.Second))
+			c, err := containerd.New(im.cfg.Address, append(dialOpts(), containerd.WithTimeout(5*time.Second))...)
 			if err != nil {
 				return nil, fmt.Errorf("containerd at %s unreachable: %w: %w", im.cfg.Address, ErrUnreachable, err)
 			}
