@@ -5,9 +5,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -212,5 +214,179 @@ func TestQueueUnpacksPackedLayers(t *testing.T) {
 		got, err := os.ReadFile(filepath.Join(st.Dir, name))
 		require.NoError(t, err, name)
 		assert.Equal(t, want, string(got), name)
+	}
+}
+
+// fakeStreaming is a StreamingImporter that records what the queue hands
+// it. beginErr fails Begin; commitErr fails Commit (then Import succeeds).
+type fakeStreaming struct {
+	store     prefetch.Store
+	beginErr  error
+	commitErr error
+
+	mu       sync.Mutex
+	begun    int
+	blobs    []digest.Digest
+	commits  int
+	aborts   int // Abort calls on an import not committed
+	imports  int
+	imported []string
+}
+
+func (f *fakeStreaming) Import(_ context.Context, img *prefetch.Image) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.imports++
+	f.imported = append(f.imported, img.Name)
+	return nil
+}
+
+func (f *fakeStreaming) Begin(context.Context, *prefetch.Image) (prefetch.ImageImport, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.beginErr != nil {
+		return nil, f.beginErr
+	}
+	f.begun++
+	return &fakeImageImport{f: f}, nil
+}
+
+type fakeImageImport struct {
+	f     *fakeStreaming
+	ended bool
+}
+
+func (i *fakeImageImport) Blob(_ context.Context, d digest.Digest) error {
+	i.f.mu.Lock()
+	defer i.f.mu.Unlock()
+	if i.ended {
+		return errors.New("Blob after the import ended")
+	}
+	if _, err := i.f.store.Open(d); err != nil {
+		return fmt.Errorf("Blob(%s) before it is in the store: %w", d, err)
+	}
+	i.f.blobs = append(i.f.blobs, d)
+	return nil
+}
+
+func (i *fakeImageImport) Commit(context.Context) error {
+	i.f.mu.Lock()
+	defer i.f.mu.Unlock()
+	if i.ended {
+		return errors.New("Commit after the import ended")
+	}
+	i.ended = true
+	i.f.commits++
+	return i.f.commitErr
+}
+
+func (i *fakeImageImport) Abort() {
+	i.f.mu.Lock()
+	defer i.f.mu.Unlock()
+	if !i.ended {
+		i.ended = true
+		i.f.aborts++
+	}
+}
+
+// streamedImage is an image of a manifest, a config and two layers of
+// different sizes, the smaller listed first.
+func streamedImage() (*prefetch.Resolution, []digest.Digest) {
+	res := &prefetch.Resolution{Blobs: map[digest.Digest]cache.RangeOpener{}, Model: cache.Model{Name: "org/app", Revision: "v1"}}
+	img := &prefetch.Image{Name: "registry.example/org/app:v1"}
+	var order []digest.Digest
+	for _, b := range []struct{ mediaType, content string }{
+		{"application/vnd.oci.image.manifest.v1+json", `{"manifest":"the largest of the documents, still smaller than a layer"}`},
+		{"application/vnd.oci.image.config.v1+json", `{"config":1}`},
+		{"application/vnd.oci.image.layer.v1.tar+gzip", strings.Repeat("small layer ", 100)},
+		{"application/vnd.oci.image.layer.v1.tar+gzip", strings.Repeat("large layer ", 1000)},
+	} {
+		desc := cache.Descriptor{Digest: digest.FromString(b.content), Size: int64(len(b.content))}
+		res.Blobs[desc.Digest] = cache.Bytes(b.content)
+		img.Blobs = append(img.Blobs, prefetch.ImageBlob{Descriptor: desc, MediaType: b.mediaType})
+		order = append(order, desc.Digest)
+	}
+	img.Target = img.Blobs[0]
+	res.Image = img
+	// Documents first, then the layers largest first.
+	order[2], order[3] = order[3], order[2]
+	return res, order
+}
+
+func TestQueueStreamsImageBlobs(t *testing.T) {
+	t.Parallel()
+	store := openStore(t)
+	imp := &fakeStreaming{store: store}
+	res, order := streamedImage()
+	q := prefetch.NewQueue(store, imageSource{res}, prefetch.WithImporter(imp), prefetch.WithFileConcurrency(1))
+	runQueue(t, q)
+	j, err := q.Submit("oci://registry.example/org/app:v1", prefetch.PriorityPod)
+	require.NoError(t, err)
+	st, err := wait(t, j)
+	require.NoError(t, err)
+	assert.Equal(t, prefetch.StateReady, st.State)
+
+	imp.mu.Lock()
+	defer imp.mu.Unlock()
+	assert.Equal(t, 1, imp.begun)
+	assert.Equal(t, order, imp.blobs, "each blob handed over once, as it lands: documents first")
+	assert.Equal(t, 1, imp.commits)
+	assert.Zero(t, imp.aborts, "Abort after Commit does nothing")
+	assert.Zero(t, imp.imports, "no whole import")
+}
+
+func TestQueueStreamingAbortsOnFetchFailure(t *testing.T) {
+	t.Parallel()
+	res, order := streamedImage()
+	boom := cache.Permanent(errors.New("layer gone"))
+	store := &fakeStore{fail: map[digest.Digest]error{order[3]: boom}}
+	imp := &fakeStreaming{store: storeOpening{}} // the fake store holds nothing to open
+	q := prefetch.NewQueue(store, imageSource{res}, prefetch.WithImporter(imp), prefetch.WithFileConcurrency(1))
+	runQueue(t, q)
+	j, err := q.Submit("oci://registry.example/org/app:v1", prefetch.PriorityPod)
+	require.NoError(t, err)
+	_, err = wait(t, j)
+	require.ErrorIs(t, err, boom)
+
+	imp.mu.Lock()
+	defer imp.mu.Unlock()
+	assert.Equal(t, order[:3], imp.blobs, "the blobs fetched before the failure")
+	assert.Zero(t, imp.commits)
+	assert.Equal(t, 1, imp.aborts)
+	assert.Zero(t, imp.imports)
+}
+
+// storeOpening opens every blob: for a fake store that holds none.
+type storeOpening struct{ prefetch.Store }
+
+func (storeOpening) Open(digest.Digest) (*os.File, error) { return os.Open(os.DevNull) }
+
+func TestQueueStreamingFallsBackToWholeImports(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		imp  *fakeStreaming
+	}{
+		{"Begin fails", &fakeStreaming{beginErr: errors.New("containerd restarting")}},
+		{"Commit fails", &fakeStreaming{commitErr: errors.New("containerd restarting")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			store := openStore(t)
+			imp := tc.imp
+			imp.store = store
+			res, _ := streamedImage()
+			q := prefetch.NewQueue(store, imageSource{res}, prefetch.WithImporter(imp), prefetch.WithResolveRetries(3, time.Millisecond))
+			runQueue(t, q)
+			j, err := q.Submit("oci://registry.example/org/app:v1", prefetch.PriorityPod)
+			require.NoError(t, err)
+			st, err := wait(t, j)
+			require.NoError(t, err)
+			assert.Equal(t, prefetch.StateReady, st.State)
+			imp.mu.Lock()
+			defer imp.mu.Unlock()
+			assert.Equal(t, []string{"registry.example/org/app:v1"}, imp.imported, "imported whole once")
+			assert.Zero(t, imp.aborts)
+		})
 	}
 }
