@@ -3,6 +3,8 @@ package kube
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"os"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -152,7 +154,7 @@ func startAgent(t *testing.T, env *kubetest.Env, node, root string, o agentOpts)
 	a.queue = prefetch.NewQueue(a.store, prefetch.Sources{prefetch.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)},
 		prefetch.WithResolveRetries(1, 0))
 	if a.intake, err = NewPodIntake(client, node, a.queue,
-		WithStatusInterval(200*time.Millisecond, 500*time.Millisecond), WithFirstStatusDelay(100*time.Millisecond)); err != nil {
+		WithStatusInterval(200*time.Millisecond, 500*time.Millisecond), WithIntakeLogger(testLogger(t))); err != nil {
 		t.Fatal(err)
 	}
 	if a.pub, err = NewNodePublisher(client, node, a.queue, a.blobs, WithNodeInterval(200*time.Millisecond, time.Second)); err != nil {
@@ -271,3 +273,11 @@ func node(t *testing.T, env *kubetest.Env, name string) *corev1.Node {
 }
 
 func cacheDir(t *testing.T) string { return filepath.Join(t.TempDir(), "cache") }
+
+// testLogger logs to the test's output with -v and WEIGHTD_TEST_LOG=1.
+func testLogger(t *testing.T) *slog.Logger {
+	if os.Getenv("WEIGHTD_TEST_LOG") == "" {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}

@@ -298,8 +298,10 @@ func (s *syncer) sync(ctx context.Context, key string) error {
 	pod, _ := obj.(*corev1.Pod)
 	if !exists || pod == nil || pod.DeletionTimestamp != nil || pod.Spec.NodeName != in.node ||
 		pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
-		in.forget(key) // its jobs go on: another pod or a policy may want them
-		return nil
+		if in.forget(key) {
+			in.cfg.logger.Debug("pod gone or finished", "pod", key)
+		}
+		return nil // its jobs go on: another pod or a policy may want them
 	}
 	now := time.Now()
 	fp := fingerprint(pod)
@@ -399,6 +401,7 @@ func (s *syncer) sync(ctx context.Context, key string) error {
 		s.queue.AddAfter(key, d)
 		return nil
 	}
+	in.cfg.logger.Debug("writing pod status", "pod", key, "status", status)
 	if err := in.patchStatus(ctx, pod, status); err != nil {
 		if apierrors.IsNotFound(err) {
 			in.forget(key)
@@ -432,11 +435,13 @@ func (in *PodIntake) patchStatus(ctx context.Context, pod *corev1.Pod, status st
 	return err
 }
 
-// forget stops following a pod; its jobs go on.
-func (in *PodIntake) forget(key string) {
+// forget stops following a pod, if it did; its jobs go on.
+func (in *PodIntake) forget(key string) bool {
 	in.mu.Lock()
+	defer in.mu.Unlock()
+	_, ok := in.pods[key]
 	delete(in.pods, key)
-	in.mu.Unlock()
+	return ok
 }
 
 // podImages lists the pod's container images, init containers first.

@@ -110,9 +110,10 @@ func prefetchingMessage(refs []string) string {
 }
 
 // prefetchedMessage is the message of the Prefetched event: the bytes of all
-// the pod's references and the time from intake to the last one ready, or
-// that they were all already on the node. Where the bytes came from (peers
-// or origin) is not said: the swarm counts it per node, not per job.
+// the pod's references and the time from intake to the last one ready (a
+// fraction of a second when they were in the cache already). Where the bytes
+// came from (peers or origin, or the cache) is not said: the swarm counts it
+// per node, not per job.
 func prefetchedMessage(jobs []prefetch.JobStatus, since time.Time) string {
 	var total int64
 	var last time.Time
@@ -122,10 +123,7 @@ func prefetchedMessage(jobs []prefetch.JobStatus, since time.Time) string {
 			last = j.Finished
 		}
 	}
-	if !last.After(since) {
-		return "already on the node: " + formatBytes(total)
-	}
-	return fmt.Sprintf("prefetched %s in %s", formatBytes(total), formatSeconds(last.Sub(since)))
+	return fmt.Sprintf("prefetched %s in %s", formatBytes(total), formatSeconds(max(last.Sub(since), 0)))
 }
 
 // formatBytes writes n in decimal units: 14.9 GB, 512 MB, 0 B.

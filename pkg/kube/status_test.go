@@ -54,7 +54,6 @@ func TestMessages(t *testing.T) {
 		{BytesTotal: 900_000_000, Finished: t0.Add(20 * time.Second)},
 	}
 	assert.Equal(t, "prefetched 14.9 GB in 31 s", prefetchedMessage(jobs, t0))
-	assert.Equal(t, "already on the node: 14.9 GB", prefetchedMessage(jobs, t0.Add(time.Minute)))
 	assert.Equal(t, "prefetched 14.0 GB in 0.5 s", prefetchedMessage(jobs[:1], t0.Add(30500*time.Millisecond)))
 	assert.Equal(t, "512 B", formatBytes(512))
 	assert.Equal(t, "1.1 GB", formatBytes(1<<30))
