@@ -374,10 +374,15 @@ func (im *Importer) connect(ctx context.Context) (*containerd.Client, error) {
 // answering, marks it ErrUnreachable and drops the client so the next
 // import reconnects.
 func (im *Importer) wrap(c *containerd.Client, doing string, err error) error {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	// A client dropped meanwhile (another call of the same import found
+	// containerd gone) fails its calls as cancelled: that is unreachable too.
+	im.mu.Lock()
+	dropped := im.client != c
+	im.mu.Unlock()
+	if !dropped && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 		return fmt.Errorf("%s: %w", doing, err)
 	}
-	if !isUnreachable(err) && serving(c) {
+	if !dropped && !isUnreachable(err) && serving(c) {
 		return fmt.Errorf("%s: %w", doing, err)
 	}
 	im.mu.Lock()
