@@ -30,7 +30,7 @@ func TestAgentKubernetes(t *testing.T) {
 	pods := env.Clientset().CoreV1().Pods("default")
 	_, err := pods.Create(t.Context(), &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "llm", Annotations: map[string]string{podrequest.Models: ref}},
-		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "main", Image: "registry.k8s.io/pause:3.10"}}},
+		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "main", Image: "registry.k8s.io/pause:3.10"}}},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -161,8 +161,9 @@ func TestManyPods(t *testing.T) {
 	const qps, burst = 100, 100
 	env := startEnv(t, nodeName)
 	refs := make([]string, 4)
+	origins := make([]*origin.Server, len(refs))
 	for i := range refs {
-		refs[i], _ = testOrigin(t, fmt.Sprintf("test/model-%d", i), 2, modelSize)
+		refs[i], origins[i] = testOrigin(t, fmt.Sprintf("test/model-%d", i), 2, modelSize)
 	}
 	var m0 runtime.MemStats
 	runtime.GC()
@@ -207,7 +208,15 @@ func TestManyPods(t *testing.T) {
 	for _, ref := range refs {
 		eventually(t, 10*time.Second, func() string { return nodeShows(t, node(t, env, nodeName), ref, true) })
 	}
-	time.Sleep(time.Second) // the last Events
+	// The Events trail the status patches (the same client, rate limited).
+	eventually(t, time.Minute, func() string {
+		n := a.writes.count("/events")
+		time.Sleep(2 * time.Second)
+		if m := a.writes.count("/events"); m != n {
+			return fmt.Sprintf("%d Events sent and counting", m)
+		}
+		return ""
+	})
 	var m1 runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&m1)
@@ -223,7 +232,10 @@ func TestManyPods(t *testing.T) {
 	assert.LessOrEqual(t, nodeWrites, int(elapsed/(200*time.Millisecond))+5, "one node write per interval at most")
 	assert.LessOrEqual(t, a.writes.maxInWindow(time.Second), qps+burst, "the client's rate limit holds")
 	assert.Less(t, int64(m1.HeapAlloc)-int64(m0.HeapAlloc), int64(64<<20), "heap growth for 1,000 pods")
-	assert.Len(t, a.queue.Jobs(), len(refs), "one job per model, however many pods")
+	assert.GreaterOrEqual(t, events, pods, "a Prefetched Event for every pod")
+	for _, srv := range origins {
+		assert.Less(t, srv.BytesServed(), int64(modelSize+1<<20), "each model downloaded once, however many pods")
+	}
 }
 
 // TestAPIServerRestart: while the API server is down the agent keeps
