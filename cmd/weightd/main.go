@@ -42,6 +42,8 @@ type cli struct {
 	Key     keyCmd     `cmd:"" help:"Print the node label of a reference, for a preferred node affinity."`
 	Demo    demoCmd    `cmd:"" help:"Run an origin and three agents in-process: they fetch a generated model at once, sharing chunks, then fetch it again from the cache."`
 	Version versionCmd `cmd:"" help:"Print the version, commit and Go version."`
+
+	Extender extenderCmd `cmd:"" help:"Run the kube-scheduler extender (a Deployment): score nodes by the pod's models and images they hold."`
 }
 
 // env is what every command's Run receives: the context (cancelled on the
