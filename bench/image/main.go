@@ -7,8 +7,8 @@
 //     unpack into the k8s.io namespace) and `weightd fetch oci://…` against a
 //     fresh `weightd agent` that imports into the same containerd, each from
 //     an empty containerd and an empty cache. It prints
-//     {"bench":"image-prefetch","size_bytes":…,"weightd_s":…,"ctr_s":…,"ratio":ctr_s/weightd_s}
-//     with each side's best round.
+//     {"bench":"image-prefetch","size_bytes":…,"weightd_s":…,"ctr_s":…,"ratio":ctr_s/weightd_s,…}
+//     with each side's best round, and every round's seconds.
 //  2. mirror-pull: the image is removed from containerd, the registry is
 //     stopped, and `ctr images pull --hosts-dir` (what the kubelet's pull
 //     does through hosts.toml) pulls it through the agent's registry mirror
@@ -45,6 +45,9 @@ type prefetchResult struct {
 	WeightdS  float64 `json:"weightd_s"`
 	CtrS      float64 `json:"ctr_s"`
 	Ratio     float64 `json:"ratio"`
+	// Every round's seconds, in order: the machine may be shared.
+	WeightdRounds []float64 `json:"weightd_rounds_s"`
+	CtrRounds     []float64 `json:"ctr_rounds_s"`
 }
 
 type mirrorResult struct {
@@ -116,6 +119,7 @@ func run(ctx context.Context, work, bin string, layers int, layerSize int64, rou
 	}
 
 	var best struct{ ctr, weightd time.Duration }
+	var ctrRounds, weightdRounds []float64
 	var last *agent
 	for r := range rounds {
 		took, err := ctrPull(ctx, ctrd, img.Ref)
@@ -124,6 +128,7 @@ func run(ctx context.Context, work, bin string, layers int, layerSize int64, rou
 		}
 		log.Printf("round %d: ctr images pull %.2f s", r+1, took.Seconds())
 		best.ctr = minPositive(best.ctr, took)
+		ctrRounds = append(ctrRounds, round(took.Seconds()))
 		if err := removeImage(ctx, ctrd, img.Ref); err != nil {
 			return err
 		}
@@ -143,6 +148,7 @@ func run(ctx context.Context, work, bin string, layers int, layerSize int64, rou
 		}
 		log.Printf("round %d: weightd fetch (into the cache and containerd) %.2f s", r+1, took.Seconds())
 		best.weightd = minPositive(best.weightd, took)
+		weightdRounds = append(weightdRounds, round(took.Seconds()))
 		if r < rounds-1 {
 			if err := removeImage(ctx, ctrd, img.Ref); err != nil {
 				return err
@@ -153,6 +159,7 @@ func run(ctx context.Context, work, bin string, layers int, layerSize int64, rou
 	if err := emit(prefetchResult{
 		Bench: "image-prefetch", SizeBytes: img.Size, Layers: layers, WeightdS: round(best.weightd.Seconds()),
 		CtrS: round(best.ctr.Seconds()), Ratio: round(best.ctr.Seconds() / best.weightd.Seconds()),
+		WeightdRounds: weightdRounds, CtrRounds: ctrRounds,
 	}); err != nil {
 		return err
 	}

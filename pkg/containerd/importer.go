@@ -10,6 +10,12 @@
 // the content is held by a containerd lease, so a failed import leaves no
 // image record pointing at missing content or at an image not unpacked, and
 // whatever it wrote is collected once the lease is gone.
+//
+// Import takes an image whose blobs are all in the cache. Begin starts an
+// import while they are still downloading: each blob is written into
+// containerd as soon as it is handed over, and a background unpacker
+// applies the layers, base first, as soon as each is written, so that when
+// the last blob lands little is left but to create the records.
 package containerd
 
 import (
