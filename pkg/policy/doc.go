@@ -32,6 +32,27 @@
 // among the entries' node names, so that usually only one agent writes them
 // (see Config.SummaryDelay).
 //
+// `kubectl get pp NAME -o yaml` answers "which nodes have model X": each
+// entry lists the references ready, fetching and failed on its node.
+//
+// # Permissions
+//
+// The agent needs: get, list and watch on prefetchpolicies; patch on
+// prefetchpolicies/status; get, list and watch on nodes (it watches only
+// its own, by field selector); create and patch on events.
+//
+// # Scale
+//
+// Writes are cheap (one small apply per node per state change, debounced),
+// but every agent watches the policies, so each write reaches every agent:
+// a policy rolled out to N nodes costs about 2·N writes and 2·N² watch
+// deliveries of an object that grows with N (an entry is a few hundred
+// bytes, and the managed fields add about as much again; the informer drops
+// them after decoding). That is fine for hundreds of nodes per policy; for
+// thousands, split the fleet over several policies. Entries of nodes
+// deleted from the cluster stay until someone removes them (an apply of an
+// empty status as that node's field manager does it).
+//
 // CRD holds the CustomResourceDefinition (the same bytes as
 // deploy/daemonset/crd.yaml).
 package policy
