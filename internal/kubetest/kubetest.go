@@ -190,8 +190,11 @@ func Start(ctx context.Context, cfg Config) (_ *Env, err error) {
 // Clientset returns a clientset for the admin.
 func (e *Env) Clientset() *kubernetes.Clientset { return e.clientset }
 
-// StopAPIServer stops kube-apiserver (SIGTERM, then SIGKILL after ten
-// seconds) and waits for it to exit; etcd and its data stay. It does
+// StopAPIServer stops kube-apiserver and waits for it to exit; etcd and
+// its data stay. The API server stops as a real one going away does: it
+// stops listening, ends open watches within a second and finishes open
+// requests (SIGTERM; SIGKILL if it has not exited after ten seconds).
+// Clients see their watches end and then connections refused. It does
 // nothing when the API server is not running.
 func (e *Env) StopAPIServer() error {
 	e.mu.Lock()
