@@ -48,6 +48,10 @@ func newKube(cfg kubeConfig, node string, queue *prefetch.Queue, store *cache.St
 		return nil, err
 	}
 	if node == "" {
+		if cfg.Kubeconfig == "" {
+			// In a pod the hostname is the pod's name, not the node's.
+			return nil, errors.New("--node-name (WEIGHTD_NODE_NAME) must name this node when running in a pod: set it from spec.nodeName")
+		}
 		if node, err = os.Hostname(); err != nil {
 			return nil, fmt.Errorf("--node-name is empty and the hostname unknown: %w", err)
 		}

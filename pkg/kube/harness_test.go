@@ -157,7 +157,7 @@ func startAgent(t *testing.T, env *kubetest.Env, node, root string, o agentOpts)
 		WithStatusInterval(200*time.Millisecond, 500*time.Millisecond), WithIntakeLogger(testLogger(t))); err != nil {
 		t.Fatal(err)
 	}
-	if a.pub, err = NewNodePublisher(client, node, a.queue, a.blobs, WithNodeInterval(200*time.Millisecond, time.Second)); err != nil {
+	if a.pub, err = NewNodePublisher(client, node, a.queue, a.blobs, WithNodeInterval(200*time.Millisecond, time.Second), WithPublisherLogger(testLogger(t))); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

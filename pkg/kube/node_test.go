@@ -1,0 +1,142 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	wcache "github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/nodestate"
+	"github.com/weightd/weightd/pkg/prefetch"
+)
+
+// TestPublisherFakeAPI runs the node publisher against client-go's fake
+// clientset (no API server needed): the node gets its label and summary,
+// others' labels stay, a summary from before is restored, and an evicted
+// model loses its label.
+func TestPublisherFakeAPI(t *testing.T) {
+	t.Parallel()
+	ref, _ := testOrigin(t, "test/model", 2, modelSize)
+	old := "hf://org/gone@main"
+	before, err := nodestate.Summary{Entries: []nodestate.Entry{
+		{Key: nodestate.Key(old), Ref: old, State: nodestate.StateFailed},
+	}}.Encode()
+	require.NoError(t, err)
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{
+		Name:        "n1",
+		Labels:      map[string]string{"team": "a"},
+		Annotations: map[string]string{nodestate.SummaryAnnotation: before},
+	}})
+	store, err := wcache.Open(t.TempDir())
+	require.NoError(t, err)
+	defer store.Close()
+	blobs := &hidingBlobs{store: store}
+	queue := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
+	pub, err := NewNodePublisher(client, "n1", queue, blobs, WithNodeInterval(50*time.Millisecond, 200*time.Millisecond))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = queue.Run(ctx) })
+	wg.Go(func() { _ = pub.Run(ctx) })
+	defer wg.Wait()
+	defer cancel()
+
+	_, err = queue.Submit(ref, prefetch.PriorityNormal)
+	require.NoError(t, err)
+	get := func() *corev1.Node {
+		n, err := client.CoreV1().Nodes().Get(t.Context(), "n1", metav1.GetOptions{})
+		require.NoError(t, err)
+		return n
+	}
+	eventually(t, 20*time.Second, func() string { return nodeShows(t, get(), ref, true) })
+	n := get()
+	assert.Equal(t, "a", n.Labels["team"])
+	sum, err := nodestate.Decode(n.Annotations[nodestate.SummaryAnnotation])
+	require.NoError(t, err)
+	_, ok := sum.Find(nodestate.Key(old))
+	assert.False(t, ok, "failed entries are not restored")
+
+	// Quiet: nothing changes, nothing is written.
+	writes := pub.Writes()
+	time.Sleep(300 * time.Millisecond)
+	assert.Equal(t, writes, pub.Writes(), "no write when nothing changed")
+
+	blobs.hidden.Store(true)
+	eventually(t, 10*time.Second, func() string { return nodeShows(t, get(), ref, false) })
+	assert.Equal(t, "a", get().Labels["team"])
+}
+
+func TestSameShape(t *testing.T) {
+	t.Parallel()
+	s := nodestate.Summary{Entries: []nodestate.Entry{{Key: "a-1", Ref: "hf://a@b", State: nodestate.StateFetching, Bytes: 1, Total: 10}}}
+	enc, err := s.Encode()
+	require.NoError(t, err)
+	s.Entries[0].Bytes = 5
+	assert.True(t, sameShape(enc, s), "bytes only")
+	s.Entries[0].State = nodestate.StateReady
+	assert.False(t, sameShape(enc, s))
+	assert.False(t, sameShape("", s))
+	s.Entries = append(s.Entries, nodestate.Entry{Key: "b-2", State: nodestate.StateReady})
+	assert.False(t, sameShape(enc, s), fmt.Sprint(len(s.Entries)))
+}
+
+// TestIntakeFakeAPI runs the pod intake against client-go's fake clientset
+// (no API server needed; it ignores field selectors, so the intake's own
+// check of the node name is exercised too).
+func TestIntakeFakeAPI(t *testing.T) {
+	t.Parallel()
+	ref, _ := testOrigin(t, "test/model", 2, modelSize)
+	client := fake.NewClientset(
+		newPod("p1", "n1", map[string]string{"weightd.io/models": ref}),
+		newPod("other-node", "n2", map[string]string{"weightd.io/models": ref}),
+		newPod("bad", "n1", map[string]string{"weightd.io/models": "ftp://x/y"}),
+	)
+	store, err := wcache.Open(t.TempDir())
+	require.NoError(t, err)
+	defer store.Close()
+	queue := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
+	in, err := NewPodIntake(client, "n1", queue, WithStatusInterval(50*time.Millisecond, 100*time.Millisecond), WithFirstStatusDelay(0))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = queue.Run(ctx) })
+	wg.Go(func() { _ = in.Run(ctx) })
+	defer wg.Wait()
+	defer cancel()
+
+	status := func(name string) string {
+		p, err := client.CoreV1().Pods("default").Get(t.Context(), name, metav1.GetOptions{})
+		require.NoError(t, err)
+		return p.Annotations["weightd.io/status"]
+	}
+	eventually(t, 20*time.Second, func() string {
+		if s := status("p1"); s != "ready" {
+			return "p1: " + s
+		}
+		return ""
+	})
+	eventually(t, 10*time.Second, func() string {
+		list, err := client.CoreV1().Events("").List(t.Context(), metav1.ListOptions{})
+		require.NoError(t, err)
+		reasons := map[string]string{}
+		for _, e := range list.Items {
+			reasons[e.InvolvedObject.Name+" "+e.Reason] = e.Type
+		}
+		if reasons["bad InvalidAnnotation"] != "Warning" || reasons["p1 Prefetched"] != "Normal" {
+			return fmt.Sprintf("events %v", reasons)
+		}
+		return ""
+	})
+	assert.Empty(t, status("other-node"))
+	assert.Empty(t, status("bad"))
+	assert.Equal(t, 2, in.Tracked(), "p1, and bad (so it is reported once)")
+}
