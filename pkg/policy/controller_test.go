@@ -387,6 +387,18 @@ func TestPolicyManyNodes(t *testing.T) {
 	assert.False(t, ok)
 	require.Eventually(t, func() bool { return len(agents[1].pinnedBy(policy.PinOwner("many-b"))) == 0 }, 10*time.Second, 20*time.Millisecond)
 	assert.NotEmpty(t, agents[0].pinnedBy(policy.PinOwner("many-b")))
+
+	// A node deleted with its agent: its entry stays until removed on its
+	// behalf; the remaining agents then correct the counts.
+	agents[2].stop()
+	require.NoError(t, kc.CoreV1().Nodes().Delete(t.Context(), nodes[2], metav1.DeleteOptions{}))
+	require.NoError(t, policy.RemoveEntry(t.Context(), dc, "many-b", nodes[2]))
+	require.NoError(t, policy.RemoveEntry(t.Context(), dc, "no-such-policy", nodes[2]))
+	got = eventually(t, dc, "many-b", "the deleted node's entry gone, counts corrected", func(p *policy.PrefetchPolicy) bool {
+		return len(p.Status.Nodes) == 1 && p.Status.NodeCount == 1 && p.Status.ReadyNodes == 1
+	})
+	_, ok = got.Status.Entry(nodes[0])
+	assert.True(t, ok)
 }
 
 // TestPolicyAgentRestart: pins survive the agent; a policy deleted while it

@@ -50,8 +50,7 @@
 // bytes, and the managed fields add about as much again; the informer drops
 // them after decoding). That is fine for hundreds of nodes per policy; for
 // thousands, split the fleet over several policies. Entries of nodes
-// deleted from the cluster stay until someone removes them (an apply of an
-// empty status as that node's field manager does it).
+// deleted from the cluster stay until someone removes them (RemoveEntry).
 //
 // CRD holds the CustomResourceDefinition (the same bytes as
 // deploy/daemonset/crd.yaml).

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -59,4 +60,19 @@ func established(u *unstructured.Unstructured) bool {
 		}
 	}
 	return false
+}
+
+// RemoveEntry removes node's entry from the status of the policy named
+// name, on behalf of that node: an apply, as the node's field manager, that
+// no longer names it. It is for entries left by nodes deleted from the
+// cluster (the agent removes its own entry when its node stops matching).
+// A policy that does not exist is not an error. The counts are corrected by
+// the agents of the remaining nodes.
+func RemoveEntry(ctx context.Context, dyn dynamic.Interface, name, node string) error {
+	obj := applyObject(name, nil)
+	_, err := dyn.Resource(GVR).ApplyStatus(ctx, name, obj, metav1.ApplyOptions{FieldManager: FieldManager(node), Force: true})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("removing the entry of node %s from policy %s: %w", node, name, err)
+	}
+	return nil
 }
