@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -99,6 +100,7 @@ func TestIntakeFakeAPI(t *testing.T) {
 		newPod("p1", "n1", map[string]string{"weightd.io/models": ref}),
 		newPod("other-node", "n2", map[string]string{"weightd.io/models": ref}),
 		newPod("bad", "n1", map[string]string{"weightd.io/models": "ftp://x/y"}),
+		newPod("missing", "n1", map[string]string{"weightd.io/models": strings.TrimSuffix(ref, "model.json") + "nope.json"}),
 	)
 	store, err := wcache.Open(t.TempDir())
 	require.NoError(t, err)
@@ -131,12 +133,13 @@ func TestIntakeFakeAPI(t *testing.T) {
 		for _, e := range list.Items {
 			reasons[e.InvolvedObject.Name+" "+e.Reason] = e.Type
 		}
-		if reasons["bad InvalidAnnotation"] != "Warning" || reasons["p1 Prefetched"] != "Normal" {
+		if reasons["bad InvalidAnnotation"] != "Warning" || reasons["p1 Prefetched"] != "Normal" || reasons["missing PrefetchFailed"] != "Warning" {
 			return fmt.Sprintf("events %v", reasons)
 		}
 		return ""
 	})
 	assert.Empty(t, status("other-node"))
 	assert.Empty(t, status("bad"))
-	assert.Equal(t, 2, in.Tracked(), "p1, and bad (so it is reported once)")
+	assert.True(t, strings.HasPrefix(status("missing"), "failed: "+strings.TrimSuffix(ref, "model.json")+"nope.json: "), status("missing"))
+	assert.Equal(t, 3, in.Tracked(), "p1, missing, and bad (so it is reported once)")
 }
