@@ -404,7 +404,9 @@ func (c *Controller) reconcile(name string) error {
 		return err
 	}
 	if p == nil {
-		c.log.Info("policy gone: releasing its pins", "policy", name)
+		if len(c.pinned[name]) > 0 {
+			c.log.Info("policy gone: releasing its pins", "policy", name, "blobs", len(c.pinned[name]))
+		}
 		c.forget(name)
 		return c.unpinAll(name)
 	}
