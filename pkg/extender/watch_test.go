@@ -134,3 +134,47 @@ func TestStripNode(t *testing.T) {
 	b, _ := newNodeInfo(fieldsOf(s))
 	assert.Equal(t, a.held, b.held)
 }
+
+// TestWatcherAPIServerRestart stops and restarts the API server under a
+// running watcher: the extender keeps answering from its cache meanwhile,
+// and changes made after the restart reach it.
+func TestWatcherAPIServerRestart(t *testing.T) {
+	t.Parallel()
+	env := kubetest.NewT(t, kubetest.Config{})
+	ctx := t.Context()
+	client, err := kubernetes.NewForConfig(env.Config)
+	require.NoError(t, err)
+	n, err := env.CreateNode(ctx, "gpu-0", map[string]string{nodestate.Label(refA): nodestate.LabelReady})
+	require.NoError(t, err)
+
+	c := NewCache()
+	w := NewWatcher(client, c)
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go w.Run(wctx)
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	require.NoError(t, w.WaitSynced(sctx))
+	srv, _ := testServer(t, c)
+	score := func() int64 {
+		var got []struct {
+			Host  string
+			Score int64
+		}
+		post(t, srv, VerbPrioritize, namesArgs(mkPod(models(refA+","+refB)), "gpu-0"), &got)
+		require.Len(t, got, 1)
+		return got[0].Score
+	}
+	assert.Equal(t, int64(5), score(), "A of A and B, sizes unknown")
+
+	require.NoError(t, env.StopAPIServer())
+	assert.Equal(t, int64(5), score(), "answers from the cache while the API server is down")
+	require.NoError(t, env.StartAPIServer(ctx))
+
+	n, err = client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+	require.NoError(t, err)
+	n.Labels[nodestate.Label(refB)] = nodestate.LabelReady
+	_, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return score() == 10 }, 60*time.Second, 50*time.Millisecond, "the watcher reconnected")
+}
