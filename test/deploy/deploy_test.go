@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,7 +69,7 @@ func TestApply(t *testing.T) {
 		return run(t, ctx, kc, append([]string{"--kubeconfig", env.Kubeconfig}, args...)...)
 	}
 	k("apply", "-f", filepath.Join(kustomize, "namespace.yaml"))
-	k("-n", namespace, "create", "secret", "generic", "weightd-gossip", "--from-literal=keys=c2l4dGVlbiBieXRlcyBrZXkhIQ==")
+	k("-n", namespace, "create", "secret", "generic", "weightd-gossip", "--from-literal=keys=MDEyMzQ1Njc4OWFiY2RlZg==")
 	out := k("apply", "--dry-run=server", "-k", kustomize)
 	t.Logf("dry run:\n%s", out)
 	if strings.Contains(out, "Warning") {
@@ -129,6 +130,7 @@ func TestApply(t *testing.T) {
 	}
 
 	t.Run("OwnNodeOnly", func(t *testing.T) { testOwnNodeOnly(t, env) })
+	t.Run("Agent", func(t *testing.T) { testAgent(t, env, ds.Spec.Template.Spec.Containers[0]) })
 	// The API server type-checks the expressions against Node and Pod in
 	// the background: log what it says (a warning does not stop the policy).
 	if v, err := cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, vap.Name, metav1.GetOptions{}); err == nil {
@@ -334,5 +336,175 @@ func testOwnNodeOnly(t *testing.T, env *kubetest.Env) {
 	}
 	if err := patchNode(uc, "n1"); err == nil {
 		t.Error("a token bound to no pod patched a node")
+	}
+}
+
+// testAgent runs the agent as a process with the DaemonSet's arguments and
+// config.yaml, as the service account of the pod weightd-n1 (bound to node
+// n1): the configuration parses, `weightd status` (the probes' command)
+// answers, and the agent's Kubernetes side runs under the deploy's RBAC and
+// admission policy without being refused anything. Host paths, containerd
+// and the ports become local ones.
+func testAgent(t *testing.T, env *kubetest.Env, c corev1.Container) {
+	ctx := t.Context()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "weightd")
+	run(t, ctx, "go", "build", "-o", bin, "../../cmd/weightd")
+
+	pod, err := env.Clientset().CoreV1().Pods(namespace).Get(ctx, "weightd-n1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := env.ServiceAccountConfig(ctx, namespace, "weightd", pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := kubetest.WriteKubeconfig(kubeconfig, cfg); err != nil {
+		t.Fatal(err)
+	}
+	keys := filepath.Join(dir, "keys")
+	if err := os.WriteFile(keys, []byte("MDEyMzQ1Njc4OWFiY2RlZg==\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var args []string
+	for _, a := range c.Args {
+		switch {
+		case strings.HasPrefix(a, "--config="):
+			a = "--config=" + filepath.Join(kustomize, "config.yaml")
+		case strings.HasPrefix(a, "--gossip-key-file="):
+			a = "--gossip-key-file=" + keys
+		case strings.HasPrefix(a, "--join-dns="):
+			// With gossip on a free port the name needs a port.
+			a = "--join-dns=localhost:1"
+		}
+		args = append(args, a)
+	}
+	api := "unix://" + filepath.Join(dir, "weightd.sock")
+	args = append(args,
+		"--root="+filepath.Join(dir, "cache"),
+		"--containerd-address=",
+		"--hosts-dir="+filepath.Join(dir, "certs.d"),
+		"--metrics-addr=127.0.0.1:0",
+		"--gossip-addr=127.0.0.1:0",
+		"--chunk-addr=127.0.0.1:0",
+		"--mirror-addr=127.0.0.1:0",
+	)
+	var log strings.Builder
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "WEIGHTD_NODE_NAME=n1", "WEIGHTD_API="+api, "WEIGHTD_KUBECONFIG="+kubeconfig)
+	cmd.Stdout = &syncWriter{w: &log}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-exited:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("agent log:\n%s", cmd.Stdout.(*syncWriter).String())
+		}
+	}()
+
+	// The probes' command, until it answers.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		probe := exec.CommandContext(ctx, bin, "status")
+		probe.Env = append(os.Environ(), "WEIGHTD_API="+api)
+		if err := probe.Run(); err == nil {
+			break
+		}
+		select {
+		case err := <-exited:
+			exited <- err
+			t.Fatalf("the agent exited: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("weightd status did not succeed in 60s")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// Let its informers list and watch, and its first writes go out.
+	time.Sleep(3 * time.Second)
+	out := cmd.Stdout.(*syncWriter).String()
+	for _, line := range strings.Split(out, "\n") {
+		l := strings.ToLower(line)
+		if strings.Contains(l, "forbidden") || strings.Contains(l, "cannot list") || strings.Contains(l, "cannot watch") {
+			t.Errorf("the agent was refused: %s", line)
+		}
+	}
+	if !strings.Contains(out, "weightd agent starting") {
+		t.Errorf("no start line in the agent's log")
+	}
+	if !strings.Contains(out, "Kubernetes features on") {
+		t.Errorf("the agent did not use its kubeconfig")
+	}
+
+	// It answers on a pod of its node: an Event for a malformed
+	// annotation (events: create), the status annotation for a model that
+	// cannot be fetched (pods: patch, allowed by the admission policy).
+	cs := env.Clientset()
+	patch := []byte(`{"metadata":{"annotations":{"weightd.io/models":"hf://"}}}`)
+	if _, err := cs.CoreV1().Pods("default").Patch(ctx, "w1", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "an InvalidAnnotation Event on pod w1", func() bool {
+		evs, err := cs.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=w1,reason=InvalidAnnotation"})
+		return err == nil && len(evs.Items) > 0
+	})
+	patch = []byte(`{"metadata":{"annotations":{"weightd.io/models":"https://127.0.0.1:1/model.safetensors"}}}`)
+	if _, err := cs.CoreV1().Pods("default").Patch(ctx, "w1", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "the weightd.io/status annotation on pod w1", func() bool {
+		p, err := cs.CoreV1().Pods("default").Get(ctx, "w1", metav1.GetOptions{})
+		return err == nil && p.Annotations["weightd.io/status"] != ""
+	})
+	p, _ := cs.CoreV1().Pods("default").Get(ctx, "w1", metav1.GetOptions{})
+	t.Logf("pod w1: weightd.io/status=%q", p.Annotations["weightd.io/status"])
+	out = cmd.Stdout.(*syncWriter).String()
+	for _, line := range strings.Split(out, "\n") {
+		l := strings.ToLower(line)
+		if strings.Contains(l, "forbidden") || strings.Contains(l, "denied") {
+			t.Errorf("the agent was refused: %s", line)
+		}
+	}
+}
+
+// syncWriter is a strings.Builder that the agent's stdout and stderr
+// copiers and the test may use at once.
+type syncWriter struct {
+	mu sync.Mutex
+	w  *strings.Builder
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+func (s *syncWriter) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.String()
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s after %s", what, d)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
