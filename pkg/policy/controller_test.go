@@ -42,41 +42,38 @@ var (
 var kubeConfig = kubetest.Config{APIServerArgs: []string{"--endpoint-reconciler-type=none"}}
 
 // env is one API server shared by the tests of this package (each test uses
-// its own node and policy names); nil when the binaries are not built.
-var env *kubetest.Env
+// its own node and policy names), started by the first test that needs it.
+var (
+	envOnce sync.Once
+	env     *kubetest.Env
+	envErr  error
+)
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	if _, err := kubetest.FindAssets(); err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		e, err := kubetest.Start(ctx, kubeConfig)
-		cancel()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "starting the API server:", err)
-			return 1
-		}
-		defer e.Close()
-		ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
-		err = policy.InstallCRD(ctx, dynamic.NewForConfigOrDie(e.Config))
-		cancel()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		env = e
+	code := m.Run()
+	if env != nil {
+		env.Close()
 	}
-	return m.Run()
+	os.Exit(code)
 }
 
-// kube returns the shared API server, skipping the test without one (failing
-// under CI=true).
+// kube returns the shared API server, with the CRD installed, skipping the
+// test without one (failing under CI=true).
 func kube(t *testing.T) (*kubetest.Env, kubernetes.Interface, dynamic.Interface) {
 	t.Helper()
 	kubetest.Require(t)
-	require.NotNil(t, env)
+	envOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		e, err := kubetest.Start(ctx, kubeConfig)
+		if err != nil {
+			envErr = fmt.Errorf("starting the API server: %w", err)
+			return
+		}
+		env = e
+		envErr = policy.InstallCRD(ctx, dynamic.NewForConfigOrDie(e.Config))
+	})
+	require.NoError(t, envErr)
 	return env, kubernetes.NewForConfigOrDie(env.Config), dynamic.NewForConfigOrDie(env.Config)
 }
 
@@ -290,11 +287,11 @@ func TestPolicyLifecycle(t *testing.T) {
 // and what exists still becomes ready and pinned.
 func TestPolicyFailures(t *testing.T) {
 	t.Parallel()
-	_, kc, dc := kube(t)
+	e, kc, dc := kube(t)
 	ref, m := startOrigin(t, origin.Spec{Name: "org/partial", Files: 2, TotalBytes: 64 << 10, Seed: 8})
 	missing := strings.TrimSuffix(ref, origin.ManifestName) + "nothing/model.json"
 	const node, name = "fail-1", "fail"
-	_, err := env.CreateNode(t.Context(), node, map[string]string{"pool": "fail"})
+	_, err := e.CreateNode(t.Context(), node, map[string]string{"pool": "fail"})
 	require.NoError(t, err)
 	a := startAgent(t, kc, dc, node)
 	createPolicy(t, dc, name, map[string]string{"pool": "fail"},
@@ -347,12 +344,12 @@ func TestPolicyFailures(t *testing.T) {
 // loses no entry and reports no conflict.
 func TestPolicyManyNodes(t *testing.T) {
 	t.Parallel()
-	_, kc, dc := kube(t)
+	e, kc, dc := kube(t)
 	refA, _ := startOrigin(t, origin.Spec{Name: "org/many-a", Files: 3, TotalBytes: 256 << 10, Seed: 9})
 	refB, _ := startOrigin(t, origin.Spec{Name: "org/many-b", Files: 2, TotalBytes: 128 << 10, Seed: 10})
 	nodes := []string{"many-1", "many-2", "many-3"}
 	for _, n := range nodes {
-		_, err := env.CreateNode(t.Context(), n, map[string]string{"pool": "many"})
+		_, err := e.CreateNode(t.Context(), n, map[string]string{"pool": "many"})
 		require.NoError(t, err)
 	}
 	// Both policies first, then all agents at once: their writes race.
@@ -405,10 +402,10 @@ func TestPolicyManyNodes(t *testing.T) {
 // was down is unpinned when it comes back.
 func TestPolicyAgentRestart(t *testing.T) {
 	t.Parallel()
-	_, kc, dc := kube(t)
+	e, kc, dc := kube(t)
 	ref, m := startOrigin(t, origin.Spec{Name: "org/restart", Files: 2, TotalBytes: 64 << 10, Seed: 11})
 	const node, name = "restart-1", "restart"
-	_, err := env.CreateNode(t.Context(), node, map[string]string{"pool": "restart"})
+	_, err := e.CreateNode(t.Context(), node, map[string]string{"pool": "restart"})
 	require.NoError(t, err)
 	root := t.TempDir()
 	run := func() (*policy.Controller, *cache.Store, func()) {

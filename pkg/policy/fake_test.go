@@ -19,8 +19,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/weightd/weightd/internal/kubetest"
-
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/policy"
 	"github.com/weightd/weightd/pkg/prefetch"
@@ -163,9 +161,9 @@ func (p *fakePinner) pinned(owner string) []digest.Digest {
 // policy, pinning turned off.
 func TestPolicyWithFakes(t *testing.T) {
 	t.Parallel()
-	_, kc, dc := kube(t)
+	e, kc, dc := kube(t)
 	const node, name = "fake-1", "fake"
-	_, err := env.CreateNode(t.Context(), node, map[string]string{"pool": "fake"})
+	_, err := e.CreateNode(t.Context(), node, map[string]string{"pool": "fake"})
 	require.NoError(t, err)
 	f := &fakeFetcher{jobs: make(map[string][]*fakeJob)}
 	pins := &fakePinner{present: make(map[digest.Digest]bool), pins: make(map[digest.Digest]map[string]bool)}
@@ -263,14 +261,14 @@ func (w *writeLog) writes() []time.Time {
 // status writes, at least Debounce apart, the last one complete.
 func TestPolicyDebounce(t *testing.T) {
 	t.Parallel()
-	kubetest.Require(t)
+	e, _, _ := kube(t)
 	const node, name = "debounce-1", "debounce"
 	const debounce = time.Second
 	log := &writeLog{manager: policy.FieldManager(node)}
-	cfg := rest.CopyConfig(env.Config)
+	cfg := rest.CopyConfig(e.Config)
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { log.next = rt; return log })
 	kc, dc := kubernetes.NewForConfigOrDie(cfg), dynamic.NewForConfigOrDie(cfg)
-	_, err := env.CreateNode(t.Context(), node, map[string]string{"pool": "debounce"})
+	_, err := e.CreateNode(t.Context(), node, map[string]string{"pool": "debounce"})
 	require.NoError(t, err)
 	f := &fakeFetcher{jobs: make(map[string][]*fakeJob)}
 	pins := &fakePinner{present: make(map[digest.Digest]bool), pins: make(map[digest.Digest]map[string]bool)}
