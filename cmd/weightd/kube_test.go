@@ -24,36 +24,55 @@ func TestAgentKubernetes(t *testing.T) {
 		t.Fatal(err)
 	}
 	ref, _ := startOrigin(t, 2, 4<<20)
-	startAgentWith(t, func(c *agentConfig) {
+	api := startAgentWith(t, func(c *agentConfig) {
 		c.Kubeconfig, c.NodeName, c.NodeUpdateInterval = env.Kubeconfig, node, 500*time.Millisecond
 	})
 	pods := env.Clientset().CoreV1().Pods("default")
-	_, err := pods.Create(t.Context(), &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "llm", Annotations: map[string]string{podrequest.Models: ref}},
-		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "main", Image: "registry.k8s.io/pause:3.10"}}},
-	}, metav1.CreateOptions{})
-	if err != nil {
+	podReady := func(name, ref string) {
+		t.Helper()
+		_, err := pods.Create(t.Context(), &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{podrequest.Models: ref}},
+			Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "main", Image: "registry.k8s.io/pause:3.10"}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			p, err := pods.Get(t.Context(), name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, err := env.Clientset().CoreV1().Nodes().Get(t.Context(), node, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			status, label := p.Annotations[podrequest.Status], n.Labels[nodestate.Label(ref)]
+			if status == "ready" && label == nodestate.LabelReady {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("pod %s status %q, node label %q", name, status, label)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	podReady("llm", ref)
+
+	// Without the API server the agent goes on serving: a fetch through its
+	// API works; then the informers reconnect and a new pod is answered.
+	if err := env.StopAPIServer(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		p, err := pods.Get(t.Context(), "llm", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		n, err := env.Clientset().CoreV1().Nodes().Get(t.Context(), node, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		status, label := p.Annotations[podrequest.Status], n.Labels[nodestate.Label(ref)]
-		if status == "ready" && label == nodestate.LabelReady {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pod status %q, node label %q", status, label)
-		}
-		time.Sleep(100 * time.Millisecond)
+	ref2, _ := startOrigin(t, 3, 4<<20)
+	if code, _, errOut := runCLI(t, "fetch", "--wait", "--api", api, ref2); code != 0 {
+		t.Fatalf("fetch while the API server is down: exit %d: %s", code, errOut)
 	}
+	if err := env.StartAPIServer(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	ref3, _ := startOrigin(t, 5, 4<<20)
+	podReady("llm-2", ref3)
 }
 
 func TestKeyCommand(t *testing.T) {
