@@ -29,6 +29,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -63,6 +64,7 @@ func main() {
 	layerMiB := flag.Int64("layer-mib", 256, "random bytes per layer, MiB")
 	rounds := flag.Int("rounds", 2, "rounds of each side; the best counts")
 	bin := flag.String("weightd", "", "weightd binary (default: build ./cmd/weightd)")
+	agentLog := flag.String("agent-log-level", "warn", "the agent's --log-level (its log goes to stderr)")
 	dir := flag.String("dir", "", "working directory (default: a new temporary directory, removed at the end)")
 	flag.Parse()
 	log.SetFlags(0)
@@ -92,12 +94,12 @@ func main() {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := run(ctx, work, *bin, *layers, *layerMiB<<20, *rounds); err != nil {
+	if err := run(ctx, work, *bin, *agentLog, *layers, *layerMiB<<20, *rounds); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(ctx context.Context, work, bin string, layers int, layerSize int64, rounds int) error {
+func run(ctx context.Context, work, bin, agentLog string, layers int, layerSize int64, rounds int) error {
 	reg, err := services.StartRegistry(ctx, services.RegistryConfig{Dir: filepath.Join(work, "registry")})
 	if err != nil {
 		return err
@@ -118,15 +120,17 @@ func run(ctx context.Context, work, bin string, layers int, layerSize int64, rou
 		return err
 	}
 
+	meter := newCPUMeter(ctrd.Dir, reg.Dir)
 	var best struct{ ctr, weightd time.Duration }
 	var ctrRounds, weightdRounds []float64
 	var last *agent
 	for r := range rounds {
+		cpu := meter.sample()
 		took, err := ctrPull(ctx, ctrd, img.Ref)
 		if err != nil {
 			return err
 		}
-		log.Printf("round %d: ctr images pull %.2f s", r+1, took.Seconds())
+		log.Printf("round %d: ctr images pull %.2f s (%s)", r+1, took.Seconds(), meter.since(cpu, nil))
 		best.ctr = minPositive(best.ctr, took)
 		ctrRounds = append(ctrRounds, round(took.Seconds()))
 		if err := removeImage(ctx, ctrd, img.Ref); err != nil {
@@ -136,17 +140,20 @@ func run(ctx context.Context, work, bin string, layers int, layerSize int64, rou
 		if last != nil {
 			last.stop()
 		}
-		a, err := startAgent(ctx, bin, filepath.Join(work, fmt.Sprintf("w%d", r)), ctrd, reg.Addr, mirrorAddr)
+		a, err := startAgent(ctx, bin, agentLog, filepath.Join(work, fmt.Sprintf("w%d", r)), ctrd, reg.Addr, mirrorAddr)
 		if err != nil {
 			return err
 		}
 		last = a
 		syscall.Sync()
+		cpu = meter.sample()
+		agentCPU := cpuOf(a.cmd.Process.Pid)
 		took, err = a.fetch(ctx, "oci://"+img.Ref)
 		if err != nil {
 			return err
 		}
-		log.Printf("round %d: weightd fetch (into the cache and containerd) %.2f s", r+1, took.Seconds())
+		agentCPU = cpuOf(a.cmd.Process.Pid) - agentCPU
+		log.Printf("round %d: weightd fetch (into the cache and containerd) %.2f s (%s)", r+1, took.Seconds(), meter.since(cpu, &agentCPU))
 		best.weightd = minPositive(best.weightd, took)
 		weightdRounds = append(weightdRounds, round(took.Seconds()))
 		if r < rounds-1 {
@@ -188,9 +195,9 @@ type agent struct {
 	client *api.Client
 }
 
-func startAgent(ctx context.Context, bin, root string, ctrd *services.Containerd, registry, mirrorAddr string) (*agent, error) {
+func startAgent(ctx context.Context, bin, logLevel, root string, ctrd *services.Containerd, registry, mirrorAddr string) (*agent, error) {
 	sock := "unix://" + root + ".sock"
-	cmd := exec.CommandContext(ctx, bin, "agent", "--root", root, "--api", sock, "--metrics-addr", "", "--log-level", "warn",
+	cmd := exec.CommandContext(ctx, bin, "agent", "--root", root, "--api", sock, "--metrics-addr", "", "--log-level", logLevel,
 		"--gossip-addr", "", "--chunk-addr", "",
 		"--containerd-address", ctrd.Address, "--insecure-registries", registry,
 		"--mirror-addr", mirrorAddr, "--mirror-registries", registry, "--hosts-dir", ctrd.HostsDir)
@@ -278,6 +285,74 @@ func freeAddr() (string, error) {
 	}
 	defer ln.Close()
 	return ln.Addr().String(), nil
+}
+
+// cpuMeter reads the CPU time (user and system) that the processes doing
+// the work have spent: containerd, the registry, and the client (ctr, a
+// child that has exited, or the agent).
+type cpuMeter struct{ containerd, registry int }
+
+type cpuSample struct{ containerd, registry, children time.Duration }
+
+func newCPUMeter(ctrdDir, registryDir string) cpuMeter {
+	return cpuMeter{containerd: pidOf(services.ContainerdBinary, ctrdDir), registry: pidOf(services.RegistryBinary, registryDir)}
+}
+
+func (m cpuMeter) sample() cpuSample {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru)
+	return cpuSample{containerd: cpuOf(m.containerd), registry: cpuOf(m.registry), children: time.Duration(ru.Utime.Nano() + ru.Stime.Nano())}
+}
+
+// since formats the CPU seconds spent since s; client is the client's (nil:
+// the exited children's).
+func (m cpuMeter) since(s cpuSample, client *time.Duration) string {
+	now := m.sample()
+	c := now.children - s.children
+	if client != nil {
+		c = *client
+	}
+	return fmt.Sprintf("CPU s: containerd %.1f, registry %.1f, client %.1f",
+		(now.containerd - s.containerd).Seconds(), (now.registry - s.registry).Seconds(), c.Seconds())
+}
+
+// pidOf finds the process of bin whose command line mentions marker, or 0.
+func pidOf(bin, marker string) int {
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if strings.HasPrefix(string(cmdline), bin) && strings.Contains(string(cmdline), marker) {
+			return pid
+		}
+	}
+	return 0
+}
+
+// cpuOf is the CPU time process pid has spent, 0 if unknown.
+func cpuOf(pid int) time.Duration {
+	if pid == 0 {
+		return 0
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(stat)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+2 > len(s) {
+		return 0
+	}
+	f := strings.Fields(s[i+2:])
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * time.Second / 100 // USER_HZ
 }
 
 func minPositive(a, b time.Duration) time.Duration {
