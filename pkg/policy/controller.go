@@ -142,11 +142,12 @@ type Controller struct {
 	policies toolscache.Store
 	nodes    toolscache.Store
 
-	jobs      map[string]*tracked               // canonical ref → its latest job
-	pinned    map[string]map[digest.Digest]bool // policy → blobs pinned for it
-	written   map[string]*NodeStatus            // policy → entry last written
-	lastWrite map[string]time.Time              // policy → time of that write
-	reported  map[string]map[string]string      // policy → shown ref → reason of the Event recorded
+	jobs       map[string]*tracked               // canonical ref → its latest job
+	pinned     map[string]map[digest.Digest]bool // policy → blobs pinned for it
+	written    map[string]*NodeStatus            // policy → entry last written
+	lastWrite  map[string]time.Time              // policy → time of that write
+	reported   map[string]map[string]string      // policy → shown ref → reason of the Event recorded
+	generation map[string]int64                  // policy → generation last reconciled while selected
 }
 
 // item is a unit of work: reconcile a policy, check its counts, or correct
@@ -228,6 +229,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.written = make(map[string]*NodeStatus)
 	c.lastWrite = make(map[string]time.Time)
 	c.reported = make(map[string]map[string]string)
+	c.generation = make(map[string]int64)
 	// Failed items are retried from 100ms up to every 30s: an API server
 	// that was away is written to soon after it is back.
 	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
@@ -408,6 +410,7 @@ func (c *Controller) reconcile(name string) error {
 			c.log.Info("policy gone: releasing its pins", "policy", name, "blobs", len(c.pinned[name]))
 		}
 		c.forget(name)
+		c.pruneJobs()
 		return c.unpinAll(name)
 	}
 	labels, known := c.nodeLabels()
@@ -424,7 +427,13 @@ func (c *Controller) reconcile(name string) error {
 			return err
 		}
 		c.reported[name] = nil
+		delete(c.generation, name)
+		c.pruneJobs()
 		return c.removeEntry(p)
+	}
+	if c.generation[name] != p.Generation {
+		c.generation[name] = p.Generation
+		defer c.pruneJobs() // the spec may have dropped references
 	}
 
 	now := time.Now()
@@ -608,6 +617,36 @@ func (c *Controller) forget(name string) {
 	delete(c.written, name)
 	delete(c.lastWrite, name)
 	delete(c.reported, name)
+	delete(c.generation, name)
+}
+
+// pruneJobs forgets the finished jobs of references that no policy
+// selecting this node names any more, so that what the controller remembers
+// stays bounded by what the policies name.
+func (c *Controller) pruneJobs() {
+	labels, _ := c.nodeLabels()
+	wanted := make(map[string]bool)
+	for _, obj := range c.policies.List() {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			continue
+		}
+		p, err := FromUnstructured(u)
+		if err != nil {
+			continue
+		}
+		if ok, _ := Matches(p.Spec.NodeSelector, labels); !ok {
+			continue
+		}
+		for _, w := range Wants(p.Spec) {
+			wanted[w.Ref] = true
+		}
+	}
+	for ref, t := range c.jobs {
+		if !wanted[ref] && t.job.Status().State.Finished() {
+			delete(c.jobs, ref)
+		}
+	}
 }
 
 // recordFailures records a Warning Event on the policy for each failure of
