@@ -142,4 +142,17 @@ func TestIntakeFakeAPI(t *testing.T) {
 	assert.Empty(t, status("bad"))
 	assert.True(t, strings.HasPrefix(status("missing"), "failed: "+strings.TrimSuffix(ref, "model.json")+"nope.json: "), status("missing"))
 	assert.Equal(t, 3, in.Tracked(), "p1, missing, and bad (so it is reported once)")
+
+	// A finished pod is no longer followed.
+	p1, err := client.CoreV1().Pods("default").Get(t.Context(), "p1", metav1.GetOptions{})
+	require.NoError(t, err)
+	p1.Status.Phase = corev1.PodSucceeded
+	_, err = client.CoreV1().Pods("default").UpdateStatus(t.Context(), p1, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, func() string {
+		if n := in.Tracked(); n != 2 {
+			return fmt.Sprintf("%d pods tracked", n)
+		}
+		return ""
+	})
 }
