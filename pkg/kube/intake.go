@@ -136,6 +136,7 @@ type podState struct {
 	lastPatch   time.Time
 	notBefore   time.Time // no status patch before
 	reported    string    // final status an Event was sent for (or found on the pod)
+	settled     bool      // answered (ready or failed) before this process: only a final status is written
 	announce    bool      // the Prefetching Event is still to be sent
 	refs        []string  // redacted, for that Event
 }
@@ -238,7 +239,7 @@ func (in *PodIntake) tick(ctx context.Context, queue workqueue.TypedRateLimiting
 			if st.invalid || now.Before(st.notBefore) {
 				continue
 			}
-			if status := st.status(); status != st.written || (finalStatus(status) && st.reported != status) {
+			if status := st.status(); (status != st.written && (!st.settled || finalStatus(status))) || (finalStatus(status) && st.reported != status) {
 				due = append(due, key)
 			}
 		}
@@ -345,6 +346,7 @@ func (s *syncer) sync(ctx context.Context, key string) error {
 		st.written = pod.Annotations[podrequest.Status]
 		if finalStatus(st.written) && !changed {
 			st.reported = st.written
+			st.settled = true
 		}
 		// Announced at the first status unless ready by then: a pod whose
 		// references are all on the node gets only Prefetched.
@@ -384,8 +386,8 @@ func (s *syncer) sync(ctx context.Context, key string) error {
 		st.reported = status
 		in.mu.Unlock()
 	}
-	if status == written {
-		return nil
+	if status == written || (st.settled && !finalStatus(status)) {
+		return nil // a pod answered before a restart does not go back to fetching
 	}
 	wait := lastPatch.Add(in.cfg.statusInterval)
 	if statusKind(status) == statusKind(written) {

@@ -91,12 +91,15 @@ func TestPodToReady(t *testing.T) {
 	createPod(t, env, newPod("p2", nodeName, map[string]string{podrequest.Models: " " + ref + " ,"}))
 	waitStatus(t, env, "p2", "ready", 10*time.Second)
 	eventually(t, 10*time.Second, func() string {
-		if ev := podEvents(t, env, "p2"); len(ev) != 1 || !hasEvent(ev, "Normal Prefetched: prefetched 8.4 MB in 0.") {
+		if ev := podEvents(t, env, "p2"); !hasEvent(ev, "Normal Prefetched: prefetched 8.4 MB in 0.") {
 			return fmt.Sprintf("events %q", ev)
 		}
 		return ""
 	})
-	assert.Equal(t, 1, a.writes.count("/pods/p2")-before, "one status patch")
+	// A cache hit is ready within the first status delay (1 s): one status
+	// patch and one Event (two of each on a machine too slow for that).
+	assert.LessOrEqual(t, a.writes.count("/pods/p2")-before, 2, "status patches")
+	assert.LessOrEqual(t, len(podEvents(t, env, "p2")), 2, "Events")
 	assert.Less(t, srv.BytesServed(), int64(modelSize)+64<<10, "the model was downloaded once")
 
 	// Finished or deleted pods are no longer followed.

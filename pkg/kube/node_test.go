@@ -17,6 +17,7 @@ import (
 
 	wcache "github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/nodestate"
+	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -155,4 +156,37 @@ func TestIntakeFakeAPI(t *testing.T) {
 		}
 		return ""
 	})
+}
+
+// TestIntakeSettledPod: a pod answered "ready" before the agent restarted is
+// not set back to "fetching" while its job runs again.
+func TestIntakeSettledPod(t *testing.T) {
+	t.Parallel()
+	ref, _ := testOrigin(t, "test/model", 2, modelSize, origin.WithBandwidth(8<<20)) // about a second
+	client := fake.NewClientset(newPod("p1", "n1", map[string]string{"weightd.io/models": ref, "weightd.io/status": "ready"}))
+	store, err := wcache.Open(t.TempDir())
+	require.NoError(t, err)
+	defer store.Close()
+	queue := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
+	in, err := NewPodIntake(client, "n1", queue, WithStatusInterval(50*time.Millisecond, 100*time.Millisecond), WithFirstStatusDelay(0))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = queue.Run(ctx) })
+	wg.Go(func() { _ = in.Run(ctx) })
+	defer wg.Wait()
+	defer cancel()
+
+	eventually(t, 20*time.Second, func() string {
+		jobs := queue.Jobs()
+		if len(jobs) != 1 || jobs[0].State != prefetch.StateReady {
+			return fmt.Sprintf("jobs %d", len(jobs))
+		}
+		return ""
+	})
+	time.Sleep(300 * time.Millisecond)
+	for _, a := range client.Actions() {
+		assert.NotEqual(t, "patch", a.GetVerb(), "%s %s", a.GetVerb(), a.GetResource().Resource)
+		assert.NotEqual(t, "events", a.GetResource().Resource, "no Event for an answered pod")
+	}
 }
