@@ -5,7 +5,17 @@
 // (package podrequest).
 //
 // Prioritize scores each candidate node 0 to 10 by the fraction of the pod's
-// requested bytes the node holds. Filter removes nodes that do not hold
+// requested bytes the node holds. Each reference weighs its size: a model's
+// total as any node's summary reports it (cluster-wide knowledge, so a node
+// that has not started a model still knows what it lacks), an image's size
+// as the kubelet reports it in status.images; a reference whose size no node
+// knows weighs as much as the average known one (all weigh the same when no
+// size is known). A node holds a reference fully when its ready label, its
+// summary or its status.images says so, else the bytes its summary reports.
+// The fraction maps to 0 for nothing, 10 for everything and the nearest of 1
+// to 9 in between.
+//
+// Filter removes nodes that do not hold
 // everything a pod with the weightd.io/require-warm annotation asks for, and
 // passes every node for other pods. A pod without weightd annotations is
 // answered at once; a pod whose annotations do not parse is never refused: it
