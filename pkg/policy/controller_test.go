@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -76,6 +77,12 @@ func kube(t *testing.T) (*kubetest.Env, kubernetes.Interface, dynamic.Interface)
 	require.NoError(t, envErr)
 	return env, kubernetes.NewForConfigOrDie(env.Config), dynamic.NewForConfigOrDie(env.Config)
 }
+
+var seq atomic.Int64
+
+// uniq makes a name unique in this process, so that tests can run more than
+// once (-count) against the shared API server.
+func uniq(s string) string { return fmt.Sprintf("%s-%d", s, seq.Add(1)) }
 
 // startOrigin serves a generated model until the test ends and returns its
 // manifest reference.
@@ -217,7 +224,7 @@ func TestPolicyLifecycle(t *testing.T) {
 	t.Parallel()
 	e, kc, dc := kube(t)
 	ref, m := startOrigin(t, origin.Spec{Name: "org/lifecycle", Files: 4, TotalBytes: 1<<20 + 3, Seed: 7})
-	const node, name = "life-1", "life"
+	node, name := uniq("life-1"), uniq("life")
 	_, err := e.CreateNode(t.Context(), node, map[string]string{"pool": "life"})
 	require.NoError(t, err)
 	a := startAgent(t, kc, dc, node)
@@ -290,7 +297,7 @@ func TestPolicyFailures(t *testing.T) {
 	e, kc, dc := kube(t)
 	ref, m := startOrigin(t, origin.Spec{Name: "org/partial", Files: 2, TotalBytes: 64 << 10, Seed: 8})
 	missing := strings.TrimSuffix(ref, origin.ManifestName) + "nothing/model.json"
-	const node, name = "fail-1", "fail"
+	node, name := uniq("fail-1"), uniq("fail")
 	_, err := e.CreateNode(t.Context(), node, map[string]string{"pool": "fail"})
 	require.NoError(t, err)
 	a := startAgent(t, kc, dc, node)
@@ -347,19 +354,20 @@ func TestPolicyManyNodes(t *testing.T) {
 	e, kc, dc := kube(t)
 	refA, _ := startOrigin(t, origin.Spec{Name: "org/many-a", Files: 3, TotalBytes: 256 << 10, Seed: 9})
 	refB, _ := startOrigin(t, origin.Spec{Name: "org/many-b", Files: 2, TotalBytes: 128 << 10, Seed: 10})
-	nodes := []string{"many-1", "many-2", "many-3"}
+	nodes := []string{uniq("many-1"), uniq("many-2"), uniq("many-3")}
+	pa, pb := uniq("many-a"), uniq("many-b")
 	for _, n := range nodes {
 		_, err := e.CreateNode(t.Context(), n, map[string]string{"pool": "many"})
 		require.NoError(t, err)
 	}
 	// Both policies first, then all agents at once: their writes race.
-	createPolicy(t, dc, "many-a", map[string]string{"pool": "many"}, []string{refA}, nil)
-	createPolicy(t, dc, "many-b", map[string]string{"pool": "many"}, []string{refA, refB}, nil)
+	createPolicy(t, dc, pa, map[string]string{"pool": "many"}, []string{refA}, nil)
+	createPolicy(t, dc, pb, map[string]string{"pool": "many"}, []string{refA, refB}, nil)
 	agents := make([]*agent, len(nodes))
 	for i, n := range nodes {
 		agents[i] = startAgent(t, kc, dc, n)
 	}
-	for _, name := range []string{"many-a", "many-b"} {
+	for _, name := range []string{pa, pb} {
 		got := eventually(t, dc, name, "every node ready", func(p *policy.PrefetchPolicy) bool {
 			for _, n := range nodes {
 				if e, ok := p.Status.Entry(n); !ok || e.State != policy.NodeReady {
@@ -377,21 +385,21 @@ func TestPolicyManyNodes(t *testing.T) {
 
 	// One node leaves the pool: only its entry goes.
 	setLabels(t, kc, nodes[1], nil)
-	got := eventually(t, dc, "many-b", "one entry fewer", func(p *policy.PrefetchPolicy) bool {
+	got := eventually(t, dc, pb, "one entry fewer", func(p *policy.PrefetchPolicy) bool {
 		return len(p.Status.Nodes) == 2 && p.Status.NodeCount == 2 && p.Status.ReadyNodes == 2
 	})
 	_, ok := got.Status.Entry(nodes[1])
 	assert.False(t, ok)
-	require.Eventually(t, func() bool { return len(agents[1].pinnedBy(policy.PinOwner("many-b"))) == 0 }, 10*time.Second, 20*time.Millisecond)
-	assert.NotEmpty(t, agents[0].pinnedBy(policy.PinOwner("many-b")))
+	require.Eventually(t, func() bool { return len(agents[1].pinnedBy(policy.PinOwner(pb))) == 0 }, 10*time.Second, 20*time.Millisecond)
+	assert.NotEmpty(t, agents[0].pinnedBy(policy.PinOwner(pb)))
 
 	// A node deleted with its agent: its entry stays until removed on its
 	// behalf; the remaining agents then correct the counts.
 	agents[2].stop()
 	require.NoError(t, kc.CoreV1().Nodes().Delete(t.Context(), nodes[2], metav1.DeleteOptions{}))
-	require.NoError(t, policy.RemoveEntry(t.Context(), dc, "many-b", nodes[2]))
+	require.NoError(t, policy.RemoveEntry(t.Context(), dc, pb, nodes[2]))
 	require.NoError(t, policy.RemoveEntry(t.Context(), dc, "no-such-policy", nodes[2]))
-	got = eventually(t, dc, "many-b", "the deleted node's entry gone, counts corrected", func(p *policy.PrefetchPolicy) bool {
+	got = eventually(t, dc, pb, "the deleted node's entry gone, counts corrected", func(p *policy.PrefetchPolicy) bool {
 		return len(p.Status.Nodes) == 1 && p.Status.NodeCount == 1 && p.Status.ReadyNodes == 1
 	})
 	_, ok = got.Status.Entry(nodes[0])
@@ -404,7 +412,7 @@ func TestPolicyAgentRestart(t *testing.T) {
 	t.Parallel()
 	e, kc, dc := kube(t)
 	ref, m := startOrigin(t, origin.Spec{Name: "org/restart", Files: 2, TotalBytes: 64 << 10, Seed: 11})
-	const node, name = "restart-1", "restart"
+	node, name := uniq("restart-1"), uniq("restart")
 	_, err := e.CreateNode(t.Context(), node, map[string]string{"pool": "restart"})
 	require.NoError(t, err)
 	root := t.TempDir()
@@ -489,12 +497,13 @@ func TestCRDValidation(t *testing.T) {
 	}
 
 	// The valid one passes, and pin defaults to true.
-	u, err := policy.ToUnstructured(&policy.PrefetchPolicy{ObjectMeta: metav1.ObjectMeta{Name: "valid"}})
+	name := uniq("valid")
+	u, err := policy.ToUnstructured(&policy.PrefetchPolicy{ObjectMeta: metav1.ObjectMeta{Name: name}})
 	require.NoError(t, err)
 	u.Object["spec"] = valid()
 	u, err = dc.Resource(policy.GVR).Create(t.Context(), u, metav1.CreateOptions{})
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = dc.Resource(policy.GVR).Delete(context.Background(), "valid", metav1.DeleteOptions{}) })
+	t.Cleanup(func() { _ = dc.Resource(policy.GVR).Delete(context.Background(), name, metav1.DeleteOptions{}) })
 	p, err := policy.FromUnstructured(u)
 	require.NoError(t, err)
 	require.NotNil(t, p.Spec.Pin)
@@ -517,7 +526,7 @@ func TestPolicyAPIServerRestart(t *testing.T) {
 	require.NoError(t, policy.InstallCRD(t.Context(), dc))
 	ref1, m1 := startOrigin(t, origin.Spec{Name: "org/restart-a", Files: 2, TotalBytes: 64 << 10, Seed: 12})
 	ref2, _ := startOrigin(t, origin.Spec{Name: "org/restart-b", Files: 2, TotalBytes: 64 << 10, Seed: 13})
-	const node, name = "apirestart-1", "apirestart"
+	node, name := uniq("apirestart-1"), uniq("apirestart")
 	_, err := e.CreateNode(t.Context(), node, map[string]string{"pool": "r"})
 	require.NoError(t, err)
 	a := startAgent(t, kc, dc, node)

@@ -162,7 +162,7 @@ func (p *fakePinner) pinned(owner string) []digest.Digest {
 func TestPolicyWithFakes(t *testing.T) {
 	t.Parallel()
 	e, kc, dc := kube(t)
-	const node, name = "fake-1", "fake"
+	node, name := uniq("fake-1"), uniq("fake")
 	_, err := e.CreateNode(t.Context(), node, map[string]string{"pool": "fake"})
 	require.NoError(t, err)
 	f := &fakeFetcher{jobs: make(map[string][]*fakeJob)}
@@ -262,7 +262,7 @@ func (w *writeLog) writes() []time.Time {
 func TestPolicyDebounce(t *testing.T) {
 	t.Parallel()
 	e, _, _ := kube(t)
-	const node, name = "debounce-1", "debounce"
+	node, name := uniq("debounce-1"), uniq("debounce")
 	const debounce = time.Second
 	log := &writeLog{manager: policy.FieldManager(node)}
 	cfg := rest.CopyConfig(e.Config)
