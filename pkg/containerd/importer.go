@@ -154,7 +154,7 @@ func (im *Importer) Import(ctx context.Context, img *prefetch.Image) error {
 		im.observe(nameOf(img), start, 0, err)
 		return err
 	}
-	ii, err := im.begin(ctx, p, start)
+	ii, err := im.begin(ctx, p, start, true)
 	if err != nil {
 		return err
 	}
@@ -166,7 +166,9 @@ func (im *Importer) Import(ctx context.Context, img *prefetch.Image) error {
 // complete, then calls Commit once all are (or Abort). Meanwhile the
 // import writes each blob into containerd and unpacks the layers, base
 // first, as soon as a layer and those below it are written, so that little
-// is left to do when the last blob lands. Errors are Import's.
+// is left to do when the last blob lands. Errors are Import's; while
+// another import of the same name is under way Begin fails at once, so
+// that the caller's downloads are not held up.
 func (im *Importer) Begin(ctx context.Context, img *prefetch.Image) (prefetch.ImageImport, error) {
 	start := time.Now()
 	p, err := newPlan(img, im.platform, im.cfg.Platform)
@@ -174,7 +176,7 @@ func (im *Importer) Begin(ctx context.Context, img *prefetch.Image) (prefetch.Im
 		im.observe(nameOf(img), start, 0, err)
 		return nil, err
 	}
-	return im.begin(ctx, p, start)
+	return im.begin(ctx, p, start, false)
 }
 
 // observe records the end of an import.
@@ -435,7 +437,9 @@ type nameLock struct {
 	refs int
 }
 
-func (im *Importer) lockName(ctx context.Context, name string) (unlock func(), err error) {
+// lockName takes the name's lock, waiting until ctx ends, or, unless wait,
+// failing at once with errImportUnderWay if it is taken.
+func (im *Importer) lockName(ctx context.Context, name string, wait bool) (unlock func(), err error) {
 	im.namesMu.Lock()
 	l := im.names[name]
 	if l == nil {
@@ -451,6 +455,15 @@ func (im *Importer) lockName(ctx context.Context, name string) (unlock func(), e
 		}
 		im.namesMu.Unlock()
 	}
+	if !wait {
+		select {
+		case l.ch <- struct{}{}:
+			return func() { <-l.ch; release() }, nil
+		default:
+			release()
+			return nil, errImportUnderWay
+		}
+	}
 	select {
 	case l.ch <- struct{}{}:
 		return func() { <-l.ch; release() }, nil
@@ -459,6 +472,11 @@ func (im *Importer) lockName(ctx context.Context, name string) (unlock func(), e
 		return nil, ctx.Err()
 	}
 }
+
+// errImportUnderWay is Begin's error when another import of the same name
+// is under way: rather than hold the caller's downloads up, it imports
+// whole once they are done.
+var errImportUnderWay = errors.New("another import of the image is under way")
 
 // appendRepo adds repo to a distribution source label's comma-separated
 // repositories, as containerd does.

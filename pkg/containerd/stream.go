@@ -64,9 +64,10 @@ type imageImport struct {
 	ended   bool // committed or aborted
 }
 
-// begin connects, takes the name's lock and a lease, and starts the
-// unpacker. It takes p (closing it on error).
-func (im *Importer) begin(ctx context.Context, p *plan, start time.Time) (_ *imageImport, err error) {
+// begin takes the name's lock (waiting for it, or failing at once unless
+// wait), connects, takes a lease and starts the unpacker. It takes p
+// (closing it on error).
+func (im *Importer) begin(ctx context.Context, p *plan, start time.Time, wait bool) (_ *imageImport, err error) {
 	ii := &imageImport{
 		im:       im,
 		start:    start,
@@ -86,9 +87,9 @@ func (im *Importer) begin(ctx context.Context, p *plan, start time.Time) (_ *ima
 	for _, b := range p.blobs {
 		ii.stored[b.desc.Digest] = make(chan struct{})
 	}
-	unlock, err := im.lockName(ctx, p.name)
+	unlock, err := im.lockName(ctx, p.name, wait)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("image %s: %w", p.name, err)
 	}
 	defer func() {
 		if err != nil {

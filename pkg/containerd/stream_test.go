@@ -246,3 +246,24 @@ func TestStreamingImportContainerdStops(t *testing.T) {
 	require.NoError(t, im.Import(t.Context(), fx.img))
 	e.requireImported(t, fx.img.Name, fx.img.Target.Digest, fx.config, fx.diffIDs)
 }
+
+// TestStreamingBeginWhileImporting begins an import of a name another
+// import holds: Begin fails at once (the caller imports whole later)
+// rather than hold up the caller's downloads.
+func TestStreamingBeginWhileImporting(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	fx := newFixture(t, e.store, "registry.example/app:twice", fixtureOpts{layers: 1, seed: 26})
+	im := e.streamingImporter(t, e.store)
+	first, err := im.Begin(t.Context(), fx.img)
+	require.NoError(t, err)
+	_, err = im.Begin(t.Context(), fx.img)
+	require.ErrorContains(t, err, "under way")
+	assert.NotErrorIs(t, err, cache.ErrPermanent)
+	first.Abort()
+
+	second, err := im.Begin(t.Context(), fx.img)
+	require.NoError(t, err)
+	require.NoError(t, second.Commit(t.Context()))
+	e.requireImported(t, fx.img.Name, fx.img.Target.Digest, fx.config, fx.diffIDs)
+}
