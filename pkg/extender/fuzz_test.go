@@ -10,7 +10,8 @@ import (
 
 // FuzzDecodeArgs feeds the request decoding path, and what decodes to
 // prioritize and filter: nothing panics, scores stay in range, filter keeps
-// a subset of the candidates.
+// a subset of the candidates, and the answer decodes as an
+// ExtenderFilterResult's shape.
 func FuzzDecodeArgs(f *testing.F) {
 	nodes := cluster(f)
 	c := newTestCache(f, nodes)
@@ -52,12 +53,31 @@ func FuzzDecodeArgs(f *testing.F) {
 		if err != nil {
 			t.Fatalf("filter result does not encode: %v", err)
 		}
-		var back extenderv1.ExtenderFilterResult
+		// Node objects pass back verbatim (the scheduler gets what it
+		// sent), so only the shape is checked, not each Node.
+		var back struct {
+			Nodes *struct {
+				Items []json.RawMessage `json:"items"`
+			}
+			NodeNames                  *[]string
+			FailedNodes                extenderv1.FailedNodesMap
+			FailedAndUnresolvableNodes extenderv1.FailedNodesMap
+			Error                      string
+		}
 		if err := json.Unmarshal(b, &back); err != nil {
-			t.Fatalf("filter result does not decode as ExtenderFilterResult: %v\n%s", err, b)
+			t.Fatalf("filter result does not decode: %v\n%s", err, b)
+		}
+		if back.Error != "" {
+			t.Fatalf("filter set Error %q", back.Error)
 		}
 		names, _, cerr := a.candidates()
-		if cerr != nil || back.NodeNames == nil {
+		if cerr != nil {
+			return
+		}
+		if back.Nodes != nil && len(back.Nodes.Items) > len(names) {
+			t.Fatalf("filter passed %d of %d nodes", len(back.Nodes.Items), len(names))
+		}
+		if back.NodeNames == nil {
 			return
 		}
 		candidate := make(map[string]bool, len(names))
