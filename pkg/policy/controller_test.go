@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	stdlog "log"
 	"log/slog"
 	"net"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"slices"
@@ -15,6 +17,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	ggcrv1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/opencontainers/go-digest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -119,7 +126,8 @@ func startAgent(t *testing.T, kc kubernetes.Interface, dc dynamic.Interface, nod
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	q := prefetch.NewQueue(store, prefetch.NewHTTPSource(nil), prefetch.WithResolveRetries(1, 0), prefetch.WithLogger(log))
+	src := prefetch.Sources{prefetch.KindHTTP: prefetch.NewHTTPSource(nil), prefetch.KindOCI: prefetch.NewOCISource()}
+	q := prefetch.NewQueue(store, src, prefetch.WithResolveRetries(1, 0), prefetch.WithLogger(log))
 	c, err := policy.New(node, kc, dc, policy.FromQueue(q), store, policy.Config{
 		Debounce:     200 * time.Millisecond,
 		SummaryDelay: 100 * time.Millisecond,
@@ -556,4 +564,48 @@ func TestPolicyAPIServerRestart(t *testing.T) {
 	})
 	n, _ := got.Status.Entry(node)
 	assert.Equal(t, []string{ref1, ref2}, n.Ready)
+}
+
+// TestPolicyImage: an image named as a pod spec names it is normalised,
+// fetched from its registry and every blob of it (manifest, config,
+// layers) pinned.
+func TestPolicyImage(t *testing.T) {
+	t.Parallel()
+	e, kc, dc := kube(t)
+	srv := httptest.NewServer(registry.New(registry.Logger(stdlog.New(io.Discard, "", 0))))
+	t.Cleanup(srv.Close)
+	host := strings.TrimPrefix(srv.URL, "http://")
+	img, err := random.Image(100<<10, 3)
+	require.NoError(t, err)
+	tag, err := name.NewTag(host + "/team/app:v1")
+	require.NoError(t, err)
+	require.NoError(t, remote.Write(tag, img))
+	want := []digest.Digest{}
+	for _, h := range []func() (ggcrv1.Hash, error){img.Digest, img.ConfigName} {
+		d, err := h()
+		require.NoError(t, err)
+		want = append(want, digest.Digest(d.String()))
+	}
+	layers, err := img.Layers()
+	require.NoError(t, err)
+	for _, l := range layers {
+		d, err := l.Digest()
+		require.NoError(t, err)
+		want = append(want, digest.Digest(d.String()))
+	}
+
+	node, pname := uniq("image-1"), uniq("image")
+	_, err = e.CreateNode(t.Context(), node, map[string]string{"pool": "image"})
+	require.NoError(t, err)
+	a := startAgent(t, kc, dc, node)
+	createPolicy(t, dc, pname, map[string]string{"pool": "image"}, nil, []string{host + "/team/app:v1"})
+	got := eventually(t, dc, pname, "the image ready", func(p *policy.PrefetchPolicy) bool {
+		n, ok := p.Status.Entry(node)
+		return ok && n.State == policy.NodeReady
+	})
+	n, _ := got.Status.Entry(node)
+	assert.Equal(t, []string{"oci://" + host + "/team/app:v1"}, n.Ready, "normalised as the kubelet does")
+	assert.Positive(t, n.Bytes)
+	require.Eventually(t, func() bool { return len(a.pinnedBy(policy.PinOwner(pname))) == len(want) }, 10*time.Second, 20*time.Millisecond)
+	assert.ElementsMatch(t, want, a.pinnedBy(policy.PinOwner(pname)))
 }
