@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/weightd/weightd/internal/kubetest"
@@ -101,4 +102,49 @@ func TestExtenderFlags(t *testing.T) {
 	}
 	_, err := newExtenderServer(extenderConfig{Listen: "127.0.0.1:0"}, nil, slog.Default())
 	assert.ErrorContains(t, err, "--shutdown-timeout")
+}
+
+// TestExtenderNotReady: with no API server to list nodes from, the
+// extender is alive but not ready, answers prioritize with zero scores
+// (it knows no node), and still stops gracefully.
+func TestExtenderNotReady(t *testing.T) {
+	t.Parallel()
+	rc := &rest.Config{Host: "https://127.0.0.1:1", Timeout: time.Second}
+	cfg := extenderConfig{Listen: "127.0.0.1:0", MaxBody: 1 << 20, ShutdownTimeout: 5 * time.Second}
+	x, err := newExtenderServer(cfg, rc, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err)
+	ctx, stop := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- x.Run(ctx) }()
+	base := "http://" + x.Addr()
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(base + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 10*time.Second, 10*time.Millisecond)
+	resp, err := http.Get(base + "/readyz")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Annotations: map[string]string{podrequest.Models: "hf://org/m@main"}}}
+	body, err := json.Marshal(extenderv1.ExtenderArgs{Pod: pod, NodeNames: &[]string{"a"}})
+	require.NoError(t, err)
+	resp, err = http.Post(base+"/prioritize", "application/json", strings.NewReader(string(body)))
+	require.NoError(t, err)
+	var got extenderv1.HostPriorityList
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&got))
+	resp.Body.Close()
+	assert.Equal(t, extenderv1.HostPriorityList{{Host: "a", Score: 0}}, got)
+
+	stop()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("extender did not stop")
+	}
 }
