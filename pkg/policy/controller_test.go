@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -28,10 +29,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/weightd/weightd/internal/kubetest"
 	"github.com/weightd/weightd/pkg/cache"
@@ -608,4 +613,71 @@ func TestPolicyImage(t *testing.T) {
 	assert.Positive(t, n.Bytes)
 	require.Eventually(t, func() bool { return len(a.pinnedBy(policy.PinOwner(pname))) == len(want) }, 10*time.Second, 20*time.Millisecond)
 	assert.ElementsMatch(t, want, a.pinnedBy(policy.PinOwner(pname)))
+}
+
+// TestPolicyLeastPrivilege: the agent's ClusterRole in deploy/daemonset
+// (rbac.yaml) is enough for the controller: it runs as the agent's service
+// account, reports ready, and records its Events.
+func TestPolicyLeastPrivilege(t *testing.T) {
+	t.Parallel()
+	e, _, adminDC := kube(t)
+	raw, err := os.ReadFile(filepath.Join("..", "..", "deploy", "daemonset", "rbac.yaml"))
+	if os.IsNotExist(err) {
+		t.Skip("deploy/daemonset/rbac.yaml not there")
+	}
+	require.NoError(t, err)
+	var sa string
+	for _, doc := range strings.Split(string(raw), "\n---") {
+		js, err := utilyaml.ToJSON([]byte(doc))
+		require.NoError(t, err)
+		u := &unstructured.Unstructured{}
+		require.NoError(t, u.UnmarshalJSON(js))
+		var res string
+		switch u.GetKind() {
+		case "ClusterRole":
+			res = "clusterroles"
+		case "ClusterRoleBinding":
+			res = "clusterrolebindings"
+			subjects, _, _ := unstructured.NestedSlice(u.Object, "subjects")
+			require.NotEmpty(t, subjects)
+			s := subjects[0].(map[string]any)
+			sa = fmt.Sprintf("system:serviceaccount:%s:%s", s["namespace"], s["name"])
+		default:
+			continue
+		}
+		gvr := schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: res}
+		_, err = adminDC.Resource(gvr).Apply(t.Context(), u.GetName(), u, metav1.ApplyOptions{FieldManager: "test", Force: true})
+		require.NoError(t, err)
+	}
+	require.NotEmpty(t, sa, "rbac.yaml binds the role to a service account")
+
+	cfg := rest.CopyConfig(e.Config)
+	ns := strings.Split(sa, ":")[2]
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: sa,
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}}
+	kc, dc := kubernetes.NewForConfigOrDie(cfg), dynamic.NewForConfigOrDie(cfg)
+	_, err = kc.CoreV1().Nodes().Get(t.Context(), "nobody", metav1.GetOptions{})
+	require.True(t, apierrors.IsNotFound(err), "impersonating %s: %v", sa, err)
+	_, err = dc.Resource(policy.GVR).Create(t.Context(), &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": policy.APIVersion, "kind": policy.Kind, "metadata": map[string]any{"name": uniq("forbidden")},
+		"spec": map[string]any{"nodeSelector": map[string]any{}, "models": []any{"hf://a/b@main"}},
+	}}, metav1.CreateOptions{})
+	require.True(t, apierrors.IsForbidden(err), "the agent may not create policies: %v", err)
+
+	ref, _ := startOrigin(t, origin.Spec{Name: "org/rbac", Files: 2, TotalBytes: 64 << 10, Seed: 14})
+	node, pname := uniq("rbac-1"), uniq("rbac")
+	_, err = e.CreateNode(t.Context(), node, map[string]string{"pool": "rbac"})
+	require.NoError(t, err)
+	startAgent(t, kc, dc, node)
+	createPolicy(t, adminDC, pname, map[string]string{"pool": "rbac"}, []string{ref, ref + "x"}, nil)
+	eventually(t, adminDC, pname, "one ready, one failed, counted", func(p *policy.PrefetchPolicy) bool {
+		n, ok := p.Status.Entry(node)
+		return ok && len(n.Ready) == 1 && len(n.Failed) == 1 && p.Status.FailedNodes == 1
+	})
+	require.Eventually(t, func() bool {
+		list, err := e.Clientset().CoreV1().Events(metav1.NamespaceDefault).List(t.Context(), metav1.ListOptions{
+			FieldSelector: fields.Set{"involvedObject.name": pname}.String(),
+		})
+		return err == nil && len(list.Items) == 1
+	}, 30*time.Second, 100*time.Millisecond, "the Event recorded as the agent")
 }
