@@ -22,9 +22,11 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"math"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -65,6 +67,7 @@ func main() {
 	rounds := flag.Int("rounds", 2, "rounds of each side; the best counts")
 	bin := flag.String("weightd", "", "weightd binary (default: build ./cmd/weightd)")
 	agentLog := flag.String("agent-log-level", "warn", "the agent's --log-level (its log goes to stderr)")
+	profile := flag.String("agent-profile", "", "write a CPU profile of the agent's fetch in each round to this directory (as agent-<round>.pprof)")
 	dir := flag.String("dir", "", "working directory (default: a new temporary directory, removed at the end)")
 	flag.Parse()
 	log.SetFlags(0)
@@ -94,12 +97,12 @@ func main() {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := run(ctx, work, *bin, *agentLog, *layers, *layerMiB<<20, *rounds); err != nil {
+	if err := run(ctx, work, *bin, *agentLog, *profile, *layers, *layerMiB<<20, *rounds); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(ctx context.Context, work, bin, agentLog string, layers int, layerSize int64, rounds int) error {
+func run(ctx context.Context, work, bin, agentLog, profile string, layers int, layerSize int64, rounds int) error {
 	reg, err := services.StartRegistry(ctx, services.RegistryConfig{Dir: filepath.Join(work, "registry")})
 	if err != nil {
 		return err
@@ -140,7 +143,7 @@ func run(ctx context.Context, work, bin, agentLog string, layers int, layerSize 
 		if last != nil {
 			last.stop()
 		}
-		a, err := startAgent(ctx, bin, agentLog, filepath.Join(work, fmt.Sprintf("w%d", r)), ctrd, reg.Addr, mirrorAddr)
+		a, err := startAgent(ctx, bin, agentLog, profile != "", filepath.Join(work, fmt.Sprintf("w%d", r)), ctrd, reg.Addr, mirrorAddr)
 		if err != nil {
 			return err
 		}
@@ -148,9 +151,18 @@ func run(ctx context.Context, work, bin, agentLog string, layers int, layerSize 
 		syscall.Sync()
 		cpu = meter.sample()
 		agentCPU := cpuOf(a.cmd.Process.Pid)
+		var stopProfile func() error
+		if profile != "" {
+			stopProfile = a.startProfile(ctx, filepath.Join(profile, fmt.Sprintf("agent-%d.pprof", r+1)))
+		}
 		took, err = a.fetch(ctx, "oci://"+img.Ref)
 		if err != nil {
 			return err
+		}
+		if stopProfile != nil {
+			if err := stopProfile(); err != nil {
+				log.Printf("profiling the agent: %v", err)
+			}
 		}
 		agentCPU = cpuOf(a.cmd.Process.Pid) - agentCPU
 		log.Printf("round %d: weightd fetch (into the cache and containerd) %.2f s (%s)", r+1, took.Seconds(), meter.since(cpu, &agentCPU))
@@ -191,16 +203,53 @@ func run(ctx context.Context, work, bin, agentLog string, layers int, layerSize 
 // agent is a weightd agent process importing into containerd and serving
 // the registry mirror.
 type agent struct {
-	cmd    *exec.Cmd
-	client *api.Client
+	cmd         *exec.Cmd
+	client      *api.Client
+	metricsAddr string // with --pprof, or ""
 }
 
-func startAgent(ctx context.Context, bin, logLevel, root string, ctrd *services.Containerd, registry, mirrorAddr string) (*agent, error) {
+// startProfile starts a 20-second CPU profile of the agent; wait waits for
+// it and writes it to path.
+func (a *agent) startProfile(ctx context.Context, path string) (wait func() error) {
+	done := make(chan error, 1)
+	go func() {
+		done <- func() error {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+a.metricsAddr+"/debug/pprof/profile?seconds=20", nil)
+			if err != nil {
+				return err
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(path, b, 0o644)
+		}()
+	}()
+	return func() error { return <-done }
+}
+
+func startAgent(ctx context.Context, bin, logLevel string, pprof bool, root string, ctrd *services.Containerd, registry, mirrorAddr string) (*agent, error) {
 	sock := "unix://" + root + ".sock"
-	cmd := exec.CommandContext(ctx, bin, "agent", "--root", root, "--api", sock, "--metrics-addr", "", "--log-level", logLevel,
+	metricsAddr := ""
+	if pprof {
+		var err error
+		if metricsAddr, err = freeAddr(); err != nil {
+			return nil, err
+		}
+	}
+	args := []string{"agent", "--root", root, "--api", sock, "--metrics-addr", metricsAddr, "--log-level", logLevel}
+	if pprof {
+		args = append(args, "--pprof")
+	}
+	cmd := exec.CommandContext(ctx, bin, append(args,
 		"--gossip-addr", "", "--chunk-addr", "",
 		"--containerd-address", ctrd.Address, "--insecure-registries", registry,
-		"--mirror-addr", mirrorAddr, "--mirror-registries", registry, "--hosts-dir", ctrd.HostsDir)
+		"--mirror-addr", mirrorAddr, "--mirror-registries", registry, "--hosts-dir", ctrd.HostsDir)...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -216,7 +265,7 @@ func startAgent(ctx context.Context, bin, logLevel, root string, ctrd *services.
 		_ = cmd.Wait()
 		return nil, fmt.Errorf("starting the agent: %w", err)
 	}
-	return &agent{cmd: cmd, client: client}, nil
+	return &agent{cmd: cmd, client: client, metricsAddr: metricsAddr}, nil
 }
 
 // fetch prefetches ref and waits until it is ready: in the cache and, for an
