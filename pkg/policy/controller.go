@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -100,6 +101,10 @@ type Config struct {
 	// Recorder records the Events on policies (default: one that writes
 	// them through the clientset, started by Run).
 	Recorder record.EventRecorder
+	// Registerer, when set, gets the controller's metrics while Run runs:
+	// weightd_policy_status_writes_total, weightd_policy_selected and
+	// weightd_policy_pinned_blobs.
+	Registerer prometheus.Registerer
 }
 
 // DefaultConfig returns the defaults.
@@ -134,6 +139,7 @@ type Controller struct {
 	pins  Pinner
 	cfg   Config
 	log   *slog.Logger
+	m     metrics
 
 	// Set up by Run; everything below is touched by the worker only.
 	ctx      context.Context
@@ -212,6 +218,7 @@ func New(node string, kube kubernetes.Interface, dyn dynamic.Interface, f Fetche
 	return &Controller{
 		node: node, kube: kube, dyn: dyn, fetch: f, pins: p, cfg: cfg,
 		log: cfg.Logger.With("component", "policy", "node", node),
+		m:   newMetrics(),
 	}, nil
 }
 
@@ -224,6 +231,11 @@ func (c *Controller) Run(ctx context.Context) error {
 		return errors.New("policy controller: Run called twice")
 	}
 	c.ctx = ctx
+	unregister, err := c.m.register(c.cfg.Registerer)
+	if err != nil {
+		return fmt.Errorf("registering policy metrics: %w", err)
+	}
+	defer unregister()
 	c.jobs = make(map[string]*tracked)
 	c.pinned = make(map[string]map[digest.Digest]bool)
 	c.written = make(map[string]*NodeStatus)
@@ -327,6 +339,7 @@ func (c *Controller) processNext() bool {
 	case checkCounts, fixCounts:
 		err = c.counts(it.name, it.kind == fixCounts)
 	}
+	c.updateGauges()
 	if err == nil {
 		c.queue.Forget(it)
 		return true
@@ -336,6 +349,16 @@ func (c *Controller) processNext() bool {
 	}
 	c.queue.AddRateLimited(it)
 	return true
+}
+
+// updateGauges sets the gauges from the worker's state.
+func (c *Controller) updateGauges() {
+	pins := 0
+	for _, set := range c.pinned {
+		pins += len(set)
+	}
+	c.m.pinned.Set(float64(pins))
+	c.m.selected.Set(float64(len(c.generation)))
 }
 
 // policyChanged enqueues the work an informer event calls for.
@@ -699,7 +722,7 @@ func (c *Controller) writeEntry(p *PrefetchPolicy, e NodeStatus, now time.Time) 
 		return fmt.Errorf("converting the status entry: %w", err)
 	}
 	obj := applyObject(name, map[string]any{"nodes": []any{m}})
-	if err := c.apply(obj, FieldManager(c.node)); err != nil {
+	if err := c.apply(obj, FieldManager(c.node), "entry"); err != nil {
 		return err
 	}
 	c.written[name] = &e
@@ -716,7 +739,7 @@ func (c *Controller) removeEntry(p *PrefetchPolicy) error {
 	if !there && c.written[name] == nil {
 		return nil
 	}
-	if err := c.apply(applyObject(name, nil), FieldManager(c.node)); err != nil {
+	if err := c.apply(applyObject(name, nil), FieldManager(c.node), "remove"); err != nil {
 		return err
 	}
 	c.log.Info("node no longer selected: status entry removed", "policy", name)
@@ -727,7 +750,7 @@ func (c *Controller) removeEntry(p *PrefetchPolicy) error {
 		// The last node out zeroes the counts: no entry is left to rank
 		// the agents that would correct them. (An apply that changes
 		// nothing does not write.)
-		return c.apply(applyObject(name, countsMap(0, 0, 0)), SummaryFieldManager)
+		return c.apply(applyObject(name, countsMap(0, 0, 0)), SummaryFieldManager, "counts")
 	}
 	return nil
 }
@@ -745,7 +768,7 @@ func (c *Controller) counts(name string, fix bool) error {
 		return nil
 	}
 	if fix {
-		return c.apply(applyObject(name, countsMap(n, r, f)), SummaryFieldManager)
+		return c.apply(applyObject(name, countsMap(n, r, f)), SummaryFieldManager, "counts")
 	}
 	rank := slices.IndexFunc(sortedNames(p.Status.Nodes), func(s string) bool { return s == c.node })
 	if rank < 0 || rank >= c.cfg.SummaryRanks {
@@ -781,10 +804,15 @@ func applyObject(name string, status map[string]any) *unstructured.Unstructured 
 	return &unstructured.Unstructured{Object: obj}
 }
 
-// apply applies obj to the status subresource as manager. A policy deleted
-// meanwhile is not an error.
-func (c *Controller) apply(obj *unstructured.Unstructured, manager string) error {
+// apply applies obj to the status subresource as manager; kind names the
+// write in the metrics. A policy deleted meanwhile is not an error.
+func (c *Controller) apply(obj *unstructured.Unstructured, manager, kind string) error {
 	_, err := c.dyn.Resource(GVR).ApplyStatus(c.ctx, obj.GetName(), obj, metav1.ApplyOptions{FieldManager: manager, Force: true})
+	outcome := "ok"
+	if err != nil && !apierrors.IsNotFound(err) {
+		outcome = "error"
+	}
+	c.m.writes.WithLabelValues(kind, outcome).Inc()
 	if apierrors.IsNotFound(err) {
 		return nil
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -272,7 +273,8 @@ func TestPolicyDebounce(t *testing.T) {
 	require.NoError(t, err)
 	f := &fakeFetcher{jobs: make(map[string][]*fakeJob)}
 	pins := &fakePinner{present: make(map[digest.Digest]bool), pins: make(map[digest.Digest]map[string]bool)}
-	c, err := policy.New(node, kc, dc, f, pins, policy.Config{Debounce: debounce})
+	reg := prometheus.NewPedanticRegistry()
+	c, err := policy.New(node, kc, dc, f, pins, policy.Config{Debounce: debounce, Registerer: reg})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -309,4 +311,43 @@ func TestPolicyDebounce(t *testing.T) {
 	for i := 1; i < len(ws); i++ {
 		assert.GreaterOrEqual(t, ws[i].Sub(ws[i-1]), debounce-50*time.Millisecond, "writes %d and %d", i-1, i)
 	}
+	// The metrics count the same writes.
+	assert.Equal(t, float64(len(ws)), metricValue(t, reg, "weightd_policy_status_writes_total", "kind", "entry", "outcome", "ok"))
+	assert.Equal(t, 0.0, metricValue(t, reg, "weightd_policy_status_writes_total", "kind", "entry", "outcome", "error"))
+	assert.Equal(t, 1.0, metricValue(t, reg, "weightd_policy_selected"))
+	assert.Equal(t, float64(len(refs)), metricValue(t, reg, "weightd_policy_pinned_blobs"))
+}
+
+// metricValue is the value of the metric name with the given label pairs.
+func metricValue(t *testing.T, g prometheus.Gatherer, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
+						found = true
+					}
+				}
+				if !found {
+					continue metrics
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				return m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	t.Fatalf("metric %s%v not found", name, labels)
+	return 0
 }
