@@ -41,6 +41,48 @@ type deployed struct {
 	kustomized []string
 }
 
+// decodeFile parses each document of a YAML file strictly into the real
+// type of its kind.
+func decodeFile(t *testing.T, f string) []any {
+	t.Helper()
+	b, err := os.ReadFile(f)
+	require.NoError(t, err)
+	var objs []any
+	for i, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(b), -1) {
+		if strings.TrimSpace(doc) == "" {
+			continue
+		}
+		var meta struct {
+			Kind string `json:"kind"`
+		}
+		require.NoError(t, yaml.Unmarshal([]byte(doc), &meta))
+		var into any
+		switch meta.Kind {
+		case "ServiceAccount":
+			into = &corev1.ServiceAccount{}
+		case "ClusterRole":
+			into = &rbacv1.ClusterRole{}
+		case "ClusterRoleBinding":
+			into = &rbacv1.ClusterRoleBinding{}
+		case "Role":
+			into = &rbacv1.Role{}
+		case "RoleBinding":
+			into = &rbacv1.RoleBinding{}
+		case "Service":
+			into = &corev1.Service{}
+		case "Deployment":
+			into = &appsv1.Deployment{}
+		case "KubeSchedulerConfiguration":
+			into = &configv1.KubeSchedulerConfiguration{}
+		default:
+			t.Fatalf("%s document %d: unexpected kind %q", f, i, meta.Kind)
+		}
+		require.NoError(t, yaml.UnmarshalStrict([]byte(doc), into), "%s document %d", f, i)
+		objs = append(objs, into)
+	}
+	return objs
+}
+
 func readDeploy(t *testing.T) deployed {
 	t.Helper()
 	var d deployed
@@ -62,40 +104,23 @@ func readDeploy(t *testing.T) deployed {
 		if filepath.Base(f) == "kustomization.yaml" {
 			continue
 		}
-		b, err := os.ReadFile(f)
-		require.NoError(t, err)
-		for i, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(b), -1) {
-			if strings.TrimSpace(doc) == "" {
-				continue
-			}
-			var meta struct {
-				Kind string `json:"kind"`
-			}
-			require.NoError(t, yaml.Unmarshal([]byte(doc), &meta))
-			var into any
-			switch meta.Kind {
-			case "ServiceAccount":
-				d.account = &corev1.ServiceAccount{}
-				into = d.account
-			case "ClusterRole":
-				d.role = &rbacv1.ClusterRole{}
-				into = d.role
-			case "ClusterRoleBinding":
-				d.binding = &rbacv1.ClusterRoleBinding{}
-				into = d.binding
-			case "Service":
-				d.service = &corev1.Service{}
-				into = d.service
-			case "Deployment":
-				d.deployment = &appsv1.Deployment{}
-				into = d.deployment
-			case "KubeSchedulerConfiguration":
-				d.scheduler = &configv1.KubeSchedulerConfiguration{}
-				into = d.scheduler
+		for _, obj := range decodeFile(t, f) {
+			switch o := obj.(type) {
+			case *corev1.ServiceAccount:
+				d.account = o
+			case *rbacv1.ClusterRole:
+				d.role = o
+			case *rbacv1.ClusterRoleBinding:
+				d.binding = o
+			case *corev1.Service:
+				d.service = o
+			case *appsv1.Deployment:
+				d.deployment = o
+			case *configv1.KubeSchedulerConfiguration:
+				d.scheduler = o
 			default:
-				t.Fatalf("%s document %d: unexpected kind %q", f, i, meta.Kind)
+				t.Fatalf("%s: unexpected %T", f, obj)
 			}
-			require.NoError(t, yaml.UnmarshalStrict([]byte(doc), into), "%s document %d", f, i)
 		}
 	}
 	require.NotNil(t, d.account)
@@ -159,6 +184,34 @@ func TestDeployFiles(t *testing.T) {
 	assert.Equal(t, []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}}}, d.role.Rules)
 	assert.Equal(t, d.role.Name, d.binding.RoleRef.Name)
 	assert.Equal(t, []rbacv1.Subject{{Kind: "ServiceAccount", Name: d.account.Name, Namespace: d.namespace}}, d.binding.Subjects)
+
+	// The second scheduler calls the same extender the same way, in its
+	// own profile, and mounts its configuration where it reads it.
+	second := filepath.Join(deployDir, "second-scheduler")
+	cfgs := decodeFile(t, filepath.Join(second, "config.yaml"))
+	require.Len(t, cfgs, 1)
+	cfg := cfgs[0].(*configv1.KubeSchedulerConfiguration)
+	assert.Equal(t, s.Extenders, cfg.Extenders)
+	require.Len(t, cfg.Profiles, 1)
+	assert.Equal(t, "weightd-scheduler", *cfg.Profiles[0].SchedulerName)
+	assert.Equal(t, "weightd-scheduler", cfg.LeaderElection.ResourceName)
+	var roles, bindings int
+	for _, obj := range decodeFile(t, filepath.Join(second, "rbac.yaml")) {
+		switch o := obj.(type) {
+		case *rbacv1.Role:
+			roles++
+			assert.Contains(t, o.Rules, rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{cfg.LeaderElection.ResourceName}, Verbs: []string{"get", "update"}})
+		case *rbacv1.RoleBinding, *rbacv1.ClusterRoleBinding:
+			bindings++
+		}
+	}
+	assert.Equal(t, 1, roles)
+	assert.Equal(t, 4, bindings)
+	deps := decodeFile(t, filepath.Join(second, "deployment.yaml"))
+	require.Len(t, deps, 1)
+	sc := deps[0].(*appsv1.Deployment).Spec.Template.Spec.Containers[0]
+	assert.Contains(t, sc.Command, "--config=/etc/weightd-scheduler/config.yaml")
+	assert.Equal(t, "/etc/weightd-scheduler", sc.VolumeMounts[0].MountPath)
 }
 
 // TestDeployApply has a real API server accept deploy/scheduler
@@ -189,6 +242,9 @@ func TestDeployApply(t *testing.T) {
 	for _, obj := range []string{"serviceaccount/weightd-extender", "clusterrole.rbac.authorization.k8s.io/weightd-extender", "clusterrolebinding.rbac.authorization.k8s.io/weightd-extender", "service/weightd-extender", "deployment.apps/weightd-extender"} {
 		assert.Contains(t, out, obj)
 	}
+	out, err = k("apply", "--dry-run=server", "-k", filepath.Join(deployDir, "second-scheduler"))
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "deployment.apps/weightd-scheduler")
 	out, err = k("apply", "-k", deployDir)
 	require.NoError(t, err, out)
 	as := "--as=system:serviceaccount:weightd-system:weightd-extender"
