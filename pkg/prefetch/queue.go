@@ -663,7 +663,7 @@ func (q *Queue) beginImport(ctx context.Context, j *Job, img *Image) *streamingI
 	imp, err := si.Begin(ctx, img)
 	if err != nil {
 		// The whole import after the fetches tells, or retries.
-		q.cfg.logger.Warn("beginning an image import while fetching failed; importing once fetched", "job", j.id, "image", img.Name, "err", err)
+		q.cfg.logger.Info("not importing the image while fetching it; importing it once fetched", "job", j.id, "image", img.Name, "err", err)
 		return nil
 	}
 	return &streamingImport{imp: imp, log: q.cfg.logger, job: j.id}
