@@ -160,7 +160,7 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 		queueOpts = append(queueOpts, prefetch.WithImporter(sink))
 	}
 	a.queue = prefetch.NewQueue(a.store, src, queueOpts...)
-	if a.kube, err = newKube(cfg.kubeConfig, cfg.NodeName, a.queue, a.store, log); err != nil {
+	if a.kube, err = newKube(cfg.kubeConfig, cfg.NodeName, a.queue, a.store, log, reg); err != nil {
 		return nil, err
 	}
 	apiOpts := []api.Option{

@@ -8,11 +8,14 @@ import (
 	"os"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/kube"
+	"github.com/weightd/weightd/pkg/policy"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -26,16 +29,18 @@ type kubeConfig struct {
 	NodeUpdateInterval time.Duration `help:"Least time between two writes of this node's cache labels and summary (0: 5s); progress alone is written at most every 6 intervals." env:"WEIGHTD_NODE_UPDATE_INTERVAL"`
 }
 
-// kubeSide is the agent's Kubernetes side: the pod intake and the node
-// publisher, each run in the agent's errgroup.
+// kubeSide is the agent's Kubernetes side: the pod intake, the node
+// publisher and the node-group policy controller, each run in the agent's
+// errgroup.
 type kubeSide struct {
 	intake    *kube.PodIntake
 	publisher *kube.NodePublisher
+	policy    *policy.Controller
 }
 
 // newKube builds the Kubernetes side for node, or returns nil when no
 // cluster is configured (one info line says so). It starts nothing.
-func newKube(cfg kubeConfig, node string, queue *prefetch.Queue, store *cache.Store, log *slog.Logger) (*kubeSide, error) {
+func newKube(cfg kubeConfig, node string, queue *prefetch.Queue, store *cache.Store, log *slog.Logger, reg prometheus.Registerer) (*kubeSide, error) {
 	if cfg.KubeQPS < 0 || cfg.KubeBurst < 0 || cfg.NodeUpdateInterval < 0 {
 		return nil, fmt.Errorf("--kube-qps, --kube-burst and --node-update-interval must not be negative")
 	}
@@ -77,6 +82,15 @@ func newKube(cfg kubeConfig, node string, queue *prefetch.Queue, store *cache.St
 		kube.WithNodeInterval(interval, 6*interval), kube.WithPublisherLogger(kl)); err != nil {
 		return nil, err
 	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("building the dynamic Kubernetes client: %w", err)
+	}
+	pcfg := policy.DefaultConfig()
+	pcfg.Logger, pcfg.Registerer = log.With("component", "policy", "node", node), reg
+	if k.policy, err = policy.New(node, client, dyn, policy.FromQueue(queue), store, pcfg); err != nil {
+		return nil, err
+	}
 	log.Info("Kubernetes features on", "node", node, "api-server", rc.Host)
 	return k, nil
 }
@@ -87,5 +101,5 @@ func (k *kubeSide) runs() []func(context.Context) error {
 	if k == nil {
 		return nil
 	}
-	return []func(context.Context) error{k.intake.Run, k.publisher.Run}
+	return []func(context.Context) error{k.intake.Run, k.publisher.Run, k.policy.Run}
 }
