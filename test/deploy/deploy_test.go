@@ -50,7 +50,7 @@ func run(t *testing.T, ctx context.Context, name string, args ...string) string 
 	return string(out)
 }
 
-// TestApply follows docs/deploy.md on a real API server: the namespace and
+// TestApply follows the README's "Deploy on a cluster" on a real API server: the namespace and
 // the gossip key first, then a server-side dry run and the apply itself;
 // then it checks every object, and that the admission policy confines an
 // agent to its own node.
