@@ -25,6 +25,7 @@ const (
 // The names of the binaries in an assets directory.
 const (
 	apiserverBin = "kube-apiserver"
+	schedulerBin = "kube-scheduler"
 	etcdBin      = "etcd"
 )
 
@@ -73,7 +74,7 @@ func hasAssets(dir string) bool {
 	return true
 }
 
-// BuildAssets builds kube-apiserver KubernetesVersion and etcd EtcdVersion
+// BuildAssets builds kube-apiserver and kube-scheduler KubernetesVersion and etcd EtcdVersion
 // from the Go module proxy into dir, skipping a binary that is already
 // there. Each is built to a temporary name in dir and renamed into place,
 // so an interrupted build never leaves a half-written binary under its
@@ -89,23 +90,39 @@ func BuildAssets(ctx context.Context, dir string, log io.Writer) error {
 			return err
 		}
 	}
-	if _, err := os.Stat(filepath.Join(dir, apiserverBin)); err != nil {
-		if err := buildAPIServer(ctx, dir, log); err != nil {
-			return err
+	for _, bin := range []string{apiserverBin, schedulerBin} {
+		if _, err := os.Stat(filepath.Join(dir, bin)); err != nil {
+			if err := buildKubeCommand(ctx, dir, bin, log); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
 }
 
-// buildAPIServer builds k8s.io/kubernetes/cmd/kube-apiserver in a wrapper
-// module. k8s.io/kubernetes cannot be required as it stands: its go.mod
+// Scheduler returns the kube-scheduler built beside the API server's
+// assets (tests of the scheduler extender run a real one).
+func Scheduler() (string, error) {
+	dir, err := FindAssets()
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(dir, schedulerBin)
+	if fi, err := os.Stat(p); err != nil || !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
+		return "", fmt.Errorf("%w: no %s in %s: run `make kube-assets`", ErrNoAssets, schedulerBin, dir)
+	}
+	return p, nil
+}
+
+// buildKubeCommand builds k8s.io/kubernetes/cmd/<name> (kube-apiserver,
+// kube-scheduler) in a wrapper module. k8s.io/kubernetes cannot be required as it stands: its go.mod
 // replaces every staging module (k8s.io/api, k8s.io/client-go, …) with a
 // directory of its own tree, and requires them at v0.0.0. The wrapper
 // replaces each with its published release instead (v0.37.2 for v1.37.2),
 // except the sample modules, which the proxy does not serve and the
 // apiserver does not need.
-func buildAPIServer(ctx context.Context, dir string, log io.Writer) error {
-	work, err := os.MkdirTemp("", "weightd-kube-apiserver-")
+func buildKubeCommand(ctx context.Context, dir, name string, log io.Writer) error {
+	work, err := os.MkdirTemp("", "weightd-"+name+"-")
 	if err != nil {
 		return err
 	}
@@ -117,13 +134,13 @@ func buildAPIServer(ctx context.Context, dir string, log io.Writer) error {
 	}
 	stagingVersion := "v0." + strings.TrimPrefix(KubernetesVersion, "v1.")
 	var mod bytes.Buffer
-	fmt.Fprintf(&mod, "module weightd.local/kube-apiserver\n\ngo 1.26\n\nrequire k8s.io/kubernetes %s\n\n", KubernetesVersion)
+	fmt.Fprintf(&mod, "module weightd.local/%s\n\ngo 1.26\n\nrequire k8s.io/kubernetes %s\n\n", name, KubernetesVersion)
 	for _, m := range staging {
 		fmt.Fprintf(&mod, "replace %s => %s %s\n", m, m, stagingVersion)
 	}
 	ldflags := fmt.Sprintf("-s -w -X k8s.io/component-base/version.gitVersion=%s -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=%s",
 		KubernetesVersion, strings.SplitN(strings.TrimPrefix(KubernetesVersion, "v1."), ".", 2)[0])
-	return buildWrapped(ctx, work, mod.Bytes(), "k8s.io/kubernetes/cmd/kube-apiserver", ldflags, filepath.Join(dir, apiserverBin), log)
+	return buildWrapped(ctx, work, mod.Bytes(), "k8s.io/kubernetes/cmd/"+name, ldflags, filepath.Join(dir, name), log)
 }
 
 // buildEtcd builds go.etcd.io/etcd/server/v3 (the etcd program) in a

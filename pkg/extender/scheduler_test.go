@@ -30,26 +30,22 @@ import (
 )
 
 // kubeScheduler returns the path of a kube-scheduler binary of the cluster's
-// version: $WEIGHTD_KUBE_SCHEDULER, else kube-scheduler beside kubetest's
-// kube-apiserver. The test skips without one: the kube assets do not build
-// it yet.
+// version: $WEIGHTD_KUBE_SCHEDULER, else the one `make kube-assets` builds
+// beside kubetest's kube-apiserver. The test skips without one, except
+// under CI=true, where it fails.
 func kubeScheduler(t *testing.T) string {
 	t.Helper()
 	if p := os.Getenv("WEIGHTD_KUBE_SCHEDULER"); p != "" {
 		return p
 	}
-	if dir, err := kubetest.FindAssets(); err == nil {
-		if p := filepath.Join(dir, "kube-scheduler"); isExecutable(p) {
-			return p
+	p, err := kubetest.Scheduler()
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI=true but %v", err)
 		}
+		t.Skipf("skipping: %v", err)
 	}
-	t.Skip("skipping: no kube-scheduler (set WEIGHTD_KUBE_SCHEDULER, or build k8s.io/kubernetes/cmd/kube-scheduler beside kubetest's kube-apiserver)")
-	return ""
-}
-
-func isExecutable(p string) bool {
-	fi, err := os.Stat(p)
-	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
+	return p
 }
 
 // TestKubeScheduler runs a real kube-scheduler with deploy/scheduler's
