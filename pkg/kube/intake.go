@@ -236,10 +236,15 @@ func (in *PodIntake) tick(ctx context.Context, queue workqueue.TypedRateLimiting
 		var due []string
 		in.mu.Lock()
 		for key, st := range in.pods {
-			if st.invalid || now.Before(st.notBefore) {
+			if st.invalid {
 				continue
 			}
-			if status := st.status(); (status != st.written && (!st.settled || finalStatus(status))) || (finalStatus(status) && st.reported != status) {
+			status := st.status()
+			// A progress-only wait never holds back the final status.
+			if now.Before(st.notBefore) && !finalStatus(status) {
+				continue
+			}
+			if (status != st.written && (!st.settled || finalStatus(status))) || (finalStatus(status) && st.reported != status) {
 				due = append(due, key)
 			}
 		}

@@ -190,3 +190,37 @@ func TestIntakeSettledPod(t *testing.T) {
 		assert.NotEqual(t, "events", a.GetResource().Resource, "no Event for an answered pod")
 	}
 }
+
+// TestIntakeFinalStatusNotHeldBack: after a progress patch, the final
+// status is written within the status interval, not held back by the
+// longer progress interval.
+func TestIntakeFinalStatusNotHeldBack(t *testing.T) {
+	t.Parallel()
+	ref, _ := testOrigin(t, "test/model", 2, modelSize, origin.WithBandwidth(8<<20)) // about a second
+	client := fake.NewClientset(newPod("p1", "n1", map[string]string{"weightd.io/models": ref}))
+	store, err := wcache.Open(t.TempDir())
+	require.NoError(t, err)
+	defer store.Close()
+	queue := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
+	in, err := NewPodIntake(client, "n1", queue, WithStatusInterval(100*time.Millisecond, time.Hour), WithFirstStatusDelay(0))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = queue.Run(ctx) })
+	wg.Go(func() { _ = in.Run(ctx) })
+	defer wg.Wait()
+	defer cancel()
+
+	var sawFetching bool
+	eventually(t, 20*time.Second, func() string {
+		p, err := client.CoreV1().Pods("default").Get(t.Context(), "p1", metav1.GetOptions{})
+		require.NoError(t, err)
+		s := p.Annotations["weightd.io/status"]
+		sawFetching = sawFetching || strings.HasPrefix(s, "fetching")
+		if s != "ready" {
+			return "p1: " + s
+		}
+		return ""
+	})
+	assert.True(t, sawFetching, "a progress patch came first")
+}
