@@ -127,7 +127,7 @@ func run(ctx context.Context, nNodes, perNode, nCatalog, podModels, requests int
 		return err
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	go srv.Serve(ln)
+	go func() { _ = srv.Serve(ln) }() // ends with ErrServerClosed at Close
 	defer srv.Close()
 	base := "http://" + ln.Addr().String()
 

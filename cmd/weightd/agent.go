@@ -157,7 +157,11 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 		if a.mirror != nil {
 			sink.mirror = a.mirror.handler
 		}
-		queueOpts = append(queueOpts, prefetch.WithImporter(sink))
+		var imp prefetch.Importer = sink
+		if a.imports != nil {
+			imp = streamingSink{sink}
+		}
+		queueOpts = append(queueOpts, prefetch.WithImporter(imp))
 	}
 	a.queue = prefetch.NewQueue(a.store, src, queueOpts...)
 	if a.kube, err = newKube(cfg.kubeConfig, cfg.NodeName, a.queue, a.store, log, reg); err != nil {

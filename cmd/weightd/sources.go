@@ -118,17 +118,50 @@ type imageSink struct {
 
 // Import tells the mirror, then imports into containerd.
 func (s imageSink) Import(ctx context.Context, img *prefetch.Image) error {
-	if s.mirror != nil {
-		if registry, repository, tag, ok := splitImageName(img.Name); ok {
-			if err := s.mirror.Learn(registry, repository, tag, img.Target.Digest); err != nil {
-				s.log.Warn("the mirror could not learn a prefetched tag", "image", img.Name, "err", err)
-			}
-		}
-	}
+	s.learn(img)
 	if s.importer == nil {
 		return nil
 	}
 	return s.importer.Import(ctx, img)
+}
+
+// learn tells the mirror the image's tag.
+func (s imageSink) learn(img *prefetch.Image) {
+	if s.mirror == nil {
+		return
+	}
+	if registry, repository, tag, ok := splitImageName(img.Name); ok {
+		if err := s.mirror.Learn(registry, repository, tag, img.Target.Digest); err != nil {
+			s.log.Warn("the mirror could not learn a prefetched tag", "image", img.Name, "err", err)
+		}
+	}
+}
+
+// streamingSink is an imageSink with containerd: the queue hands it each
+// blob as it lands in the cache, so writing into containerd and unpacking
+// overlap the download (prefetch.StreamingImporter).
+type streamingSink struct{ imageSink }
+
+// Begin begins a streaming import; the mirror learns the tag at Commit,
+// once every blob is in the cache.
+func (s streamingSink) Begin(ctx context.Context, img *prefetch.Image) (prefetch.ImageImport, error) {
+	imp, err := s.importer.Begin(ctx, img)
+	if err != nil {
+		return nil, err
+	}
+	return sinkImport{ImageImport: imp, learn: func() { s.learn(img) }}, nil
+}
+
+// sinkImport is a streaming import that tells the mirror on Commit.
+type sinkImport struct {
+	prefetch.ImageImport
+	learn func()
+}
+
+// Commit tells the mirror, then finishes the import.
+func (i sinkImport) Commit(ctx context.Context) error {
+	i.learn()
+	return i.ImageImport.Commit(ctx)
 }
 
 // splitImageName splits "registry/repository:tag"; ok is false for names
@@ -220,3 +253,5 @@ func isLoopbackHost(hostport string) bool {
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
 }
+
+var _ prefetch.StreamingImporter = streamingSink{}

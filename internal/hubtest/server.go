@@ -79,7 +79,7 @@ func (h *Hub) splitRepo(segs []string, actions ...string) (id string, rest []str
 			continue
 		}
 		r := segs[k:]
-		if len(actions) > 0 && (len(r) == 0 || !slices.Contains(actions, r[0])) && !(len(r) == 0 && slices.Contains(actions, "")) {
+		if len(actions) > 0 && (len(r) == 0 || !slices.Contains(actions, r[0])) && (len(r) != 0 || !slices.Contains(actions, "")) {
 			continue
 		}
 		cand := strings.Join(segs[:k], "/")

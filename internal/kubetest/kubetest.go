@@ -230,8 +230,7 @@ func (e *Env) StartAPIServer(ctx context.Context) error {
 	e.mu.Unlock()
 
 	if err := e.waitReady(ctx, p); err != nil {
-		e.StopAPIServer()
-		return err
+		return errors.Join(err, e.StopAPIServer())
 	}
 	return nil
 }
@@ -547,13 +546,13 @@ func (p *proc) stop() error {
 		return nil
 	default:
 	}
-	p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.cmd.Process.Signal(syscall.SIGTERM) // it may have exited meanwhile: done says
 	select {
 	case <-p.done:
 		return nil
 	case <-time.After(10 * time.Second):
 	}
-	p.cmd.Process.Kill()
+	_ = p.cmd.Process.Kill()
 	<-p.done
 	return nil
 }
@@ -567,7 +566,9 @@ func (p *proc) logTail() string {
 	defer f.Close()
 	const n = 4096
 	if fi, err := f.Stat(); err == nil && fi.Size() > n {
-		f.Seek(fi.Size()-n, io.SeekStart)
+		if _, err := f.Seek(fi.Size()-n, io.SeekStart); err != nil {
+			return ""
+		}
 	}
 	b, _ := io.ReadAll(f)
 	return string(b)

@@ -87,10 +87,10 @@ func (f *forwarder) join(c net.Conn) {
 	defer f.untrack(up)
 	done := make(chan struct{}, 2)
 	pipe := func(dst, src net.Conn) {
-		io.Copy(dst, src)
+		_, _ = io.Copy(dst, src) // either side closing ends the copy
 		// Half-close so that the other direction drains, then ends.
 		if tc, ok := dst.(*net.TCPConn); ok {
-			tc.CloseWrite()
+			_ = tc.CloseWrite()
 		}
 		done <- struct{}{}
 	}

@@ -87,12 +87,10 @@ func StartContainerd(ctx context.Context, cfg ContainerdConfig) (*Containerd, er
 		c.Address = filepath.Join(c.sockDir, "containerd.sock")
 	}
 	if err := os.WriteFile(c.configPath(), []byte(c.config()), 0o644); err != nil {
-		c.cleanup()
-		return nil, err
+		return nil, errors.Join(err, c.cleanup())
 	}
 	if err := c.Start(ctx); err != nil {
-		c.cleanup()
-		return nil, err
+		return nil, errors.Join(err, c.cleanup())
 	}
 	return c, nil
 }

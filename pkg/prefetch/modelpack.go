@@ -240,7 +240,7 @@ func DefaultPlatform() Platform {
 }
 
 func (p Platform) String() string {
-	return ociPlatform{OS: p.OS, Architecture: p.Architecture, Variant: p.Variant}.String()
+	return ociPlatform(p).String()
 }
 
 // normalize maps architecture aliases and default variants to one form.

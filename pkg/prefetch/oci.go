@@ -798,7 +798,7 @@ func (k *dockerKeychain) Resolve(r authn.Resource) (authn.Authenticator, error) 
 		}
 		auths, err := parseDockerConfig(data)
 		if err != nil {
-			return nil, fmt.Errorf("Docker config %s: %w", f, err)
+			return nil, fmt.Errorf("reading Docker config %s: %w", f, err)
 		}
 		if a, ok, err := lookupAuth(auths, r); err != nil || ok {
 			return a, err
