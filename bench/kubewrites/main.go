@@ -158,7 +158,11 @@ func run(size int64, seconds float64) error {
 		return err
 	}
 	srv := origin.NewServer(ln, modelDir, origin.WithBandwidth(int64(float64(size)/seconds)))
-	go srv.Run(ctx)
+	go func() {
+		if err := srv.Run(ctx); err != nil {
+			log.Printf("origin: %v", err)
+		}
+	}()
 	ref := srv.URL() + "/" + origin.ManifestName
 
 	// The agent, with the defaults of `weightd agent`.
