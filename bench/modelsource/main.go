@@ -64,7 +64,7 @@ type result struct {
 func main() {
 	sizeMiB := flag.Int64("size-mib", 1024, "model size, MiB")
 	files := flag.Int("files", 6, "model files")
-	rounds := flag.Int("rounds", 2, "rounds of each source; the best counts")
+	rounds := flag.Int("rounds", 3, "rounds of each source; the best counts (a round now and then takes twice as long here, whatever the source: disk write-back)")
 	bin := flag.String("weightd", "", "weightd binary (default: build ./cmd/weightd)")
 	dir := flag.String("dir", "", "working directory (default: a new temporary directory, removed at the end)")
 	flag.Parse()
