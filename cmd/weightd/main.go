@@ -1,8 +1,11 @@
 // Command weightd is the weightd node agent and its command-line client.
 //
-//	weightd agent            run the agent (cache, prefetch queue, local API, metrics)
-//	weightd fetch REF --wait fetch a model through the local agent, with progress
+//	weightd agent            run the agent (cache, prefetch queue, local API, metrics, peers, mirror, Kubernetes)
+//	weightd fetch REF --wait fetch a model or image through the local agent, with progress
+//	weightd cancel JOB       cancel a fetch job of the local agent
 //	weightd status           summarise the agent's cache, downloads and jobs
+//	weightd key REF          print a reference's node label, for a preferred node affinity
+//	weightd extender         run the kube-scheduler extender (a Deployment)
 //	weightd demo             run an origin and three agents in-process; they fetch a generated model at once, sharing it
 //	weightd version          print the version
 //
