@@ -33,7 +33,8 @@ import (
 type Config struct {
 	// Dir holds etcd's data, the certificates, the kubeconfig files and
 	// the processes' logs (etcd.log, kube-apiserver.log). Empty means a new
-	// temporary directory, removed by Close; a given Dir is left in place.
+	// temporary directory, removed by Close; a given Dir is left in place
+	// (Start begins with fresh certificates and an empty etcd in it).
 	Dir string
 
 	// BindAddress is the IP address the API server listens on (its
@@ -134,36 +135,18 @@ func Start(ctx context.Context, cfg Config) (_ *Env, err error) {
 	if e.pki, err = newPKI(e.Dir, []string{e.bind, cfg.NetnsAddr}); err != nil {
 		return nil, fmt.Errorf("kubetest: %w", err)
 	}
-	if e.port = cfg.Port; e.port == 0 {
-		if e.port, err = freePort(e.bind); err != nil {
-			return nil, err
+	// Ports picked free can be taken by another process before the daemon
+	// binds them (tests run in parallel): pick again then.
+	if err := retryPortClash(true, func() error {
+		// A first try may have left its data behind, naming its ports.
+		if err := os.RemoveAll(filepath.Join(e.Dir, "etcd")); err != nil {
+			return err
 		}
-	}
-	e.Host = "https://" + net.JoinHostPort(e.bind, strconv.Itoa(e.port))
-	e.Config = &rest.Config{
-		Host: e.Host,
-		TLSClientConfig: rest.TLSClientConfig{
-			CAData:   e.pki.caCert,
-			CertData: e.pki.adminCert,
-			KeyData:  e.pki.adminKey,
-		},
-		// Tests create objects quickly; client-go's default of 5 per
-		// second would make them slow, not more faithful.
-		QPS:   200,
-		Burst: 400,
-	}
-	if e.clientset, err = kubernetes.NewForConfig(e.Config); err != nil {
+		return e.startEtcd(ctx)
+	}); err != nil {
 		return nil, err
 	}
-	e.Kubeconfig = filepath.Join(e.Dir, "kubeconfig")
-	if err := e.writeKubeconfig(e.Kubeconfig, e.Host); err != nil {
-		return nil, err
-	}
-
-	if err := e.startEtcd(ctx); err != nil {
-		return nil, err
-	}
-	if err := e.StartAPIServer(ctx); err != nil {
+	if err := retryPortClash(cfg.Port == 0, func() error { return e.startAPIServerOnPort(ctx) }); err != nil {
 		return nil, err
 	}
 	if err := e.waitDefaultNamespace(ctx); err != nil {
@@ -185,6 +168,48 @@ func Start(ctx context.Context, cfg Config) (_ *Env, err error) {
 		}
 	}
 	return e, nil
+}
+
+// startAPIServerOnPort picks the API server's port (Config.Port or a free
+// one), makes the admin's client and kubeconfig for it and starts it.
+func (e *Env) startAPIServerOnPort(ctx context.Context) (err error) {
+	if e.port = e.cfg.Port; e.port == 0 {
+		if e.port, err = freePort(e.bind); err != nil {
+			return err
+		}
+	}
+	e.Host = "https://" + net.JoinHostPort(e.bind, strconv.Itoa(e.port))
+	e.Config = &rest.Config{
+		Host: e.Host,
+		TLSClientConfig: rest.TLSClientConfig{
+			CAData:   e.pki.caCert,
+			CertData: e.pki.adminCert,
+			KeyData:  e.pki.adminKey,
+		},
+		// Tests create objects quickly; client-go's default of 5 per
+		// second would make them slow, not more faithful.
+		QPS:   200,
+		Burst: 400,
+	}
+	if e.clientset, err = kubernetes.NewForConfig(e.Config); err != nil {
+		return err
+	}
+	e.Kubeconfig = filepath.Join(e.Dir, "kubeconfig")
+	if err := e.writeKubeconfig(e.Kubeconfig, e.Host); err != nil {
+		return err
+	}
+	return e.StartAPIServer(ctx)
+}
+
+// retryPortClash runs start again, up to four times, while it fails because
+// a port it picked was taken meanwhile; only when ports are picked.
+func retryPortClash(picked bool, start func() error) error {
+	for attempt := 1; ; attempt++ {
+		err := start()
+		if err == nil || !picked || attempt == 4 || !strings.Contains(err.Error(), "address already in use") {
+			return err
+		}
+	}
 }
 
 // Clientset returns a clientset for the admin.
