@@ -58,6 +58,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/weightd/weightd/internal/benchnet"
 	"github.com/weightd/weightd/internal/kubetest"
 	"github.com/weightd/weightd/internal/testbed"
 	"github.com/weightd/weightd/pkg/kube"
@@ -126,7 +127,7 @@ func main() {
 	var err error
 	switch {
 	case serveDir != "":
-		err = serveOrigin(serveDir, listen, control)
+		err = benchnet.ServeOrigin(serveDir, listen, control)
 	case scrape != "":
 		err = printURL(scrape)
 	default:
@@ -260,7 +261,7 @@ func run(ctx context.Context, o options) error {
 	addr := netip.AddrPortFrom(originHost.Addr, originPort)
 	ref := "http://" + addr.String() + "/" + origin.ManifestName
 	control := filepath.Join(work, "origin.sock")
-	stopOrigin, err := startOrigin(ctx, originHost, exe, originDir, addr.String(), control)
+	stopOrigin, err := benchnet.StartOrigin(ctx, originHost, exe, originDir, addr.String(), control)
 	if err != nil {
 		return err
 	}
@@ -271,18 +272,20 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	start = time.Now()
-	agents, err := startAgents(ctx, []*testbed.Host{hostA, hostB}, []string{nodeA, nodeB}, o.weightd, agentsDir,
-		env.NetnsKubeconfig, o.chunkMiB, strings.Fields(o.agentArgs))
+	agents, err := benchnet.StartAgents(ctx, []*testbed.Host{hostA, hostB}, benchnet.AgentConfig{
+		Bin: o.weightd, Dir: agentsDir, ChunkMiB: o.chunkMiB, Nodes: []string{nodeA, nodeB},
+		Kubeconfig: env.NetnsKubeconfig, Extra: strings.Fields(o.agentArgs),
+	})
 	if err != nil {
 		return err
 	}
-	defer agents.close()
-	a, b := agents.agents[0], agents.agents[1]
+	defer agents.Close()
+	a, b := agents.List[0], agents.List[1]
 	log.Printf("agents on %s and %s up and joined in %v", nodeA, nodeB, time.Since(start).Round(time.Millisecond))
 
 	// node-a takes the model from the origin.
 	fctx, cancel := context.WithTimeout(ctx, o.timeout)
-	took, err := a.fetch(fctx, ref, nil)
+	took, err := a.Fetch(fctx, ref, nil)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("%s fetching the model from the origin: %w", nodeA, err)
@@ -296,7 +299,7 @@ func run(ctx context.Context, o options) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	originBefore, err := originBytes(ctx, control)
+	originBefore, err := benchnet.OriginBytes(ctx, control)
 	if err != nil {
 		return err
 	}
@@ -306,7 +309,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 
-	originAfter, err := originBytes(ctx, control)
+	originAfter, err := benchnet.OriginBytes(ctx, control)
 	if err != nil {
 		return err
 	}
@@ -353,7 +356,7 @@ type timedStatus struct {
 // annotation says ready (an error if it says failed, or after timeout).
 // Meanwhile it polls node-b's API for the job the pod made, for the
 // breakdown.
-func measure(ctx context.Context, env *kubetest.Env, b *agent, ref string, timeout time.Duration) (*timeline, error) {
+func measure(ctx context.Context, env *kubetest.Env, b *benchnet.Agent, ref string, timeout time.Duration) (*timeline, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	pods := env.Clientset().CoreV1().Pods(metav1.NamespaceDefault)
@@ -372,7 +375,7 @@ func measure(ctx context.Context, env *kubetest.Env, b *agent, ref string, timeo
 				return
 			case <-tick.C:
 			}
-			jobs, err := b.client.Jobs(pollCtx)
+			jobs, err := b.Client.Jobs(pollCtx)
 			if err != nil {
 				continue
 			}

@@ -54,6 +54,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/weightd/weightd/internal/benchnet"
 	"github.com/weightd/weightd/internal/testbed"
 	"github.com/weightd/weightd/pkg/origin"
 )
@@ -127,7 +128,7 @@ func main() {
 	var err error
 	switch {
 	case serveDir != "":
-		err = serveOrigin(serveDir, listen, control)
+		err = benchnet.ServeOrigin(serveDir, listen, control)
 	case downloadURL != "":
 		err = download(downloadURL, sha, size, timeout)
 	default:
@@ -248,7 +249,7 @@ func run(ctx context.Context, o options) error {
 	addr := netip.AddrPortFrom(all[0].Addr, originPort)
 	b.url = "http://" + addr.String() + "/" + b.file.Path
 	b.control = filepath.Join(b.work, "origin.sock")
-	stopOrigin, err := startOrigin(ctx, all[0], b.exe, originDir, addr.String(), b.control)
+	stopOrigin, err := benchnet.StartOrigin(ctx, all[0], b.exe, originDir, addr.String(), b.control)
 	if err != nil {
 		return err
 	}
@@ -278,51 +279,12 @@ func run(ctx context.Context, o options) error {
 	return nil
 }
 
-// startOrigin runs the origin in host h and waits (10 s at most) until it
-// answers on its control socket. stop ends it (SIGTERM).
-func startOrigin(ctx context.Context, h *testbed.Host, exe, dir, addr, control string) (stop func(), err error) {
-	octx, cancel := context.WithCancel(ctx)
-	cmd := h.Command(octx, exe, "-serve-origin", dir, "-listen", addr, "-control", control)
-	cmd.Stderr = &lineWriter{prefix: "origin: ", w: os.Stderr}
-	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-	cmd.WaitDelay = 10 * time.Second
-	if err := cmd.Start(); err != nil {
-		cancel()
-		return nil, fmt.Errorf("starting the origin: %w", err)
-	}
-	exited := make(chan struct{})
-	var werr error
-	go func() {
-		werr = cmd.Wait()
-		close(exited)
-	}()
-	stop = func() {
-		cancel()
-		<-exited
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := originBytes(ctx, control); err == nil {
-			return stop, nil
-		}
-		select {
-		case <-exited:
-			return nil, fmt.Errorf("the origin exited at start: %v", werr)
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			stop()
-			return nil, fmt.Errorf("the origin did not answer on %s within 10s", control)
-		}
-	}
-}
-
 // runNaive has every agent host download the blob from the origin at the
 // same moment, and returns when the last one finished.
 func (b *bench) runNaive(ctx context.Context) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, b.deadline)
 	defer cancel()
-	before, err := originBytes(ctx, b.control)
+	before, err := benchnet.OriginBytes(ctx, b.control)
 	if err != nil {
 		return 0, err
 	}
@@ -340,7 +302,7 @@ func (b *bench) runNaive(ctx context.Context) (time.Duration, error) {
 	for _, h := range b.hosts {
 		cmd := h.Command(ctx, b.exe, "-download", b.url, "-sha256", b.file.SHA256,
 			"-size", fmt.Sprint(b.size), "-timeout", b.deadline.String())
-		cmd.Stderr = &lineWriter{prefix: h.Name + " (naive): ", w: os.Stderr}
+		cmd.Stderr = &benchnet.LineWriter{Prefix: h.Name + " (naive): ", W: os.Stderr}
 		stdin, err := cmd.StdinPipe()
 		if err != nil {
 			return 0, err
@@ -383,7 +345,7 @@ func (b *bench) runNaive(ctx context.Context) (time.Duration, error) {
 	if err := errors.Join(errs...); err != nil {
 		return 0, err
 	}
-	after, err := originBytes(ctx, b.control)
+	after, err := benchnet.OriginBytes(ctx, b.control)
 	if err != nil {
 		return 0, err
 	}
@@ -404,17 +366,17 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 	defer os.RemoveAll(dir)
 	syscall.Sync() // the previous phase's write-back must not slow this one
 
-	agents, err := startAgents(ctx, b.hosts, b.weightd, dir, b.chunkMiB, strings.Fields(b.agentArgs))
+	agents, err := benchnet.StartAgents(ctx, b.hosts, benchnet.AgentConfig{Bin: b.weightd, Dir: dir, ChunkMiB: b.chunkMiB, Extra: strings.Fields(b.agentArgs)})
 	if err != nil {
 		return result{}, err
 	}
-	defer agents.close()
-	before, err := originBytes(ctx, b.control)
+	defer agents.Close()
+	before, err := benchnet.OriginBytes(ctx, b.control)
 	if err != nil {
 		return result{}, err
 	}
 
-	n := len(agents.agents)
+	n := len(agents.List)
 	delays := make([]time.Duration, n)
 	victim := -1
 	switch mode {
@@ -425,22 +387,22 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 	case "churn":
 		victim = n - 1
 	}
-	cpu0, err := sampleCPU(agents.agents, -1)
+	cpu0, err := sampleCPU(agents.List, -1)
 	if err != nil {
 		return result{}, err
 	}
-	took, err := fetchAll(ctx, agents.agents, b.url+"#sha256:"+b.file.SHA256, delays, victim, b.size/2)
+	took, err := fetchAll(ctx, agents.List, b.url+"#sha256:"+b.file.SHA256, delays, victim, b.size/2)
 	if err != nil {
 		if ctx.Err() == context.DeadlineExceeded {
 			err = fmt.Errorf("%w (not done after %v)", err, b.deadline)
 		}
 		return result{}, err
 	}
-	cpu1, err := sampleCPU(agents.agents, victim)
+	cpu1, err := sampleCPU(agents.List, victim)
 	if err != nil {
 		return result{}, err
 	}
-	after, err := originBytes(ctx, b.control)
+	after, err := benchnet.OriginBytes(ctx, b.control)
 	if err != nil {
 		return result{}, err
 	}
@@ -462,7 +424,7 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 		TimeRatio:   round(secs[len(secs)-1] / limit),
 		OriginRatio: round(float64(after-before) / float64(b.size)),
 	}
-	log.Printf("%s: %s; origin sent %.2f × S", mode, describe(agents.agents, took, victim), r.OriginRatio)
+	log.Printf("%s: %s; origin sent %.2f × S", mode, describe(agents.List, took, victim), r.OriginRatio)
 	log.Printf("%s: %s", mode, cpu1.since(cpu0, victim))
 	return r, nil
 }
@@ -475,18 +437,18 @@ type cpuSample struct {
 }
 
 // sampleCPU reads the machine's and every agent's CPU time, except agent skip's.
-func sampleCPU(agents []*agent, skip int) (cpuSample, error) {
+func sampleCPU(agents []*benchnet.Agent, skip int) (cpuSample, error) {
 	s := cpuSample{at: time.Now(), agents: make([]time.Duration, len(agents))}
 	var err error
-	if s.machine, err = machineBusy(); err != nil {
+	if s.machine, err = benchnet.MachineBusy(); err != nil {
 		return s, err
 	}
 	for i, a := range agents {
 		if i == skip {
 			continue
 		}
-		if s.agents[i], err = a.cpu(); err != nil {
-			return s, fmt.Errorf("reading the CPU time of the agent in %s: %w", a.host.Name, err)
+		if s.agents[i], err = a.CPU(); err != nil {
+			return s, fmt.Errorf("reading the CPU time of the agent in %s: %w", a.Node, err)
 		}
 	}
 	return s, nil
@@ -509,14 +471,14 @@ func (s cpuSample) since(s0 cpuSample, skip int) string {
 }
 
 // describe lists each agent's time, for the log.
-func describe(agents []*agent, took []time.Duration, victim int) string {
+func describe(agents []*benchnet.Agent, took []time.Duration, victim int) string {
 	var parts []string
 	for i, a := range agents {
 		if i == victim {
-			parts = append(parts, a.host.Name+" killed")
+			parts = append(parts, a.Node+" killed")
 			continue
 		}
-		parts = append(parts, fmt.Sprintf("%s %.2fs", a.host.Name, took[i].Seconds()))
+		parts = append(parts, fmt.Sprintf("%s %.2fs", a.Node, took[i].Seconds()))
 	}
 	return strings.Join(parts, ", ")
 }
