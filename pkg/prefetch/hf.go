@@ -259,7 +259,7 @@ func (s *HFSource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 	res := &Resolution{Model: m, Blobs: make(map[digest.Digest]cache.RangeOpener, len(m.Files))}
 	for _, f := range m.Files {
 		if _, ok := res.Blobs[f.Digest]; !ok {
-			res.Blobs[f.Digest] = &hfBlob{src: s, url: s.fileURL(ref.Repository, commit, f.Path), size: f.Size}
+			res.Blobs[f.Digest] = s.blob(s.fileURL(ref.Repository, commit, f.Path), f.Size)
 		}
 	}
 	return res, nil
@@ -299,7 +299,7 @@ func (s *HFSource) resolveAt(ctx context.Context, repo, commit string) (*Resolut
 		d := cache.Descriptor{Digest: digest.NewDigestFromEncoded(digest.SHA256, e.LFS.OID), Size: e.Size}
 		res.Model.Files[i].Descriptor = d
 		if _, ok := res.Blobs[d.Digest]; !ok {
-			res.Blobs[d.Digest] = &hfBlob{src: s, url: s.fileURL(repo, commit, e.Path), size: e.Size}
+			res.Blobs[d.Digest] = s.blob(s.fileURL(repo, commit, e.Path), e.Size)
 		}
 	}
 
@@ -706,67 +706,32 @@ func nextLink(values []string, base *url.URL) (*url.URL, error) {
 	return nil, nil
 }
 
-// hfBlob reads an LFS file with ranged GETs of its resolve URL at a commit,
-// which the hub redirects to its CDN.
-type hfBlob struct {
-	src  *HFSource
-	url  *url.URL
-	size int64
-}
-
-// OpenRange GETs the file from off with "Range: bytes=off-". A 206 must carry
-// "Content-Range: bytes off-(size-1)/size"; a 200 is accepted only from
+// blob reads a file with ranged GETs of its resolve URL at a commit, which
+// the hub redirects to its CDN. A 206 must carry
+// "Content-Range: bytes off-(end-1)/size"; a 200 is accepted only from
 // offset 0 (a server that ignores Range cannot resume) and must have the
 // expected Content-Length when it has one. The hub's errors name its
 // X-Error-Code; 401, 403 and 404 are permanent, 429 and 5xx are not.
-func (b *hfBlob) OpenRange(ctx context.Context, off int64) (io.ReadCloser, error) {
-	return b.openRange(ctx, off, b.size)
-}
-
-// OpenBoundedRange GETs bytes [off, off+n) of the file, so that a chunk from
-// the origin costs it exactly its bytes. The reader ends after n bytes.
-func (b *hfBlob) OpenBoundedRange(ctx context.Context, off, n int64) (io.ReadCloser, error) {
-	if n < 0 || off < 0 || n > b.size-off {
-		return nil, cache.Permanent(fmt.Errorf("%w: bytes %d+%d outside a blob of %d bytes", cache.ErrInvalid, off, n, b.size))
-	}
-	body, err := b.openRange(ctx, off, off+n)
-	if err != nil {
-		return nil, err
-	}
-	return struct {
-		io.Reader
-		io.Closer
-	}{io.LimitReader(body, n), body}, nil
-}
-
-func (b *hfBlob) openRange(ctx context.Context, off, end int64) (io.ReadCloser, error) {
-	if off < 0 || off > b.size {
-		return nil, cache.Permanent(fmt.Errorf("%w: offset %d outside a blob of %d bytes", cache.ErrInvalid, off, b.size))
-	}
-	if off == end {
-		return http.NoBody, nil
-	}
-	resp, err := b.src.http.do(ctx, http.MethodGet, b.url, func(h http.Header) {
-		spec := "bytes=" + strconv.FormatInt(off, 10) + "-"
-		if end < b.size {
-			spec += strconv.FormatInt(end-1, 10)
+func (s *HFSource) blob(u *url.URL, size int64) rangedBlob {
+	return rangedBlob{size: size, fetch: func(ctx context.Context, off, end int64) (io.ReadCloser, error) {
+		resp, err := s.http.do(ctx, http.MethodGet, u, rangeHeader(off, end, size, false))
+		if err != nil {
+			return nil, err
 		}
-		h.Set("Range", spec)
-		h.Set("Accept-Encoding", "identity")
-	})
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode >= 400 && resp.StatusCode != http.StatusRequestedRangeNotSatisfiable {
-		return nil, b.src.statusError(resp, b.url)
-	}
-	if resp.StatusCode == http.StatusOK && off > 0 {
-		drainClose(resp.Body)
-		return nil, cache.Permanent(fmt.Errorf("GET %s: the server ignored Range (HTTP 200 for bytes %d-): cannot resume", redact(b.url), off))
-	}
-	if err := (&httpBlob{url: b.url, size: b.size}).check(resp, off, end); err != nil {
-		drainClose(resp.Body)
-		return nil, fmt.Errorf("GET %s: %w", redact(b.url), err)
-	}
-	return resp.Body, nil
+		if resp.StatusCode >= 400 && resp.StatusCode != http.StatusRequestedRangeNotSatisfiable {
+			return nil, s.statusError(resp, u)
+		}
+		if resp.StatusCode == http.StatusOK && off > 0 {
+			drainClose(resp.Body)
+			return nil, cache.Permanent(fmt.Errorf("GET %s: the server ignored Range (HTTP 200 for bytes %d-): cannot resume", redact(u), off))
+		}
+		if err := checkRange(resp, off, end, size); err != nil {
+			if errors.Is(err, errUnexpectedStatus) {
+				err = statusError(resp, u)
+			}
+			drainClose(resp.Body)
+			return nil, fmt.Errorf("GET %s: %w", redact(u), err)
+		}
+		return resp.Body, nil
+	}}
 }

@@ -106,7 +106,7 @@ func (s *HTTPSource) resolveManifest(ctx context.Context, u *url.URL) (*Resoluti
 			return nil, cache.Permanent(err)
 		}
 		if _, ok := res.Blobs[f.Digest()]; !ok {
-			res.Blobs[f.Digest()] = &httpBlob{src: s, url: fu, size: f.Size}
+			res.Blobs[f.Digest()] = s.blob(fu, f.Size)
 		}
 	}
 	return res, nil
@@ -123,7 +123,7 @@ func (s *HTTPSource) resolveFile(ctx context.Context, ref Ref) (*Resolution, err
 	}
 	return &Resolution{
 		Model: m,
-		Blobs: map[digest.Digest]cache.RangeOpener{ref.Digest: &httpBlob{src: s, url: ref.URL, size: size}},
+		Blobs: map[digest.Digest]cache.RangeOpener{ref.Digest: s.blob(ref.URL, size)},
 	}, nil
 }
 
@@ -193,28 +193,24 @@ func (s *HTTPSource) do(ctx context.Context, method string, u *url.URL, header f
 	return resp, nil
 }
 
-// httpBlob reads one blob with ranged GETs.
-type httpBlob struct {
-	src  *HTTPSource
-	url  *url.URL
-	size int64
+// rangedBlob is a blob of a known size read with ranged requests: the bounds
+// checks and bounded reads every source shares. fetch makes one request for
+// bytes [off, end), off < end, and returns the body from off.
+type rangedBlob struct {
+	size  int64
+	fetch func(ctx context.Context, off, end int64) (io.ReadCloser, error)
 }
 
-// OpenRange GETs the blob from off with "Range: bytes=off-". A 206 must carry
-// "Content-Range: bytes off-(size-1)/size"; a total other than the expected
-// size is a permanent cache.ErrSizeMismatch. A 200 (a server that ignores
-// Range) must have the expected Content-Length when it has one, and its first
-// off bytes are read and discarded before OpenRange returns, so resuming works,
-// slowly, even there (the cache's stall timeout bounds how long that may take).
-func (b *httpBlob) OpenRange(ctx context.Context, off int64) (io.ReadCloser, error) {
+// OpenRange reads the blob from off to its end.
+func (b rangedBlob) OpenRange(ctx context.Context, off int64) (io.ReadCloser, error) {
 	return b.openRange(ctx, off, b.size)
 }
 
-// OpenBoundedRange GETs bytes [off, off+n) of the blob, so that a chunk from
-// the origin costs the origin exactly its bytes (the swarm reads chunks this
-// way). The reader ends after n bytes.
-func (b *httpBlob) OpenBoundedRange(ctx context.Context, off, n int64) (io.ReadCloser, error) {
-	if n < 0 || off+n > b.size {
+// OpenBoundedRange reads bytes [off, off+n) of the blob, so that a chunk
+// from the origin costs the origin exactly its bytes (the swarm reads chunks
+// this way). The reader ends after n bytes.
+func (b rangedBlob) OpenBoundedRange(ctx context.Context, off, n int64) (io.ReadCloser, error) {
+	if n < 0 || off < 0 || n > b.size-off {
 		return nil, cache.Permanent(fmt.Errorf("%w: bytes %d+%d outside a blob of %d bytes", cache.ErrInvalid, off, n, b.size))
 	}
 	body, err := b.openRange(ctx, off, off+n)
@@ -227,41 +223,71 @@ func (b *httpBlob) OpenBoundedRange(ctx context.Context, off, n int64) (io.ReadC
 	}{io.LimitReader(body, n), body}, nil
 }
 
-// openRange GETs [off, end) of the blob; see OpenRange.
-func (b *httpBlob) openRange(ctx context.Context, off, end int64) (io.ReadCloser, error) {
+func (b rangedBlob) openRange(ctx context.Context, off, end int64) (io.ReadCloser, error) {
 	if off < 0 || off > b.size {
 		return nil, cache.Permanent(fmt.Errorf("%w: offset %d outside a blob of %d bytes", cache.ErrInvalid, off, b.size))
 	}
 	if off == end {
 		return http.NoBody, nil
 	}
-	resp, err := b.src.do(ctx, http.MethodGet, b.url, func(h http.Header) {
+	return b.fetch(ctx, off, end)
+}
+
+// rangeHeader is the Range header for bytes [off, end) of a blob of size
+// bytes: open-ended when end is the blob's end, unless closed is set (some
+// registries do not understand "bytes=off-").
+func rangeHeader(off, end, size int64, closed bool) func(http.Header) {
+	return func(h http.Header) {
 		spec := "bytes=" + strconv.FormatInt(off, 10) + "-"
-		if end < b.size {
+		if end < size || closed {
 			spec += strconv.FormatInt(end-1, 10)
 		}
 		h.Set("Range", spec)
 		h.Set("Accept-Encoding", "identity")
-	})
-	if err != nil {
-		return nil, err
 	}
-	if err := b.check(resp, off, end); err != nil {
-		drainClose(resp.Body)
-		return nil, fmt.Errorf("GET %s: %w", redact(b.url), err)
-	}
-	if resp.StatusCode == http.StatusOK && off > 0 {
-		if _, err := io.CopyN(io.Discard, resp.Body, off); err != nil {
-			resp.Body.Close()
-			return nil, fmt.Errorf("GET %s: skipping %d bytes of a response that ignored Range: %w", redact(b.url), off, err)
-		}
-	}
-	// Bytes past the blob's end are left for the cache to notice (a permanent
-	// size mismatch), not hidden.
-	return resp.Body, nil
 }
 
-func (b *httpBlob) check(resp *http.Response, off, end int64) error {
+// blob reads the blob at u with ranged GETs. A 206 must carry
+// "Content-Range: bytes off-(end-1)/size"; a total other than the expected
+// size is a permanent cache.ErrSizeMismatch. A 200 (a server that ignores
+// Range) must have the expected Content-Length when it has one, and its
+// first off bytes are read and discarded before the body is returned, so
+// resuming works, slowly, even there (the cache's stall timeout bounds how
+// long that may take).
+func (s *HTTPSource) blob(u *url.URL, size int64) rangedBlob {
+	return rangedBlob{size: size, fetch: func(ctx context.Context, off, end int64) (io.ReadCloser, error) {
+		resp, err := s.do(ctx, http.MethodGet, u, rangeHeader(off, end, size, false))
+		if err != nil {
+			return nil, err
+		}
+		if err := checkRange(resp, off, end, size); err != nil {
+			if errors.Is(err, errUnexpectedStatus) {
+				err = statusError(resp, u)
+			}
+			drainClose(resp.Body)
+			return nil, fmt.Errorf("GET %s: %w", redact(u), err)
+		}
+		if resp.StatusCode == http.StatusOK && off > 0 {
+			if _, err := io.CopyN(io.Discard, resp.Body, off); err != nil {
+				resp.Body.Close()
+				return nil, fmt.Errorf("GET %s: skipping %d bytes of a response that ignored Range: %w", redact(u), off, err)
+			}
+		}
+		// Bytes past the blob's end are left for the cache to notice (a
+		// permanent size mismatch), not hidden.
+		return resp.Body, nil
+	}}
+}
+
+// errUnexpectedStatus is checkRange's answer to a status it does not know:
+// the source names the error.
+var errUnexpectedStatus = errors.New("unexpected status")
+
+// checkRange checks a response to a GET of bytes [off, end) of a blob of
+// size bytes: a 206 whose Content-Range is exactly that, a 200 with the
+// whole blob, or a 416 (a permanent size mismatch). Any other status is
+// errUnexpectedStatus.
+func checkRange(resp *http.Response, off, end, size int64) error {
 	switch resp.StatusCode {
 	case http.StatusPartialContent:
 		cr := resp.Header.Get("Content-Range")
@@ -269,23 +295,23 @@ func (b *httpBlob) check(resp *http.Response, off, end int64) error {
 		switch {
 		case err != nil:
 			return fmt.Errorf("Content-Range %q: %w", truncate(cr), err)
-		case total >= 0 && total != b.size:
-			return cache.Permanent(fmt.Errorf("%w: origin has %d bytes, want %d", cache.ErrSizeMismatch, total, b.size))
+		case total >= 0 && total != size:
+			return cache.Permanent(fmt.Errorf("%w: origin has %d bytes, want %d", cache.ErrSizeMismatch, total, size))
 		case first != off || last != end-1:
-			return fmt.Errorf("Content-Range %q: want bytes %d-%d/%d", truncate(cr), off, end-1, b.size)
+			return fmt.Errorf("Content-Range %q: want bytes %d-%d/%d", truncate(cr), off, end-1, size)
 		case resp.ContentLength >= 0 && resp.ContentLength != last-first+1:
 			return fmt.Errorf("Content-Length %d disagrees with Content-Range %q", resp.ContentLength, truncate(cr))
 		}
 		return nil
 	case http.StatusOK:
-		if resp.ContentLength >= 0 && resp.ContentLength != b.size {
-			return cache.Permanent(fmt.Errorf("%w: origin has %d bytes, want %d", cache.ErrSizeMismatch, resp.ContentLength, b.size))
+		if resp.ContentLength >= 0 && resp.ContentLength != size {
+			return cache.Permanent(fmt.Errorf("%w: origin has %d bytes, want %d", cache.ErrSizeMismatch, resp.ContentLength, size))
 		}
 		return nil
 	case http.StatusRequestedRangeNotSatisfiable:
-		return cache.Permanent(fmt.Errorf("%w: origin refuses bytes %d- of a blob of %d bytes: HTTP %s", cache.ErrSizeMismatch, off, b.size, resp.Status))
+		return cache.Permanent(fmt.Errorf("%w: origin refuses bytes %d- of a blob of %d bytes: HTTP %s", cache.ErrSizeMismatch, off, size, resp.Status))
 	default:
-		return statusError(resp, b.url)
+		return errUnexpectedStatus
 	}
 }
 

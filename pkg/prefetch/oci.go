@@ -16,7 +16,6 @@ import (
 	"os"
 	"path"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -211,7 +210,7 @@ func (s *OCISource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 		return nil, cache.Permanent(fmt.Errorf("manifest %s: %w", top, err))
 	}
 	target := ImageBlob{Descriptor: cache.Descriptor{Digest: top, Size: int64(len(body))}, MediaType: doc.MediaType}
-	res := &Resolution{Blobs: map[digest.Digest]cache.RangeOpener{top: bytesBlob(body)}}
+	res := &Resolution{Blobs: map[digest.Digest]cache.RangeOpener{top: cache.Bytes(body)}}
 	var imageBlobs []ImageBlob
 	manifest := target
 	if isIndex {
@@ -236,7 +235,7 @@ func (s *OCISource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 			return nil, cache.Permanent(fmt.Errorf("%w: index %s: the entry for %s (%s) is itself an index, which is not supported", cache.ErrInvalid, top, s.platform, entry.Digest))
 		}
 		manifest = ImageBlob{Descriptor: want, MediaType: doc.MediaType}
-		res.Blobs[want.Digest] = bytesBlob(body)
+		res.Blobs[want.Digest] = cache.Bytes(body)
 	}
 	imageBlobs = append(imageBlobs, manifest)
 
@@ -631,122 +630,45 @@ type also struct {
 
 func (a also) Unwrap() []error { return []error{a.error, a.target} }
 
-// blob is an opener of one blob of repo.
-func (s *OCISource) blob(repo name.Repository, desc cache.Descriptor) *ociBlob {
-	return &ociBlob{src: s, repo: repo, desc: desc}
-}
-
-// ociBlob reads one blob from a registry with ranged GETs.
-type ociBlob struct {
-	src  *OCISource
-	repo name.Repository
-	desc cache.Descriptor
-}
-
-// OpenRange GETs the blob from off with "Range: bytes=off-(size-1)", following
-// redirects. A 206 must carry "Content-Range: bytes off-(size-1)/size"; a 200
-// is accepted only from offset 0, with the expected length. A total other
-// than the blob's size is a permanent cache.ErrSizeMismatch. The bytes are
-// not checked here: the cache verifies the digest.
-func (b *ociBlob) OpenRange(ctx context.Context, off int64) (io.ReadCloser, error) {
-	return b.openRange(ctx, off, b.desc.Size)
-}
-
-// OpenBoundedRange GETs bytes [off, off+n) of the blob, so that a chunk
-// from the origin costs the registry exactly its bytes.
-func (b *ociBlob) OpenBoundedRange(ctx context.Context, off, n int64) (io.ReadCloser, error) {
-	if n < 0 || off+n > b.desc.Size {
-		return nil, cache.Permanent(fmt.Errorf("%w: bytes %d+%d outside a blob of %d bytes", cache.ErrInvalid, off, n, b.desc.Size))
-	}
-	body, err := b.openRange(ctx, off, off+n)
-	if err != nil {
-		return nil, err
-	}
-	return struct {
-		io.Reader
-		io.Closer
-	}{io.LimitReader(body, n), body}, nil
-}
-
-func (b *ociBlob) openRange(ctx context.Context, off, end int64) (io.ReadCloser, error) {
-	size := b.desc.Size
-	if off < 0 || off > size {
-		return nil, cache.Permanent(fmt.Errorf("%w: offset %d outside a blob of %d bytes", cache.ErrInvalid, off, size))
-	}
-	if off == end {
-		return http.NoBody, nil
-	}
-	if err := cache.ValidateDigest(b.desc.Digest); err != nil {
-		return nil, cache.Permanent(err)
-	}
-	resp, err := b.src.do(ctx, b.repo, http.MethodGet, "blobs/"+b.desc.Digest.String(), func(h http.Header) {
-		// The last byte is always given: some registries (go-containerregistry's
-		// among them) do not understand "bytes=off-".
-		h.Set("Range", "bytes="+strconv.FormatInt(off, 10)+"-"+strconv.FormatInt(end-1, 10))
-		h.Set("Accept-Encoding", "identity")
-	})
-	if err != nil {
-		return nil, fmt.Errorf("blob %s: %w", b.desc.Digest, err)
-	}
-	if err := b.check(resp, off, end); err != nil {
-		drainClose(resp.Body) // closed already after an unexpected status; closing again is harmless
-		if se := (*StatusError)(nil); !errors.As(err, &se) {
-			err = fmt.Errorf("GET %s: %w", redact(resp.Request.URL), err)
+// blob reads one blob of repo with ranged GETs ("Range: bytes=off-(end-1)",
+// the last byte always given: some registries, go-containerregistry's among
+// them, do not understand "bytes=off-"), following redirects. A 206 must
+// carry "Content-Range: bytes off-(end-1)/size"; a 200 is accepted only from
+// offset 0, with the expected length. A total other than the blob's size is
+// a permanent cache.ErrSizeMismatch. The bytes are not checked here: the
+// cache verifies the digest.
+func (s *OCISource) blob(repo name.Repository, desc cache.Descriptor) rangedBlob {
+	return rangedBlob{size: desc.Size, fetch: func(ctx context.Context, off, end int64) (io.ReadCloser, error) {
+		if err := cache.ValidateDigest(desc.Digest); err != nil {
+			return nil, cache.Permanent(err)
 		}
-		return nil, fmt.Errorf("blob %s: %w", b.desc.Digest, err)
-	}
-	return resp.Body, nil
+		resp, err := s.do(ctx, repo, http.MethodGet, "blobs/"+desc.Digest.String(), rangeHeader(off, end, desc.Size, true))
+		if err != nil {
+			return nil, fmt.Errorf("blob %s: %w", desc.Digest, err)
+		}
+		if err := checkRegistryRange(resp, off, end, desc.Size); err != nil {
+			drainClose(resp.Body) // closed already after an unexpected status; closing again is harmless
+			if se := (*StatusError)(nil); !errors.As(err, &se) {
+				err = fmt.Errorf("GET %s: %w", redact(resp.Request.URL), err)
+			}
+			return nil, fmt.Errorf("blob %s: %w", desc.Digest, err)
+		}
+		return resp.Body, nil
+	}}
 }
 
-func (b *ociBlob) check(resp *http.Response, off, end int64) error {
-	size := b.desc.Size
-	switch resp.StatusCode {
-	case http.StatusPartialContent:
-		cr := resp.Header.Get("Content-Range")
-		first, last, total, err := parseContentRange(cr)
-		switch {
-		case err != nil:
-			return fmt.Errorf("Content-Range %q: %w", truncate(cr), err)
-		case total >= 0 && total != size:
-			return cache.Permanent(fmt.Errorf("%w: origin has %d bytes, want %d", cache.ErrSizeMismatch, total, size))
-		case first != off || last != end-1:
-			return fmt.Errorf("Content-Range %q: want bytes %d-%d/%d", truncate(cr), off, end-1, size)
-		case resp.ContentLength >= 0 && resp.ContentLength != last-first+1:
-			return fmt.Errorf("Content-Length %d disagrees with Content-Range %q", resp.ContentLength, truncate(cr))
-		}
-		return nil
-	case http.StatusOK:
-		if off != 0 {
-			return cache.Permanent(fmt.Errorf("%w: origin ignored Range and sent the whole blob; resuming from byte %d needs ranges", cache.ErrInvalid, off))
-		}
-		if resp.ContentLength >= 0 && resp.ContentLength != size {
-			return cache.Permanent(fmt.Errorf("%w: origin has %d bytes, want %d", cache.ErrSizeMismatch, resp.ContentLength, size))
-		}
-		return nil
-	case http.StatusRequestedRangeNotSatisfiable:
-		return cache.Permanent(fmt.Errorf("%w: origin refuses bytes %d- of a blob of %d bytes: HTTP %s", cache.ErrSizeMismatch, off, size, resp.Status))
-	default:
+// checkRegistryRange is checkRange for a registry: a 200 that ignored the
+// range of a resumed read is refused, and other statuses are the registry's
+// errors.
+func checkRegistryRange(resp *http.Response, off, end, size int64) error {
+	if resp.StatusCode == http.StatusOK && off != 0 {
+		return cache.Permanent(fmt.Errorf("%w: origin ignored Range and sent the whole blob; resuming from byte %d needs ranges", cache.ErrInvalid, off))
+	}
+	err := checkRange(resp, off, end, size)
+	if errors.Is(err, errUnexpectedStatus) {
 		return registryError(resp)
 	}
-}
-
-// bytesBlob serves a blob already in memory (a manifest or an index).
-type bytesBlob []byte
-
-// OpenRange returns a reader of the bytes from off.
-func (b bytesBlob) OpenRange(_ context.Context, off int64) (io.ReadCloser, error) {
-	if off < 0 || off > int64(len(b)) {
-		return nil, cache.Permanent(fmt.Errorf("%w: offset %d outside a blob of %d bytes", cache.ErrInvalid, off, len(b)))
-	}
-	return io.NopCloser(bytes.NewReader(b[off:])), nil
-}
-
-// OpenBoundedRange returns a reader of bytes [off, off+n).
-func (b bytesBlob) OpenBoundedRange(_ context.Context, off, n int64) (io.ReadCloser, error) {
-	if off < 0 || n < 0 || off+n > int64(len(b)) {
-		return nil, cache.Permanent(fmt.Errorf("%w: bytes %d+%d outside a blob of %d bytes", cache.ErrInvalid, off, n, len(b)))
-	}
-	return io.NopCloser(bytes.NewReader(b[off : off+n])), nil
+	return err
 }
 
 // failedOpener fails every open with err.
