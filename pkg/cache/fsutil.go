@@ -9,9 +9,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// writeFileAtomic writes b to path so that a reader or a crash sees either the
+// WriteFileAtomic writes b to path so that a reader or a crash sees either the
 // old content or the new, never a mix: temp file, fsync, rename, fsync dir.
-func writeFileAtomic(path string, b []byte, perm os.FileMode) error {
+// The cache writes its own small files this way; the registry mirror its
+// state. A full disk is ErrDiskFull.
+func WriteFileAtomic(path string, b []byte, perm os.FileMode) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
 	if err != nil {
@@ -35,11 +37,11 @@ func writeFileAtomic(path string, b []byte, perm os.FileMode) error {
 		os.Remove(tmp)
 		return diskErr(err)
 	}
-	return syncDir(dir)
+	return SyncDir(dir)
 }
 
-// syncDir makes a rename or create in dir durable.
-func syncDir(dir string) error {
+// SyncDir makes a rename or create in dir durable.
+func SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err

@@ -523,7 +523,7 @@ func (s *Store) commit(p *Partial) (Info, error) {
 	if err := os.Rename(s.partialData(st.Digest), dst); err != nil {
 		return Info{}, fmt.Errorf("committing blob %s: %w", st.Digest, err)
 	}
-	if err := syncDir(blobsDir(s.root)); err != nil {
+	if err := SyncDir(blobsDir(s.root)); err != nil {
 		return Info{}, err
 	}
 	os.Remove(s.partialStatePath(st.Digest))

@@ -80,7 +80,7 @@ func (s *Store) Materialize(m Model) (string, error) {
 		return "", fmt.Errorf("materialising %s@%s: %w", m.Name, m.Revision, diskErr(err))
 	}
 	os.RemoveAll(tmp)
-	if err := syncDir(snapshots); err != nil {
+	if err := SyncDir(snapshots); err != nil {
 		return "", err
 	}
 	if !commitRE.MatchString(m.Revision) {
@@ -89,7 +89,7 @@ func (s *Store) Materialize(m Model) (string, error) {
 		if err := os.MkdirAll(refs, 0o755); err != nil {
 			return "", diskErr(err)
 		}
-		if err := writeFileAtomic(filepath.Join(refs, m.Revision), []byte(m.Revision), 0o644); err != nil {
+		if err := WriteFileAtomic(filepath.Join(refs, m.Revision), []byte(m.Revision), 0o644); err != nil {
 			return "", err
 		}
 	}
@@ -138,7 +138,7 @@ func (s *Store) linkFiles(dir, final string, files []File) error {
 		}
 	}
 	for _, d := range dirs {
-		if err := syncDir(d); err != nil {
+		if err := SyncDir(d); err != nil {
 			return err
 		}
 	}

@@ -296,7 +296,7 @@ func (p *Partial) checkpoint(force bool) error {
 	}
 	b, err := json.Marshal(&st)
 	if err == nil {
-		err = writeFileAtomic(p.s.partialStatePath(st.Digest), b, 0o600)
+		err = WriteFileAtomic(p.s.partialStatePath(st.Digest), b, 0o600)
 	}
 	if err != nil {
 		return fmt.Errorf("saving progress of %s: %w", st.Digest, err)

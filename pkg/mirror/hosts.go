@@ -119,7 +119,7 @@ func configureHost(dir, host, mirrorURL string, o hostsOptions) error {
 	}
 	fmt.Fprintf(&b, "\n[host.%q]\n", mirrorURL)
 	b.WriteString("  capabilities = [\"pull\", \"resolve\"]\n")
-	return writeFileAtomic(path, b.Bytes(), 0o644)
+	return cache.WriteFileAtomic(path, b.Bytes(), 0o644)
 }
 
 // keepBackup saves the original hosts.toml once: an existing backup is the
@@ -151,7 +151,7 @@ func keepBackup(path string, b []byte) error {
 	if err := os.Link(tmp, path); err != nil && !errors.Is(err, os.ErrExist) {
 		return err
 	}
-	return syncDir(filepath.Dir(path))
+	return cache.SyncDir(filepath.Dir(path))
 }
 
 // RestoreHosts undoes ConfigureHosts for each registry: the backed-up
@@ -177,7 +177,7 @@ func restoreHost(dir string) error {
 		if err := os.Rename(backup, path); err != nil {
 			return err
 		}
-		return syncDir(dir)
+		return cache.SyncDir(dir)
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
@@ -196,9 +196,9 @@ func restoreHost(dir string) error {
 	}
 	// The directory goes too when it holds nothing else (ours, most likely).
 	if err := os.Remove(dir); err == nil {
-		return syncDir(filepath.Dir(dir))
+		return cache.SyncDir(filepath.Dir(dir))
 	}
-	return syncDir(dir)
+	return cache.SyncDir(dir)
 }
 
 func isOurs(b []byte) bool { return bytes.HasPrefix(b, []byte(hostsMarker+"\n")) }

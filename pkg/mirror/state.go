@@ -134,55 +134,7 @@ func (t *tagStore) put(key string, e tagEntry) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(t.path, b, 0o644)
-}
-
-// writeFileAtomic writes b to path through a temporary file in the same
-// directory: fsync, rename, fsync the directory. Readers see the old or the
-// new file, never a part.
-func writeFileAtomic(path string, b []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if _, err := f.Write(b); err != nil {
-		return fmt.Errorf("writing %s: %w", tmp, err)
-	}
-	if err := f.Chmod(perm); err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("syncing %s: %w", tmp, err)
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	ok = true
-	return syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("syncing %s: %w", dir, err)
-	}
-	return nil
+	return cache.WriteFileAtomic(t.path, b, 0o644)
 }
 
 // knownBlob is what a manifest said of a blob.
