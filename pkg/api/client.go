@@ -30,9 +30,18 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("agent: %s (HTTP %d)", e.Message, e.StatusCode)
 }
 
-// Is makes errors.Is(err, ErrNotFound) true for a 404 answer.
+// Is makes errors.Is(err, ErrNotFound) true for a 404 answer,
+// ErrBadRequest for a 400 and ErrBusy for a 409.
 func (e *Error) Is(target error) bool {
-	return target == ErrNotFound && e.StatusCode == http.StatusNotFound
+	switch target {
+	case ErrNotFound:
+		return e.StatusCode == http.StatusNotFound
+	case ErrBadRequest:
+		return e.StatusCode == http.StatusBadRequest
+	case ErrBusy:
+		return e.StatusCode == http.StatusConflict
+	}
+	return false
 }
 
 // Client talks to an agent's API.

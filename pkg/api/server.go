@@ -7,7 +7,8 @@
 //	GET  /v1/fetch            every job's status
 //	GET  /v1/fetch/{id}       one job's status
 //	GET  /v1/fetch/{id}/watch the job's status as NDJSON, one line per change, until it ends
-//	GET  /v1/status           version, cache usage and jobs
+//	GET  /v1/status           version, cache usage, jobs, peers, GPUs, warm servers and model loads
+//	POST /v1/adapters         {"base": "...", "ref": "..."} → where the LoRA adapter is served, once loaded
 //	GET  /healthz, /readyz    liveness and readiness
 //
 // Errors, including an unknown route (404) and a wrong method (405), are JSON
@@ -64,6 +65,9 @@ type Status struct {
 	Cache   cache.Usage          `json:"cache"`
 	Jobs    []prefetch.JobStatus `json:"jobs"`
 	Peers   []Peer               `json:"peers,omitempty"`
+	GPUs    []GPU                `json:"gpus,omitempty"`
+	Warm    []WarmServer         `json:"warmServers,omitempty"`
+	Loads   []ModelLoad          `json:"modelLoads,omitempty"`
 }
 
 // Peer is another agent this one shares chunks with.
@@ -88,14 +92,18 @@ type errorBody struct {
 // Server serves the API. It is an http.Handler; the caller owns the
 // http.Server and the listener (see Listen).
 type Server struct {
-	jobs    Jobs
-	usage   Usage
-	version string
-	ready   func(context.Context) error
-	peers   func() []Peer
-	log     *slog.Logger
-	reqs    *prometheus.CounterVec
-	mux     *http.ServeMux
+	jobs     Jobs
+	usage    Usage
+	version  string
+	ready    func(context.Context) error
+	peers    func() []Peer
+	gpus     func() []GPU
+	warm     func() []WarmServer
+	loads    func() []ModelLoad
+	adapters Adapters
+	log      *slog.Logger
+	reqs     *prometheus.CounterVec
+	mux      *http.ServeMux
 }
 
 // Option configures a Server.
@@ -165,6 +173,7 @@ func NewServer(jobs Jobs, usage Usage, opts ...Option) (*Server, error) {
 	s.mux.HandleFunc("GET /v1/fetch/{id}/watch", s.watch)
 	s.mux.HandleFunc("DELETE /v1/fetch/{id}", s.cancel)
 	s.mux.HandleFunc("GET /v1/status", s.status)
+	s.mux.HandleFunc("POST /v1/adapters", s.ensureAdapter)
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -187,19 +196,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	var req FetchRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", MaxBodyBytes))
-			return
-		}
-		writeError(w, http.StatusBadRequest, "decoding request body: "+err.Error())
-		return
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		writeError(w, http.StatusBadRequest, "decoding request body: data after the JSON object")
+	if !decodeBody(w, r, &req) {
 		return
 	}
 	if req.Ref == "" {
@@ -287,6 +284,15 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 	if s.peers != nil {
 		st.Peers = s.peers()
 	}
+	if s.gpus != nil {
+		st.GPUs = s.gpus()
+	}
+	if s.warm != nil {
+		st.Warm = s.warm()
+	}
+	if s.loads != nil {
+		st.Loads = s.loads()
+	}
 	writeJSON(w, http.StatusOK, st)
 }
 
@@ -298,6 +304,27 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// decodeBody decodes one JSON object with no unknown fields from the
+// request body into v, or answers 400 (413 when too large) and returns false.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", MaxBodyBytes))
+			return false
+		}
+		writeError(w, http.StatusBadRequest, "decoding request body: "+err.Error())
+		return false
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		writeError(w, http.StatusBadRequest, "decoding request body: data after the JSON object")
+		return false
+	}
+	return true
 }
 
 func nonNil[T any](s []T) []T {
