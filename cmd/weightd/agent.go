@@ -79,6 +79,7 @@ type agent struct {
 	mirror  *nodeMirror          // nil when the registry mirror is disabled
 	imports *containerd.Importer // nil when images are not imported
 	kube    *kubeSide            // nil when Kubernetes features are off
+	reg     *prometheus.Registry // every component's metrics
 	running atomic.Bool
 }
 
@@ -97,7 +98,7 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfo(),
 	)
-	a := &agent{cfg: cfg, log: log}
+	a := &agent{cfg: cfg, log: log, reg: reg}
 	// Undo what was opened if a later step fails.
 	defer func() {
 		if err != nil {
