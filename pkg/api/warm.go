@@ -49,13 +49,13 @@ type LoadedAdapter struct {
 // ModelLoad is how long a pod's processes spent reading a model's files,
 // from the first open to the last close, as the load tracer saw it.
 type ModelLoad struct {
-	Pod     string        `json:"pod,omitempty"`
-	Model   string        `json:"model"`
-	Started time.Time     `json:"started"`
-	Seconds float64       `json:"seconds"`
-	Files   int           `json:"files"`
-	Open    int           `json:"open"`
-	Order   []string      `json:"order,omitempty"`
+	Pod     string    `json:"pod,omitempty"`
+	Model   string    `json:"model"`
+	Started time.Time `json:"started"`
+	Seconds float64   `json:"seconds"`
+	Files   int       `json:"files"`
+	Open    int       `json:"open"`
+	Order   []string  `json:"order,omitempty"`
 }
 
 // AdapterRequest is the body of POST /v1/adapters: make adapter Ref
