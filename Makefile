@@ -9,6 +9,8 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 BIN     := bin/weightd
+# go-nvml's cgo bindings call functions NVML marks deprecated; keep the build quiet.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 # Flags for `weightd demo`, e.g. make demo DEMO_FLAGS="--size 4GiB --files 16".
 DEMO_FLAGS ?=
