@@ -53,6 +53,8 @@ var (
 	// ErrRejected: the server refused the request (bad adapter, rank over
 	// its maximum, no free slot); the message says why.
 	ErrRejected = errors.New("rejected by the runtime")
-	// ErrUnavailable: the server did not answer, timed out or failed (5xx).
+	// ErrUnavailable: the server did not answer, timed out, failed (5xx)
+	// or sent a reply that is not what its runtime sends (malformed, over
+	// MaxResponseBytes).
 	ErrUnavailable = errors.New("runtime unavailable")
 )
