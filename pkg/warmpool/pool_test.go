@@ -1,0 +1,507 @@
+package warmpool
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/weightd/weightd/internal/loratest"
+	"github.com/weightd/weightd/pkg/api"
+	"github.com/weightd/weightd/pkg/lora"
+	"github.com/weightd/weightd/pkg/warmpool/engine"
+)
+
+func TestEnsureStagesLoadsAndHits(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []engine.Kind{engine.VLLM, engine.SGLang} {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, serverOpts{kind: kind, slots: 2})
+			ref := f.adapter("sql", loratest.AdapterSpec{})
+			ans := f.mustEnsure("", ref, "")
+			name := AdapterName(ref)
+			if ans.Model != name || !ans.Loaded || ans.Server != "ai/warm-0" || ans.Endpoint != f.servers[0].URL() {
+				t.Fatalf("answer %+v", ans)
+			}
+			staged := filepath.Join(f.cfg.StageDir, name)
+			if got := f.servers[0].Loaded()[name]; got != staged {
+				t.Fatalf("server loaded %s from %q, want %q", name, got, staged)
+			}
+			if _, err := lora.Inspect(staged); err != nil {
+				t.Fatalf("staged adapter: %v", err)
+			}
+			again := f.mustEnsure("", ref, "")
+			if again.Loaded || again.Model != name {
+				t.Fatalf("second answer %+v", again)
+			}
+			if n := f.servers[0].Loads(name); n != 1 {
+				t.Fatalf("%d loads, want 1", n)
+			}
+			if got := testutil.ToFloat64(f.pool.m.loads.WithLabelValues(string(kind), outcomeOK)); got != 1 {
+				t.Fatalf("loads_total{ok} = %v", got)
+			}
+			if got := testutil.ToFloat64(f.pool.m.slots.WithLabelValues("used")); got != 1 {
+				t.Fatalf("slots{used} = %v", got)
+			}
+			entries, err := os.ReadDir(f.cfg.StageDir)
+			if err != nil || len(entries) != 1 || entries[0].Name() != name {
+				t.Fatalf("stage dir holds %v (%v), want only %s", entries, err, name)
+			}
+		})
+	}
+}
+
+func TestServerStageDir(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, serverOpts{slots: 1})
+	// The servers see the stage directory under another path.
+	seen := filepath.Join(t.TempDir(), "adapters")
+	if err := os.Symlink(f.cfg.StageDir, seen); err != nil {
+		t.Fatal(err)
+	}
+	f.cfg.ServerStageDir = seen
+	f.pool = f.newPool()
+	f.mustEnsure("", f.adapter("a", loratest.AdapterSpec{}), "a")
+	if got := f.servers[0].Loaded()["a"]; got != filepath.Join(seen, "a") {
+		t.Fatalf("loaded from %q", got)
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, serverOpts{slots: 2, maxRank: 16})
+	good := f.adapter("good", loratest.AdapterSpec{})
+	high := f.adapter("high", loratest.AdapterSpec{Rank: 32})
+	noConfig := f.adapter("no-config", loratest.AdapterSpec{})
+	os.Remove(filepath.Join(f.fetch.root, "no-config", lora.ConfigFile))
+	noWeights := f.adapter("no-weights", loratest.AdapterSpec{})
+	os.Remove(filepath.Join(f.fetch.root, "no-weights", lora.WeightsFile))
+	badJSON := f.adapter("bad-json", loratest.AdapterSpec{})
+	os.WriteFile(filepath.Join(f.fetch.root, "bad-json", lora.ConfigFile), []byte(`{"r": 8,`), 0o644)
+	cut := f.adapter("cut", loratest.AdapterSpec{})
+	os.Truncate(filepath.Join(f.fetch.root, "cut", lora.WeightsFile), 100)
+	header := f.adapter("header", loratest.AdapterSpec{})
+	os.WriteFile(filepath.Join(f.fetch.root, "header", lora.WeightsFile), []byte("\xff\xff\xff\xff\xff\xff\xff\x7f{}"), 0o644)
+
+	for _, tc := range []struct {
+		name string
+		req  api.AdapterRequest
+		want error
+	}{
+		{"unknown base", api.AdapterRequest{Base: "hf://org/other@main", Ref: good}, api.ErrNotFound},
+		{"no ref", api.AdapterRequest{Base: testBase}, api.ErrBadRequest},
+		{"bad name", api.AdapterRequest{Base: testBase, Ref: good, Name: "../etc"}, api.ErrBadRequest},
+		{"rank over the maximum", api.AdapterRequest{Base: testBase, Ref: high}, api.ErrBadRequest},
+		{"missing config", api.AdapterRequest{Base: testBase, Ref: noConfig}, api.ErrBadRequest},
+		{"missing weights", api.AdapterRequest{Base: testBase, Ref: noWeights}, api.ErrBadRequest},
+		{"corrupt config", api.AdapterRequest{Base: testBase, Ref: badJSON}, api.ErrBadRequest},
+		{"truncated weights", api.AdapterRequest{Base: testBase, Ref: cut}, api.ErrBadRequest},
+		{"corrupt safetensors header", api.AdapterRequest{Base: testBase, Ref: header}, api.ErrBadRequest},
+	} {
+		_, err := f.pool.Ensure(t.Context(), tc.req)
+		if !errors.Is(err, tc.want) {
+			t.Errorf("%s: got %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	if n := f.loadCalls.Load(); n != 0 {
+		t.Fatalf("the runtime was sent %d loads; every bad adapter must be caught before", n)
+	}
+	if got := f.loaded(0); len(got) != 0 {
+		t.Fatalf("pool lists %v", got)
+	}
+	if entries, _ := os.ReadDir(f.cfg.StageDir); len(entries) != 0 {
+		t.Fatalf("stage dir holds %v", entries)
+	}
+	// A name given to one reference is not given to another.
+	f.mustEnsure("", good, "taken")
+	other := f.adapter("other", loratest.AdapterSpec{})
+	if _, err := f.ensure("", other, "taken"); !errors.Is(err, api.ErrBadRequest) {
+		t.Fatalf("name conflict: %v", err)
+	}
+}
+
+func TestRuntimeFaults(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		fault   func(s *loratest.Server)
+		clear   func(s *loratest.Server)
+		outcome string
+	}{
+		{"timeout", func(s *loratest.Server) { s.SetHang(true) }, func(s *loratest.Server) { s.SetHang(false) }, outcomeUnavailable},
+		{"500", func(s *loratest.Server) { s.FailNext(1) }, func(*loratest.Server) {}, outcomeUnavailable},
+		{"success without listing", func(s *loratest.Server) { s.SetLie(true) }, func(s *loratest.Server) { s.SetLie(false) }, outcomeUnlisted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, serverOpts{slots: 1})
+			f.cfg.LoadTimeout, f.cfg.CallTimeout = 300*time.Millisecond, 300*time.Millisecond
+			f.pool = f.newPool()
+			ref := f.adapter("a", loratest.AdapterSpec{})
+			tc.fault(f.servers[0])
+			if _, err := f.ensure("", ref, "a"); err == nil {
+				t.Fatal("ensure succeeded")
+			}
+			if got := testutil.ToFloat64(f.pool.m.loads.WithLabelValues("vllm", tc.outcome)); got != 1 {
+				t.Fatalf("loads_total{%s} = %v", tc.outcome, got)
+			}
+			if got := f.loaded(0); len(got) != 0 {
+				t.Fatalf("pool lists %v after a failed load", got)
+			}
+			if got := testutil.ToFloat64(f.pool.m.slots.WithLabelValues("free")); got != 1 {
+				t.Fatalf("slots{free} = %v: the failed load kept its slot", got)
+			}
+			tc.clear(f.servers[0])
+			f.pool.checkAll(t.Context())
+			if ans := f.mustEnsure("", ref, "a"); !ans.Loaded {
+				t.Fatalf("answer %+v", ans)
+			}
+			if got := f.servers[0].Loaded(); len(got) != 1 {
+				t.Fatalf("server holds %v", got)
+			}
+		})
+	}
+}
+
+func TestServerKilledMidLoad(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, serverOpts{slots: 2})
+	keep := f.adapter("keep", loratest.AdapterSpec{})
+	f.mustEnsure("pod-1", keep, "keep")
+	ref := f.adapter("a", loratest.AdapterSpec{})
+	f.servers[0].KillOnNextLoad()
+	if _, err := f.ensure("pod-2", ref, "a"); err == nil {
+		t.Fatal("ensure succeeded on a killed server")
+	}
+	f.pool.checkAll(t.Context())
+	if s := f.pool.Servers()[0]; s.Healthy || s.Error == "" {
+		t.Fatalf("server %+v: want unhealthy", s)
+	}
+	if _, err := f.ensure("pod-2", ref, "a"); !errors.Is(err, api.ErrBusy) {
+		t.Fatalf("ensure with no healthy server: %v, want busy", err)
+	}
+	if err := f.servers[0].Restart(); err != nil {
+		t.Fatal(err)
+	}
+	f.pool.checkAll(t.Context())
+	// The adapter in use came back; the one that was loading is not there.
+	if got := f.servers[0].Loaded(); len(got) != 1 || got["keep"] == "" {
+		t.Fatalf("server holds %v after its restart", got)
+	}
+	if ans := f.mustEnsure("pod-2", ref, "a"); !ans.Loaded {
+		t.Fatalf("answer %+v", ans)
+	}
+	if got := f.loaded(0); !slices.Equal(got, []string{"a", "keep"}) {
+		t.Fatalf("pool lists %v", got)
+	}
+}
+
+// Two pods ask at once for different adapters when one slot is left: one
+// gets the slot, the other evicts an idle adapter if there is one, else
+// fails busy; the server never holds more than its slots.
+func TestTwoPodsOneSlotLeft(t *testing.T) {
+	t.Parallel()
+	for _, inUse := range []bool{true, false} {
+		t.Run(map[bool]string{true: "nothing evictable", false: "one idle adapter"}[inUse], func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, serverOpts{slots: 2})
+			first := f.adapter("first", loratest.AdapterSpec{})
+			owner := ""
+			if inUse {
+				owner = "pod-0"
+			}
+			f.mustEnsure(owner, first, "first")
+			b, c := f.adapter("b", loratest.AdapterSpec{}), f.adapter("c", loratest.AdapterSpec{})
+			f.servers[0].SetDelay(20 * time.Millisecond) // both in flight together
+			var wg sync.WaitGroup
+			errs := make([]error, 2)
+			for i, ref := range []string{b, c} {
+				wg.Go(func() { _, errs[i] = f.ensure("pod-"+ref, ref, "") })
+			}
+			wg.Wait()
+			if peak := f.servers[0].Peak(); peak > 2 {
+				t.Fatalf("server held %d adapters at once, slots 2", peak)
+			}
+			ok := 0
+			for _, err := range errs {
+				switch {
+				case err == nil:
+					ok++
+				case inUse && errors.Is(err, api.ErrBusy):
+				default:
+					t.Fatalf("ensure: %v", err)
+				}
+			}
+			want := 1
+			if !inUse {
+				want = 2
+			}
+			if ok != want {
+				t.Fatalf("%d of 2 ensures succeeded, want %d (errors %v)", ok, want, errs)
+			}
+			if got := f.servers[0].Loaded(); len(got) != 2 {
+				t.Fatalf("server holds %v", got)
+			}
+		})
+	}
+}
+
+func TestConcurrentEnsuresCoalesce(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, serverOpts{slots: 4}, serverOpts{slots: 4})
+	ref := f.adapter("a", loratest.AdapterSpec{})
+	f.servers[0].SetDelay(20 * time.Millisecond)
+	f.servers[1].SetDelay(20 * time.Millisecond)
+	const n = 8
+	answers := make([]api.AdapterAnswer, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { answers[i], errs[i] = f.ensure("", ref, "a") })
+	}
+	wg.Wait()
+	loaded := 0
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		if answers[i].Model != "a" || answers[i].Server != answers[0].Server {
+			t.Fatalf("answers %+v and %+v", answers[i], answers[0])
+		}
+		if answers[i].Loaded {
+			loaded++
+		}
+	}
+	if got := f.servers[0].Loads("a") + f.servers[1].Loads("a"); got != 1 || loaded != 1 || f.loadCalls.Load() != 1 {
+		t.Fatalf("%d loads, %d load requests, %d answers say loaded; want 1 each", got, f.loadCalls.Load(), loaded)
+	}
+}
+
+func TestLRUNeverEvictsPinnedOrInUse(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, serverOpts{slots: 3})
+	refs := map[string]string{}
+	for _, n := range []string{"pinned", "used", "idle", "new1", "new2", "new3", "new4"} {
+		refs[n] = f.adapter(n, loratest.AdapterSpec{})
+	}
+	if _, err := f.pool.Ensure(t.Context(), api.AdapterRequest{Base: testBase, Ref: refs["pinned"], Name: "pinned", Pin: true}); err != nil {
+		t.Fatal(err)
+	}
+	f.mustEnsure("pod-1", refs["used"], "used")
+	f.mustEnsure("", refs["idle"], "idle")
+	// pinned and used are older than idle, but only idle may go.
+	f.mustEnsure("", refs["new1"], "new1")
+	if got := f.loaded(0); !slices.Equal(got, []string{"new1", "pinned", "used"}) {
+		t.Fatalf("after new1: %v", got)
+	}
+	f.mustEnsure("", refs["new2"], "new2")
+	if got := f.loaded(0); !slices.Equal(got, []string{"new2", "pinned", "used"}) {
+		t.Fatalf("after new2: %v", got)
+	}
+	// A hit makes new2 recent; releasing pod-1 makes used the oldest idle one.
+	f.pool.Release("pod-1")
+	f.mustEnsure("", refs["new2"], "new2")
+	f.mustEnsure("", refs["new3"], "new3")
+	if got := f.loaded(0); !slices.Equal(got, []string{"new2", "new3", "pinned"}) {
+		t.Fatalf("after new3: %v", got)
+	}
+	// Everything pinned or in use: busy, nothing unloaded.
+	f.mustEnsure("pod-2", refs["new2"], "new2")
+	f.mustEnsure("pod-3", refs["new3"], "new3")
+	if _, err := f.ensure("", refs["new4"], "new4"); !errors.Is(err, api.ErrBusy) {
+		t.Fatalf("ensure with every slot taken: %v, want busy", err)
+	}
+	if !f.pool.Unpin(testBase, "pinned") {
+		t.Fatal("Unpin found nothing pinned")
+	}
+	f.mustEnsure("", refs["new4"], "new4")
+	if got := f.loaded(0); !slices.Equal(got, []string{"new2", "new3", "new4"}) {
+		t.Fatalf("after unpinning: %v", got)
+	}
+	if got := testutil.ToFloat64(f.pool.m.evictions.WithLabelValues("vllm")); got != 4 {
+		t.Fatalf("evictions_total = %v, want 4", got)
+	}
+	if peak := f.servers[0].Peak(); peak > 3 {
+		t.Fatalf("peak %d adapters, slots 3", peak)
+	}
+	// Evicted adapters are no longer staged.
+	entries, _ := os.ReadDir(f.cfg.StageDir)
+	if len(entries) != 3 {
+		t.Fatalf("stage dir holds %d entries, want 3", len(entries))
+	}
+}
+
+func TestAgentRestartRebuildsFromServers(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, serverOpts{slots: 2}, serverOpts{kind: engine.SGLang, slots: 2})
+	a, b := f.adapter("a", loratest.AdapterSpec{}), f.adapter("b", loratest.AdapterSpec{})
+	f.mustEnsure("", a, "a")
+	f.mustEnsure("", b, "b")
+	// A new agent: a new pool on the same stage directory and servers.
+	f.pool = f.newPool()
+	var total int
+	for _, s := range f.pool.Servers() {
+		total += len(s.Adapters)
+	}
+	if total != 2 {
+		t.Fatalf("rebuilt pool lists %+v", f.pool.Servers())
+	}
+	for _, ref := range []string{a, b} {
+		name := strings.TrimPrefix(ref, "test://")
+		if ans := f.mustEnsure("", ref, name); ans.Loaded {
+			t.Fatalf("%s loaded again after the restart", name)
+		}
+	}
+	if n := f.loadCalls.Load(); n != 2 {
+		t.Fatalf("%d load requests, want 2", n)
+	}
+}
+
+func TestServerRestartReloadsInUse(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, serverOpts{slots: 3})
+	used, pinned, idle := f.adapter("used", loratest.AdapterSpec{}), f.adapter("pinned", loratest.AdapterSpec{}), f.adapter("idle", loratest.AdapterSpec{})
+	f.mustEnsure("pod-1", used, "used")
+	if _, err := f.pool.Ensure(t.Context(), api.AdapterRequest{Base: testBase, Ref: pinned, Name: "pinned", Pin: true}); err != nil {
+		t.Fatal(err)
+	}
+	f.mustEnsure("", idle, "idle")
+	if err := f.servers[0].Restart(); err != nil {
+		t.Fatal(err)
+	}
+	f.pool.checkAll(t.Context())
+	if got := f.loaded(0); !slices.Equal(got, []string{"pinned", "used"}) {
+		t.Fatalf("after the server's restart the pool lists %v", got)
+	}
+	if got := f.servers[0].Loaded(); len(got) != 2 || got["used"] == "" || got["pinned"] == "" {
+		t.Fatalf("server holds %v", got)
+	}
+	if got := testutil.ToFloat64(f.pool.m.reloads.WithLabelValues("vllm")); got != 2 {
+		t.Fatalf("reloads_total = %v", got)
+	}
+	// The forgotten one loads again on demand.
+	if ans := f.mustEnsure("", idle, "idle"); !ans.Loaded {
+		t.Fatalf("answer %+v", ans)
+	}
+}
+
+// Run checks the servers by itself: it keeps their bases, notices a
+// restart and reloads what is in use; SetServers drops a server gone.
+func TestRun(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, serverOpts{slots: 2})
+	f.cfg.HealthInterval = 10 * time.Millisecond
+	f.cfg.GPUUse = func(uid string) ([]string, uint64) { return []string{"GPU-" + uid}, 40 << 30 }
+	f.cfg.Registerer = prometheus.NewRegistry()
+	p, err := New(f.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.pool = p
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	p.SetServers(f.specs)
+	waitFor(t, p, func(s []api.WarmServer) bool { return len(s) == 1 && s[0].Healthy })
+	if s := p.Servers()[0]; !slices.Equal(s.GPUs, []string{"GPU-uid-0"}) {
+		t.Fatalf("server %+v", s)
+	}
+	if got := testutil.ToFloat64(p.m.baseMemory.WithLabelValues(testBase)); got != 40<<30 {
+		t.Fatalf("base_gpu_memory_bytes = %v", got)
+	}
+	ref := f.adapter("a", loratest.AdapterSpec{})
+	f.mustEnsure("pod-1", ref, "a")
+	if err := f.servers[0].Restart(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, p, func([]api.WarmServer) bool { return f.servers[0].Loads("a") == 2 && len(f.loaded(0)) == 1 })
+	p.SetServers(nil)
+	waitFor(t, p, func(s []api.WarmServer) bool { return len(s) == 0 })
+	kept, dropped := f.bases.snapshot()
+	if !slices.Equal(kept, []string{"ai/warm-0"}) || !slices.Equal(dropped, []string{"ai/warm-0"}) {
+		t.Fatalf("kept %v, dropped %v", kept, dropped)
+	}
+}
+
+// waitFor waits, on the pool's change notifications, until ok holds of its
+// servers; it fails the test after a generous bound.
+func waitFor(t *testing.T, p *Pool, ok func([]api.WarmServer) bool) {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for !ok(p.Servers()) {
+		select {
+		case <-p.Changed():
+		case <-deadline:
+			t.Fatalf("servers never got there: %+v", p.Servers())
+		}
+	}
+}
+
+func TestAdapterName(t *testing.T) {
+	t.Parallel()
+	for ref, prefix := range map[string]string{
+		"hf://org/sql-lora@main":                  "sql-lora-",
+		"oci://ghcr.io/acme/loras/chat:v1":        "chat-",
+		"https://host/a/b/model.json?sig=1#x":     "model-",
+		"hf://org/Ünïcode lora@main":              "n-code-lora-",
+		"hf://org/...@main":                       "lora-",
+		"https://host/" + strings.Repeat("x", 99): strings.Repeat("x", 55) + "-",
+	} {
+		got := AdapterName(ref)
+		if !ValidName(got) || !strings.HasPrefix(got, prefix) || len(got) != len(prefix)+8 {
+			t.Errorf("AdapterName(%q) = %q, want %s + 8 hex digits", ref, got, prefix)
+		}
+	}
+	if AdapterName("hf://org/a@v1") == AdapterName("hf://org/a@v2") {
+		t.Error("two revisions share a name")
+	}
+	for _, bad := range []string{"", ".", "..", "-x", "a/b", "a b", strings.Repeat("a", 65)} {
+		if ValidName(bad) {
+			t.Errorf("ValidName(%q)", bad)
+		}
+	}
+}
+
+func FuzzAdapterName(f *testing.F) {
+	for _, s := range []string{"hf://org/a@main", "oci://r/x:1", "", "://", "@@@", "hf://x/ü#?"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, ref string) {
+		if n := AdapterName(ref); !ValidName(n) {
+			t.Fatalf("AdapterName(%q) = %q, not a valid name", ref, n)
+		}
+	})
+}
+
+func TestNewCleansHalfStaged(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	left := filepath.Join(dir, stageTmpPrefix+"a-123")
+	if err := os.MkdirAll(left, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(Config{StageDir: dir, Fetcher: &dirFetcher{}, Bases: &recBases{}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(left); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("half-staged directory still there: %v", err)
+	}
+	if _, err := New(Config{StageDir: dir}); err == nil {
+		t.Fatal("New without Fetcher and Bases succeeded")
+	}
+}
