@@ -1,0 +1,7 @@
+// Package monitoring tests deploy/monitoring, weightd's Grafana dashboards
+// and Prometheus alerts: every dashboard and rule file parses, every PromQL
+// expression in them parses (Grafana's variables substituted first), names
+// only metrics that weightd's source defines (internal/metricscatalog) with
+// a type that fits how it is used and labels that the metric has, and every
+// alert says what is wrong and what to do in its annotations.
+package monitoring
