@@ -489,13 +489,46 @@ func (t *Tier) residency(f *file) int64 {
 	if err != nil {
 		return 0
 	}
+	return residentBytes(vec, f.size)
+}
+
+// residentBytes is how many bytes of a file of size bytes vec (from
+// mincore) says are resident.
+func residentBytes(vec []byte, size int64) int64 {
 	var n int64
 	for i, v := range vec {
 		if v&1 != 0 {
-			n += min(pageSize, f.size-int64(i)*pageSize)
+			n += min(pageSize, size-int64(i)*pageSize)
 		}
 	}
 	return n
+}
+
+// Resident returns how many bytes of the file at path are in the page cache
+// (mincore over a read-only mapping of it), and its size.
+func Resident(path string) (resident, size int64, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, 0, fmt.Errorf("opening %s: %w", path, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return 0, 0, fmt.Errorf("checking %s: %w", path, err)
+	}
+	if st.Size() == 0 {
+		return 0, 0, nil
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return 0, 0, fmt.Errorf("mapping %s: %w", path, err)
+	}
+	defer unix.Munmap(mem)
+	vec := make([]byte, (st.Size()+pageSize-1)/pageSize)
+	if err := mincore(mem, vec); err != nil {
+		return 0, 0, fmt.Errorf("checking page cache residency of %s: %w", path, err)
+	}
+	return residentBytes(vec, st.Size()), st.Size(), nil
 }
 
 // mincore returns f's page residency vector. Called with t.mu held.
