@@ -302,3 +302,32 @@ func TestBoundedReply(t *testing.T) {
 }
 
 func loopback() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") }
+
+// A redirect is not followed: the load is not replayed elsewhere.
+func TestNoRedirects(t *testing.T) {
+	t.Parallel()
+	target, err := loratest.NewVLLM(loratest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close()
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, target.URL()+r.URL.Path, http.StatusTemporaryRedirect)
+	})}
+	ln, err := loopback()
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	for _, kind := range []engine.Kind{engine.VLLM, engine.SGLang} {
+		d, err := engine.New(kind, "http://"+ln.Addr().String(), &http.Client{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantErr(t, d.Load(context.Background(), "a", adapter(t, loratest.AdapterSpec{}), false), engine.ErrUnavailable)
+	}
+	if target.Loads("a") != 0 {
+		t.Fatal("the redirect was followed")
+	}
+}

@@ -48,10 +48,14 @@ func newServer(endpoint string, client *http.Client) (server, error) {
 		return server{}, fmt.Errorf("endpoint %q: want http(s)://host[:port][/path]", endpoint)
 	}
 	u.Path = strings.TrimSuffix(u.Path, "/")
-	if client == nil {
-		client = &http.Client{}
+	// A copy that does not follow redirects: a runtime never redirects,
+	// and a load must not be replayed to another address.
+	c := http.Client{}
+	if client != nil {
+		c = *client
 	}
-	return server{base: u, client: client}, nil
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return server{base: u, client: &c}, nil
 }
 
 // response is a bounded, fully read reply.

@@ -98,7 +98,7 @@ func decodeSGLangUpdate(body []byte) (ok bool, msg string, err error) {
 
 // sglangError maps a reply of load or unload onto the error sentinels.
 func sglangError(r response, unload bool) error {
-	if r.status >= 500 {
+	if r.status != http.StatusOK && (r.status < 400 || r.status >= 500) {
 		return fmt.Errorf("status %d: %s: %w", r.status, quote(r.body), ErrUnavailable)
 	}
 	if r.status == http.StatusNotFound || r.status == http.StatusMethodNotAllowed {

@@ -96,7 +96,7 @@ func vllmError(r response, unload bool) error {
 	if r.status == http.StatusOK {
 		return nil
 	}
-	if r.status >= 500 {
+	if r.status < 400 || r.status >= 500 {
 		return fmt.Errorf("status %d: %s: %w", r.status, quote(r.body), ErrUnavailable)
 	}
 	msg, typ, ok := decodeVLLMError(r.body)
@@ -112,9 +112,7 @@ func vllmError(r response, unload bool) error {
 		return fmt.Errorf("%s: %w", quote([]byte(msg)), ErrAlreadyLoaded)
 	case unload && (r.status == http.StatusNotFound || typ == "NotFoundError"):
 		return fmt.Errorf("%s: %w", quote([]byte(msg)), ErrNotLoaded)
-	case r.status >= 400 && r.status < 500:
-		return fmt.Errorf("status %d %s: %s: %w", r.status, typ, quote([]byte(msg)), ErrRejected)
 	default:
-		return fmt.Errorf("unexpected status %d: %s: %w", r.status, quote([]byte(msg)), ErrUnavailable)
+		return fmt.Errorf("status %d %s: %s: %w", r.status, typ, quote([]byte(msg)), ErrRejected)
 	}
 }
