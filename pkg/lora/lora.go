@@ -109,6 +109,9 @@ func readConfig(path string) (Config, error) {
 	return cfg, nil
 }
 
+// peftPrefix starts the tensor names PEFT saves.
+const peftPrefix = "base_model.model."
+
 // loraTensor splits a PEFT tensor name "<module>.lora_A.weight" (or lora_B)
 // into the module and the matrix, A or B.
 func loraTensor(name string) (module string, matrix byte, ok bool) {
@@ -126,7 +129,9 @@ func loraTensor(name string) (module string, matrix byte, ok bool) {
 // a string is a regular expression over the full name.
 func (c Config) targets(module string, re *regexp.Regexp) bool {
 	if re != nil {
-		return re.MatchString(module)
+		// PEFT matches the pattern against the model's own module names,
+		// which the saved tensor names prefix with "base_model.model.".
+		return re.MatchString(module) || re.MatchString(strings.TrimPrefix(module, peftPrefix))
 	}
 	for _, t := range c.TargetModules {
 		if module == t || strings.HasSuffix(module, "."+t) {

@@ -113,7 +113,7 @@ func TestInspectConfigErrors(t *testing.T) {
 
 func TestInspectTargetForms(t *testing.T) {
 	t.Parallel()
-	for _, targets := range []any{`.*\.(q_proj|v_proj)`, "all-linear", []string{"self_attn.q_proj", "v_proj"}} {
+	for _, targets := range []any{`.*\.(q_proj|v_proj)`, `model\.layers\.\d+\.self_attn\.(q|v)_proj`, "all-linear", []string{"self_attn.q_proj", "v_proj"}} {
 		dir := writeAdapter(t, loratest.AdapterSpec{})
 		rewriteConfig(t, dir, func(m map[string]any) { m["target_modules"] = targets })
 		if _, err := lora.Inspect(dir); err != nil {
