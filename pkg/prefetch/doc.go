@@ -39,5 +39,18 @@
 // fetching a bounded number of blobs at a time (largest first), retries
 // resolving and importing with jittered backoff, unpacks packed layers, then
 // materialises the model or imports the image. Jobs can be cancelled and
-// stream their progress to watchers.
+// stream their progress to watchers. A FileOrder (WithFileOrder), such as
+// the model-load tracer's, puts the files a model's server read first at
+// the front of the fetch.
+//
+// # Observability
+//
+// The queue's metrics (WithRegisterer) count jobs by kind and outcome, time
+// them, and time submission to ready per model in
+// weightd_prefetch_ready_seconds{model}: the model label names the first 50
+// models seen (WithModelLabels) and calls the rest "other", through a
+// LabelLimiter that other per-model metrics can use too. With
+// WithTracerProvider each job is an OpenTelemetry "prefetch" span with
+// "resolve", "fetch" (per blob), "unpack", "commit" and "import" children;
+// without it nothing is traced.
 package prefetch

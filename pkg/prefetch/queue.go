@@ -19,6 +19,8 @@ import (
 
 	"github.com/opencontainers/go-digest"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/weightd/weightd/pkg/cache"
@@ -140,6 +142,7 @@ const (
 	DefaultHistory         = 1000
 	DefaultResolveAttempts = 3
 	DefaultResolveBackoff  = time.Second
+	DefaultModelLabels     = 50
 )
 
 // QueueOption configures a Queue.
@@ -153,6 +156,9 @@ type queueConfig struct {
 	importer        Importer
 	logger          *slog.Logger
 	registerer      prometheus.Registerer
+	tracer          trace.Tracer
+	order           FileOrder
+	modelLabels     int
 }
 
 // WithJobConcurrency sets how many jobs run at once (default 2; n < 1 keeps
@@ -225,6 +231,19 @@ func WithRegisterer(r prometheus.Registerer) QueueOption {
 	return func(c *queueConfig) { c.registerer = r }
 }
 
+// WithModelLabels sets how many distinct models keep their name in the
+// model label of weightd_prefetch_ready_seconds (default 50): the first n
+// models that become ready after the queue is built are named, every later
+// one is counted under "other" (see LabelLimiter), so the metric has at
+// most n+1 series. n < 0 keeps the default; 0 names none.
+func WithModelLabels(n int) QueueOption {
+	return func(c *queueConfig) {
+		if n >= 0 {
+			c.modelLabels = n
+		}
+	}
+}
+
 // Queue runs prefetch jobs: resolve a reference, fetch its files into the
 // store, materialise the model. Submit may be called before and while Run
 // runs; its methods are safe for concurrent use.
@@ -254,6 +273,8 @@ func NewQueue(store Store, src Source, opts ...QueueOption) *Queue {
 		resolveAttempts: DefaultResolveAttempts,
 		resolveBackoff:  DefaultResolveBackoff,
 		logger:          slog.New(slog.DiscardHandler),
+		tracer:          noop.NewTracerProvider().Tracer(TracerName),
+		modelLabels:     DefaultModelLabels,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -262,7 +283,7 @@ func NewQueue(store Store, src Source, opts ...QueueOption) *Queue {
 		store:   store,
 		src:     src,
 		cfg:     cfg,
-		metrics: newQueueMetrics(),
+		metrics: newQueueMetrics(cfg.modelLabels),
 		active:  make(map[string]*Job),
 		jobs:    make(map[string]*Job),
 		wake:    make(chan struct{}, 1),
@@ -310,7 +331,7 @@ func (q *Queue) Run(ctx context.Context) error {
 	q.pending = nil
 	q.mu.Unlock()
 	for _, j := range pending {
-		q.finish(j, "", ErrQueueStopped)
+		q.finish(j, "", ErrQueueStopped, nil)
 	}
 	return nil
 }
@@ -380,7 +401,7 @@ func (q *Queue) Cancel(id string) bool {
 	}
 	q.mu.Unlock()
 	if i >= 0 {
-		q.finish(j, "", ErrCanceled)
+		q.finish(j, "", ErrCanceled, nil)
 		return true
 	}
 	j.cancel()
@@ -424,15 +445,16 @@ func (q *Queue) work(ctx context.Context) {
 		jctx, cancel := context.WithCancelCause(ctx)
 		if !j.start(func() { cancel(ErrCanceled) }) {
 			cancel(nil)
-			q.finish(j, "", ErrCanceled) // cancelled while being taken
+			q.finish(j, "", ErrCanceled, nil) // cancelled while being taken
 			continue
 		}
-		dir, err := q.run(jctx, j)
+		sctx, span := q.startJobSpan(jctx, j)
+		dir, err := q.run(sctx, j)
 		if context.Cause(jctx) == ErrCanceled {
 			err = ErrCanceled
 		}
 		cancel(nil)
-		q.finish(j, dir, err)
+		q.finish(j, dir, err, span)
 	}
 }
 
@@ -470,13 +492,9 @@ func (q *Queue) run(ctx context.Context, j *Job) (string, error) {
 	j.setState(StateResolving, time.Now())
 	q.cfg.logger.Info("prefetch job started", "job", j.id, "ref", j.ref.Redacted())
 
-	res, err := retry(ctx, q, "resolving", j.ref, func() (*Resolution, error) { return q.src.Resolve(ctx, j.ref) })
+	res, blobs, err := q.resolve(ctx, j)
 	if err != nil {
 		return "", err
-	}
-	blobs, err := fetchList(res)
-	if err != nil {
-		return "", fmt.Errorf("resolving %s: %w", j.ref.Redacted(), err)
 	}
 	j.plan(res.Model.Name, res.Model.Revision, blobs)
 	for _, b := range blobs {
@@ -493,7 +511,10 @@ func (q *Queue) run(ctx context.Context, j *Job) (string, error) {
 	g.SetLimit(q.cfg.files)
 	for _, b := range blobs {
 		g.Go(func() error {
-			_, err := q.store.Fetch(gctx, b.Descriptor, b.src, func(done, _ int64) { j.progress(b.Digest, done) })
+			fctx, span := q.cfg.tracer.Start(gctx, "fetch", trace.WithAttributes(
+				AttrBlobDigest.String(b.Digest.String()), AttrBlobSize.Int64(b.Size), AttrBlobPath.String(b.path)))
+			_, err := q.store.Fetch(fctx, b.Descriptor, b.src, func(done, _ int64) { j.progress(b.Digest, done) })
+			endSpan(span, err)
 			if err != nil {
 				return fmt.Errorf("fetching %s (%s): %w", b.path, b.Digest, err)
 			}
@@ -506,11 +527,16 @@ func (q *Queue) run(ctx context.Context, j *Job) (string, error) {
 		return "", err
 	}
 	if res.Image != nil {
-		return "", q.importImage(ctx, j, res.Image, imp)
+		ictx, span := q.cfg.tracer.Start(ctx, "import", trace.WithAttributes(AttrImage.String(res.Image.Name)))
+		err := q.importImage(ictx, j, res.Image, imp)
+		endSpan(span, err)
+		return "", err
 	}
 	m := res.Model
 	for _, l := range res.Packed {
-		files, err := q.unpack(ctx, l)
+		uctx, span := q.cfg.tracer.Start(ctx, "unpack", trace.WithAttributes(AttrLayerDigest.String(l.Digest.String())))
+		files, err := q.unpack(uctx, l)
+		endSpan(span, err)
 		if err != nil {
 			return "", fmt.Errorf("unpacking layer %s of %s: %w", l.Digest, j.ref.Redacted(), err)
 		}
@@ -519,11 +545,33 @@ func (q *Queue) run(ctx context.Context, j *Job) (string, error) {
 		}
 		m.Files = append(slices.Clip(m.Files), files...)
 	}
+	_, span := q.cfg.tracer.Start(ctx, "commit", trace.WithAttributes(AttrModel.String(modelRef(m.Name, m.Revision)), AttrFiles.Int(len(m.Files))))
 	dir, err := q.store.Materialize(m)
+	endSpan(span, err)
 	if err != nil {
 		return "", fmt.Errorf("materialising %s@%s: %w", m.Name, m.Revision, err)
 	}
 	return dir, nil
+}
+
+// resolve resolves the job's reference, retrying, and lists the blobs to
+// fetch in the order to fetch them.
+func (q *Queue) resolve(ctx context.Context, j *Job) (_ *Resolution, _ []fetchBlob, err error) {
+	ctx, span := q.cfg.tracer.Start(ctx, "resolve")
+	defer func() { endSpan(span, err) }()
+	res, err := retry(ctx, q, "resolving", j.ref, func() (*Resolution, error) { return q.src.Resolve(ctx, j.ref) })
+	if err != nil {
+		return nil, nil, err
+	}
+	blobs, err := fetchList(res)
+	if err != nil {
+		return nil, nil, fmt.Errorf("resolving %s: %w", j.ref.Redacted(), err)
+	}
+	if q.cfg.order != nil && res.Image == nil {
+		orderFirst(blobs, res.Model.Files, q.cfg.order.Order(modelRef(res.Model.Name, res.Model.Revision)))
+	}
+	span.SetAttributes(AttrModel.String(modelRef(res.Model.Name, res.Model.Revision)))
+	return res, blobs, nil
 }
 
 // fetchBlob is one blob a job fetches, named by its first file or layer.
@@ -733,8 +781,9 @@ func retry[T any](ctx context.Context, q *Queue, what string, ref Ref, fn func()
 }
 
 // finish forgets j as the active job of its reference, remembers it among
-// the finished ones, and finishes it.
-func (q *Queue) finish(j *Job, dir string, err error) {
+// the finished ones, ends its span (nil for a job that never ran) and
+// finishes it.
+func (q *Queue) finish(j *Job, dir string, err error, span trace.Span) {
 	q.mu.Lock()
 	key := j.ref.String()
 	if q.active[key] == j {
@@ -749,9 +798,16 @@ func (q *Queue) finish(j *Job, dir string, err error) {
 	q.mu.Unlock()
 
 	// Metrics first: whoever sees the job done sees it counted.
-	now, outcome := time.Now(), outcomeOf(err)
+	now, outcome, before := time.Now(), outcomeOf(err), j.Status()
+	took := now.Sub(before.Created).Seconds()
 	q.metrics.jobs.WithLabelValues(string(j.ref.Kind), outcome).Inc()
-	q.metrics.seconds.WithLabelValues(string(j.ref.Kind), outcome).Observe(now.Sub(j.Status().Created).Seconds())
+	q.metrics.seconds.WithLabelValues(string(j.ref.Kind), outcome).Observe(took)
+	if err == nil {
+		q.metrics.ready.WithLabelValues(q.metrics.models.Label(before.Model)).Observe(took)
+	}
+	if span != nil { // before the job is seen done: its trace is complete then
+		endJobSpan(span, before, err)
+	}
 	st := j.finish(dir, err, now)
 	if err != nil {
 		q.cfg.logger.Warn("prefetch job failed", "job", j.id, "ref", st.Ref, "err", err)
@@ -783,9 +839,11 @@ type queueMetrics struct {
 	jobs    *prometheus.CounterVec
 	depth   prometheus.Gauge
 	seconds *prometheus.HistogramVec
+	ready   *prometheus.HistogramVec
+	models  *LabelLimiter // of ready's model label
 }
 
-func newQueueMetrics() queueMetrics {
+func newQueueMetrics(modelLabels int) queueMetrics {
 	m := queueMetrics{
 		jobs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weightd_prefetch_jobs_total",
@@ -800,6 +858,13 @@ func newQueueMetrics() queueMetrics {
 			Help:    "Time from submitting a prefetch job to its end (queueing included), by source kind and outcome.",
 			Buckets: prometheus.ExponentialBuckets(0.25, 2, 16), // 0.25 s … ~2.3 h
 		}, []string{"kind", "outcome"}),
+		ready: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "weightd_prefetch_ready_seconds",
+			Help: "Time from submitting a prefetch job to its model or image being ready (queueing included), by model " +
+				"(org/name, no revision; the first models seen keep their name, later ones are \"other\").",
+			Buckets: prometheus.ExponentialBuckets(0.25, 2, 16), // as weightd_prefetch_job_seconds
+		}, []string{"model"}),
+		models: NewLabelLimiter(modelLabels),
 	}
 	for _, k := range []Kind{KindHTTP, KindOCI, KindHF} {
 		for _, o := range []string{string(StateReady), string(StateFailed), "canceled"} {
@@ -810,5 +875,5 @@ func newQueueMetrics() queueMetrics {
 }
 
 func (m queueMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.jobs, m.depth, m.seconds}
+	return []prometheus.Collector{m.jobs, m.depth, m.seconds, m.ready}
 }
