@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -55,6 +56,7 @@ type intakeConfig struct {
 	tick             time.Duration
 	workers          int
 	logger           *slog.Logger
+	registerer       prometheus.Registerer
 }
 
 // WithStatusInterval sets the least time between two status patches of one
@@ -102,6 +104,12 @@ func WithIntakeLogger(l *slog.Logger) IntakeOption {
 	}
 }
 
+// WithIntakeRegisterer registers the intake's metrics on r while Run runs
+// (default: not registered): weightd_pod_prefetch_ready_seconds.
+func WithIntakeRegisterer(r prometheus.Registerer) IntakeOption {
+	return func(c *intakeConfig) { c.registerer = r }
+}
+
 // PodIntake takes prefetch requests from the annotations of the pods bound
 // to one node and answers on them. Build it with NewPodIntake and call Run
 // once.
@@ -118,6 +126,7 @@ type PodIntake struct {
 	node   string
 	queue  Submitter
 	cfg    intakeConfig
+	ready  prometheus.Histogram
 
 	mu   sync.Mutex
 	pods map[string]*podState // namespace/name → tracked pod
@@ -159,7 +168,13 @@ func NewPodIntake(client kubernetes.Interface, node string, queue Submitter, opt
 		o(&cfg)
 	}
 	cfg.progressInterval = max(cfg.progressInterval, cfg.statusInterval)
-	return &PodIntake{client: client, node: node, queue: queue, cfg: cfg, pods: make(map[string]*podState)}, nil
+	ready := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "weightd_pod_prefetch_ready_seconds",
+		Help: "Time from the agent first seeing a pod that asks for models or images to all of them ready on the node " +
+			"(pods answered before an agent restart are not counted again).",
+		Buckets: prometheus.ExponentialBuckets(0.05, 2, 18), // 50 ms … ~3.6 h
+	})
+	return &PodIntake{client: client, node: node, queue: queue, cfg: cfg, ready: ready, pods: make(map[string]*podState)}, nil
 }
 
 // Tracked returns how many pods the intake follows.
@@ -174,17 +189,16 @@ func (in *PodIntake) Tracked() int {
 // that fail are retried with backoff.
 func (in *PodIntake) Run(ctx context.Context) error {
 	log := in.cfg.logger
-	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	defer broadcaster.Shutdown()
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: in.client.CoreV1().Events("")})
-	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: FieldManager, Host: in.node})
+	if r := in.cfg.registerer; r != nil {
+		if err := r.Register(in.ready); err != nil {
+			return fmt.Errorf("registering pod intake metrics: %w", err)
+		}
+		defer r.Unregister(in.ready)
+	}
+	recorder, stopRecorder := newRecorder(ctx, in.client, in.node)
+	defer stopRecorder()
 
-	factory := informers.NewSharedInformerFactoryWithOptions(in.client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", in.node).String()
-		}),
-		informers.WithTransform(slimPod),
-	)
+	factory := nodePods(in.client, in.node, slimPod)
 	informer := factory.Core().V1().Pods().Informer()
 	queue := workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.NewTypedItemExponentialFailureRateLimiter[string](500*time.Millisecond, 30*time.Second),
@@ -384,6 +398,7 @@ func (s *syncer) sync(ctx context.Context, key string) error {
 	if finalStatus(status) && reported != status {
 		if statusKind(status) == StatusReady {
 			s.recorder.Event(&st.obj, corev1.EventTypeNormal, ReasonPrefetched, bound(prefetchedMessage(jobs, st.started)))
+			in.ready.Observe(readySeconds(jobs, st.started).Seconds())
 		} else {
 			s.recorder.Event(&st.obj, corev1.EventTypeWarning, ReasonPrefetchFailed, bound(strings.TrimPrefix(status, StatusFailed+": ")))
 		}
@@ -425,21 +440,48 @@ func (s *syncer) sync(ctx context.Context, key string) error {
 // patchStatus writes the status annotation with a merge patch of that one
 // key, on the pod of that UID only.
 func (in *PodIntake) patchStatus(ctx context.Context, pod *corev1.Pod, status string) error {
+	return patchAnnotations(ctx, in.client, pod, map[string]any{podrequest.Status: status})
+}
+
+// patchAnnotations writes annotations (a nil value removes one) with a merge
+// patch of those keys, on the pod of that UID only: a pod of the same name
+// but another UID is NotFound.
+func patchAnnotations(ctx context.Context, client kubernetes.Interface, pod *corev1.Pod, annotations map[string]any) error {
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
 		"uid":         pod.UID,
-		"annotations": map[string]string{podrequest.Status: status},
+		"annotations": annotations,
 	}})
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	_, err = in.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch,
+	_, err = client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch,
 		metav1.PatchOptions{FieldManager: FieldManager})
 	if apierrors.IsConflict(err) {
 		return apierrors.NewNotFound(corev1.Resource("pods"), pod.Name) // the UID changed: another pod
 	}
 	return err
+}
+
+// newRecorder starts sending Events from weightd on node to the API server;
+// stop flushes and ends it.
+func newRecorder(ctx context.Context, client kubernetes.Interface, node string) (recorder record.EventRecorder, stop func()) {
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	return broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: FieldManager, Host: node}), broadcaster.Shutdown
+}
+
+// nodePods is an informer factory that lists and watches only the pods
+// bound to node (a field selector on spec.nodeName), each put through
+// transform.
+func nodePods(client kubernetes.Interface, node string, transform cache.TransformFunc) informers.SharedInformerFactory {
+	return informers.NewSharedInformerFactoryWithOptions(client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
+		}),
+		informers.WithTransform(transform),
+	)
 }
 
 // forget stops following a pod, if it did; its jobs go on.
@@ -512,4 +554,16 @@ func slimPod(obj any) (any, error) {
 		}
 	}
 	return slim, nil
+}
+
+// readySeconds is the time from a pod's intake to the last of its jobs
+// finished ready (0 when they were ready before).
+func readySeconds(jobs []prefetch.JobStatus, since time.Time) time.Duration {
+	var last time.Time
+	for _, j := range jobs {
+		if j.Finished.After(last) {
+			last = j.Finished
+		}
+	}
+	return max(last.Sub(since), 0)
 }

@@ -55,6 +55,7 @@ type publisherConfig struct {
 	interval, progress time.Duration
 	maxEntries         int
 	logger             *slog.Logger
+	warmBases          func() []string
 }
 
 // WithNodeInterval sets the least time between two writes of the Node
@@ -90,6 +91,16 @@ func WithPublisherLogger(l *slog.Logger) PublisherOption {
 			c.logger = l
 		}
 	}
+}
+
+// WithWarmBases adds to what the publisher writes a label
+// nodestate.WarmLabel(base) = "ready" for each base that bases returns
+// (references; those that do not parse are skipped, at most the
+// publisher's max entries), asked at every interval: the bases that warm
+// servers of this node keep resident now (see WarmBases). The labels are
+// written with the others, in the same apply, and go when a base does.
+func WithWarmBases(bases func() []string) PublisherOption {
+	return func(c *publisherConfig) { c.warmBases = bases }
 }
 
 // NodePublisher publishes a node's cache state on its Node object: a label
@@ -225,7 +236,7 @@ func (p *NodePublisher) restore(node *corev1.Node) {
 	p.restored = true
 	p.applied = make(map[string]string)
 	for k, v := range node.Labels {
-		if strings.HasPrefix(k, nodestate.LabelPrefix) {
+		if strings.HasPrefix(k, nodestate.LabelPrefix) || strings.HasPrefix(k, nodestate.WarmLabelPrefix) {
 			p.applied[k] = v // weightd's, from before this process
 		}
 	}
@@ -377,9 +388,22 @@ func (p *NodePublisher) ordered() []*entry {
 
 // desired is what the node should show: weightd's labels and the summary.
 func (p *NodePublisher) desired() (labels map[string]string, summary nodestate.Summary) {
+	labels = make(map[string]string)
+	if p.cfg.warmBases != nil {
+		n := 0
+		for _, base := range p.cfg.warmBases() {
+			ref, err := prefetch.ParseRef(base)
+			if err != nil || n >= p.cfg.maxEntries {
+				continue
+			}
+			if l := nodestate.WarmLabel(ref.String()); labels[l] == "" {
+				labels[l] = nodestate.LabelReady
+				n++
+			}
+		}
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	labels = make(map[string]string)
 	summary.V = 1
 	summary.Entries = []nodestate.Entry{}
 	for _, e := range p.ordered() {

@@ -1,0 +1,725 @@
+package kube
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/weightd/weightd/pkg/api"
+	"github.com/weightd/weightd/pkg/nodestate"
+	"github.com/weightd/weightd/pkg/podrequest"
+	"github.com/weightd/weightd/pkg/warmpool"
+)
+
+// WarmServers lists the warm servers of the node; *warmpool.Pool provides
+// it.
+type WarmServers interface {
+	// Servers lists the warm servers and the adapters loaded in each.
+	Servers() []api.WarmServer
+}
+
+// WarmPool is what WarmPods needs of the warm pool; *warmpool.Pool provides
+// it. Its methods are safe for concurrent use.
+type WarmPool interface {
+	WarmServers
+	// SetServers replaces the node's warm servers with specs (every one,
+	// each time).
+	SetServers(specs []warmpool.ServerSpec)
+	// EnsureFor makes req's adapter available on a warm server of its base
+	// on behalf of owner (a pod's UID), which keeps it in use, so not
+	// evicted, until Release. Asking again for the same owner and adapter
+	// is cheap and counts the owner once. Errors wrapping api.ErrBadRequest
+	// will not go away by asking again (a malformed adapter, a rank over
+	// the servers' maximum); others may.
+	EnsureFor(ctx context.Context, owner string, req api.AdapterRequest) (api.AdapterAnswer, error)
+	// Release ends owner's use of its adapters; unknown owners are ignored.
+	Release(owner string)
+	// Changed returns a channel that receives (or is closed) after the
+	// servers or their adapters change. WarmPods asks for it again after
+	// each receive.
+	Changed() <-chan struct{}
+}
+
+// WarmPods defaults.
+const (
+	DefaultWarmInterval  = time.Second
+	DefaultWarmWorkers   = 4
+	DefaultEnsureTimeout = 10 * time.Minute
+	// warmResync is how often WarmPods compares the servers and the
+	// loaded-adapters annotations with the pool without being told to.
+	warmResync = 30 * time.Second
+)
+
+// WarmOption configures a WarmPods.
+type WarmOption func(*warmConfig)
+
+type warmConfig struct {
+	interval            time.Duration
+	workers             int
+	ensureTimeout       time.Duration
+	retryBase, retryMax time.Duration
+	logger              *slog.Logger
+}
+
+// WithWarmInterval sets how long WarmPods lets changes settle before it
+// gives the pool the node's warm servers and writes their loaded-adapters
+// annotations (default 1s; d <= 0 keeps it): a burst of changes is one
+// round of writes.
+func WithWarmInterval(d time.Duration) WarmOption {
+	return func(c *warmConfig) {
+		if d > 0 {
+			c.interval = d
+		}
+	}
+}
+
+// WithWarmWorkers sets how many adapter requests are served at once
+// (default 4; n < 1 keeps it). An ensure that fetches an adapter holds its
+// worker until the adapter is loaded.
+func WithWarmWorkers(n int) WarmOption {
+	return func(c *warmConfig) {
+		if n >= 1 {
+			c.workers = n
+		}
+	}
+}
+
+// WithEnsureTimeout bounds one ensure of an adapter, its download included
+// (default 10m; d <= 0 keeps it).
+func WithEnsureTimeout(d time.Duration) WarmOption {
+	return func(c *warmConfig) {
+		if d > 0 {
+			c.ensureTimeout = d
+		}
+	}
+}
+
+// WithWarmRetry sets the backoff of an adapter request that failed for a
+// reason that may pass (and of a failed write): base, doubling per failure,
+// up to most (defaults 1s and 2m; values <= 0 keep them).
+func WithWarmRetry(base, most time.Duration) WarmOption {
+	return func(c *warmConfig) {
+		if base > 0 {
+			c.retryBase = base
+		}
+		if most > 0 {
+			c.retryMax = most
+		}
+	}
+}
+
+// WithWarmLogger sets the logger (default: discard).
+func WithWarmLogger(l *slog.Logger) WarmOption {
+	return func(c *warmConfig) {
+		if l != nil {
+			c.logger = l
+		}
+	}
+}
+
+// Event reasons of WarmPods (besides ReasonInvalidAnnotation).
+const (
+	ReasonAdapterReady  = "AdapterReady"
+	ReasonAdapterFailed = "AdapterFailed"
+)
+
+// WarmPods is the warm pool's Kubernetes side on one node. Build it with
+// NewWarmPods and call Run once. It watches the pods bound to the node (a
+// field selector on spec.nodeName, each pod kept slim) and:
+//
+//   - finds the warm servers: pods labelled podrequest.WarmServerLabel, whose
+//     annotations podrequest.ParseWarmServer reads (a malformed one gets one
+//     Warning InvalidAnnotation Event and is left out); those running with
+//     an IP are given to the pool (SetServers) whenever the set changes, once
+//     changes have settled for the interval;
+//   - serves the pods that ask for an adapter (podrequest.ParseAdapterRequest):
+//     EnsureFor on behalf of the pod's UID, then the answer on the pod
+//     (podrequest.LoraEndpoint and LoraModel, or LoraError), with an Event
+//     (AdapterReady, AdapterFailed, InvalidAnnotation) each time the answer
+//     on the pod changes. Failures that may pass are retried with backoff;
+//     every request is asked again when the servers change (a server that
+//     went is replaced by another). A pod that goes, finishes or stops
+//     asking is released (Release);
+//   - writes on each healthy warm server's pod the adapters loaded in it
+//     (nodestate.LoadedAdaptersAnnotation), when they change, at most once
+//     per interval, and removes it from pods no longer labelled as warm
+//     servers.
+//
+// Every write is a merge patch of weightd's own annotations on the pod of
+// that UID, made only when the pod shows something else; the client's rate
+// limit bounds them all together. The node's warm-base labels are the
+// NodePublisher's (WithWarmBases), so the two never write the same object.
+type WarmPods struct {
+	client kubernetes.Interface
+	node   string
+	pool   WarmPool
+	cfg    warmConfig
+
+	mu       sync.Mutex
+	adapters map[string]*adapterPod // namespace/name → pod asking for an adapter
+}
+
+// adapterPod is a pod that asks for an adapter, as WarmPods follows it.
+type adapterPod struct {
+	uid         types.UID
+	obj         corev1.ObjectReference // for Events
+	fingerprint string                 // of its request annotations
+	invalid     bool                   // the request did not parse: answered, never ensured
+	ensure      bool                   // EnsureFor is due
+	answer      loraAnswer             // what the pod should show
+	event       [2]string              // Event type and message of that answer
+	written     loraAnswer             // last written, until the informer shows it
+}
+
+// loraAnswer is the agent's answer on a pod: endpoint and model, or err.
+type loraAnswer struct{ endpoint, model, err string }
+
+// shownOn reports whether annotations show the answer.
+func (a loraAnswer) shownOn(annotations map[string]string) bool {
+	for k, want := range a.fields() {
+		got, ok := annotations[k]
+		if ok != (want != "") || got != want {
+			return false
+		}
+	}
+	return true
+}
+
+func (a loraAnswer) fields() map[string]string {
+	return map[string]string{podrequest.LoraEndpoint: a.endpoint, podrequest.LoraModel: a.model, podrequest.LoraError: a.err}
+}
+
+// patch is the merge patch of the answer's annotations (null removes).
+func (a loraAnswer) patch() map[string]any {
+	out := make(map[string]any, 3)
+	for k, v := range a.fields() {
+		out[k] = nil
+		if v != "" {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// NewWarmPods returns the warm pool's Kubernetes side for node. It starts
+// nothing: call Run.
+func NewWarmPods(client kubernetes.Interface, node string, pool WarmPool, opts ...WarmOption) (*WarmPods, error) {
+	if node == "" {
+		return nil, errors.New("warm pods: empty node name")
+	}
+	if pool == nil {
+		return nil, errors.New("warm pods: nil pool")
+	}
+	cfg := warmConfig{
+		interval:      DefaultWarmInterval,
+		workers:       DefaultWarmWorkers,
+		ensureTimeout: DefaultEnsureTimeout,
+		retryBase:     time.Second,
+		retryMax:      2 * time.Minute,
+		logger:        slog.New(slog.DiscardHandler),
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	cfg.retryMax = max(cfg.retryMax, cfg.retryBase)
+	return &WarmPods{client: client, node: node, pool: pool, cfg: cfg, adapters: make(map[string]*adapterPod)}, nil
+}
+
+// Tracked returns how many pods asking for an adapter WarmPods follows.
+func (w *WarmPods) Tracked() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.adapters)
+}
+
+// Run watches the node's pods until ctx ends, then returns nil. The pool is
+// given its first servers once the informer has listed the node's pods, and
+// adapter requests are served from then on. An API server that is down
+// delays that and later writes (retried), never fails Run.
+func (w *WarmPods) Run(ctx context.Context) error {
+	recorder, stopRecorder := newRecorder(ctx, w.client, w.node)
+	defer stopRecorder()
+	factory := nodePods(w.client, w.node, slimWarmPod)
+	informer := factory.Core().V1().Pods().Informer()
+	queue := workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[string](w.cfg.retryBase, w.cfg.retryMax),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "weightd-warm-pods"},
+	)
+	dirty := make(chan struct{}, 1)
+	changed := func(obj any) {
+		if pod, ok := obj.(*corev1.Pod); ok && (podrequest.IsWarmServer(pod.Labels) || hasAnnotation(pod, nodestate.LoadedAdaptersAnnotation)) {
+			select {
+			case dirty <- struct{}{}:
+			default:
+			}
+		}
+		key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+		if err != nil {
+			return
+		}
+		if pod, ok := obj.(*corev1.Pod); (ok && asksAdapter(pod)) || w.tracked(key) {
+			queue.Add(key)
+		}
+	}
+	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: changed,
+		UpdateFunc: func(old, obj any) {
+			changed(old)
+			changed(obj)
+		},
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				changed(t.Obj)
+			}
+			changed(obj)
+		},
+	}); err != nil {
+		return fmt.Errorf("warm pods: %w", err)
+	}
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	defer queue.ShutDown()
+	w.cfg.logger.Info("watching this node's warm servers and adapter requests", "node", w.node)
+	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
+		return nil // ctx ended
+	}
+
+	s := &warmSyncer{
+		w: w, indexer: informer.GetIndexer(), recorder: recorder, queue: queue,
+		invalid: make(map[types.UID]string), published: make(map[string]published),
+	}
+	s.discover()
+	var wg sync.WaitGroup
+	for range w.cfg.workers {
+		wg.Go(func() {
+			for s.next(ctx) {
+			}
+		})
+	}
+	wg.Go(func() { s.loop(ctx, dirty) })
+	<-ctx.Done()
+	queue.ShutDown()
+	wg.Wait()
+	return nil
+}
+
+// tracked reports whether key is a pod asking for an adapter.
+func (w *WarmPods) tracked(key string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	_, ok := w.adapters[key]
+	return ok
+}
+
+// warmSyncer is one Run's view of the informer, the recorder and the work
+// queue. invalid, published and servers belong to the loop goroutine (and
+// to Run before it starts).
+type warmSyncer struct {
+	w        *WarmPods
+	indexer  cache.Indexer
+	recorder record.EventRecorder
+	queue    workqueue.TypedRateLimitingInterface[string]
+
+	servers   []warmpool.ServerSpec // last given to the pool; nil before
+	invalid   map[types.UID]string  // warm server pods reported invalid → their annotations' fingerprint
+	published map[string]published  // namespace/name → loaded-adapters written, until the informer shows it
+}
+
+// published is a loaded-adapters annotation written (remove: removed).
+type published struct {
+	uid    types.UID
+	value  string
+	remove bool
+}
+
+// loop gives the pool the servers and writes the loaded-adapters
+// annotations after a change settles, and every warmResync in case a
+// change went unnoticed, until ctx ends.
+func (s *warmSyncer) loop(ctx context.Context, dirty <-chan struct{}) {
+	resync := time.NewTicker(warmResync)
+	defer resync.Stop()
+	var retry <-chan time.Time
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-dirty:
+		case <-s.w.pool.Changed():
+		case <-resync.C:
+		case <-retry:
+		}
+		select { // let a burst settle
+		case <-ctx.Done():
+			return
+		case <-time.After(s.w.cfg.interval):
+		}
+		select {
+		case <-dirty:
+		default:
+		}
+		s.discover()
+		err := s.publish(ctx)
+		retry = nil
+		switch {
+		case err != nil && ctx.Err() == nil:
+			if !failing {
+				s.w.cfg.logger.Warn("writing loaded adapters on warm server pods; retrying", "err", err)
+			}
+			failing = true
+			retry = time.After(s.w.cfg.retryBase)
+		case err == nil && failing:
+			s.w.cfg.logger.Info("writing loaded adapters on warm server pods works again")
+			failing = false
+		}
+	}
+}
+
+// discover lists the node's warm servers from the informer and gives them
+// to the pool when they changed; every adapter request is then asked again.
+func (s *warmSyncer) discover() {
+	specs := []warmpool.ServerSpec{}
+	bad := make(map[types.UID]bool)
+	for _, obj := range s.indexer.List() {
+		pod, ok := obj.(*corev1.Pod)
+		if !ok || !podrequest.IsWarmServer(pod.Labels) || pod.DeletionTimestamp != nil || podFinished(pod) {
+			continue
+		}
+		srv, err := podrequest.ParseWarmServer(pod.Annotations)
+		if err != nil {
+			bad[pod.UID] = true
+			if fp := annotationsFingerprint(pod, warmAnnotations); s.invalid[pod.UID] != fp {
+				s.invalid[pod.UID] = fp
+				s.w.cfg.logger.Warn("invalid warm server annotation", "pod", pod.Namespace+"/"+pod.Name, "err", err)
+				ref := podRef(pod)
+				s.recorder.Event(&ref, corev1.EventTypeWarning, ReasonInvalidAnnotation, bound(err.Error()))
+			}
+			continue
+		}
+		if pod.Status.Phase != corev1.PodRunning || pod.Status.PodIP == "" {
+			continue
+		}
+		specs = append(specs, warmpool.ServerSpec{
+			Pod: pod.Namespace + "/" + pod.Name, UID: string(pod.UID),
+			Base: srv.Base.String(), Runtime: srv.Runtime,
+			Endpoint: "http://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(srv.Port)),
+			Slots:    srv.Slots, MaxRank: srv.MaxRank,
+		})
+	}
+	for uid := range s.invalid {
+		if !bad[uid] {
+			delete(s.invalid, uid) // fixed or gone: reported again if it breaks again
+		}
+	}
+	slices.SortFunc(specs, func(a, b warmpool.ServerSpec) int { return cmp.Compare(a.Pod, b.Pod) })
+	if s.servers != nil && slices.Equal(specs, s.servers) {
+		return
+	}
+	s.w.cfg.logger.Info("warm servers", "servers", len(specs))
+	s.w.pool.SetServers(slices.Clone(specs))
+	s.servers = specs
+
+	s.w.mu.Lock()
+	var keys []string
+	for key, st := range s.w.adapters {
+		if !st.invalid {
+			st.ensure = true
+			keys = append(keys, key)
+		}
+	}
+	s.w.mu.Unlock()
+	for _, key := range keys {
+		s.queue.Add(key)
+	}
+}
+
+// publish writes, on each healthy warm server's pod, the adapters loaded in
+// it, where the pod shows something else; and removes the annotation from
+// pods that are no longer warm servers.
+func (s *warmSyncer) publish(ctx context.Context) error {
+	want := make(map[string]string)
+	for _, srv := range s.w.pool.Servers() {
+		if !srv.Healthy {
+			continue // until the pool knows what it holds, the pod keeps what it shows
+		}
+		names := make([]string, len(srv.Adapters))
+		for i, a := range srv.Adapters {
+			names[i] = a.Name
+		}
+		want[srv.Pod] = nodestate.EncodeAdapters(names)
+	}
+	var errs []error
+	seen := make(map[string]bool)
+	for _, obj := range s.indexer.List() {
+		pod, ok := obj.(*corev1.Pod)
+		if !ok || pod.DeletionTimestamp != nil {
+			continue
+		}
+		key := pod.Namespace + "/" + pod.Name
+		have, has := pod.Annotations[nodestate.LoadedAdaptersAnnotation]
+		value, wanted := want[key]
+		remove := !wanted && has && !podrequest.IsWarmServer(pod.Labels)
+		if (!wanted || have == value) && !remove {
+			continue // right, or not ours to change now
+		}
+		seen[key] = true
+		p := published{uid: pod.UID, value: value, remove: remove}
+		if s.published[key] == p {
+			continue // written; the informer has not shown it yet
+		}
+		var v any = value
+		if remove {
+			v = nil
+		}
+		if err := patchAnnotations(ctx, s.w.client, pod, map[string]any{nodestate.LoadedAdaptersAnnotation: v}); err != nil {
+			if !apierrors.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("writing loaded adapters on pod %s: %w", key, err))
+			}
+			continue
+		}
+		s.published[key] = p
+	}
+	for key := range s.published {
+		if !seen[key] {
+			delete(s.published, key) // shown, or no longer wanted
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// next syncs the next queued adapter request; false once the queue shuts
+// down.
+func (s *warmSyncer) next(ctx context.Context) bool {
+	key, shutdown := s.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer s.queue.Done(key)
+	if err := s.sync(ctx, key); err != nil {
+		if ctx.Err() == nil {
+			s.w.cfg.logger.Warn("serving adapter request; retrying", "pod", key, "err", err, "retries", s.queue.NumRequeues(key))
+			s.queue.AddRateLimited(key)
+		}
+		return true
+	}
+	s.queue.Forget(key)
+	return true
+}
+
+// errRetry marks a sync whose adapter failed for a reason that may pass.
+var errRetry = errors.New("adapter not available yet")
+
+// sync brings one pod's adapter request up to date: ensures the adapter
+// when due, and writes the answer when the pod shows another.
+func (s *warmSyncer) sync(ctx context.Context, key string) error {
+	w := s.w
+	obj, exists, err := s.indexer.GetByKey(key)
+	if err != nil {
+		return err
+	}
+	pod, _ := obj.(*corev1.Pod)
+	if !exists || pod == nil || pod.DeletionTimestamp != nil || pod.Spec.NodeName != w.node || podFinished(pod) {
+		w.release(key, "")
+		return nil
+	}
+	req, asks, perr := podrequest.ParseAdapterRequest(pod.Annotations)
+	fp := annotationsFingerprint(pod, loraRequestAnnotations)
+	w.mu.Lock()
+	st := w.adapters[key]
+	w.mu.Unlock()
+	if st != nil && (st.uid != pod.UID || st.fingerprint != fp) {
+		w.release(key, st.uid) // another pod of that name, or another request
+		st = nil
+	}
+	if !asks {
+		if none := (loraAnswer{}); !none.shownOn(pod.Annotations) {
+			return patchAnnotations(ctx, w.client, pod, none.patch()) // an answer to a request withdrawn
+		}
+		return nil
+	}
+	if st == nil {
+		st = &adapterPod{uid: pod.UID, obj: podRef(pod), fingerprint: fp, ensure: true}
+		if perr != nil {
+			st.invalid, st.ensure = true, false
+			st.answer = loraAnswer{err: bound("invalid annotation: " + perr.Error())}
+			st.event = [2]string{corev1.EventTypeWarning + "/" + ReasonInvalidAnnotation, bound(perr.Error())}
+			w.cfg.logger.Warn("invalid adapter request", "pod", key, "err", perr)
+		}
+		w.mu.Lock()
+		w.adapters[key] = st
+		w.mu.Unlock()
+	}
+
+	var failed error
+	w.mu.Lock()
+	ensure := st.ensure
+	w.mu.Unlock()
+	if ensure {
+		ectx, cancel := context.WithTimeout(ctx, w.cfg.ensureTimeout)
+		ans, err := w.pool.EnsureFor(ectx, string(pod.UID), api.AdapterRequest{Base: req.Base.String(), Ref: req.Adapter.String(), Name: req.Name})
+		cancel()
+		if ctx.Err() != nil {
+			return ctx.Err() // stopping: nothing to answer
+		}
+		w.mu.Lock()
+		if err != nil {
+			st.answer = loraAnswer{err: bound(err.Error())}
+			st.event = [2]string{corev1.EventTypeWarning + "/" + ReasonAdapterFailed, bound(fmt.Sprintf("adapter %s: %v", req.Adapter.Redacted(), err))}
+			if !errors.Is(err, api.ErrBadRequest) {
+				failed = fmt.Errorf("%w: %w", errRetry, err) // st.ensure stays set
+			} else {
+				st.ensure = false
+			}
+		} else {
+			st.ensure = false
+			st.answer = loraAnswer{endpoint: ans.Endpoint, model: ans.Model}
+			how := "already loaded"
+			if ans.Loaded {
+				how = "loaded in " + formatSeconds(time.Duration(ans.Seconds*float64(time.Second)))
+			}
+			st.event = [2]string{corev1.EventTypeNormal + "/" + ReasonAdapterReady,
+				bound(fmt.Sprintf("adapter %s is model %q on %s at %s (%s)", req.Adapter.Redacted(), ans.Model, ans.Server, ans.Endpoint, how))}
+		}
+		w.mu.Unlock()
+	}
+
+	w.mu.Lock()
+	answer, written, event := st.answer, st.written, st.event
+	if answer.shownOn(pod.Annotations) {
+		st.written = loraAnswer{}
+	}
+	w.mu.Unlock()
+	if answer.shownOn(pod.Annotations) || written == answer {
+		return failed // shown, or written and not shown by the informer yet
+	}
+	if err := patchAnnotations(ctx, w.client, pod, answer.patch()); err != nil {
+		if apierrors.IsNotFound(err) {
+			w.release(key, pod.UID)
+			return nil
+		}
+		return errors.Join(failed, fmt.Errorf("writing the adapter answer: %w", err))
+	}
+	w.mu.Lock()
+	st.written = answer
+	w.mu.Unlock()
+	typ, reason, _ := strings.Cut(event[0], "/")
+	s.recorder.Event(&st.obj, typ, reason, event[1])
+	return failed
+}
+
+// release stops following the pod key (of uid, when not empty) and ends its
+// use of its adapter.
+func (w *WarmPods) release(key string, uid types.UID) {
+	w.mu.Lock()
+	st, ok := w.adapters[key]
+	if ok && (uid == "" || st.uid == uid) {
+		delete(w.adapters, key)
+	}
+	w.mu.Unlock()
+	if ok && (uid == "" || st.uid == uid) {
+		w.pool.Release(string(st.uid))
+		w.cfg.logger.Debug("adapter request gone", "pod", key)
+	}
+}
+
+// WarmBases returns the bases that healthy warm servers keep resident, for
+// WithWarmBases: sorted, once each.
+func WarmBases(servers WarmServers) func() []string {
+	return func() []string {
+		var bases []string
+		for _, s := range servers.Servers() {
+			if s.Healthy {
+				bases = append(bases, s.Base)
+			}
+		}
+		slices.Sort(bases)
+		return slices.Compact(bases)
+	}
+}
+
+// Annotations whose values identify a request or a server description.
+var (
+	loraRequestAnnotations = []string{podrequest.LoraBase, podrequest.LoraAdapter, podrequest.LoraName}
+	warmAnnotations        = []string{podrequest.WarmBase, podrequest.WarmRuntime, podrequest.WarmPort, podrequest.WarmSlots, podrequest.WarmMaxRank}
+)
+
+// annotationsFingerprint identifies the values of keys on a pod.
+func annotationsFingerprint(pod *corev1.Pod, keys []string) string {
+	var b strings.Builder
+	for _, k := range keys {
+		v, ok := pod.Annotations[k]
+		fmt.Fprintf(&b, "%t%q;", ok, v)
+	}
+	return b.String()
+}
+
+// asksAdapter reports whether a pod asks for an adapter or shows an answer.
+func asksAdapter(pod *corev1.Pod) bool {
+	for _, k := range slices.Concat(loraRequestAnnotations, []string{podrequest.LoraEndpoint, podrequest.LoraModel, podrequest.LoraError}) {
+		if hasAnnotation(pod, k) {
+			return true
+		}
+	}
+	return false
+}
+
+func hasAnnotation(pod *corev1.Pod, key string) bool {
+	_, ok := pod.Annotations[key]
+	return ok
+}
+
+func podFinished(pod *corev1.Pod) bool {
+	return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+}
+
+func podRef(pod *corev1.Pod) corev1.ObjectReference {
+	return corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
+}
+
+// slimWarmPod is the warm informer's transform: it keeps of a pod only what
+// WarmPods reads (the warm-server label, weightd's annotations, phase and
+// IP).
+func slimWarmPod(obj any) (any, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil // a tombstone
+	}
+	slim := &corev1.Pod{
+		TypeMeta: pod.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{
+			Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID,
+			ResourceVersion: pod.ResourceVersion, DeletionTimestamp: pod.DeletionTimestamp,
+		},
+		Spec:   corev1.PodSpec{NodeName: pod.Spec.NodeName},
+		Status: corev1.PodStatus{Phase: pod.Status.Phase, PodIP: pod.Status.PodIP},
+	}
+	if v, ok := pod.Labels[podrequest.WarmServerLabel]; ok {
+		slim.Labels = map[string]string{podrequest.WarmServerLabel: v}
+	}
+	for k, v := range pod.Annotations {
+		if strings.HasPrefix(k, "weightd.io/") {
+			if slim.Annotations == nil {
+				slim.Annotations = make(map[string]string)
+			}
+			slim.Annotations[k] = v
+		}
+	}
+	return slim, nil
+}
