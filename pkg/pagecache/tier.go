@@ -25,8 +25,10 @@
 // again.
 //
 // The page cache is charged to the memory cgroup of the process that reads
-// it in: the agent's memory limit must leave room for the budget, all the
-// more as locked pages cannot be reclaimed.
+// it in: the agent's memory limit must leave room for the budget. Locked
+// pages cannot be reclaimed, so the tier locks at most half of its cgroup's
+// memory.max (files beyond it are kept by re-warming) and warns when the
+// budget is larger than that.
 package pagecache
 
 import (
@@ -38,6 +40,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -77,6 +81,7 @@ type Tier struct {
 	entries  []*entry          // distinct files of the last plan, in order
 	byID     map[fileID]*entry // entries by file
 	mlockOK  bool
+	lockCap  int64             // most bytes to lock: the budget, or half the cgroup's memory.max
 	reported map[string]string // path → problem last logged
 }
 
@@ -102,7 +107,10 @@ func New(budget int64, opts ...Option) (*Tier, error) {
 		bufs:    sync.Pool{New: func() any { b := make([]byte, warmChunk); return &b }},
 		lockMem: unix.Mlock, unlockMem: unix.Munlock,
 		open: map[fileID]*file{}, byID: map[fileID]*entry{},
-		mlockOK: o.mlock, reported: map[string]string{},
+		mlockOK: o.mlock, lockCap: budget, reported: map[string]string{},
+	}
+	if limit := cgroupMemoryMax(); limit > 0 {
+		t.lockCap = min(budget, limit/2)
 	}
 	if o.rate > 0 {
 		t.limiter = rate.NewLimiter(rate.Limit(o.rate), warmChunk)
@@ -274,6 +282,10 @@ func (t *Tier) Check(ctx context.Context) error {
 // Run calls Check every interval (WithInterval) until ctx ends; problems
 // with files are logged, and are no reason to stop.
 func (t *Tier) Run(ctx context.Context) error {
+	if t.lockCap < t.budget {
+		t.opts.logger.Warn("the DRAM tier's budget is over half of the agent's memory limit: the page cache it reads in counts against that limit and will be reclaimed, and it locks at most half the limit; raise the limit by the budget",
+			"budget", t.budget, "lock_cap", t.lockCap)
+	}
 	tick := time.NewTicker(t.opts.interval)
 	defer tick.Stop()
 	for {
@@ -466,7 +478,7 @@ func (t *Tier) closeFile(f *file) {
 // kernel turns mlock off for good; files are then kept by re-warming.
 // Called with t.mu held.
 func (t *Tier) lock(f *file) {
-	if !t.mlockOK || f.locked || f.mem == nil {
+	if !t.mlockOK || f.locked || f.mem == nil || t.lockedBytes()+f.size > t.lockCap {
 		return
 	}
 	err := t.lockMem(f.mem)
@@ -480,6 +492,40 @@ func (t *Tier) lock(f *file) {
 	default:
 		t.opts.logger.Warn("locking file in memory", "path", f.path, "err", err)
 	}
+}
+
+// lockedBytes is the size of the locked files. Called with t.mu held.
+func (t *Tier) lockedBytes() int64 {
+	var n int64
+	for _, f := range t.open {
+		if f.locked {
+			n += f.size
+		}
+	}
+	return n
+}
+
+// cgroupMemoryMax is the memory.max of this process's cgroup (v2), 0 when
+// there is none or it cannot be read.
+func cgroupMemoryMax() int64 {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(b)) {
+		if dir, ok := strings.CutPrefix(strings.TrimSpace(line), "0::"); ok {
+			v, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", filepath.Clean("/"+dir), "memory.max"))
+			if err != nil {
+				return 0
+			}
+			n, err := strconv.ParseInt(strings.TrimSpace(string(v)), 10, 64)
+			if err != nil { // "max"
+				return 0
+			}
+			return n
+		}
+	}
+	return 0
 }
 
 // residency is how many bytes of f are in the page cache. Called with t.mu

@@ -556,3 +556,24 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+func TestLocksNoMoreThanTheLockCap(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	a := writeFile(t, dir, "a", mib)
+	b := writeFile(t, dir, "b", mib)
+	c := writeFile(t, dir, "c", mib/2)
+	tier := newTier(t, 4*mib)
+	tier.lockCap = 3 * mib / 2 // as if half the cgroup's memory.max
+	var locked []int
+	tier.lockMem = func(m []byte) error { locked = append(locked, len(m)); return nil }
+	tier.unlockMem = func([]byte) error { return nil }
+	require.NoError(t, tier.Keep(t.Context(), "server-a", []string{a, b, c}))
+	s := tier.Status()
+	require.Equal(t, []int{mib, mib / 2}, locked, "b would go over the cap; c fits")
+	require.Equal(t, int64(3*mib/2), s.Locked)
+	require.True(t, s.MlockAvailable, "not a refusal")
+	require.False(t, fileStatus(t, s, b).Locked)
+	require.Equal(t, int64(5*mib/2), s.Resident)
+	tier.Release("server-a")
+}
