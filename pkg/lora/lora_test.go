@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -281,4 +282,23 @@ func FuzzReadSafetensors(f *testing.F) {
 			t.Fatalf("error %v does not wrap ErrInvalid", err)
 		}
 	})
+}
+
+func BenchmarkInspect(b *testing.B) {
+	for _, s := range []loratest.AdapterSpec{
+		{Rank: 8, Hidden: 64, Layers: 2},
+		{Rank: 16, Hidden: 256, Layers: 32, Modules: []string{"q_proj", "k_proj", "v_proj", "o_proj"}},
+	} {
+		b.Run(fmt.Sprintf("layers=%d,modules=%d", s.Layers, max(len(s.Modules), 2)), func(b *testing.B) {
+			dir := b.TempDir()
+			if err := loratest.WriteAdapter(dir, s); err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				if _, err := lora.Inspect(dir); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

@@ -331,3 +331,33 @@ func TestNoRedirects(t *testing.T) {
 		t.Fatal("the redirect was followed")
 	}
 }
+
+// One load and one unload against a server that answers at once.
+func BenchmarkLoadUnload(b *testing.B) {
+	for _, f := range flavours() {
+		b.Run(f.name, func(b *testing.B) {
+			srv, err := f.start(f.opts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer srv.Close()
+			d, err := engine.New(f.kind, srv.URL(), nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			dir := filepath.Join(b.TempDir(), "a")
+			if err := loratest.WriteAdapter(dir, loratest.AdapterSpec{}); err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			for b.Loop() {
+				if err := d.Load(ctx, "a", dir, false); err != nil {
+					b.Fatal(err)
+				}
+				if err := d.Unload(ctx, "a"); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
