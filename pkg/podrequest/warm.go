@@ -6,6 +6,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/warmpool"
 	"github.com/weightd/weightd/pkg/warmpool/engine"
 )
 
@@ -74,8 +75,6 @@ const (
 const (
 	MaxAdapterSlots = 256
 	MaxLoraRank     = 4096
-	// MaxAdapterName bounds LoraName, in bytes.
-	MaxAdapterName = 128
 )
 
 // WarmServer is a warm server as its pod's annotations describe it.
@@ -164,8 +163,8 @@ type AdapterRequest struct {
 // ParseAdapterRequest reads a pod's adapter request from its annotations;
 // ok is false when the pod asks for none (it has none of LoraBase,
 // LoraAdapter and LoraName). LoraBase and LoraAdapter go together; LoraName
-// is at most MaxAdapterName bytes of letters, digits and ".-_:/", starting
-// with a letter or digit. Errors wrap cache.ErrInvalid and name the
+// is a name warmpool.ValidName accepts (1 to 64 letters, digits, '.', '_'
+// or '-', starting with a letter or digit). Errors wrap cache.ErrInvalid and name the
 // annotation at fault.
 func ParseAdapterRequest(annotations map[string]string) (req AdapterRequest, ok bool, err error) {
 	base, hasBase := annotations[LoraBase]
@@ -190,25 +189,10 @@ func ParseAdapterRequest(annotations map[string]string) (req AdapterRequest, ok 
 	}
 	if hasName {
 		req.Name = strings.TrimSpace(name)
-		if !validAdapterName(req.Name) {
-			return AdapterRequest{}, true, fmt.Errorf("%w: annotation %s: %q is not 1 to %d letters, digits and \".-_:/\" starting with a letter or digit",
-				cache.ErrInvalid, LoraName, truncate(name), MaxAdapterName)
+		if !warmpool.ValidName(req.Name) {
+			return AdapterRequest{}, true, fmt.Errorf("%w: annotation %s: %q is not 1 to 64 letters, digits, '.', '_' or '-' starting with a letter or digit",
+				cache.ErrInvalid, LoraName, truncate(name))
 		}
 	}
 	return req, true, nil
-}
-
-// validAdapterName reports whether s is a model name clients can send.
-func validAdapterName(s string) bool {
-	if s == "" || len(s) > MaxAdapterName {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-		if !alnum && (i == 0 || !strings.ContainsRune(".-_:/", rune(c))) {
-			return false
-		}
-	}
-	return true
 }

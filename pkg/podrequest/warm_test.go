@@ -10,6 +10,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/warmpool"
 	"github.com/weightd/weightd/pkg/warmpool/engine"
 )
 
@@ -86,13 +87,13 @@ func TestParseAdapterRequest(t *testing.T) {
 	assert.False(t, ok, "asks for no adapter")
 
 	r, ok, err := ParseAdapterRequest(map[string]string{
-		LoraBase: "hf://Qwen/Qwen2.5-7B-Instruct@main", LoraAdapter: " hf://org/adapter@v3", LoraName: "org/adapter:v3",
+		LoraBase: "hf://Qwen/Qwen2.5-7B-Instruct@main", LoraAdapter: " hf://org/adapter@v3", LoraName: "org_adapter.v3",
 	})
 	require.NoError(t, err)
 	assert.True(t, ok)
 	assert.Equal(t, "hf://Qwen/Qwen2.5-7B-Instruct@main", r.Base.String())
 	assert.Equal(t, "hf://org/adapter@v3", r.Adapter.String())
-	assert.Equal(t, "org/adapter:v3", r.Name)
+	assert.Equal(t, "org_adapter.v3", r.Name)
 
 	r, _, err = ParseAdapterRequest(map[string]string{LoraBase: "hf://org/base", LoraAdapter: "oci://r.io/a:1"})
 	require.NoError(t, err)
@@ -109,8 +110,9 @@ func TestParseAdapterRequest(t *testing.T) {
 		"bad adapter": {map[string]string{LoraBase: "hf://org/b", LoraAdapter: "hf://"}, "annotation weightd.io/lora-adapter"},
 		"empty name":  {map[string]string{LoraBase: "hf://org/b", LoraAdapter: "hf://org/a", LoraName: " "}, "annotation weightd.io/lora-name"},
 		"bad name":    {map[string]string{LoraBase: "hf://org/b", LoraAdapter: "hf://org/a", LoraName: "-x"}, "starting with a letter or digit"},
-		"long name":   {map[string]string{LoraBase: "hf://org/b", LoraAdapter: "hf://org/a", LoraName: strings.Repeat("a", 129)}, "1 to 128"},
+		"long name":   {map[string]string{LoraBase: "hf://org/b", LoraAdapter: "hf://org/a", LoraName: strings.Repeat("a", 65)}, "1 to 64"},
 		"space name":  {map[string]string{LoraBase: "hf://org/b", LoraAdapter: "hf://org/a", LoraName: "a b"}, "annotation weightd.io/lora-name"},
+		"slash name":  {map[string]string{LoraBase: "hf://org/b", LoraAdapter: "hf://org/a", LoraName: "org/a"}, "annotation weightd.io/lora-name"},
 	} {
 		_, ok, err := ParseAdapterRequest(tt.ann)
 		assert.True(t, ok, name)
@@ -159,7 +161,7 @@ func FuzzParseAdapterRequest(f *testing.F) {
 			}
 			return
 		}
-		if !validAdapterName(r.Name) {
+		if r.Name != "" && !warmpool.ValidName(r.Name) {
 			t.Fatalf("name %q accepted", r.Name)
 		}
 		for _, ref := range []prefetch.Ref{r.Base, r.Adapter} {
