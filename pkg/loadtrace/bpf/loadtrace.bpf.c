@@ -1,0 +1,286 @@
+// SPDX-License-Identifier: GPL-2.0
+// Model-load tracer: raw_syscalls sys_enter/sys_exit and sched_process_exit.
+// See doc.go for what it reports and what it misses.
+#include <linux/bpf.h>
+#include <asm/ptrace.h>
+#include <bpf/bpf_helpers.h>
+
+#define PATH_LEN 512
+#define PREFIX_LEN 256
+#define MAX_PREFIXES 4
+
+#define SYS_READ 0
+#define SYS_OPEN 2
+#define SYS_CLOSE 3
+#define SYS_MMAP 9
+#define SYS_PREAD64 17
+#define SYS_READV 19
+#define SYS_PREADV 295
+#define SYS_PREADV2 327
+#define SYS_OPENAT 257
+#define SYS_OPENAT2 437
+
+enum kind { KIND_OPEN = 1, KIND_READ = 2, KIND_CLOSE = 3, KIND_EXIT = 4 };
+enum drop { DROP_RINGBUF = 0, DROP_FDS = 1, DROP_PENDING = 2, DROP_MAX = 3 };
+
+// self_tgid is the agent's own process, never traced (it reads blobs to
+// serve peers); set at load.
+volatile const __u32 self_tgid = 0;
+
+struct prefix {
+	__u32 len;
+	char s[PREFIX_LEN];
+};
+
+struct hdr {
+	__u64 ktime;
+	__u64 cgroup;
+	__u32 pid;
+	__u32 tgid;
+	__s32 fd;
+	__u32 kind;
+};
+
+struct open_event {
+	struct hdr h;
+	char path[PATH_LEN];
+};
+
+struct fdkey {
+	__u32 tgid;
+	__s32 fd;
+};
+
+struct pending {
+	char path[PATH_LEN];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_PREFIXES);
+	__type(key, __u32);
+	__type(value, struct prefix);
+} prefixes SEC(".maps");
+
+// pending: the path of an open in flight, per thread, from enter to exit.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, struct pending);
+} pending SEC(".maps");
+
+// tracked: open fds of traced files; the value says whether it was read.
+// LRU: the fds of processes that exited without their exit being seen age out.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct fdkey);
+	__type(value, __u8);
+} tracked SEC(".maps");
+
+// procs: processes with traced files opened, so that their exit is reported.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u8);
+} procs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, DROP_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} drops SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct pending);
+} scratch SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+} events SEC(".maps");
+
+static __always_inline void count_drop(__u32 why)
+{
+	__u64 *n = bpf_map_lookup_elem(&drops, &why);
+	if (n)
+		(*n)++;
+}
+
+static __always_inline void fill(struct hdr *h, __u64 id, __s32 fd, __u32 kind)
+{
+	h->ktime = bpf_ktime_get_ns();
+	h->cgroup = bpf_get_current_cgroup_id();
+	h->pid = (__u32)id;
+	h->tgid = id >> 32;
+	h->fd = fd;
+	h->kind = kind;
+}
+
+static __always_inline void emit(__u64 id, __s32 fd, __u32 kind)
+{
+	struct hdr *h = bpf_ringbuf_reserve(&events, sizeof(*h), 0);
+	if (!h) {
+		count_drop(DROP_RINGBUF);
+		return;
+	}
+	fill(h, id, fd, kind);
+	bpf_ringbuf_submit(h, 0);
+}
+
+// matches says whether path starts with one of the configured prefixes.
+static __always_inline int matches(const char *path)
+{
+	for (__u32 i = 0; i < MAX_PREFIXES; i++) {
+		__u32 k = i;
+		struct prefix *p = bpf_map_lookup_elem(&prefixes, &k);
+		if (!p || p->len == 0 || p->len > PREFIX_LEN)
+			continue;
+		int ok = 1;
+		for (__u32 j = 0; j < PREFIX_LEN; j++) {
+			if (j >= p->len)
+				break;
+			if (path[j] != p->s[j]) {
+				ok = 0;
+				break;
+			}
+		}
+		if (ok)
+			return 1;
+	}
+	return 0;
+}
+
+static __always_inline int on_open(__u64 id, const char *upath)
+{
+	__u32 zero = 0;
+	if ((id >> 32) == self_tgid)
+		return 0;
+	struct pending *buf = bpf_map_lookup_elem(&scratch, &zero);
+	if (!buf)
+		return 0;
+	long n = bpf_probe_read_user_str(buf->path, PATH_LEN, upath);
+	if (n <= 1 || buf->path[0] != '/')
+		return 0;
+	if (!matches(buf->path))
+		return 0;
+	if (bpf_map_update_elem(&pending, &id, buf, BPF_ANY))
+		count_drop(DROP_PENDING);
+	return 0;
+}
+
+static __always_inline int on_read(__u64 id, __s32 fd)
+{
+	struct fdkey k = {.tgid = id >> 32, .fd = fd};
+	__u8 *read = bpf_map_lookup_elem(&tracked, &k);
+	if (!read || *read)
+		return 0;
+	*read = 1;
+	emit(id, fd, KIND_READ);
+	return 0;
+}
+
+static __always_inline int on_close(__u64 id, __s32 fd)
+{
+	struct fdkey k = {.tgid = id >> 32, .fd = fd};
+	if (bpf_map_delete_elem(&tracked, &k))
+		return 0;
+	emit(id, fd, KIND_CLOSE);
+	return 0;
+}
+
+SEC("raw_tracepoint/sys_enter")
+int sys_enter(struct bpf_raw_tracepoint_args *ctx)
+{
+	long nr = (long)ctx->args[1];
+	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
+	unsigned long a = 0;
+	__u64 id;
+
+	switch (nr) {
+	case SYS_OPEN:
+		bpf_probe_read_kernel(&a, sizeof(a), &regs->rdi);
+		return on_open(bpf_get_current_pid_tgid(), (const char *)a);
+	case SYS_OPENAT:
+	case SYS_OPENAT2:
+		bpf_probe_read_kernel(&a, sizeof(a), &regs->rsi);
+		return on_open(bpf_get_current_pid_tgid(), (const char *)a);
+	case SYS_READ:
+	case SYS_PREAD64:
+	case SYS_READV:
+	case SYS_PREADV:
+	case SYS_PREADV2:
+		bpf_probe_read_kernel(&a, sizeof(a), &regs->rdi);
+		return on_read(bpf_get_current_pid_tgid(), (__s32)a);
+	case SYS_MMAP:
+		bpf_probe_read_kernel(&a, sizeof(a), &regs->r8);
+		id = bpf_get_current_pid_tgid();
+		return on_read(id, (__s32)a);
+	case SYS_CLOSE:
+		bpf_probe_read_kernel(&a, sizeof(a), &regs->rdi);
+		return on_close(bpf_get_current_pid_tgid(), (__s32)a);
+	}
+	return 0;
+}
+
+SEC("raw_tracepoint/sys_exit")
+int sys_exit(struct bpf_raw_tracepoint_args *ctx)
+{
+	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
+	long ret = (long)ctx->args[1];
+	unsigned long nr = 0;
+
+	bpf_probe_read_kernel(&nr, sizeof(nr), &regs->orig_rax);
+	if (nr != SYS_OPENAT && nr != SYS_OPENAT2 && nr != SYS_OPEN)
+		return 0;
+	__u64 id = bpf_get_current_pid_tgid();
+	struct pending *p = bpf_map_lookup_elem(&pending, &id);
+	if (!p)
+		return 0;
+	if (ret < 0) {
+		bpf_map_delete_elem(&pending, &id);
+		return 0;
+	}
+	struct fdkey k = {.tgid = id >> 32, .fd = (__s32)ret};
+	__u8 unread = 0, one = 1;
+	if (bpf_map_update_elem(&tracked, &k, &unread, BPF_ANY)) {
+		count_drop(DROP_FDS);
+		bpf_map_delete_elem(&pending, &id);
+		return 0;
+	}
+	bpf_map_update_elem(&procs, &k.tgid, &one, BPF_ANY);
+	struct open_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_drop(DROP_RINGBUF);
+		bpf_map_delete_elem(&pending, &id);
+		return 0;
+	}
+	fill(&e->h, id, (__s32)ret, KIND_OPEN);
+	bpf_probe_read_kernel(e->path, PATH_LEN, p->path);
+	bpf_ringbuf_submit(e, 0);
+	bpf_map_delete_elem(&pending, &id);
+	return 0;
+}
+
+// sched_process_exit: a process with traced files exits; the kernel closes
+// its fds without close(2), so userspace ends its files here.
+SEC("raw_tracepoint/sched_process_exit")
+int process_exit(struct bpf_raw_tracepoint_args *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if ((__u32)id != tgid)
+		return 0;
+	if (bpf_map_delete_elem(&procs, &tgid))
+		return 0;
+	emit(id, -1, KIND_EXIT);
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";
