@@ -263,6 +263,7 @@ func TestWarmPods(t *testing.T) {
 	env := startEnv(t, nodeName)
 	t.Run("warm", func(t *testing.T) { testWarmPods(t, env, nodeName) })
 	t.Run("prefetch-ready-seconds", func(t *testing.T) { testPodPrefetchReadySeconds(t, env, nodeName) })
+	t.Run("example-accepted", func(t *testing.T) { testExampleWarmAccepted(t, env) })
 }
 
 func testWarmPods(t *testing.T, env *kubetest.Env, nodeName string) {
