@@ -182,11 +182,18 @@ type adapterPod struct {
 	obj         corev1.ObjectReference // for Events
 	fingerprint string                 // of its request annotations
 	invalid     bool                   // the request did not parse: answered, never ensured
-	ensure      bool                   // EnsureFor is due
+	// EnsureFor is due while ensured != due: due counts the reasons to ask
+	// (taking the pod, a change of servers), ensured is due as it was
+	// when an ensure last ended for good (succeeded, or failed for a
+	// reason that does not pass).
+	due, ensured uint64
 	answer      loraAnswer             // what the pod should show
-	event       [2]string              // Event type and message of that answer
+	event       podEvent               // the Event that goes with that answer
 	written     loraAnswer             // last written, until the informer shows it
 }
+
+// podEvent is an Event on a pod.
+type podEvent struct{ typ, reason, message string }
 
 // loraAnswer is the agent's answer on a pod: endpoint and model, or err.
 type loraAnswer struct{ endpoint, model, err string }
@@ -440,7 +447,7 @@ func (s *warmSyncer) discover() {
 	var keys []string
 	for key, st := range s.w.adapters {
 		if !st.invalid {
-			st.ensure = true
+			st.due++
 			keys = append(keys, key)
 		}
 	}
@@ -555,11 +562,11 @@ func (s *warmSyncer) sync(ctx context.Context, key string) error {
 		return nil
 	}
 	if st == nil {
-		st = &adapterPod{uid: pod.UID, obj: podRef(pod), fingerprint: fp, ensure: true}
+		st = &adapterPod{uid: pod.UID, obj: podRef(pod), fingerprint: fp, due: 1}
 		if perr != nil {
-			st.invalid, st.ensure = true, false
+			st.invalid, st.due = true, 0
 			st.answer = loraAnswer{err: bound("invalid annotation: " + perr.Error())}
-			st.event = [2]string{corev1.EventTypeWarning + "/" + ReasonInvalidAnnotation, bound(perr.Error())}
+			st.event = podEvent{corev1.EventTypeWarning, ReasonInvalidAnnotation, bound(perr.Error())}
 			w.cfg.logger.Warn("invalid adapter request", "pod", key, "err", perr)
 		}
 		w.mu.Lock()
@@ -569,7 +576,7 @@ func (s *warmSyncer) sync(ctx context.Context, key string) error {
 
 	var failed error
 	w.mu.Lock()
-	ensure := st.ensure
+	due, ensure := st.due, st.due != st.ensured
 	w.mu.Unlock()
 	if ensure {
 		ectx, cancel := context.WithTimeout(ctx, w.cfg.ensureTimeout)
@@ -581,20 +588,20 @@ func (s *warmSyncer) sync(ctx context.Context, key string) error {
 		w.mu.Lock()
 		if err != nil {
 			st.answer = loraAnswer{err: bound(err.Error())}
-			st.event = [2]string{corev1.EventTypeWarning + "/" + ReasonAdapterFailed, bound(fmt.Sprintf("adapter %s: %v", req.Adapter.Redacted(), err))}
+			st.event = podEvent{corev1.EventTypeWarning, ReasonAdapterFailed, bound(fmt.Sprintf("adapter %s: %v", req.Adapter.Redacted(), err))}
 			if !errors.Is(err, api.ErrBadRequest) {
-				failed = fmt.Errorf("%w: %w", errRetry, err) // st.ensure stays set
+				failed = fmt.Errorf("%w: %w", errRetry, err) // still due
 			} else {
-				st.ensure = false
+				st.ensured = due
 			}
 		} else {
-			st.ensure = false
+			st.ensured = due
 			st.answer = loraAnswer{endpoint: ans.Endpoint, model: ans.Model}
 			how := "already loaded"
 			if ans.Loaded {
 				how = "loaded in " + formatSeconds(time.Duration(ans.Seconds*float64(time.Second)))
 			}
-			st.event = [2]string{corev1.EventTypeNormal + "/" + ReasonAdapterReady,
+			st.event = podEvent{corev1.EventTypeNormal, ReasonAdapterReady,
 				bound(fmt.Sprintf("adapter %s is model %q on %s at %s (%s)", req.Adapter.Redacted(), ans.Model, ans.Server, ans.Endpoint, how))}
 		}
 		w.mu.Unlock()
@@ -619,8 +626,7 @@ func (s *warmSyncer) sync(ctx context.Context, key string) error {
 	w.mu.Lock()
 	st.written = answer
 	w.mu.Unlock()
-	typ, reason, _ := strings.Cut(event[0], "/")
-	s.recorder.Event(&st.obj, typ, reason, event[1])
+	s.recorder.Event(&st.obj, event.typ, event.reason, event.message)
 	return failed
 }
 

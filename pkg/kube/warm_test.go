@@ -264,6 +264,7 @@ func TestWarmPods(t *testing.T) {
 	t.Run("warm", func(t *testing.T) { testWarmPods(t, env, nodeName) })
 	t.Run("prefetch-ready-seconds", func(t *testing.T) { testPodPrefetchReadySeconds(t, env, nodeName) })
 	t.Run("example-accepted", func(t *testing.T) { testExampleWarmAccepted(t, env) })
+	t.Run("real-pool", func(t *testing.T) { testRealPool(t, env) })
 }
 
 func testWarmPods(t *testing.T, env *kubetest.Env, nodeName string) {
