@@ -110,16 +110,3 @@ type unprivilegedResult struct {
 	Available float64 `json:"available"`
 	Warnings  int     `json:"warnings"`
 }
-
-// logCounter is a slog.Handler counting warnings.
-type logCounter struct{ warnings int }
-
-func (l *logCounter) Enabled(context.Context, slog.Level) bool { return true }
-func (l *logCounter) Handle(_ context.Context, r slog.Record) error {
-	if r.Level == slog.LevelWarn {
-		l.warnings++
-	}
-	return nil
-}
-func (l *logCounter) WithAttrs([]slog.Attr) slog.Handler { return l }
-func (l *logCounter) WithGroup(string) slog.Handler      { return l }
