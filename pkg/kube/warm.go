@@ -187,9 +187,9 @@ type adapterPod struct {
 	// when an ensure last ended for good (succeeded, or failed for a
 	// reason that does not pass).
 	due, ensured uint64
-	answer      loraAnswer             // what the pod should show
-	event       podEvent               // the Event that goes with that answer
-	written     loraAnswer             // last written, until the informer shows it
+	answer       loraAnswer // what the pod should show
+	event        podEvent   // the Event that goes with that answer
+	written      loraAnswer // last written, until the informer shows it
 }
 
 // podEvent is an Event on a pod.
