@@ -9,7 +9,8 @@
 // reads it all with large sequential reads, the way an inference server
 // loads its weights (cold); then evicts it again, keeps it with a tier
 // (read back in, and locked where mlock is allowed) and reads it again
-// (warm). It prints one JSON line, the medians over -runs:
+// (warm; -mlock=false reads it in without locking it, as where the kernel
+// refuses mlock). It prints one JSON line, the medians over -runs:
 //
 //	{"bench":"dram-tier","warm_gbps":…,"cold_gbps":…,"ratio":…,…}
 //
@@ -56,6 +57,7 @@ func main() {
 	quick := flag.Bool("quick", false, "a 64 MiB file and one run")
 	runs := flag.Int("runs", 3, "cold and warm reads to take the median of")
 	dir := flag.String("dir", os.TempDir(), "directory for the file, on a disk (not tmpfs)")
+	mlock := flag.Bool("mlock", true, "let the tier lock the file in memory (false: read in only, as where mlock is refused)")
 	flag.Parse()
 	log.SetFlags(0)
 	log.SetPrefix("bench/dramtier: ")
@@ -77,7 +79,7 @@ func main() {
 		log.Fatal(err)
 	}
 
-	tier, err := pagecache.New(size, pagecache.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, nil))))
+	tier, err := pagecache.New(size, pagecache.WithMlock(*mlock), pagecache.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, nil))))
 	if err != nil {
 		log.Fatal(err)
 	}
