@@ -114,7 +114,7 @@ func (p *Pool) check(ctx context.Context, s *server) {
 	listed := make(map[string]bool, len(list))
 	for _, a := range list {
 		listed[a.Name] = true
-		if s.adapters[a.Name] != nil || s.unloading[a.Name] || !ValidName(a.Name) {
+		if end, ok := s.unloading[a.Name]; s.adapters[a.Name] != nil || !ValidName(a.Name) || ok && (end == 0 || end > before) {
 			continue
 		}
 		// Loaded by an earlier agent (or by hand): adopt it.
@@ -126,6 +126,11 @@ func (p *Pool) check(ctx context.Context, s *server) {
 			}
 		}
 		p.log.Info("adapter found loaded", "adapter", a.Name, "server", s.spec.Pod)
+	}
+	for name, end := range s.unloading {
+		if end != 0 && end <= before {
+			delete(s.unloading, name)
+		}
 	}
 	var reload []*adapter
 	var flights []*flight
@@ -156,8 +161,9 @@ func (p *Pool) check(ctx context.Context, s *server) {
 		err := p.reload(ctx, s, a)
 		p.mu.Lock()
 		if f := flights[i]; f != nil {
+			// Ensures waiting on it look again (and load it themselves if
+			// this failed).
 			delete(p.flights, flightKey(s.spec.Base, a.name))
-			f.err = err
 			close(f.done)
 		}
 		if s.adapters[a.name] == a {

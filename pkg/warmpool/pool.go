@@ -115,9 +115,10 @@ type server struct {
 	gpuMem  uint64
 	// adapters holds loaded and loading adapters: each one takes a slot.
 	adapters map[string]*adapter
-	// unloading are names being evicted: a listing that still shows them
-	// does not adopt them again.
-	unloading map[string]bool
+	// unloading are names evicted, with 0 while the unload runs and then
+	// p.seq when it ended: a listing that began before the end and still
+	// shows them does not adopt them again.
+	unloading map[string]uint64
 }
 
 type adapter struct {
@@ -222,6 +223,7 @@ func (p *Pool) kick() {
 // skipped.
 func (p *Pool) SetServers(specs []ServerSpec) {
 	var dropped []ServerSpec
+	added := false
 	p.mu.Lock()
 	seen := make(map[string]bool, len(specs))
 	for _, spec := range specs {
@@ -243,7 +245,8 @@ func (p *Pool) SetServers(specs []ServerSpec) {
 		if old != nil {
 			dropped = append(dropped, old.spec)
 		}
-		p.servers[spec.Pod] = &server{spec: spec, drv: drv, adapters: make(map[string]*adapter), unloading: make(map[string]bool)}
+		added = true
+		p.servers[spec.Pod] = &server{spec: spec, drv: drv, adapters: make(map[string]*adapter), unloading: make(map[string]uint64)}
 		p.log.Info("warm server added", "pod", spec.Pod, "base", spec.Base, "runtime", spec.Runtime, "endpoint", spec.Endpoint, "slots", spec.Slots)
 	}
 	for pod, s := range p.servers {
@@ -252,6 +255,10 @@ func (p *Pool) SetServers(specs []ServerSpec) {
 			dropped = append(dropped, s.spec)
 			p.log.Info("warm server removed", "pod", pod, "base", s.spec.Base)
 		}
+	}
+	if !added && len(dropped) == 0 {
+		p.mu.Unlock()
+		return
 	}
 	p.notifyLocked()
 	p.mu.Unlock()
@@ -458,7 +465,7 @@ func (p *Pool) load(ctx context.Context, owner string, req api.AdapterRequest, n
 	s.adapters[name] = a
 	if victim != nil {
 		delete(s.adapters, victim.name)
-		s.unloading[victim.name] = true
+		s.unloading[victim.name] = 0
 	}
 	p.updateGaugesLocked()
 	p.mu.Unlock()
@@ -563,7 +570,8 @@ func (p *Pool) evict(ctx context.Context, s *server, victim *adapter) error {
 	err := s.drv.Unload(cctx, victim.name)
 	cancel()
 	p.mu.Lock()
-	delete(s.unloading, victim.name)
+	p.seq++
+	s.unloading[victim.name] = p.seq
 	p.mu.Unlock()
 	if err != nil && !errors.Is(err, engine.ErrNotLoaded) {
 		p.kick()

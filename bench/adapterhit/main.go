@@ -1,0 +1,203 @@
+// Command adapterhit measures how often the warm pool's eviction policy
+// finds an adapter already loaded: 100 adapters, 2 vLLM runtime test
+// servers (internal/loratest) of 4 slots each, and a trace of requests drawn
+// from a Zipf distribution with a fixed seed, each one an ensure through the
+// real pool (least recently used of the adapters neither pinned nor in use).
+// The ideal on the same trace is Belady's: on a miss with the 8 slots full,
+// evict the adapter whose next request is farthest away.
+//
+//	go run ./bench/adapterhit          # 10,000 requests
+//	go run ./bench/adapterhit -quick   # 2,000 requests
+//
+// The last line is one JSON object:
+//
+//	{"bench":"adapter-hit","hit_ratio":…,"belady_hit_ratio":…}
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/weightd/weightd/internal/loratest"
+	"github.com/weightd/weightd/pkg/api"
+	"github.com/weightd/weightd/pkg/warmpool"
+	"github.com/weightd/weightd/pkg/warmpool/engine"
+)
+
+type result struct {
+	Bench          string  `json:"bench"`
+	HitRatio       float64 `json:"hit_ratio"`
+	BeladyHitRatio float64 `json:"belady_hit_ratio"`
+	Requests       int     `json:"requests"`
+	Adapters       int     `json:"adapters"`
+	Servers        int     `json:"servers"`
+	SlotsPerServer int     `json:"slots_per_server"`
+	ZipfS          float64 `json:"zipf_s"`
+	Seed           uint64  `json:"seed"`
+}
+
+const base = "hf://bench/base@main"
+
+func main() {
+	requests := flag.Int("requests", 10000, "requests in the trace")
+	quick := flag.Bool("quick", false, "2,000 requests")
+	adapters := flag.Int("adapters", 100, "distinct adapters")
+	servers := flag.Int("servers", 2, "warm servers of the base")
+	slots := flag.Int("slots", 4, "adapter slots per server")
+	s := flag.Float64("zipf-s", 1.1, "Zipf exponent (> 1)")
+	seed := flag.Uint64("seed", 42, "seed of the trace")
+	flag.Parse()
+	if *quick {
+		*requests = 2000
+	}
+	if *requests < 1 || *adapters < 2 || *servers < 1 || *slots < 1 || *s <= 1 {
+		log.Fatal("adapterhit: need requests, servers, slots >= 1, adapters >= 2 and zipf-s > 1")
+	}
+	trace := zipfTrace(*requests, *adapters, *s, *seed)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	hits, err := replay(ctx, trace, *adapters, *servers, *slots)
+	if err != nil {
+		log.Fatalf("adapterhit: %v", err)
+	}
+	res := result{
+		Bench:          "adapter-hit",
+		HitRatio:       round(float64(hits) / float64(len(trace))),
+		BeladyHitRatio: round(float64(belady(trace, *servers**slots)) / float64(len(trace))),
+		Requests:       len(trace), Adapters: *adapters, Servers: *servers, SlotsPerServer: *slots, ZipfS: *s, Seed: *seed,
+	}
+	b, err := json.Marshal(res)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(string(b))
+}
+
+// zipfTrace draws n adapter indexes in [0, adapters) from a Zipf
+// distribution (index 0 the most popular).
+func zipfTrace(n, adapters int, s float64, seed uint64) []int {
+	z := rand.NewZipf(rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), s, 1, uint64(adapters-1))
+	trace := make([]int, n)
+	for i := range trace {
+		trace[i] = int(z.Uint64())
+	}
+	return trace
+}
+
+// belady counts the hits of the optimal policy with the given slots.
+func belady(trace []int, slots int) int {
+	// next[i]: the index of the next request for trace[i] after i.
+	next := make([]int, len(trace))
+	last := map[int]int{}
+	for i := len(trace) - 1; i >= 0; i-- {
+		next[i] = math.MaxInt
+		if j, ok := last[trace[i]]; ok {
+			next[i] = j
+		}
+		last[trace[i]] = i
+	}
+	held := map[int]int{} // adapter → index of its next request
+	hits := 0
+	for i, a := range trace {
+		if _, ok := held[a]; ok {
+			hits++
+		} else if len(held) == slots {
+			victim, far := -1, -1
+			for b, nb := range held {
+				if nb > far {
+					victim, far = b, nb
+				}
+			}
+			delete(held, victim)
+		}
+		held[a] = next[i]
+	}
+	return hits
+}
+
+// dirFetcher serves adapters already on disk: the hit ratio does not depend
+// on how they arrive.
+type dirFetcher struct{ root string }
+
+func (f dirFetcher) Fetch(_ context.Context, ref string) (string, error) {
+	return filepath.Join(f.root, strings.TrimPrefix(ref, "bench://")), nil
+}
+
+type noBases struct{}
+
+func (noBases) Keep(context.Context, warmpool.ServerSpec) error { return nil }
+func (noBases) Drop(warmpool.ServerSpec)                        {}
+
+// replay sends the trace through a real pool and counts the ensures that
+// found their adapter loaded.
+func replay(ctx context.Context, trace []int, adapters, servers, slots int) (int, error) {
+	dir, err := os.MkdirTemp("", "adapterhit-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	for i := range adapters {
+		if err := loratest.WriteAdapter(filepath.Join(dir, "src", fmt.Sprint(i)), loratest.AdapterSpec{Base: "base"}); err != nil {
+			return 0, err
+		}
+	}
+	pool, err := warmpool.New(warmpool.Config{
+		StageDir: filepath.Join(dir, "adapters"), Fetcher: dirFetcher{filepath.Join(dir, "src")}, Bases: noBases{},
+		HealthInterval: time.Hour,
+	})
+	if err != nil {
+		return 0, err
+	}
+	var specs []warmpool.ServerSpec
+	for i := range servers {
+		srv, err := loratest.NewVLLM(loratest.Options{Base: "base", Slots: slots})
+		if err != nil {
+			return 0, err
+		}
+		defer srv.Close()
+		specs = append(specs, warmpool.ServerSpec{Pod: fmt.Sprintf("bench/warm-%d", i), Base: base, Runtime: engine.VLLM, Endpoint: srv.URL(), Slots: slots})
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- pool.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	pool.SetServers(specs)
+	healthy := func(s api.WarmServer) bool { return s.Healthy }
+	for len(pool.Servers()) != servers || !allOf(pool.Servers(), healthy) {
+		select {
+		case <-pool.Changed():
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	hits := 0
+	for _, a := range trace {
+		ans, err := pool.Ensure(ctx, api.AdapterRequest{Base: base, Ref: fmt.Sprintf("bench://%d", a), Name: fmt.Sprintf("lora-%d", a)})
+		if err != nil {
+			return 0, err
+		}
+		if !ans.Loaded {
+			hits++
+		}
+	}
+	return hits, nil
+}
+
+func allOf[T any](xs []T, ok func(T) bool) bool {
+	return !slices.ContainsFunc(xs, func(x T) bool { return !ok(x) })
+}
+
+func round(x float64) float64 { return math.Round(x*10000) / 10000 }

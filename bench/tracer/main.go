@@ -1,0 +1,195 @@
+// Command tracer measures the overhead of the eBPF model-load tracer
+// (pkg/loadtrace) on a process that opens, reads and closes 10,000 small
+// files under a traced models directory, against the same process with the
+// tracer detached. Runs alternate (without, with), the first pair warms the
+// page cache and is discarded, and the best of each counts. The workload is
+// a child process (this binary with -work), as the tracer ignores its own
+// process; it times itself, so process start-up is not counted. The tracer
+// runs in this process, as in the agent, with its aggregation live.
+//
+// It needs root (loading BPF); elsewhere it says so and exits 0 without a
+// figure. The last line is one JSON object:
+//
+//	{"bench":"tracer-overhead","files":10000,"ratio":with_s/without_s,...}
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weightd/weightd/pkg/loadtrace"
+)
+
+type result struct {
+	Bench    string  `json:"bench"`
+	Files    int     `json:"files"`
+	Ratio    float64 `json:"ratio"`
+	WithS    float64 `json:"with_s"`
+	WithoutS float64 `json:"without_s"`
+	Runs     int     `json:"runs"`
+	Dropped  float64 `json:"dropped_events"`
+}
+
+func main() {
+	files := flag.Int("files", 10000, "files opened, read and closed per run")
+	runs := flag.Int("runs", 7, "runs with and without the tracer (alternating); the best of each counts")
+	work := flag.String("work", "", "internal: run the workload on this snapshot directory and print its seconds")
+	flag.Parse()
+	log.SetFlags(0)
+	log.SetPrefix("bench/tracer: ")
+	if *work != "" {
+		s, err := workload(*work, *files)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(s)
+		return
+	}
+	if os.Geteuid() != 0 {
+		log.Print("skipped: loading the tracer needs root")
+		return
+	}
+
+	root, err := os.MkdirTemp("", "weightd-bench-tracer-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(root)
+	models := filepath.Join(root, "models")
+	snap := filepath.Join(models, "models--bench--model", "snapshots", "main")
+	if err := os.MkdirAll(snap, 0o755); err != nil {
+		log.Fatal(err)
+	}
+	content := []byte(strings.Repeat("w", 4096))
+	for i := range *files {
+		if err := os.WriteFile(filepath.Join(snap, name(i)), content, 0o644); err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	var with, without []float64
+	var dropped float64
+	for i := range *runs + 1 {
+		w, err := child(snap, *files)
+		if err != nil {
+			log.Fatal(err)
+		}
+		t, d, err := traced(models, func() (float64, error) { return child(snap, *files) })
+		if err != nil {
+			log.Fatal(err)
+		}
+		if i == 0 {
+			continue // warm-up
+		}
+		without, with = append(without, w), append(with, t)
+		dropped += d
+	}
+	res := result{Bench: "tracer-overhead", Files: *files, WithS: best(with), WithoutS: best(without), Runs: *runs, Dropped: dropped}
+	res.Ratio = res.WithS / res.WithoutS
+	b, err := json.Marshal(res)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(string(b))
+}
+
+func name(i int) string { return fmt.Sprintf("f%05d.bin", i) }
+
+// workload opens, reads and closes each file, by absolute path.
+func workload(dir string, n int) (float64, error) {
+	buf := make([]byte, 8192)
+	start := time.Now()
+	for i := range n {
+		f, err := os.Open(filepath.Join(dir, name(i)))
+		if err != nil {
+			return 0, err
+		}
+		if _, err := f.Read(buf); err != nil {
+			f.Close()
+			return 0, err
+		}
+		f.Close()
+	}
+	return time.Since(start).Seconds(), nil
+}
+
+// child runs the workload in a child process and returns its seconds.
+func child(dir string, n int) (float64, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	out, err := exec.Command(exe, "-work", dir, "-files", strconv.Itoa(n)).Output()
+	if err != nil {
+		return 0, fmt.Errorf("running the workload: %w", err)
+	}
+	return strconv.ParseFloat(strings.TrimSpace(string(out)), 64)
+}
+
+// traced runs f with a tracer attached to models and returns f's seconds
+// and the events the tracer dropped.
+func traced(models string, f func() (float64, error)) (float64, float64, error) {
+	reg := prometheus.NewRegistry()
+	tr, err := loadtrace.New(loadtrace.Config{ModelsDirs: []string{models}, Registerer: reg, Quiet: 50 * time.Millisecond})
+	if err != nil {
+		return 0, 0, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- tr.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	for !attached(reg) {
+		select {
+		case err := <-done:
+			done <- err
+			return 0, 0, fmt.Errorf("the tracer did not attach (%v)", err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	s, err := f()
+	if err != nil {
+		return 0, 0, err
+	}
+	return s, dropped(reg), nil
+}
+
+func attached(reg *prometheus.Registry) bool { return gauge(reg, "weightd_loadtrace_available") == 1 }
+
+func dropped(reg *prometheus.Registry) float64 { return gauge(reg, "weightd_loadtrace_dropped_events_total") }
+
+// gauge sums the values of the metric name, whatever its labels.
+func gauge(reg *prometheus.Registry, name string) float64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+	}
+	return sum
+}
+
+func best(xs []float64) float64 {
+	b := xs[0]
+	for _, x := range xs[1:] {
+		b = min(b, x)
+	}
+	return b
+}
