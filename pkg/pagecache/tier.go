@@ -569,7 +569,7 @@ func Resident(path string) (resident, size int64, err error) {
 	if err != nil {
 		return 0, 0, fmt.Errorf("mapping %s: %w", path, err)
 	}
-	defer unix.Munmap(mem)
+	defer func() { _ = unix.Munmap(mem) }() // a read-only mapping: nothing to lose
 	vec := make([]byte, (st.Size()+pageSize-1)/pageSize)
 	if err := mincore(mem, vec); err != nil {
 		return 0, 0, fmt.Errorf("checking page cache residency of %s: %w", path, err)
