@@ -172,7 +172,9 @@ func replay(ctx context.Context, trace []int, adapters, servers, slots int) (int
 	go func() { done <- pool.Run(ctx) }()
 	defer func() {
 		cancel()
-		<-done
+		if err := <-done; err != nil {
+			log.Printf("adapterhit: pool: %v", err)
+		}
 	}()
 	pool.SetServers(specs)
 	healthy := func(s api.WarmServer) bool { return s.Healthy }

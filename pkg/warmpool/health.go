@@ -50,7 +50,14 @@ func (p *Pool) startKeeps(ctx context.Context, wg *sync.WaitGroup) {
 			err := p.cfg.Bases.Keep(ctx, s.spec)
 			p.mu.Lock()
 			s.keeping, s.kept = false, err == nil
+			gone := p.servers[s.spec.Pod] == nil
 			p.mu.Unlock()
+			if gone {
+				// Removed while its base was being kept: undo what Keep
+				// did after SetServers dropped it.
+				p.cfg.Bases.Drop(s.spec)
+				return
+			}
 			if err != nil && ctx.Err() == nil {
 				p.log.Warn("keeping the base model of a warm server; trying again at the next check", "pod", s.spec.Pod, "base", s.spec.Base, "err", err)
 			}

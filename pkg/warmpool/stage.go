@@ -148,7 +148,7 @@ func linkTree(src, dst string) error {
 // possible (another filesystem, a filesystem without links).
 func linkOrCopy(src, dst string) error {
 	err := os.Link(src, dst)
-	if err == nil || !(errors.Is(err, unix.EXDEV) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EMLINK)) {
+	if err == nil || !errors.Is(err, unix.EXDEV) && !errors.Is(err, unix.EPERM) && !errors.Is(err, unix.EMLINK) {
 		return err
 	}
 	in, err := os.Open(src)
