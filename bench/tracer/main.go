@@ -148,7 +148,12 @@ func traced(models string, f func() (float64, error)) (float64, float64, error) 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- tr.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			log.Print(err)
+		}
+	}()
 	for !attached(reg) {
 		select {
 		case err := <-done:
@@ -166,7 +171,9 @@ func traced(models string, f func() (float64, error)) (float64, float64, error) 
 
 func attached(reg *prometheus.Registry) bool { return gauge(reg, "weightd_loadtrace_available") == 1 }
 
-func dropped(reg *prometheus.Registry) float64 { return gauge(reg, "weightd_loadtrace_dropped_events_total") }
+func dropped(reg *prometheus.Registry) float64 {
+	return gauge(reg, "weightd_loadtrace_dropped_events_total")
+}
 
 // gauge sums the values of the metric name, whatever its labels.
 func gauge(reg *prometheus.Registry, name string) float64 {

@@ -83,7 +83,7 @@ func TestBounds(t *testing.T) {
 		tr.handle(event{kind: kindOpen, time: at(i), tgid: 1, fd: int32(10 + i), path: modelPath(m, "r", "f")})
 	}
 	assert.Len(t, tr.active, 2, "the third load is beyond MaxLoads")
-	assert.Equal(t, uint64(1), tr.m.drops.bounds.Load())
+	assert.Equal(t, uint64(1), tr.m.drops.total(), "counted as dropped (bounds)")
 	for i, f := range []string{"x", "y", "z"} {
 		tr.handle(event{kind: kindOpen, time: at(10 + i), tgid: 2, fd: int32(i), path: modelPath("a", "r", f)})
 		tr.handle(event{kind: kindRead, time: at(10 + i), tgid: 2, fd: int32(i)})

@@ -226,7 +226,9 @@ func (t *Tracer) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			p.stop()
-			<-done
+			if err := <-done; err != nil {
+				return fmt.Errorf("reading the model-load trace: %w", err)
+			}
 			return nil
 		case err := <-done:
 			return fmt.Errorf("reading the model-load trace: %w", err)
