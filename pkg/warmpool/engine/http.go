@@ -130,15 +130,6 @@ func (s server) adapters(ctx context.Context) ([]Adapter, error) {
 	return as, nil
 }
 
-// isRouteNotFound reports whether body is the reply of the HTTP framework
-// (FastAPI) to a route the server does not have: {"detail":"Not Found"}.
-func isRouteNotFound(body []byte) bool {
-	var v struct {
-		Detail *string `json:"detail"`
-	}
-	return json.Unmarshal(body, &v) == nil && v.Detail != nil && *v.Detail == "Not Found"
-}
-
 // quote renders a server's text for an error message: valid UTF-8, bounded.
 func quote(b []byte) string {
 	s := strings.TrimSpace(strings.ToValidUTF8(string(b), "\uFFFD"))
