@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
+	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
 )
 
@@ -35,6 +36,10 @@ type probe struct {
 
 // attach loads the program with the traced prefixes and attaches it.
 func attach(cfg Config, prefixes []string) (*probe, error) {
+	// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; a no-op after.
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("lifting the memlock limit: %w", err)
+	}
 	spec, err := loadLoadtrace()
 	if err != nil {
 		return nil, fmt.Errorf("loading the BPF object: %w", err)

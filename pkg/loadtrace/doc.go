@@ -51,8 +51,10 @@
 // close) or its order shorter (a lost read); a load whose files stay open
 // past MaxLoadAge is dropped without being measured.
 //
-// If the program cannot be loaded or attached (not root, a kernel without
-// raw tracepoints or BPF, a non-Linux or non-amd64 build), Run logs once,
+// Loading needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN; root) and a
+// kernel with BPF ring buffers (5.8 or later); no BTF, kprobes or tracefs.
+// If the program cannot be loaded or attached (not privileged, an older or
+// locked-down kernel, a non-Linux or non-amd64 build), Run logs once,
 // sets weightd_loadtrace_available to 0 and returns nil: the agent works
 // without it, and Order still serves the orders recorded before.
 package loadtrace

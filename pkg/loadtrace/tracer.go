@@ -307,6 +307,10 @@ func (t *Tracer) open(ev event) {
 	if pod, err := t.pods.FromCgroupID(ev.cgroup); err == nil {
 		uid = pod.UID
 	}
+	name := uid
+	if uid != "" && t.cfg.PodName != nil {
+		name = t.cfg.PodName(uid)
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	k := fdKey{ev.tgid, ev.fd}
@@ -319,11 +323,7 @@ func (t *Tracer) open(ev event) {
 			t.m.drops.bounds.Add(1)
 			return
 		}
-		pod := uid
-		if uid != "" && t.cfg.PodName != nil {
-			pod = t.cfg.PodName(uid)
-		}
-		l = &load{key: key, pod: pod, blob: blob, started: ev.time, files: make(map[string]bool)}
+		l = &load{key: key, pod: name, blob: blob, started: ev.time, files: make(map[string]bool)}
 		t.active[key] = l
 	} else if len(t.fds) >= MaxFds {
 		t.m.drops.bounds.Add(1)
