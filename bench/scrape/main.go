@@ -1,0 +1,224 @@
+// Command scrape measures a Prometheus scrape of an agent's metrics with
+// 1,000 cached models, and the same scrape while a large model downloads.
+//
+// It builds the agent's metric-bearing core directly (cmd/weightd is not
+// importable): a cache.Store and a prefetch.Queue on one registry, with the
+// Go and process collectors the agent also registers. The queue fetches
+// 1,000 small generated models from a local origin (pkg/origin) into the
+// store, so every per-model metric has seen 1,000 models. Then it serves the
+// registry through promhttp on loopback and times GETs of /metrics (the
+// median of -scrapes). Then it fetches one large model and scrapes every 10
+// ms until the download ends. It prints two JSON lines, the scrape with 1,000
+// models last:
+//
+//	{"bench":"scrape-during-download","models":1000,"download_bytes":…,"scrapes":…,"ms_p50":…,"ms_max":…}
+//	{"bench":"scrape","models":1000,"bytes":…,"ms":…}
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/origin"
+	"github.com/weightd/weightd/pkg/prefetch"
+)
+
+type scrapeResult struct {
+	Bench  string  `json:"bench"`
+	Models int     `json:"models"`
+	Bytes  int     `json:"bytes"`
+	Ms     float64 `json:"ms"`
+}
+
+type downloadResult struct {
+	Bench         string  `json:"bench"`
+	Models        int     `json:"models"`
+	DownloadBytes int64   `json:"download_bytes"`
+	Scrapes       int     `json:"scrapes"`
+	MsP50         float64 `json:"ms_p50"`
+	MsMax         float64 `json:"ms_max"`
+}
+
+func main() {
+	models := flag.Int("models", 1000, "small models to cache")
+	scrapes := flag.Int("scrapes", 50, "scrapes timed with the models cached")
+	downloadMiB := flag.Int64("download-mib", 1024, "size of the model downloaded during the second measurement, in MiB")
+	flag.Parse()
+	log.SetFlags(0)
+	log.SetPrefix("bench/scrape: ")
+	if err := run(*models, *scrapes, *downloadMiB<<20); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(models, scrapes int, downloadBytes int64) error {
+	if models < 1 || scrapes < 1 || downloadBytes < 1<<20 {
+		return errors.New("-models and -scrapes must be at least 1, -download-mib at least 1")
+	}
+	work, err := os.MkdirTemp("", "weightd-bench-scrape-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+
+	// The origin: models small models, and one large one.
+	originDir := filepath.Join(work, "origin")
+	for i := range models {
+		spec := origin.Spec{Name: fmt.Sprintf("bench/model-%04d", i), Files: 2, TotalBytes: 16 << 10, Seed: uint64(i)}
+		if _, err := origin.Generate(filepath.Join(originDir, fmt.Sprintf("m%04d", i)), spec); err != nil {
+			return err
+		}
+	}
+	if _, err := origin.Generate(filepath.Join(originDir, "large"), origin.Spec{Name: "bench/large", Files: 8, TotalBytes: downloadBytes, Seed: 1}); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	srv := origin.NewServer(ln, originDir)
+	wg.Go(func() {
+		if err := srv.Run(ctx); err != nil {
+			log.Printf("origin: %v", err)
+		}
+	})
+
+	// The agent's core on one registry, as newAgent wires it.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	store, err := cache.Open(filepath.Join(work, "cache"), cache.WithRegisterer(reg))
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	queue := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHTTP: prefetch.NewHTTPSource(nil)},
+		prefetch.WithRegisterer(reg), prefetch.WithJobConcurrency(8))
+	wg.Go(func() {
+		if err := queue.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			log.Printf("queue: %v", err)
+		}
+	})
+	jobs := make([]*prefetch.Job, models)
+	for i := range jobs {
+		if jobs[i], err = queue.Submit(fmt.Sprintf("%s/m%04d/%s", srv.URL(), i, origin.ManifestName), prefetch.PriorityBackground); err != nil {
+			return err
+		}
+	}
+	for _, j := range jobs {
+		st, err := j.Wait(ctx)
+		if err != nil {
+			return err
+		}
+		if st.State != prefetch.StateReady {
+			return fmt.Errorf("fetching %s: %s: %s", st.Ref, st.State, st.Error)
+		}
+	}
+
+	// /metrics on loopback.
+	mln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	metrics := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), ReadHeaderTimeout: 10 * time.Second}
+	wg.Go(func() { _ = metrics.Serve(mln) })
+	defer metrics.Close()
+	url := "http://" + mln.Addr().String() + "/metrics"
+	client := &http.Client{Timeout: 30 * time.Second}
+
+	if _, _, err := scrape(client, url); err != nil { // warm the connection
+		return err
+	}
+	idle := make([]time.Duration, scrapes)
+	size := 0
+	for i := range idle {
+		if size, idle[i], err = scrape(client, url); err != nil {
+			return err
+		}
+	}
+
+	// The same scrape while the large model downloads.
+	large, err := queue.Submit(srv.URL()+"/large/"+origin.ManifestName, prefetch.PriorityPod)
+	if err != nil {
+		return err
+	}
+	var busy []time.Duration
+	for {
+		_, took, err := scrape(client, url)
+		if err != nil {
+			return err
+		}
+		select {
+		case <-large.Done():
+		default:
+			busy = append(busy, took)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		break
+	}
+	if st := large.Status(); st.State != prefetch.StateReady {
+		return fmt.Errorf("fetching the large model: %s: %s", st.State, st.Error)
+	}
+	if len(busy) == 0 {
+		return errors.New("the large model downloaded before the first scrape ended: raise -download-mib")
+	}
+
+	enc := json.NewEncoder(os.Stdout)
+	if err := enc.Encode(downloadResult{
+		Bench: "scrape-during-download", Models: models, DownloadBytes: downloadBytes,
+		Scrapes: len(busy), MsP50: ms(median(busy)), MsMax: ms(slices.Max(busy)),
+	}); err != nil {
+		return err
+	}
+	return enc.Encode(scrapeResult{Bench: "scrape", Models: models, Bytes: size, Ms: ms(median(idle))})
+}
+
+// scrape GETs url and returns the body's size and the time to read it all.
+func scrape(client *http.Client, url string) (int, time.Duration, error) {
+	start := time.Now()
+	resp, err := client.Get(url)
+	if err != nil {
+		return 0, 0, fmt.Errorf("scraping: %w", err)
+	}
+	defer resp.Body.Close()
+	n, err := io.Copy(io.Discard, resp.Body)
+	took := time.Since(start)
+	if err != nil {
+		return 0, 0, fmt.Errorf("scraping: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return 0, 0, fmt.Errorf("scraping: %s", resp.Status)
+	}
+	return int(n), took, nil
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// ms is d in milliseconds, to the microsecond.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
