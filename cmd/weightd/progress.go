@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
@@ -23,10 +24,16 @@ type progress interface {
 // newProgress returns a live progress bar (bytes, rate, ETA) when w is a
 // terminal, and plain lines otherwise (logs of an init container, CI).
 func newProgress(w io.Writer, ref string) progress {
-	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+	if isTerminal(w) {
 		return &barProgress{w: w, ref: ref}
 	}
 	return &lineProgress{w: w, ref: ref, every: 2 * time.Second}
+}
+
+// isTerminal says whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
 }
 
 // barProgress draws a progress bar once the job knows its size.
@@ -131,6 +138,14 @@ func modelName(st prefetch.JobStatus) string {
 		return st.Model
 	}
 	return st.Model + "@" + st.Revision
+}
+
+// drawBar is a text progress bar of width characters, "[####----]", for
+// views that redraw whole screens (weightd status) rather than one bar.
+func drawBar(done, total int64, width int) string {
+	inner := max(width-2, 1)
+	full := int(min(percent(done, total), 100) / 100 * float64(inner))
+	return "[" + strings.Repeat("#", full) + strings.Repeat("-", inner-full) + "]"
 }
 
 func percent(done, total int64) float64 {
