@@ -15,7 +15,8 @@
 //   - open(2), openat(2), openat2(2) of an absolute path that starts with one
 //     of the configured directories (at most 4, each under 255 bytes; the path
 //     compared and reported is the first 511 bytes of the string the process
-//     passed). The path is remembered per thread from enter to exit, and a
+//     passed; read again at exit if its page was not resident at enter). The
+//     path is remembered per thread from enter to exit, and a
 //     successful open adds (process, fd) to an LRU map of 65,536 tracked fds.
 //     Relative paths (openat with a directory fd, or a working directory
 //     inside the cache) are not seen: inference servers open weights by the

@@ -22,6 +22,7 @@ type loadtraceFdkey struct {
 type loadtracePending struct {
 	_    structs.HostLayout
 	Path [512]int8
+	Uptr uint64
 }
 
 type loadtracePrefix struct {

@@ -53,6 +53,9 @@ struct fdkey {
 
 struct pending {
 	char path[PATH_LEN];
+	// uptr is the process's string, read again at exit when it could not
+	// be read at enter (its page was not resident); path is then empty.
+	__u64 uptr;
 };
 
 struct {
@@ -166,10 +169,14 @@ static __always_inline int on_open(__u64 id, const char *upath)
 	if (!buf)
 		return 0;
 	long n = bpf_probe_read_user_str(buf->path, PATH_LEN, upath);
-	if (n <= 1 || buf->path[0] != '/')
+	if (n < 0) {
+		buf->path[0] = 0;
+		buf->uptr = (__u64)upath;
+	} else if (n <= 1 || buf->path[0] != '/' || !matches(buf->path)) {
 		return 0;
-	if (!matches(buf->path))
-		return 0;
+	} else {
+		buf->uptr = 0;
+	}
 	if (bpf_map_update_elem(&pending, &id, buf, BPF_ANY))
 		count_drop(DROP_PENDING);
 	return 0;
@@ -246,6 +253,14 @@ int sys_exit(struct bpf_raw_tracepoint_args *ctx)
 	if (ret < 0) {
 		bpf_map_delete_elem(&pending, &id);
 		return 0;
+	}
+	if (p->uptr) {
+		// The kernel has read the string by now: it is resident.
+		long n = bpf_probe_read_user_str(p->path, PATH_LEN, (const char *)p->uptr);
+		if (n <= 1 || p->path[0] != '/' || !matches(p->path)) {
+			bpf_map_delete_elem(&pending, &id);
+			return 0;
+		}
 	}
 	struct fdkey k = {.tgid = id >> 32, .fd = (__s32)ret};
 	__u8 unread = 0, one = 1;
