@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/weightd/weightd/internal/metricscatalog/catalog"
+	"github.com/weightd/weightd/pkg/api"
+	"github.com/weightd/weightd/pkg/prefetch"
+)
+
+// dtoTypes are the catalogue's types of the exposition's metric types.
+var dtoTypes = map[dto.MetricType]catalog.Type{
+	dto.MetricType_COUNTER: catalog.Counter, dto.MetricType_GAUGE: catalog.Gauge,
+	dto.MetricType_HISTOGRAM: catalog.Histogram, dto.MetricType_SUMMARY: catalog.Summary,
+	dto.MetricType_UNTYPED: catalog.Untyped,
+}
+
+// TestMetricsInCatalogue runs an agent wired by newAgent, with sharing and
+// the registry mirror on, fetches a model from a local origin so that the
+// labelled metrics have series, gathers its registry and checks every
+// weightd_* family against the catalogue scanned from the source
+// (docs/metrics.md): same type, same labels on every series, and promlint
+// finds nothing.
+func TestMetricsInCatalogue(t *testing.T) {
+	t.Parallel()
+	cat, err := catalog.Scan(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	url, _ := startOrigin(t, 2, 2<<20)
+	dir := shortTempDir(t)
+	addr := "unix://" + filepath.Join(dir, "api.sock")
+	a, err := newAgent(agentConfig{
+		Root: filepath.Join(dir, "cache"), API: addr, ChunkSize: 1 << 20, MaxJobs: 2, ShutdownTimeout: 5 * time.Second,
+		p2pConfig:    p2pConfig{GossipAddr: "127.0.0.1:0", ChunkAddr: "127.0.0.1:0", OriginFetchers: 1, MaxUploads: 4, FastGossip: true},
+		mirrorConfig: mirrorConfig{MirrorAddr: "127.0.0.1:0", MirrorRegistries: []string{"registry.invalid"}},
+	}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	})
+	client, err := api.NewClient(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readyCtx, cancelReady := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancelReady()
+	if err := client.WaitReady(readyCtx); err != nil {
+		t.Fatal(err)
+	}
+	if st := fetchWait(t, addr, url); st.State != prefetch.StateReady {
+		t.Fatalf("fetch: %s: %s", st.State, st.Error)
+	}
+
+	mfs, err := a.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	families := 0
+	for _, mf := range mfs {
+		name := mf.GetName()
+		if !strings.HasPrefix(name, catalog.Prefix) {
+			continue
+		}
+		families++
+		m, ok := cat.Lookup(name)
+		if !ok {
+			t.Errorf("%s is exported but not in the catalogue (run go run ./internal/metricscatalog -w docs/metrics.md)", name)
+			continue
+		}
+		if typ := dtoTypes[mf.GetType()]; typ != m.Type {
+			t.Errorf("%s is exported as a %s, catalogued as a %s", name, typ, m.Type)
+		}
+		for _, s := range mf.GetMetric() {
+			var labels []string
+			for _, l := range s.GetLabel() {
+				labels = append(labels, l.GetName())
+			}
+			slices.Sort(labels)
+			if !slices.Equal(labels, m.Labels) {
+				t.Errorf("%s is exported with the labels %v, catalogued with %v", name, labels, m.Labels)
+				break
+			}
+		}
+	}
+	// The cache, the queue, sharing, the mirror, the API and the build at least.
+	if families < 20 {
+		t.Errorf("the agent exported %d weightd_* families, want at least 20", families)
+	}
+	for _, want := range []string{"weightd_prefetch_ready_seconds", "weightd_p2p_peers", "weightd_mirror_requests_total", "weightd_cache_stored_bytes"} {
+		if !slices.ContainsFunc(mfs, func(mf *dto.MetricFamily) bool { return mf.GetName() == want }) {
+			t.Errorf("the agent exported no %s after a fetch", want)
+		}
+	}
+	problems, err := testutil.GatherAndLint(a.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		if strings.HasPrefix(p.Metric, catalog.Prefix) {
+			t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+		}
+	}
+}
