@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/weightd/weightd/internal/loratest"
+	"github.com/weightd/weightd/pkg/api"
+	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/lora"
+	"github.com/weightd/weightd/pkg/origin"
+	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/warmpool"
+	"github.com/weightd/weightd/pkg/warmpool/engine"
+)
+
+// serveAdapter writes an adapter and its manifest under dir/name, as a
+// model served over HTTP, and returns the manifest's path under the
+// origin.
+func serveAdapter(t *testing.T, dir, name string) string {
+	t.Helper()
+	sub := filepath.Join(dir, name)
+	if err := loratest.WriteAdapter(sub, loratest.AdapterSpec{}); err != nil {
+		t.Fatal(err)
+	}
+	m := prefetch.Manifest{Name: "test/" + name, Revision: "main"}
+	for _, f := range []string{lora.ConfigFile, lora.WeightsFile} {
+		b, err := os.ReadFile(filepath.Join(sub, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := sha256.Sum256(b)
+		m.Files = append(m.Files, prefetch.ManifestFile{Path: f, Size: int64(len(b)), SHA256: hex.EncodeToString(sum[:])})
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(sub, "model.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return "/" + name + "/model.json"
+}
+
+// The agent's warm pool over its real prefetch queue and cache: an adapter
+// fetched from an origin is staged from the cache and loaded into a runtime
+// test server, which opens the files; the server's base is fetched and
+// pinned for it, and unpinned when the server goes.
+func TestWarmPoolOnQueue(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if _, err := origin.Generate(filepath.Join(dir, "base"), origin.Spec{Name: "test/base", Files: 2, TotalBytes: 1 << 20, Seed: 3}); err != nil {
+		t.Fatal(err)
+	}
+	adapterPath := serveAdapter(t, dir, "sql")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig := origin.NewServer(ln, dir)
+	baseRef := orig.URL() + "/base/" + origin.ManifestName
+	adapterRef := orig.URL() + adapterPath
+
+	root := t.TempDir()
+	store, err := cache.Open(filepath.Join(root, "cache"), cache.WithChunkSize(1<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	queue := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
+	cfg := warmConfig{Warm: true, WarmHealthInterval: 20 * time.Millisecond}
+	pool, err := newWarmPool(cfg, root, queue, store, nil, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := loratest.NewVLLM(loratest.Options{Slots: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+
+	ctx, cancel := context.WithCancel(t.Context())
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return orig.Run(gctx) })
+	g.Go(func() error { return queue.Run(gctx) })
+	g.Go(func() error { return pool.Run(gctx) })
+	defer func() {
+		cancel()
+		if err := g.Wait(); err != nil {
+			t.Error(err)
+		}
+	}()
+
+	spec := warmpool.ServerSpec{Pod: "ai/warm-0", UID: "u0", Base: baseRef, Runtime: engine.VLLM, Endpoint: srv.URL(), Slots: 2}
+	pool.SetServers([]warmpool.ServerSpec{spec})
+	owner := warmPinPrefix + spec.Pod
+	pinned := func() int {
+		n := 0
+		for _, info := range store.List() {
+			if slices.Contains(info.Pins, owner) {
+				n++
+			}
+		}
+		return n
+	}
+	waitUntil(t, pool, func() bool {
+		s := pool.Servers()
+		return len(s) == 1 && s[0].Healthy && pinned() == 2
+	})
+
+	ans, err := pool.Ensure(t.Context(), api.AdapterRequest{Base: baseRef, Ref: adapterRef, Name: "sql"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ans.Loaded || ans.Model != "sql" || ans.Endpoint != srv.URL() {
+		t.Fatalf("answer %+v", ans)
+	}
+	if got := srv.Loaded()["sql"]; got != filepath.Join(root, "adapters", "sql") {
+		t.Fatalf("server loaded sql from %q", got)
+	}
+	// A bad reference is the caller's fault.
+	if _, err := pool.Ensure(t.Context(), api.AdapterRequest{Base: baseRef, Ref: "ftp://nope"}); !errors.Is(err, api.ErrBadRequest) {
+		t.Fatalf("bad reference: %v", err)
+	}
+
+	pool.SetServers(nil)
+	if n := pinned(); n != 0 {
+		t.Fatalf("%d blobs still pinned for a server gone", n)
+	}
+}
+
+// waitUntil waits on the pool's change notifications (and a short tick,
+// for changes outside it) until ok; it fails after a generous bound.
+func waitUntil(t *testing.T, pool *warmpool.Pool, ok func() bool) {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !ok() {
+		select {
+		case <-pool.Changed():
+		case <-tick.C:
+		case <-deadline:
+			t.Fatalf("never got there: %+v", pool.Servers())
+		}
+	}
+}
+
+func TestWarmPoolOff(t *testing.T) {
+	t.Parallel()
+	pool, err := newWarmPool(warmConfig{}, t.TempDir(), nil, nil, nil, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if pool != nil || err != nil {
+		t.Fatalf("pool %v, err %v with --warm off", pool, err)
+	}
+	if _, err := newWarmPool(warmConfig{Warm: true, WarmHealthInterval: -time.Second}, t.TempDir(), nil, nil, nil, slog.New(slog.DiscardHandler), nil); err == nil {
+		t.Fatal("negative interval accepted")
+	}
+}
