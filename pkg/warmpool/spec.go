@@ -4,6 +4,29 @@
 // adapter, loads it through the runtime's API (package engine), evicts the
 // least recently used adapter when a server's slots are full, and rebuilds
 // its state from the servers after a restart of the agent or of a server.
+//
+// A Pool is fed its servers by discovery (SetServers) and answers
+// Ensure(base, adapter) from the local API (it implements api.Adapters) and
+// EnsureFor on behalf of a pod, whose use keeps the adapter loaded until
+// Release. An ensure finds the adapter loaded on a server of the base, else
+// fetches it (Fetcher: the cache and swarm), checks its files (lora.Inspect:
+// config, safetensors header, rank against the server's maximum) before any
+// runtime sees it, reserves a slot (a free one, else the least recently used
+// adapter neither pinned nor in use is unloaded), stages it under StageDir
+// (hard links into the cache, renamed into place whole), loads it and checks
+// that the server lists it. Concurrent ensures of one adapter share one
+// load. Run checks the servers' health and listings, adopts what they hold
+// after a restart of the agent and loads again, after a restart of a server,
+// the adapters still pinned or in use.
+//
+// Metrics: weightd_warmpool_servers{runtime,state},
+// weightd_warmpool_adapter_loads_total{runtime,outcome},
+// weightd_warmpool_adapter_evictions_total{runtime},
+// weightd_warmpool_adapter_reloads_total{runtime},
+// weightd_warmpool_adapter_swap_seconds{runtime},
+// weightd_warmpool_adapter_slots{state} and
+// weightd_warmpool_base_gpu_memory_bytes{base} (one series per base of the
+// node's warm servers).
 package warmpool
 
 import "github.com/weightd/weightd/pkg/warmpool/engine"
