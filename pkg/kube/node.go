@@ -55,7 +55,7 @@ type publisherConfig struct {
 	interval, progress time.Duration
 	maxEntries         int
 	logger             *slog.Logger
-	warmBases          func() []string
+	warmBases          func() ([]string, bool)
 }
 
 // WithNodeInterval sets the least time between two writes of the Node
@@ -97,9 +97,11 @@ func WithPublisherLogger(l *slog.Logger) PublisherOption {
 // nodestate.WarmLabel(base) = "ready" for each base that bases returns
 // (references; those that do not parse are skipped, at most the
 // publisher's max entries), asked at every interval: the bases that warm
-// servers of this node keep resident now (see WarmBases). The labels are
+// servers of this node keep resident now (WarmPods.Bases). While bases
+// says it does not know yet (false: after a restart, before the servers
+// were checked), the node's warm labels stay as they are. The labels are
 // written with the others, in the same apply, and go when a base does.
-func WithWarmBases(bases func() []string) PublisherOption {
+func WithWarmBases(bases func() ([]string, bool)) PublisherOption {
 	return func(c *publisherConfig) { c.warmBases = bases }
 }
 
@@ -387,11 +389,19 @@ func (p *NodePublisher) ordered() []*entry {
 }
 
 // desired is what the node should show: weightd's labels and the summary.
-func (p *NodePublisher) desired() (labels map[string]string, summary nodestate.Summary) {
+func (p *NodePublisher) desired(node *corev1.Node) (labels map[string]string, summary nodestate.Summary) {
 	labels = make(map[string]string)
 	if p.cfg.warmBases != nil {
+		bases, known := p.cfg.warmBases()
+		if !known {
+			for k, v := range node.Labels {
+				if strings.HasPrefix(k, nodestate.WarmLabelPrefix) {
+					labels[k] = v // kept as they are until known
+				}
+			}
+		}
 		n := 0
-		for _, base := range p.cfg.warmBases() {
+		for _, base := range bases {
 			ref, err := prefetch.ParseRef(base)
 			if err != nil || n >= p.cfg.maxEntries {
 				continue
@@ -420,7 +430,7 @@ func (p *NodePublisher) desired() (labels map[string]string, summary nodestate.S
 // publish writes the node if what it shows differs from what it should, as
 // often as the intervals allow.
 func (p *NodePublisher) publish(ctx context.Context, node *corev1.Node, now time.Time) error {
-	labels, summary := p.desired()
+	labels, summary := p.desired(node)
 	enc, err := summary.Encode()
 	if err != nil {
 		return err

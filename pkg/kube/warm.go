@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -28,17 +29,12 @@ import (
 	"github.com/weightd/weightd/pkg/warmpool"
 )
 
-// WarmServers lists the warm servers of the node; *warmpool.Pool provides
-// it.
-type WarmServers interface {
-	// Servers lists the warm servers and the adapters loaded in each.
-	Servers() []api.WarmServer
-}
-
 // WarmPool is what WarmPods needs of the warm pool; *warmpool.Pool provides
 // it. Its methods are safe for concurrent use.
 type WarmPool interface {
-	WarmServers
+	// Servers lists the warm servers and the adapters loaded in each; a
+	// server not checked yet is neither healthy nor has an error.
+	Servers() []api.WarmServer
 	// SetServers replaces the node's warm servers with specs (every one,
 	// each time).
 	SetServers(specs []warmpool.ServerSpec)
@@ -171,6 +167,8 @@ type WarmPods struct {
 	node   string
 	pool   WarmPool
 	cfg    warmConfig
+
+	discovered atomic.Bool // the pool has been given the node's servers
 
 	mu       sync.Mutex
 	adapters map[string]*adapterPod // namespace/name → pod asking for an adapter
@@ -442,6 +440,7 @@ func (s *warmSyncer) discover() {
 	s.w.cfg.logger.Info("warm servers", "servers", len(specs))
 	s.w.pool.SetServers(slices.Clone(specs))
 	s.servers = specs
+	s.w.discovered.Store(true)
 
 	s.w.mu.Lock()
 	var keys []string
@@ -645,19 +644,25 @@ func (w *WarmPods) release(key string, uid types.UID) {
 	}
 }
 
-// WarmBases returns the bases that healthy warm servers keep resident, for
-// WithWarmBases: sorted, once each.
-func WarmBases(servers WarmServers) func() []string {
-	return func() []string {
-		var bases []string
-		for _, s := range servers.Servers() {
-			if s.Healthy {
-				bases = append(bases, s.Base)
-			}
-		}
-		slices.Sort(bases)
-		return slices.Compact(bases)
+// Bases returns the bases that healthy warm servers keep resident, for
+// WithWarmBases: sorted, once each. known is false until Run has given the
+// pool the node's servers and the pool has checked each of them (it is
+// healthy or says why not), so that a restarting agent does not take the
+// node's warm labels away meanwhile.
+func (w *WarmPods) Bases() (bases []string, known bool) {
+	if !w.discovered.Load() {
+		return nil, false
 	}
+	for _, s := range w.pool.Servers() {
+		switch {
+		case s.Healthy:
+			bases = append(bases, s.Base)
+		case s.Error == "":
+			return nil, false // not checked yet
+		}
+	}
+	slices.Sort(bases)
+	return slices.Compact(bases), true
 }
 
 // Annotations whose values identify a request or a server description.

@@ -22,14 +22,15 @@ import (
 	"github.com/weightd/weightd/pkg/warmpool"
 )
 
-// dirFetcher serves hf://org/NAME from root/NAME, as the cache would hold
-// an adapter after its fetch.
+// dirFetcher serves hf://org/NAME@main from root/NAME, as the cache would
+// hold an adapter after its fetch.
 type dirFetcher struct{ root string }
 
 func (f dirFetcher) Fetch(_ context.Context, ref string) (string, error) {
 	name, ok := strings.CutPrefix(ref, "hf://org/")
-	if !ok {
-		return "", fmt.Errorf("%w: reference %q: not hf://org/", api.ErrBadRequest, ref)
+	name, main := strings.CutSuffix(name, "@main")
+	if !ok || !main {
+		return "", fmt.Errorf("%w: reference %q: not hf://org/NAME@main", api.ErrBadRequest, ref)
 	}
 	return filepath.Join(f.root, name), nil
 }
@@ -122,5 +123,5 @@ func testRealPool(t *testing.T, env *kubetest.Env) {
 		}
 		return ""
 	})
-	assert.Zero(t, srv.Loads(warmpool.AdapterName("hf://org/big-lora")))
+	assert.Zero(t, srv.Loads(warmpool.AdapterName("hf://org/big-lora@main")))
 }

@@ -181,7 +181,7 @@ func runWarm(t *testing.T, env *kubetest.Env, node string, pool WarmPool) (stop 
 		WithWarmRetry(50*time.Millisecond, 200*time.Millisecond), WithWarmLogger(testLogger(t)))
 	require.NoError(t, err)
 	pub, err := NewNodePublisher(client, node, noJobs{}, nil, WithNodeInterval(100*time.Millisecond, time.Second),
-		WithWarmBases(WarmBases(pool)), WithPublisherLogger(testLogger(t)))
+		WithWarmBases(w.Bases), WithPublisherLogger(testLogger(t)))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -332,12 +332,12 @@ func testWarmPods(t *testing.T, env *kubetest.Env, nodeName string) {
 
 	// A base no server has: the error, then the answer once one comes
 	// (the second server gets its IP).
-	const adapter2 = "hf://org/chat-lora"
+	const adapter2 = "hf://org/chat-lora@main"
 	createPod(t, env, newPod("client2", nodeName, map[string]string{podrequest.LoraBase: base2, podrequest.LoraAdapter: adapter2}))
 	waitAnnotations(t, env, "client2", map[string]string{
 		podrequest.LoraError: "not found: no warm server of base " + base2 + " on this node",
 	})
-	waitEvent(t, env, "client2", "Warning AdapterFailed: adapter hf://org/chat-lora: not found: no warm server")
+	waitEvent(t, env, "client2", "Warning AdapterFailed: adapter hf://org/chat-lora@main: not found: no warm server")
 	setRunning(t, env, "vllm-b", "10.0.0.7")
 	name2 := warmpool.AdapterName(adapter2)
 	waitAnnotations(t, env, "client2", map[string]string{
@@ -352,14 +352,14 @@ func testWarmPods(t *testing.T, env *kubetest.Env, nodeName string) {
 	})
 
 	// An adapter the pool refuses for good: the error, not retried.
-	const badAdapter = "hf://org/rank-too-big"
+	const badAdapter = "hf://org/rank-too-big@main"
 	pool.setFail(badAdapter, fmt.Errorf("%w: adapter rank 256 exceeds the servers' maximum 64", api.ErrBadRequest))
 	createPod(t, env, newPod("client3", nodeName, map[string]string{podrequest.LoraBase: base, podrequest.LoraAdapter: badAdapter}))
 	waitAnnotations(t, env, "client3", map[string]string{
 		podrequest.LoraError: "bad request: adapter rank 256 exceeds the servers' maximum 64", podrequest.LoraEndpoint: "",
 	})
 	// A pool that is busy: retried with backoff until it is not.
-	const busyAdapter = "hf://org/busy"
+	const busyAdapter = "hf://org/busy@main"
 	pool.setFail(busyAdapter, fmt.Errorf("%w: every slot is in use", api.ErrBusy))
 	createPod(t, env, newPod("client4", nodeName, map[string]string{podrequest.LoraBase: base, podrequest.LoraAdapter: busyAdapter}))
 	waitAnnotations(t, env, "client4", map[string]string{podrequest.LoraError: "busy: every slot is in use"})
@@ -413,15 +413,18 @@ func testWarmPods(t *testing.T, env *kubetest.Env, nodeName string) {
 	_, writes2 := runWarm(t, env, nodeName, pool2)
 	eventually(t, 10*time.Second, func() string {
 		if pool2.calls(adapter2) != 1 || pool2.calls(busyAdapter) != 1 || pool2.calls(badAdapter) != 1 {
-			return fmt.Sprintf("ensures after a restart: %v", pool2.ensures)
+			return fmt.Sprintf("ensures after a restart: %d %d %d", pool2.calls(adapter2), pool2.calls(busyAdapter), pool2.calls(badAdapter))
 		}
 		return ""
 	})
 	specs, _ := pool2.lastSet()
 	assert.Len(t, specs, 2)
 	time.Sleep(time.Second)
-	assert.Zero(t, writes2.count(""), "writes after a restart: %v", writes2.since(0))
-	assert.Equal(t, 1, calls, "the first agent ensured adapter 2 once it had a server, then no more")
+	// Only the malformed server's Event again: this process cannot know it
+	// was reported.
+	assert.Equal(t, writes2.count("/events"), writes2.count(""), "writes after a restart: %v", writes2.since(0))
+	assert.LessOrEqual(t, writes2.count("/events"), 1, "Events after a restart: %v", writes2.since(0))
+	assert.GreaterOrEqual(t, calls, 2, "adapter 2 was ensured until it had a server")
 	assert.GreaterOrEqual(t, sets, 2)
 
 	// A server that is no longer one loses its annotation.
