@@ -42,7 +42,9 @@ type cli struct {
 	Fetch   fetchCmd   `cmd:"" help:"Fetch a model through the local agent."`
 	Cancel  cancelCmd  `cmd:"" help:"Cancel a fetch job of the local agent."`
 	Status  statusCmd  `cmd:"" help:"Summarise the agent's cache, downloads and jobs."`
+	Adapter adapterCmd `cmd:"" help:"Make a LoRA adapter available on a warm server of this node, through the local agent."`
 	Key     keyCmd     `cmd:"" help:"Print the node label of a reference, for a preferred node affinity."`
+	GPUs    gpusCmd    `cmd:"" name:"gpus" help:"Print this node's GPUs, MIG instances and GPU processes with their pods, straight from NVML (no agent needed)."`
 	Demo    demoCmd    `cmd:"" help:"Run an origin and three agents in-process: they fetch a generated model at once, sharing chunks, then fetch it again from the cache."`
 	Version versionCmd `cmd:"" help:"Print the version, commit and Go version."`
 
