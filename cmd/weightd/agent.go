@@ -11,18 +11,24 @@ import (
 	"sync/atomic"
 	"time"
 
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/alecthomas/kong"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/containerd"
+	"github.com/weightd/weightd/pkg/loadtrace"
 	"github.com/weightd/weightd/pkg/mirror"
+	"github.com/weightd/weightd/pkg/nvml"
 	"github.com/weightd/weightd/pkg/p2p"
+	"github.com/weightd/weightd/pkg/pagecache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/warmpool"
 )
 
 // agentConfig is the agent's configuration; the agent command fills it from
@@ -38,11 +44,22 @@ type agentConfig struct {
 	BudgetPercent   float64       `help:"Most the cache may use, in percent of its filesystem; 0 for no limit." default:"80" env:"WEIGHTD_BUDGET_PERCENT"`
 	MaxJobs         int           `help:"Prefetch jobs run at once." default:"2" env:"WEIGHTD_MAX_JOBS"`
 	ShutdownTimeout time.Duration `help:"How long open API and metrics requests may take to finish at shutdown." default:"15s" env:"WEIGHTD_SHUTDOWN_TIMEOUT"`
+	ModelLabels     int           `help:"How many models keep their name in the model label of weightd_prefetch_ready_seconds; later ones count as \"other\"." default:"50" env:"WEIGHTD_MODEL_LABELS"`
+	ProcRoot        string        `help:"Where processes' cgroups are read to map GPU processes to pods: the host's /proc (in a pod: with hostPID)." default:"/proc" env:"WEIGHTD_PROC_ROOT"`
 	p2pConfig
 	sourcesConfig
 	importConfig
 	mirrorConfig
 	kubeConfig
+	warmConfig
+	loadTraceConfig
+	tracingConfig
+	// tracerProvider is what components trace with; nil: no tracing. The
+	// agent command builds it from tracingConfig.
+	tracerProvider trace.TracerProvider `kong:"-"`
+	// nvmlLib is the NVML the GPU inventory reads; nil: the system's.
+	// Tests set a fake machine.
+	nvmlLib gonvml.Interface `kong:"-"`
 }
 
 // agentCmd runs the agent.
@@ -55,7 +72,21 @@ type agentCmd struct {
 
 func (c *agentCmd) Run(e *env) error {
 	log := newLogger(e.stderr, c.LogLevel, c.LogFormat)
-	a, err := newAgent(c.agentConfig, log)
+	tp, shutdownTracing, err := newTracerProvider(e.ctx, c.tracingConfig, c.NodeName)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// Flush the spans batched so far; the agent's context is over.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := shutdownTracing(ctx); err != nil {
+			log.Warn("flushing traces", "err", err)
+		}
+	}()
+	cfg := c.agentConfig
+	cfg.tracerProvider = tp
+	a, err := newAgent(cfg, log)
 	if err != nil {
 		return err
 	}
@@ -79,6 +110,10 @@ type agent struct {
 	mirror  *nodeMirror          // nil when the registry mirror is disabled
 	imports *containerd.Importer // nil when images are not imported
 	kube    *kubeSide            // nil when Kubernetes features are off
+	gpus    *nvml.Inventory      // nil without an NVIDIA driver
+	warm    *warmpool.Pool       // nil when the warm pool is off
+	dram    *pagecache.Tier      // nil without a DRAM budget for warm bases
+	loads   *loadtrace.Tracer    // nil when the load tracer is off
 	reg     *prometheus.Registry // every component's metrics
 	running atomic.Bool
 }
@@ -106,8 +141,21 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 			if a.store != nil {
 				a.store.Close()
 			}
+			if a.gpus != nil {
+				a.gpus.Close()
+			}
 		}
 	}()
+
+	gpuLog := log.With("component", "gpu")
+	lib := cfg.nvmlLib
+	if lib == nil {
+		lib = gonvml.New()
+	}
+	a.gpus = openGPUs(lib, cfg.ProcRoot, gpuLog)
+	if err = nvml.RegisterMetrics(reg, a.gpus); err != nil {
+		return nil, err
+	}
 
 	if a.peers, err = newPeering(cfg.p2pConfig, log, reg); err != nil {
 		return nil, err
@@ -146,6 +194,16 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 		prefetch.WithJobConcurrency(cfg.MaxJobs),
 		prefetch.WithLogger(log.With("component", "prefetch")),
 		prefetch.WithRegisterer(reg),
+		prefetch.WithModelLabels(cfg.ModelLabels),
+	}
+	if cfg.tracerProvider != nil {
+		queueOpts = append(queueOpts, prefetch.WithTracerProvider(cfg.tracerProvider))
+	}
+	if a.loads, err = cfg.loadTracer(cfg.Root, log.With("component", "loadtrace"), reg); err != nil {
+		return nil, err
+	}
+	if a.loads != nil {
+		queueOpts = append(queueOpts, prefetch.WithFileOrder(a.loads))
 	}
 	if a.imports, err = cfg.importer(a.store, cfg.Platform, log.With("component", "containerd"), reg); err != nil {
 		return nil, err
@@ -165,7 +223,13 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 		queueOpts = append(queueOpts, prefetch.WithImporter(imp))
 	}
 	a.queue = prefetch.NewQueue(a.store, src, queueOpts...)
-	if a.kube, err = newKube(cfg.kubeConfig, cfg.NodeName, a.queue, a.store, log, reg); err != nil {
+	if a.dram, err = newDRAMTier(cfg.warmConfig, log.With("component", "dram-tier"), reg); err != nil {
+		return nil, err
+	}
+	if a.warm, err = newWarmPool(cfg.warmConfig, cfg.Root, a.queue, a.store, a.dram, gpuUse(a.gpus, gpuLog), log.With("component", "warmpool"), reg); err != nil {
+		return nil, err
+	}
+	if a.kube, err = newKube(cfg.kubeConfig, cfg.NodeName, a.queue, a.store, a.warm, log, reg); err != nil {
 		return nil, err
 	}
 	apiOpts := []api.Option{
@@ -176,6 +240,15 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 	}
 	if a.peers != nil {
 		apiOpts = append(apiOpts, api.WithPeers(a.peers.list))
+	}
+	if a.gpus != nil {
+		apiOpts = append(apiOpts, api.WithGPUs(gpuStatus(a.gpus, gpuLog)))
+	}
+	if a.warm != nil {
+		apiOpts = append(apiOpts, api.WithAdapters(a.warm), api.WithWarmServers(a.warm.Servers))
+	}
+	if a.loads != nil {
+		apiOpts = append(apiOpts, api.WithModelLoads(a.loads.Loads))
 	}
 	if a.api, err = api.NewServer(api.QueueJobs(a.queue), a.store, apiOpts...); err != nil {
 		return nil, err
@@ -243,6 +316,21 @@ func (a *agent) Run(ctx context.Context) error {
 	for _, run := range a.peerRun {
 		g.Go(func() error { return run(gctx) })
 	}
+	if a.warm != nil {
+		g.Go(func() error { return a.warm.Run(gctx) })
+	}
+	if a.dram != nil {
+		g.Go(func() error { return a.dram.Run(gctx) })
+	}
+	if a.loads != nil {
+		g.Go(func() error {
+			// The agent works without the tracer: a failing one stops alone.
+			if err := a.loads.Run(gctx); err != nil {
+				a.log.Error("model-load tracer stopped", "err", err)
+			}
+			return nil
+		})
+	}
 	for _, run := range a.kube.runs() {
 		g.Go(func() error { return run(gctx) })
 	}
@@ -260,6 +348,11 @@ func (a *agent) Run(ctx context.Context) error {
 	if a.imports != nil {
 		if cerr := a.imports.Close(); cerr != nil {
 			a.log.Warn("closing the containerd connection", "err", cerr)
+		}
+	}
+	if a.gpus != nil {
+		if cerr := a.gpus.Close(); cerr != nil {
+			a.log.Warn("shutting NVML down", "err", cerr)
 		}
 	}
 	if cerr := a.store.Close(); cerr != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/weightd/weightd/internal/metricscatalog/catalog"
 	"github.com/weightd/weightd/pkg/api"
+	"github.com/weightd/weightd/pkg/nvml/nvmltest"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -43,6 +44,12 @@ func TestMetricsInCatalogue(t *testing.T) {
 		Root: filepath.Join(dir, "cache"), API: addr, ChunkSize: 1 << 20, MaxJobs: 2, ShutdownTimeout: 5 * time.Second,
 		p2pConfig:    p2pConfig{GossipAddr: "127.0.0.1:0", ChunkAddr: "127.0.0.1:0", OriginFetchers: 1, MaxUploads: 4, FastGossip: true},
 		mirrorConfig: mirrorConfig{MirrorAddr: "127.0.0.1:0", MirrorRegistries: []string{"registry.invalid"}},
+		// Every optional part on: the warm pool with its DRAM tier, the load
+		// tracer (attached as root, else its metrics say unavailable), GPUs on
+		// a fake DGX H100.
+		warmConfig:      warmConfig{Warm: true, WarmDRAMBudget: 1 << 20},
+		loadTraceConfig: loadTraceConfig{LoadTrace: true},
+		nvmlLib:         nvmltest.NewDGXH100(),
 	}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
@@ -69,6 +76,14 @@ func TestMetricsInCatalogue(t *testing.T) {
 		t.Fatalf("fetch: %s: %s", st.State, st.Error)
 	}
 
+	// The local API shows what the optional parts see: the fake's 8 GPUs.
+	st, err := client.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.GPUs) != 8 {
+		t.Errorf("status lists %d GPUs, want the fake DGX H100's 8", len(st.GPUs))
+	}
 	mfs, err := a.reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -104,7 +119,11 @@ func TestMetricsInCatalogue(t *testing.T) {
 	if families < 20 {
 		t.Errorf("the agent exported %d weightd_* families, want at least 20", families)
 	}
-	for _, want := range []string{"weightd_prefetch_ready_seconds", "weightd_p2p_peers", "weightd_mirror_requests_total", "weightd_cache_stored_bytes"} {
+	for _, want := range []string{
+		"weightd_prefetch_ready_seconds", "weightd_p2p_peers", "weightd_mirror_requests_total", "weightd_cache_stored_bytes",
+		"weightd_gpu_available", "weightd_gpu_memory_used_bytes", "weightd_warmpool_adapter_slots",
+		"weightd_dram_tier_budget_bytes", "weightd_loadtrace_available",
+	} {
 		if !slices.ContainsFunc(mfs, func(mf *dto.MetricFamily) bool { return mf.GetName() == want }) {
 			t.Errorf("the agent exported no %s after a fetch", want)
 		}

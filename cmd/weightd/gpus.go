@@ -160,3 +160,21 @@ func openGPUs(lib gonvml.Interface, procRoot string, log *slog.Logger) *nvml.Inv
 	}
 	return inv
 }
+
+// gpuUse returns what the warm pool wants to know of a warm server's pod:
+// the UUIDs of the GPUs its processes use and their memory, read from inv at
+// each call; nil without a driver (inv is nil). A failed read is logged and
+// answers nothing.
+func gpuUse(inv *nvml.Inventory, log *slog.Logger) func(podUID string) ([]string, uint64) {
+	if inv == nil {
+		return nil
+	}
+	return func(podUID string) ([]string, uint64) {
+		gpus, err := inv.GPUs()
+		if err != nil {
+			log.Warn("reading GPUs", "err", err)
+			return nil, 0
+		}
+		return nvml.PodGPUs(gpus, podUID)
+	}
+}

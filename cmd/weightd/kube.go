@@ -17,6 +17,7 @@ import (
 	"github.com/weightd/weightd/pkg/kube"
 	"github.com/weightd/weightd/pkg/policy"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/warmpool"
 )
 
 // kubeConfig is the Kubernetes part of the agent's configuration. Zero
@@ -30,17 +31,19 @@ type kubeConfig struct {
 }
 
 // kubeSide is the agent's Kubernetes side: the pod intake, the node
-// publisher and the node-group policy controller, each run in the agent's
-// errgroup.
+// publisher, the node-group policy controller and, with a warm pool, its
+// warm servers and adapter requests, each run in the agent's errgroup.
 type kubeSide struct {
 	intake    *kube.PodIntake
 	publisher *kube.NodePublisher
 	policy    *policy.Controller
+	warm      *kube.WarmPods // nil without a warm pool
 }
 
 // newKube builds the Kubernetes side for node, or returns nil when no
-// cluster is configured (one info line says so). It starts nothing.
-func newKube(cfg kubeConfig, node string, queue *prefetch.Queue, store *cache.Store, log *slog.Logger, reg prometheus.Registerer) (*kubeSide, error) {
+// cluster is configured (one info line says so). pool is the warm pool, nil
+// when off. It starts nothing.
+func newKube(cfg kubeConfig, node string, queue *prefetch.Queue, store *cache.Store, pool *warmpool.Pool, log *slog.Logger, reg prometheus.Registerer) (*kubeSide, error) {
 	if cfg.KubeQPS < 0 || cfg.KubeBurst < 0 || cfg.NodeUpdateInterval < 0 {
 		return nil, fmt.Errorf("--kube-qps, --kube-burst and --node-update-interval must not be negative")
 	}
@@ -75,11 +78,17 @@ func newKube(cfg kubeConfig, node string, queue *prefetch.Queue, store *cache.St
 		interval = kube.DefaultNodeInterval
 	}
 	k := &kubeSide{}
-	if k.intake, err = kube.NewPodIntake(client, node, queue, kube.WithIntakeLogger(kl)); err != nil {
+	if k.intake, err = kube.NewPodIntake(client, node, queue, kube.WithIntakeLogger(kl), kube.WithIntakeRegisterer(reg)); err != nil {
 		return nil, err
 	}
-	if k.publisher, err = kube.NewNodePublisher(client, node, queue, store,
-		kube.WithNodeInterval(interval, 6*interval), kube.WithPublisherLogger(kl)); err != nil {
+	pubOpts := []kube.PublisherOption{kube.WithNodeInterval(interval, 6*interval), kube.WithPublisherLogger(kl)}
+	if pool != nil {
+		if k.warm, err = kube.NewWarmPods(client, node, pool, kube.WithWarmLogger(kl.With("part", "warm"))); err != nil {
+			return nil, err
+		}
+		pubOpts = append(pubOpts, kube.WithWarmBases(k.warm.Bases))
+	}
+	if k.publisher, err = kube.NewNodePublisher(client, node, queue, store, pubOpts...); err != nil {
 		return nil, err
 	}
 	dyn, err := dynamic.NewForConfig(rc)
@@ -101,5 +110,9 @@ func (k *kubeSide) runs() []func(context.Context) error {
 	if k == nil {
 		return nil
 	}
-	return []func(context.Context) error{k.intake.Run, k.publisher.Run, k.policy.Run}
+	runs := []func(context.Context) error{k.intake.Run, k.publisher.Run, k.policy.Run}
+	if k.warm != nil {
+		runs = append(runs, k.warm.Run)
+	}
+	return runs
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/pagecache"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/warmpool"
 )
@@ -24,17 +25,34 @@ type warmConfig struct {
 	WarmStageDir       string        `help:"Host directory where adapters are staged for the warm servers, which mount it as a hostPath; on the cache's filesystem, staging is a hard link (empty: <root>/adapters)." env:"WEIGHTD_WARM_STAGE_DIR" type:"path"`
 	WarmServerStageDir string        `help:"The stage directory as the warm servers see it, the path their load requests name (empty: --warm-stage-dir)." env:"WEIGHTD_WARM_SERVER_STAGE_DIR"`
 	WarmHealthInterval time.Duration `help:"How often each warm server's health and loaded adapters are checked (0: 10s)." env:"WEIGHTD_WARM_HEALTH_INTERVAL"`
+	WarmDRAMBudget     byteSize      `name:"warm-dram-budget" help:"Memory for the DRAM tier: the files of warm servers' bases are kept in the page cache (locked where CAP_IPC_LOCK allows) up to this many bytes, so a crashed server reloads at memory speed; the agent's memory limit must leave room for it. 0 turns it off." default:"0" env:"WEIGHTD_WARM_DRAM_BUDGET"`
 }
 
 // warmPinPrefix starts the pin owner of a warm server's base blobs:
 // "warm:<namespace>/<pod>".
 const warmPinPrefix = "warm:"
 
+// newDRAMTier builds the DRAM tier for warm bases, or returns nil when the
+// warm pool is off or has no DRAM budget. It starts nothing: the agent runs
+// its Run.
+func newDRAMTier(cfg warmConfig, log *slog.Logger, reg prometheus.Registerer) (*pagecache.Tier, error) {
+	if !cfg.Warm || cfg.WarmDRAMBudget == 0 {
+		return nil, nil
+	}
+	t, err := pagecache.New(int64(cfg.WarmDRAMBudget), pagecache.WithLogger(log), pagecache.WithRegisterer(reg))
+	if err != nil {
+		return nil, fmt.Errorf("--warm-dram-budget: %w", err)
+	}
+	log.Info("DRAM tier on for warm bases", "budget", cfg.WarmDRAMBudget)
+	return t, nil
+}
+
 // newWarmPool builds the warm pool on the agent's prefetch queue and cache,
-// or returns nil when --warm is off. gpuUse reports the GPUs and GPU memory
-// of a pod (by UID); nil without a GPU inventory. It starts nothing: the
-// agent runs the pool's Run, and discovery feeds it SetServers.
-func newWarmPool(cfg warmConfig, root string, queue *prefetch.Queue, store *cache.Store, gpuUse func(podUID string) ([]string, uint64), log *slog.Logger, reg prometheus.Registerer) (*warmpool.Pool, error) {
+// or returns nil when --warm is off. dram keeps the bases' files in memory;
+// nil without a DRAM budget. gpuUse reports the GPUs and GPU memory of a pod
+// (by UID); nil without a GPU inventory. It starts nothing: the agent runs
+// the pool's Run, and discovery feeds it SetServers.
+func newWarmPool(cfg warmConfig, root string, queue *prefetch.Queue, store *cache.Store, dram *pagecache.Tier, gpuUse func(podUID string) ([]string, uint64), log *slog.Logger, reg prometheus.Registerer) (*warmpool.Pool, error) {
 	if !cfg.Warm {
 		return nil, nil
 	}
@@ -49,7 +67,7 @@ func newWarmPool(cfg warmConfig, root string, queue *prefetch.Queue, store *cach
 		StageDir:       stage,
 		ServerStageDir: cfg.WarmServerStageDir,
 		Fetcher:        adapterFetcher{queue},
-		Bases:          basePinner{queue: queue, store: store, log: log},
+		Bases:          basePinner{queue: queue, store: store, dram: dram, log: log},
 		GPUUse:         gpuUse,
 		HealthInterval: cfg.WarmHealthInterval,
 		Logger:         log,
@@ -91,10 +109,12 @@ func submitAndWait(ctx context.Context, q *prefetch.Queue, ref string, p prefetc
 }
 
 // basePinner keeps the base model of each warm server fetched and its blobs
-// pinned in the cache under the owner "warm:<pod>".
+// pinned in the cache under the owner "warm:<pod>", and, with a DRAM tier,
+// their files in memory under the same owner.
 type basePinner struct {
 	queue *prefetch.Queue
 	store *cache.Store
+	dram  *pagecache.Tier // nil: no DRAM tier
 	log   *slog.Logger
 }
 
@@ -103,9 +123,21 @@ func (b basePinner) Keep(ctx context.Context, s warmpool.ServerSpec) error {
 	if err != nil {
 		return fmt.Errorf("fetching base %s: %w", s.Base, err)
 	}
+	owner := warmPinPrefix + s.Pod
+	var paths []string
 	for _, d := range j.Blobs() {
-		if err := b.store.Pin(d.Digest, warmPinPrefix+s.Pod); err != nil {
+		if err := b.store.Pin(d.Digest, owner); err != nil {
 			return fmt.Errorf("pinning base %s: %w", s.Base, err)
+		}
+		if p, err := b.store.BlobPath(d.Digest); err == nil {
+			paths = append(paths, p)
+		}
+	}
+	if b.dram != nil {
+		// Over the budget or not, the base is served: the tier says which
+		// files it left out, and keeps trying as others are released.
+		if err := b.dram.Keep(ctx, owner, paths); err != nil {
+			b.log.Warn("DRAM tier keeps only part of a warm base", "pod", s.Pod, "base", s.Base, "err", err)
 		}
 	}
 	return nil
@@ -114,6 +146,9 @@ func (b basePinner) Keep(ctx context.Context, s warmpool.ServerSpec) error {
 // Drop unpins every blob pinned for s, including pins an earlier agent left.
 func (b basePinner) Drop(s warmpool.ServerSpec) {
 	owner := warmPinPrefix + s.Pod
+	if b.dram != nil {
+		b.dram.Release(owner)
+	}
 	for _, info := range b.store.List() {
 		if slices.Contains(info.Pins, owner) {
 			if err := b.store.Unpin(info.Digest, owner); err != nil {

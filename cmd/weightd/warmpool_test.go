@@ -83,7 +83,7 @@ func TestWarmPoolOnQueue(t *testing.T) {
 	defer store.Close()
 	queue := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
 	cfg := warmConfig{Warm: true, WarmHealthInterval: 20 * time.Millisecond}
-	pool, err := newWarmPool(cfg, root, queue, store, nil, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	pool, err := newWarmPool(cfg, root, queue, store, nil, nil, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,11 +162,11 @@ func waitUntil(t *testing.T, pool *warmpool.Pool, ok func() bool) {
 
 func TestWarmPoolOff(t *testing.T) {
 	t.Parallel()
-	pool, err := newWarmPool(warmConfig{}, t.TempDir(), nil, nil, nil, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	pool, err := newWarmPool(warmConfig{}, t.TempDir(), nil, nil, nil, nil, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if pool != nil || err != nil {
 		t.Fatalf("pool %v, err %v with --warm off", pool, err)
 	}
-	if _, err := newWarmPool(warmConfig{Warm: true, WarmHealthInterval: -time.Second}, t.TempDir(), nil, nil, nil, slog.New(slog.DiscardHandler), nil); err == nil {
+	if _, err := newWarmPool(warmConfig{Warm: true, WarmHealthInterval: -time.Second}, t.TempDir(), nil, nil, nil, nil, slog.New(slog.DiscardHandler), nil); err == nil {
 		t.Fatal("negative interval accepted")
 	}
 }
