@@ -58,8 +58,9 @@ func serveAdapter(t *testing.T, dir, name string) string {
 
 // The agent's warm pool over its real prefetch queue and cache: an adapter
 // fetched from an origin is staged from the cache and loaded into a runtime
-// test server, which opens the files; the server's base is fetched and
-// pinned for it, and unpinned when the server goes.
+// test server, which opens the files; the server's base is fetched, pinned
+// and kept in the DRAM tier for it, and unpinned and released when the
+// server goes.
 func TestWarmPoolOnQueue(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -82,8 +83,12 @@ func TestWarmPoolOnQueue(t *testing.T) {
 	}
 	defer store.Close()
 	queue := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
-	cfg := warmConfig{Warm: true, WarmHealthInterval: 20 * time.Millisecond}
-	pool, err := newWarmPool(cfg, root, queue, store, nil, nil, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	cfg := warmConfig{Warm: true, WarmHealthInterval: 20 * time.Millisecond, WarmDRAMBudget: 4 << 20}
+	dram, err := newDRAMTier(cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := newWarmPool(cfg, root, queue, store, dram, nil, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,8 +124,12 @@ func TestWarmPoolOnQueue(t *testing.T) {
 	}
 	waitUntil(t, pool, func() bool {
 		s := pool.Servers()
-		return len(s) == 1 && s[0].Healthy && pinned() == 2
+		return len(s) == 1 && s[0].Healthy && pinned() == 2 && dram.Status().Kept > 0
 	})
+	// The tier holds the base's files: 1 MiB in 2.
+	if st := dram.Status(); st.Kept != 1<<20 || len(st.Files) != 2 {
+		t.Fatalf("DRAM tier keeps %d bytes in %d files, want the base's %d in 2", st.Kept, len(st.Files), 1<<20)
+	}
 
 	ans, err := pool.Ensure(t.Context(), api.AdapterRequest{Base: baseRef, Ref: adapterRef, Name: "sql"})
 	if err != nil {
@@ -140,6 +149,9 @@ func TestWarmPoolOnQueue(t *testing.T) {
 	pool.SetServers(nil)
 	if n := pinned(); n != 0 {
 		t.Fatalf("%d blobs still pinned for a server gone", n)
+	}
+	if st := dram.Status(); st.Kept != 0 {
+		t.Fatalf("DRAM tier still keeps %d bytes for a server gone", st.Kept)
 	}
 }
 
