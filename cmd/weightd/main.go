@@ -1,10 +1,13 @@
 // Command weightd is the weightd node agent and its command-line client.
 //
-//	weightd agent            run the agent (cache, prefetch queue, local API, metrics, peers, mirror, Kubernetes)
+//	weightd agent            run the agent (cache, prefetch queue, local API, metrics, peers, mirror, Kubernetes,
+//	                         warm pool, load tracer)
 //	weightd fetch REF --wait fetch a model or image through the local agent, with progress
 //	weightd cancel JOB       cancel a fetch job of the local agent
-//	weightd status           summarise the agent's cache, downloads and jobs
+//	weightd status           show the agent's cache, downloads, peers, jobs, GPUs, warm servers and model loads
+//	weightd adapter ensure   make a LoRA adapter available on a warm server of its base, through the local agent
 //	weightd key REF          print a reference's node label, for a preferred node affinity
+//	weightd gpus             print the node's GPUs, MIG instances and GPU processes with their pods (NVML)
 //	weightd extender         run the kube-scheduler extender (a Deployment)
 //	weightd demo             run an origin and three agents in-process; they fetch a generated model at once, sharing it
 //	weightd version          print the version
