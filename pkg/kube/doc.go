@@ -1,6 +1,7 @@
 // Package kube connects a weightd agent to Kubernetes: it takes requests from
-// the pods bound to its node and answers on them, and it publishes the node's
-// cache state on its Node object for the scheduler and for people.
+// the pods bound to its node and answers on them, it serves the node's warm
+// servers and the pods that ask them for LoRA adapters, and it publishes the
+// node's cache state on its Node object for the scheduler and for people.
 //
 //   - PodIntake watches only the pods whose spec.nodeName is this node (so its
 //     memory is bounded by this node's pods), parses their weightd.io/
@@ -16,10 +17,20 @@
 //     server-side apply under the field manager "weightd", at most once per
 //     interval however fast chunks arrive. At start it rebuilds its state from
 //     the node's summary annotation, resubmitting those references at
-//     PriorityBackground (cache hits download nothing).
+//     PriorityBackground (cache hits download nothing). With WithWarmBases
+//     it also labels the node warm.weightd.io/<key>=ready for each base a
+//     healthy warm server of the node keeps resident.
+//   - WarmPods is the warm pool's side: it finds the node's warm servers
+//     (pods labelled weightd.io/warm-server=true, described by their
+//     annotations) and gives them to the pool, answers the pods that ask for
+//     a LoRA adapter (weightd.io/lora-base and lora-adapter) with
+//     weightd.io/lora-endpoint and lora-model, or lora-error, and Events
+//     (AdapterReady, AdapterFailed, InvalidAnnotation), keeping the adapter
+//     in use while the pod lives, and writes on each healthy warm server's
+//     pod the adapters loaded in it (weightd.io/loaded-adapters).
 //
-// Both have a Run(ctx) error that returns only when ctx ends: an API server
+// Each has a Run(ctx) error that returns only when ctx ends: an API server
 // that is down or restarting never stops the agent; informers reconnect, and
-// writes are retried with backoff. Neither holds anything the local API or the
+// writes are retried with backoff. None holds anything the local API or the
 // prefetch queue depends on.
 package kube

@@ -555,15 +555,3 @@ func slimPod(obj any) (any, error) {
 	}
 	return slim, nil
 }
-
-// readySeconds is the time from a pod's intake to the last of its jobs
-// finished ready (0 when they were ready before).
-func readySeconds(jobs []prefetch.JobStatus, since time.Time) time.Duration {
-	var last time.Time
-	for _, j := range jobs {
-		if j.Finished.After(last) {
-			last = j.Finished
-		}
-	}
-	return max(last.Sub(since), 0)
-}

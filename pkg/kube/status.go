@@ -116,14 +116,23 @@ func prefetchingMessage(refs []string) string {
 // per node, not per job.
 func prefetchedMessage(jobs []prefetch.JobStatus, since time.Time) string {
 	var total int64
-	var last time.Time
 	for _, j := range jobs {
 		total += j.BytesTotal
+	}
+	return fmt.Sprintf("prefetched %s in %s", formatBytes(total), formatSeconds(readySeconds(jobs, since)))
+}
+
+// readySeconds is the time from a pod's intake (since) to the last of its
+// jobs finished ready: 0 when they were ready before. The Prefetched event
+// and weightd_pod_prefetch_ready_seconds both report it.
+func readySeconds(jobs []prefetch.JobStatus, since time.Time) time.Duration {
+	var last time.Time
+	for _, j := range jobs {
 		if j.Finished.After(last) {
 			last = j.Finished
 		}
 	}
-	return fmt.Sprintf("prefetched %s in %s", formatBytes(total), formatSeconds(max(last.Sub(since), 0)))
+	return max(last.Sub(since), 0)
 }
 
 // formatBytes writes n in decimal units: 14.9 GB, 512 MB, 0 B.
