@@ -20,7 +20,7 @@ FUZZTIME ?= 20s
 GOLANGCI_LINT_VERSION ?= v2.15.0
 TOOLS := $(CURDIR)/.tools
 
-.PHONY: build demo test test-deps kube-assets lint bench fuzz clean
+.PHONY: build demo test test-deps kube-assets lint bench fuzz metrics-doc clean
 
 ## build: bin/weightd, with the version and commit stamped in
 build:
@@ -101,6 +101,10 @@ fuzz:
 	  echo "# $$name in ./$$dir"; \
 	  $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) ./$$dir; \
 	done
+
+## metrics-doc: regenerate docs/metrics.md, the catalogue of every weightd metric, from the Go source (a test fails while it is stale)
+metrics-doc:
+	$(GO) run ./internal/metricscatalog -w docs/metrics.md
 
 ## clean: remove build outputs
 clean:
