@@ -32,7 +32,10 @@
 // hash lookup). Events go to a ring buffer (1 MiB by default); when it is
 // full the event is dropped, never waited for, and counted in a per-CPU
 // array that weightd_loadtrace_dropped_events_total{reason} exports. The
-// agent's own process is never traced (it reads blobs to serve peers).
+// agent's own process is never traced (it reads blobs to serve peers): the
+// kernel side compares host PIDs with os.Getpid(), which is the host PID
+// only in the host's PID namespace, so in a pod the agent needs hostPID, or
+// its own reads are traced as its pod's.
 //
 // # What userspace makes of it
 //

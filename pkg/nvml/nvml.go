@@ -80,9 +80,9 @@ func WithLogger(log *slog.Logger) Option {
 	return func(i *Inventory) { i.log = log }
 }
 
-// WithProcRoot sets where the host's procfs is mounted ("/proc" by default;
-// the agent's DaemonSet mounts the host's at /host/proc), to map processes to
-// pods.
+// WithProcRoot sets where the host's procfs is mounted ("/proc" by default:
+// the agent's DaemonSet shares the host's PID namespace, hostPID, so its
+// /proc is the host's), to map processes to pods.
 func WithProcRoot(dir string) Option {
 	return func(i *Inventory) { i.procRoot = dir }
 }
