@@ -241,11 +241,13 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 	if a.peers != nil {
 		apiOpts = append(apiOpts, api.WithPeers(a.peers.list))
 	}
-	if a.gpus != nil {
-		apiOpts = append(apiOpts, api.WithGPUs(gpuStatus(a.gpus, gpuLog)))
-	}
+	var warmServers func() []api.WarmServer
 	if a.warm != nil {
-		apiOpts = append(apiOpts, api.WithAdapters(a.warm), api.WithWarmServers(a.warm.Servers))
+		warmServers = a.warm.Servers
+		apiOpts = append(apiOpts, api.WithAdapters(a.warm), api.WithWarmServers(warmServers))
+	}
+	if a.gpus != nil {
+		apiOpts = append(apiOpts, api.WithGPUs(gpuStatus(a.gpus, warmServers, gpuLog)))
 	}
 	if a.loads != nil {
 		apiOpts = append(apiOpts, api.WithModelLoads(a.loads.Loads))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -128,9 +129,10 @@ func apiGPUs(gpus []nvml.GPU) []api.GPU {
 }
 
 // gpuStatus returns what api.WithGPUs wants: the node's GPUs read from inv
-// at each call (nil without a driver: inv is nil). A failed read is logged
-// and answers no GPUs.
-func gpuStatus(inv *nvml.Inventory, log *slog.Logger) func() []api.GPU {
+// at each call (nil without a driver: inv is nil), each with the bases of
+// the healthy warm servers whose processes use it (servers is nil without
+// a warm pool). A failed read is logged and answers no GPUs.
+func gpuStatus(inv *nvml.Inventory, servers func() []api.WarmServer, log *slog.Logger) func() []api.GPU {
 	return func() []api.GPU {
 		if inv == nil {
 			return nil
@@ -140,7 +142,21 @@ func gpuStatus(inv *nvml.Inventory, log *slog.Logger) func() []api.GPU {
 			log.Warn("reading GPUs", "err", err)
 			return nil
 		}
-		return apiGPUs(gpus)
+		out := apiGPUs(gpus)
+		if servers == nil {
+			return out
+		}
+		for _, s := range servers() {
+			if !s.Healthy {
+				continue
+			}
+			for i := range out {
+				if slices.Contains(s.GPUs, out[i].UUID) && !slices.Contains(out[i].Bases, s.Base) {
+					out[i].Bases = append(out[i].Bases, s.Base)
+				}
+			}
+		}
+		return out
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -130,7 +131,7 @@ func TestAgentGPUs(t *testing.T) {
 	if !strings.Contains(logs.String(), "GPU features off: no NVIDIA driver") {
 		t.Errorf("log:\n%s", logs.String())
 	}
-	if got := gpuStatus(nil, log)(); got != nil {
+	if got := gpuStatus(nil, nil, log)(); got != nil {
 		t.Errorf("GPUs without a driver: %+v", got)
 	}
 
@@ -139,7 +140,15 @@ func TestAgentGPUs(t *testing.T) {
 	if inv == nil {
 		t.Fatal("no inventory")
 	}
-	got := gpuStatus(inv, log)()
+	uuid := m.Device(1).UUID
+	servers := func() []api.WarmServer {
+		return []api.WarmServer{
+			{Pod: "ai/a", Base: "hf://org/base@main", Healthy: true, GPUs: []string{uuid}},
+			{Pod: "ai/b", Base: "hf://org/base@main", Healthy: true, GPUs: []string{uuid}},
+			{Pod: "ai/c", Base: "hf://org/other@main", Healthy: false, GPUs: []string{uuid}},
+		}
+	}
+	got := gpuStatus(inv, servers, log)()
 	if len(got) != 8 {
 		t.Fatalf("%d GPUs, want 8", len(got))
 	}
@@ -148,9 +157,13 @@ func TestAgentGPUs(t *testing.T) {
 		g.MemoryTotalBytes != want.MemoryTotalBytes || g.MemoryUsedBytes != want.MemoryUsedBytes {
 		t.Errorf("GPU 1 = %+v, want %+v", g, want)
 	}
+	// The healthy servers' base, once; the unhealthy server's not.
+	if !slices.Equal(got[1].Bases, []string{"hf://org/base@main"}) || got[0].Bases != nil {
+		t.Errorf("warm bases: GPU 1 %v, GPU 0 %v", got[1].Bases, got[0].Bases)
+	}
 
 	m.DeviceGetCountFunc = func() (int, gonvml.Return) { return 0, gonvml.ERROR_UNKNOWN }
-	if got := gpuStatus(inv, log)(); got != nil {
+	if got := gpuStatus(inv, nil, log)(); got != nil {
 		t.Errorf("GPUs when NVML fails: %+v", got)
 	}
 	if !strings.Contains(logs.String(), "reading GPUs") {
