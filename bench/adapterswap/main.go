@@ -9,7 +9,7 @@
 // load (a load request) and verify (a listing). The same swaps are also
 // timed with every fetch going through the prefetch queue again (queue_*:
 // the manifest fetched from the origin, the blobs found in the cache, the
-// directory materialised again, with its fsyncs).
+// model's snapshot directory checked and found intact, so not written again).
 //
 //	go run ./bench/adapterswap          # 1,000 swaps
 //	go run ./bench/adapterswap -quick   # 100 swaps
@@ -56,7 +56,8 @@ type result struct {
 	MaxMs float64 `json:"max_ms"`
 	// QueueP50ms and QueueP99ms time the same swaps with the fetch going
 	// through the prefetch queue each time (manifest from the origin,
-	// blobs found in the cache, the model directory materialised again).
+	// blobs found in the cache, the model directory checked and found
+	// intact).
 	QueueP50ms float64 `json:"queue_p50_ms"`
 	QueueP99ms float64 `json:"queue_p99_ms"`
 	Adapters   int     `json:"adapters"`

@@ -531,6 +531,8 @@ func (s *Store) commit(p *Partial) (Info, error) {
 	if err := s.putBlob(st.Digest, rec); err != nil {
 		// The blob is durable and verified; the next Open reconciles the index.
 		s.log.Warn("indexing committed blob", "digest", st.Digest, "err", err)
+	} else {
+		rec.saved = rec.LastAccess
 	}
 	s.mu.Lock()
 	s.blobs[st.Digest] = rec

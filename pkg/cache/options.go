@@ -22,6 +22,9 @@ type options struct {
 	backoff       time.Duration
 	checkpoint    time.Duration
 	events        func(Event)
+	// accessGranularity is how far the last access recorded in the index
+	// may trail the one in memory (see touchAll).
+	accessGranularity time.Duration
 }
 
 func defaultOptions() options {
@@ -33,6 +36,25 @@ func defaultOptions() options {
 		attempts:      5,
 		backoff:       500 * time.Millisecond,
 		checkpoint:    time.Second,
+
+		accessGranularity: DefaultAccessGranularity,
+	}
+}
+
+// DefaultAccessGranularity is how stale the last access of a blob recorded
+// in the index may be: a blob used again within it is not written again.
+// The store's own LRU order, in memory, is exact; it is the order after a
+// crash (Close writes what is left) that is only this precise.
+const DefaultAccessGranularity = 5 * time.Second
+
+// withAccessGranularity sets the access granularity (tests).
+func withAccessGranularity(d time.Duration) Option {
+	return func(o *options) error {
+		if d < 0 {
+			return fmt.Errorf("%w: access granularity %v", ErrInvalid, d)
+		}
+		o.accessGranularity = d
+		return nil
 	}
 }
 

@@ -31,6 +31,11 @@ type record struct {
 	Pins       map[string]int64 `json:"pins,omitempty"` // owner → unix time pinned
 	ChunkSize  int64            `json:"chunkSize,omitempty"`
 	Chunks     []byte           `json:"chunks,omitempty"` // concatenated sha256 of each chunk
+
+	// saved is the last access written, or being written, to the index (not
+	// stored itself): touchAll writes LastAccess only once it runs ahead of
+	// saved by the access granularity.
+	saved time.Time
 }
 
 // modelRecord remembers a materialised snapshot so that evicting one of its
@@ -62,6 +67,9 @@ type Store struct {
 
 	evictMu  sync.Mutex // serialises reservations so two downloads don't count the same free space
 	modelsMu sync.Mutex // orders materialising models against evicting their blobs
+	// synced names the model snapshots ("name@revision") this process has
+	// made durable (fsynced), written or found whole. Guarded by modelsMu.
+	synced map[string]bool
 }
 
 // Usage is a snapshot of what the store holds.
@@ -122,6 +130,7 @@ func Open(root string, opts ...Option) (*Store, error) {
 		flights:  make(map[digest.Digest]*flight),
 		partials: make(map[digest.Digest]int64),
 		holds:    make(map[digest.Digest]int),
+		synced:   make(map[string]bool),
 	}
 	if err := s.load(); err != nil {
 		cancel()
@@ -209,6 +218,9 @@ func (s *Store) load() error {
 	}); err != nil {
 		return fmt.Errorf("reconciling cache index: %w", err)
 	}
+	for _, r := range s.blobs {
+		r.saved = r.LastAccess // no one else holds the records yet
+	}
 	if err := s.loadPartials(); err != nil {
 		return err
 	}
@@ -220,7 +232,8 @@ func (s *Store) load() error {
 }
 
 // Close cancels downloads in flight (they keep their progress for a later
-// resume), waits for them and closes the index.
+// resume), waits for them, writes the last accesses not yet in the index
+// and closes the index.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -231,6 +244,19 @@ func (s *Store) Close() error {
 	s.mu.Unlock()
 	s.cancel()
 	s.wg.Wait()
+	s.mu.RLock()
+	last := make(map[digest.Digest]time.Time)
+	for d, r := range s.blobs {
+		if r.LastAccess.After(r.saved) {
+			last[d] = r.LastAccess
+		}
+	}
+	s.mu.RUnlock()
+	if len(last) > 0 {
+		if err := s.db.Update(func(tx *bolt.Tx) error { return saveAccess(tx, last) }); err != nil {
+			s.log.Warn("recording blob accesses", "err", err)
+		}
+	}
 	return s.db.Close()
 }
 
