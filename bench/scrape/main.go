@@ -8,8 +8,15 @@
 // store, so every per-model metric has seen 1,000 models. Then it serves the
 // registry through promhttp on loopback and times GETs of /metrics (the
 // median of -scrapes). Then it fetches one large model and scrapes every 10
-// ms until the download ends. It prints two JSON lines, the scrape with 1,000
-// models last:
+// ms until the download ends.
+//
+// As on a node, the origin and the scraper are other processes than the
+// agent: the origin is this program run again as a child (serving on a
+// listener it inherits), and each scrape is a curl (gzip accepted, as
+// Prometheus asks), timed by curl's time_total, so that the scrape competes
+// with the download for the CPU, not with the origin's goroutines in the
+// agent's runtime. It prints two JSON lines, the scrape with 1,000 models
+// last:
 //
 //	{"bench":"scrape-during-download","models":1000,"download_bytes":…,"scrapes":…,"ms_p50":…,"ms_max":…}
 //	{"bench":"scrape","models":1000,"bytes":…,"ms":…}
@@ -26,6 +33,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -60,12 +68,68 @@ func main() {
 	models := flag.Int("models", 1000, "small models to cache")
 	scrapes := flag.Int("scrapes", 50, "scrapes timed with the models cached")
 	downloadMiB := flag.Int64("download-mib", 1024, "size of the model downloaded during the second measurement, in MiB")
+	originDir := flag.String("serve-origin", "", "internal: serve this directory as the origin on the listener inherited as fd 3")
 	flag.Parse()
 	log.SetFlags(0)
 	log.SetPrefix("bench/scrape: ")
+	if *originDir != "" {
+		if err := serveOrigin(*originDir); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	if err := run(*models, *scrapes, *downloadMiB<<20); err != nil {
 		log.Fatal(err)
 	}
+}
+
+// serveOrigin is the child process: it serves dir on the listener it
+// inherits as fd 3 until its parent closes its stdin.
+func serveOrigin(dir string) error {
+	ln, err := net.FileListener(os.NewFile(3, "origin"))
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		cancel()
+	}()
+	return origin.NewServer(ln, dir).Run(ctx)
+}
+
+// startOrigin runs this program again as the origin serving dir on
+// loopback, and returns its base URL and a function that stops it.
+func startOrigin(dir string) (string, func() error, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	defer ln.Close()
+	lf, err := ln.(*net.TCPListener).File()
+	if err != nil {
+		return "", nil, err
+	}
+	defer lf.Close()
+	self, err := os.Executable()
+	if err != nil {
+		return "", nil, err
+	}
+	cmd := exec.Command(self, "-serve-origin", dir)
+	cmd.ExtraFiles = []*os.File{lf}
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return "", nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	stop := func() error {
+		stdin.Close()
+		return cmd.Wait()
+	}
+	return "http://" + ln.Addr().String(), stop, nil
 }
 
 func run(models, scrapes int, downloadBytes int64) error {
@@ -94,16 +158,15 @@ func run(models, scrapes int, downloadBytes int64) error {
 	if _, err := origin.Generate(filepath.Join(originDir, "large"), origin.Spec{Name: "bench/large", Files: 8, TotalBytes: downloadBytes, Seed: 1}); err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	originURL, stopOrigin, err := startOrigin(originDir)
 	if err != nil {
-		return err
+		return fmt.Errorf("starting the origin: %w", err)
 	}
-	srv := origin.NewServer(ln, originDir)
-	wg.Go(func() {
-		if err := srv.Run(ctx); err != nil {
+	defer func() {
+		if err := stopOrigin(); err != nil {
 			log.Printf("origin: %v", err)
 		}
-	})
+	}()
 
 	// The agent's core on one registry, as newAgent wires it.
 	reg := prometheus.NewRegistry()
@@ -122,7 +185,7 @@ func run(models, scrapes int, downloadBytes int64) error {
 	})
 	jobs := make([]*prefetch.Job, models)
 	for i := range jobs {
-		if jobs[i], err = queue.Submit(fmt.Sprintf("%s/m%04d/%s", srv.URL(), i, origin.ManifestName), prefetch.PriorityBackground); err != nil {
+		if jobs[i], err = queue.Submit(fmt.Sprintf("%s/m%04d/%s", originURL, i, origin.ManifestName), prefetch.PriorityBackground); err != nil {
 			return err
 		}
 	}
@@ -145,27 +208,23 @@ func run(models, scrapes int, downloadBytes int64) error {
 	wg.Go(func() { _ = metrics.Serve(mln) })
 	defer metrics.Close()
 	url := "http://" + mln.Addr().String() + "/metrics"
-	client := &http.Client{Timeout: 30 * time.Second}
 
-	if _, _, err := scrape(client, url); err != nil { // warm the connection
-		return err
-	}
 	idle := make([]time.Duration, scrapes)
 	size := 0
 	for i := range idle {
-		if size, idle[i], err = scrape(client, url); err != nil {
+		if size, idle[i], err = scrape(ctx, url); err != nil {
 			return err
 		}
 	}
 
 	// The same scrape while the large model downloads.
-	large, err := queue.Submit(srv.URL()+"/large/"+origin.ManifestName, prefetch.PriorityPod)
+	large, err := queue.Submit(originURL+"/large/"+origin.ManifestName, prefetch.PriorityPod)
 	if err != nil {
 		return err
 	}
 	var busy []time.Duration
 	for {
-		_, took, err := scrape(client, url)
+		_, took, err := scrape(ctx, url)
 		if err != nil {
 			return err
 		}
@@ -195,23 +254,20 @@ func run(models, scrapes int, downloadBytes int64) error {
 	return enc.Encode(scrapeResult{Bench: "scrape", Models: models, Bytes: size, Ms: ms(median(idle))})
 }
 
-// scrape GETs url and returns the body's size and the time to read it all.
-func scrape(client *http.Client, url string) (int, time.Duration, error) {
-	start := time.Now()
-	resp, err := client.Get(url)
+// scrape GETs url with curl, as a scraper on another process would, and
+// returns the size of the (gzipped) body and curl's time_total.
+func scrape(ctx context.Context, url string) (int, time.Duration, error) {
+	out, err := exec.CommandContext(ctx, "curl", "-sSf", "-o", "/dev/null", "-H", "Accept-Encoding: gzip",
+		"-w", "%{size_download} %{time_total}", url).Output()
 	if err != nil {
-		return 0, 0, fmt.Errorf("scraping: %w", err)
+		return 0, 0, fmt.Errorf("scraping with curl: %w", err)
 	}
-	defer resp.Body.Close()
-	n, err := io.Copy(io.Discard, resp.Body)
-	took := time.Since(start)
-	if err != nil {
-		return 0, 0, fmt.Errorf("scraping: %w", err)
+	var size int
+	var secs float64
+	if _, err := fmt.Sscan(string(out), &size, &secs); err != nil {
+		return 0, 0, fmt.Errorf("scraping with curl: reading %q: %w", out, err)
 	}
-	if resp.StatusCode != http.StatusOK {
-		return 0, 0, fmt.Errorf("scraping: %s", resp.Status)
-	}
-	return int(n), took, nil
+	return size, time.Duration(secs * float64(time.Second)), nil
 }
 
 func median(ds []time.Duration) time.Duration {
