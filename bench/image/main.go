@@ -8,7 +8,13 @@
 //     fresh `weightd agent` that imports into the same containerd, each from
 //     an empty containerd and an empty cache. It prints
 //     {"bench":"image-prefetch","size_bytes":…,"weightd_s":…,"ctr_s":…,"ratio":ctr_s/weightd_s,…}
-//     with each side's best round, and every round's seconds.
+//     with each side's best round, and every round's seconds. Where the
+//     agent's cache and containerd's content store share a filesystem (here
+//     both are under -dir) the agent hard-links the cached blobs into
+//     containerd rather than writing them over gRPC; linked_blobs counts
+//     the blobs of containerd's content store that are such links after
+//     the last round. -copy (the agent's --containerd-content-root none)
+//     writes them all over gRPC, as an agent without links does.
 //  2. mirror-pull: the image is removed from containerd, the registry is
 //     stopped, and `ctr images pull --hosts-dir` (what the kubelet's pull
 //     does through hosts.toml) pulls it through the agent's registry mirror
@@ -51,6 +57,9 @@ type prefetchResult struct {
 	// Every round's seconds, in order: the machine may be shared.
 	WeightdRounds []float64 `json:"weightd_rounds_s"`
 	CtrRounds     []float64 `json:"ctr_rounds_s"`
+	// LinkedBlobs counts the blobs in containerd's content store that are
+	// the cache's files (hard links) after the last weightd round.
+	LinkedBlobs int `json:"linked_blobs"`
 }
 
 type mirrorResult struct {
@@ -69,6 +78,7 @@ func main() {
 	agentLog := flag.String("agent-log-level", "warn", "the agent's --log-level (its log goes to stderr)")
 	profile := flag.String("agent-profile", "", "write a CPU profile of the agent's fetch in each round to this directory (as agent-<round>.pprof)")
 	dir := flag.String("dir", "", "working directory (default: a new temporary directory, removed at the end)")
+	copyBlobs := flag.Bool("copy", false, "have the agent write blobs into containerd over gRPC, never hard-link them (--containerd-content-root none)")
 	flag.Parse()
 	log.SetFlags(0)
 	log.SetPrefix("bench/image: ")
@@ -97,12 +107,16 @@ func main() {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := run(ctx, work, *bin, *agentLog, *profile, *layers, *layerMiB<<20, *rounds); err != nil {
+	var agentArgs []string
+	if *copyBlobs {
+		agentArgs = append(agentArgs, "--containerd-content-root", "none")
+	}
+	if err := run(ctx, work, *bin, *agentLog, *profile, agentArgs, *layers, *layerMiB<<20, *rounds); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(ctx context.Context, work, bin, agentLog, profile string, layers int, layerSize int64, rounds int) error {
+func run(ctx context.Context, work, bin, agentLog, profile string, agentArgs []string, layers int, layerSize int64, rounds int) error {
 	reg, err := services.StartRegistry(ctx, services.RegistryConfig{Dir: filepath.Join(work, "registry")})
 	if err != nil {
 		return err
@@ -143,7 +157,7 @@ func run(ctx context.Context, work, bin, agentLog, profile string, layers int, l
 		if last != nil {
 			last.stop()
 		}
-		a, err := startAgent(ctx, bin, agentLog, profile != "", filepath.Join(work, fmt.Sprintf("w%d", r)), ctrd, reg.Addr, mirrorAddr)
+		a, err := startAgent(ctx, bin, agentLog, profile != "", agentArgs, filepath.Join(work, fmt.Sprintf("w%d", r)), ctrd, reg.Addr, mirrorAddr)
 		if err != nil {
 			return err
 		}
@@ -179,6 +193,7 @@ func run(ctx context.Context, work, bin, agentLog, profile string, layers int, l
 		Bench: "image-prefetch", SizeBytes: img.Size, Layers: layers, WeightdS: round(best.weightd.Seconds()),
 		CtrS: round(best.ctr.Seconds()), Ratio: round(best.ctr.Seconds() / best.weightd.Seconds()),
 		WeightdRounds: weightdRounds, CtrRounds: ctrRounds,
+		LinkedBlobs: linkedBlobs(filepath.Join(ctrd.Root, "io.containerd.content.v1.content", "blobs", "sha256")),
 	}); err != nil {
 		return err
 	}
@@ -233,7 +248,7 @@ func (a *agent) startProfile(ctx context.Context, path string) (wait func() erro
 	return func() error { return <-done }
 }
 
-func startAgent(ctx context.Context, bin, logLevel string, pprof bool, root string, ctrd *services.Containerd, registry, mirrorAddr string) (*agent, error) {
+func startAgent(ctx context.Context, bin, logLevel string, pprof bool, extra []string, root string, ctrd *services.Containerd, registry, mirrorAddr string) (*agent, error) {
 	sock := "unix://" + root + ".sock"
 	metricsAddr := ""
 	if pprof {
@@ -250,6 +265,7 @@ func startAgent(ctx context.Context, bin, logLevel string, pprof bool, root stri
 		"--gossip-addr", "", "--chunk-addr", "",
 		"--containerd-address", ctrd.Address, "--insecure-registries", registry,
 		"--mirror-addr", mirrorAddr, "--mirror-registries", registry, "--hosts-dir", ctrd.HostsDir)...)
+	cmd.Args = append(cmd.Args, extra...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -324,6 +340,20 @@ func removeImage(ctx context.Context, ctrd *services.Containerd, ref string) err
 		return fmt.Errorf("containerd still holds content after removing the image:\n%s", out)
 	}
 	return nil
+}
+
+// linkedBlobs counts the files in dir with more than one name: blobs of
+// containerd's content store that are hard links to the agent's cache.
+func linkedBlobs(dir string) int {
+	entries, _ := os.ReadDir(dir)
+	n := 0
+	for _, e := range entries {
+		var st syscall.Stat_t
+		if syscall.Stat(filepath.Join(dir, e.Name()), &st) == nil && st.Nlink > 1 {
+			n++
+		}
+	}
+	return n
 }
 
 // freeAddr returns a loopback address nothing listens on now.

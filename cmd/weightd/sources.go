@@ -35,6 +35,8 @@ type importConfig struct {
 	ContainerdAddress   string `help:"containerd socket that prefetched images are imported into; empty: images stay in the cache (and the mirror serves them)." env:"WEIGHTD_CONTAINERD_ADDRESS"`
 	ContainerdNamespace string `help:"containerd namespace of imported images; the kubelet's is k8s.io." default:"k8s.io" env:"WEIGHTD_CONTAINERD_NAMESPACE"`
 	Snapshotter         string `help:"Snapshotter imported images are unpacked for (the kubelet's)." default:"overlayfs" env:"WEIGHTD_SNAPSHOTTER"`
+	// ContainerdContentRoot is containerd.Config.ContentRoot.
+	ContainerdContentRoot string `help:"containerd's content store directory as this process sees it (<containerd root>/io.containerd.content.v1.content): cached blobs are hard-linked into it instead of copied over gRPC where it is in the cache's mount; empty: ask containerd (its path must then be the same here); none: always copy." env:"WEIGHTD_CONTAINERD_CONTENT_ROOT"`
 }
 
 // mirrorConfig is the node's registry mirror.
@@ -104,6 +106,7 @@ func (c importConfig) importer(store *cache.Store, platform string, log *slog.Lo
 	if c.Snapshotter != "" {
 		cfg.Snapshotter = c.Snapshotter
 	}
+	cfg.ContentRoot = c.ContainerdContentRoot
 	return containerd.New(cfg, store, containerd.WithLogger(log), containerd.WithRegisterer(reg))
 }
 

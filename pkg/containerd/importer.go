@@ -11,6 +11,12 @@
 // image record pointing at missing content or at an image not unpacked, and
 // whatever it wrote is collected once the lease is gone.
 //
+// Where the cache and containerd's content store are on one filesystem (in
+// one mount), a blob is not written at all: its cache file, hashed again,
+// is hard-linked into the content store and containerd's content sharing
+// registers it (link.go, Config.ContentRoot). Wherever a link cannot be
+// made, blobs are written over gRPC.
+//
 // Import takes an image whose blobs are all in the cache. Begin starts an
 // import while they are still downloading: each blob is written into
 // containerd as soon as it is handed over, and a background unpacker
@@ -70,9 +76,12 @@ type Importer struct {
 	m        *metrics
 	platform platforms.MatchComparer
 
-	mu     sync.Mutex // guards client and closed
+	mu     sync.Mutex // guards client, contentRoot and closed
 	client *containerd.Client
-	closed bool
+	// contentRoot is where blobs are linked for client, "" where they are
+	// not (link.go).
+	contentRoot string
+	closed      bool
 
 	namesMu sync.Mutex
 	names   map[string]*nameLock
@@ -151,7 +160,7 @@ func (im *Importer) Import(ctx context.Context, img *prefetch.Image) error {
 		}
 	}
 	if err != nil {
-		im.observe(nameOf(img), start, 0, err)
+		im.observe(nameOf(img), start, 0, 0, err)
 		return err
 	}
 	ii, err := im.begin(ctx, p, start, true)
@@ -173,14 +182,14 @@ func (im *Importer) Begin(ctx context.Context, img *prefetch.Image) (prefetch.Im
 	start := time.Now()
 	p, err := newPlan(img, im.platform, im.cfg.Platform)
 	if err != nil {
-		im.observe(nameOf(img), start, 0, err)
+		im.observe(nameOf(img), start, 0, 0, err)
 		return nil, err
 	}
 	return im.begin(ctx, p, start, false)
 }
 
 // observe records the end of an import.
-func (im *Importer) observe(name string, start time.Time, written int64, err error) {
+func (im *Importer) observe(name string, start time.Time, written, linked int64, err error) {
 	outcome := outcomeOK
 	if err != nil {
 		outcome = outcomeError
@@ -189,14 +198,16 @@ func (im *Importer) observe(name string, start time.Time, written int64, err err
 	if err != nil {
 		im.log.Warn("image import failed", "image", name, "error", err)
 	} else {
-		im.log.Info("image imported", "image", name, "bytes_written", written, "duration", time.Since(start))
+		im.log.Info("image imported", "image", name, "bytes_written", written, "bytes_linked", linked, "duration", time.Since(start))
 	}
 }
 
-// writeBlob writes one blob into the content store unless it is there
-// already, in which case it only adds the labels it lacks. An ingest left
-// by an interrupted import is resumed.
-func (im *Importer) writeBlob(ctx context.Context, c *containerd.Client, cs content.Store, name string, b *planBlob) (int64, error) {
+// writeBlob puts one blob into the content store unless it is there
+// already, in which case it only adds the labels it lacks: by a hard link
+// and containerd's content sharing where it can (link.go), else by writing
+// its bytes. An ingest left by an interrupted import is resumed. It returns
+// the bytes written and the bytes linked.
+func (im *Importer) writeBlob(ctx context.Context, c *containerd.Client, cs content.Store, name string, b *planBlob) (written, linked int64, err error) {
 	d := b.desc.Digest
 	info, err := cs.Info(ctx, d)
 	switch {
@@ -204,52 +215,97 @@ func (im *Importer) writeBlob(ctx context.Context, c *containerd.Client, cs cont
 		// Present, but maybe unreferenced (left by a failed import): the
 		// lease keeps it until the records reference it, as a pull's would.
 		if err := im.lease(ctx, c, d); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
-		return 0, im.addLabels(ctx, c, cs, info, b)
+		return 0, 0, im.addLabels(ctx, c, cs, info, b)
 	case !errdefs.IsNotFound(err):
-		return 0, im.wrap(c, fmt.Sprintf("looking up %s", d), err)
+		return 0, 0, im.wrap(c, fmt.Sprintf("looking up %s", d), err)
 	}
 
-	w, err := content.OpenWriter(ctx, cs, content.WithRef("weightd-import-"+d.String()), content.WithDescriptor(b.desc))
+	didLink := false
+	if root := im.linkRoot(c); root != "" {
+		didLink, err = linkBlob(root, b)
+		switch {
+		case errors.Is(err, errLinkRefused):
+			im.log.Debug("writing a blob rather than linking it", "image", name, "digest", d, "error", err)
+			if refusesAll(err) {
+				im.stopLinking(c, err)
+			}
+		case err != nil:
+			return 0, 0, fmt.Errorf("image %s: %w", name, err)
+		}
+	}
+
+	// With the blob's file in the content store, containerd's writer for
+	// it starts complete and Commit registers it in the namespace.
+	w, err := openWriter(ctx, c, cs, content.WithRef("weightd-import-"+d.String()), content.WithDescriptor(b.desc))
 	if errdefs.IsAlreadyExists(err) { // committed meanwhile by another writer
 		info, err := cs.Info(ctx, d)
 		if err != nil {
-			return 0, im.wrap(c, fmt.Sprintf("looking up %s", d), err)
+			return 0, 0, im.wrap(c, fmt.Sprintf("looking up %s", d), err)
 		}
-		return 0, im.addLabels(ctx, c, cs, info, b)
+		return 0, 0, im.addLabels(ctx, c, cs, info, b)
 	}
 	if err != nil {
-		return 0, im.wrap(c, fmt.Sprintf("opening a writer for %s", d), err)
+		return 0, 0, im.wrap(c, fmt.Sprintf("opening a writer for %s", d), err)
 	}
 	defer w.Close()
 	st, err := w.Status()
 	if err != nil {
-		return 0, im.wrap(c, fmt.Sprintf("writing %s", d), err)
+		return 0, 0, im.wrap(c, fmt.Sprintf("writing %s", d), err)
 	}
 	off := st.Offset
+	if didLink && off != b.desc.Size {
+		im.stopLinking(c, errNotShared)
+	}
 	if off < 0 || off > b.desc.Size {
 		if err := w.Truncate(0); err != nil {
-			return 0, im.wrap(c, fmt.Sprintf("writing %s", d), err)
+			return 0, 0, im.wrap(c, fmt.Sprintf("writing %s", d), err)
 		}
 		off = 0
 	}
-	if off > 0 {
+	if off > 0 && off < b.desc.Size {
 		im.log.Debug("resuming a blob's ingest", "image", name, "digest", d, "offset", off)
 	}
-	// Each write is one message and one round trip to containerd.
-	buf := make([]byte, writeChunk)
-	n, err := io.CopyBuffer(writerOnly{w}, io.NewSectionReader(b.file, off, b.desc.Size-off), buf)
-	if err != nil {
-		return n, im.wrap(c, fmt.Sprintf("writing %s", d), err)
+	var n int64
+	if off < b.desc.Size {
+		// Each write is one message and one round trip to containerd.
+		buf := make([]byte, writeChunk)
+		n, err = io.CopyBuffer(writerOnly{w}, io.NewSectionReader(b.file, off, b.desc.Size-off), buf)
+		if err != nil {
+			return n, 0, im.wrap(c, fmt.Sprintf("writing %s", d), err)
+		}
+	}
+	if didLink && n == 0 {
+		linked = b.desc.Size
 	}
 	if err := w.Commit(ctx, b.desc.Size, d, content.WithLabels(b.labels)); err != nil {
 		if errdefs.IsAlreadyExists(err) {
-			return n, nil
+			return n, linked, nil
 		}
-		return n, im.wrap(c, fmt.Sprintf("committing %s", d), err)
+		return n, 0, im.wrap(c, fmt.Sprintf("committing %s", d), err)
 	}
-	return n, nil
+	return n, linked, nil
+}
+
+// openWriter opens a content writer, waiting while another holds the ref
+// (containerd says Unavailable), as content.OpenWriter does; but while
+// containerd does not answer (it says Unavailable too) it fails at once
+// rather than waiting for it to come back.
+func openWriter(ctx context.Context, c *containerd.Client, cs content.Store, opts ...content.WriterOpt) (content.Writer, error) {
+	wait := 16 * time.Millisecond
+	for {
+		w, err := cs.Writer(ctx, opts...)
+		if err == nil || !errdefs.IsUnavailable(err) || !serving(c) {
+			return w, err
+		}
+		select {
+		case <-time.After(wait):
+			wait = min(2*wait, 2*time.Second)
+		case <-ctx.Done():
+			return nil, err
+		}
+	}
 }
 
 // lease adds the content d to the import's lease.
@@ -353,17 +409,21 @@ func (im *Importer) connect(ctx context.Context) (*containerd.Client, error) {
 		}
 	}
 	for attempt := range 2 {
+		fresh := false
 		if im.client == nil {
 			c, err := containerd.New(im.cfg.Address, append(dialOpts(), containerd.WithTimeout(5*time.Second))...)
 			if err != nil {
 				return nil, fmt.Errorf("containerd at %s unreachable: %w: %w", im.cfg.Address, ErrUnreachable, err)
 			}
-			im.client = c
+			im.client, im.contentRoot, fresh = c, "", true
 		}
 		vctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		_, err := im.client.Version(vctx)
 		cancel()
 		if err == nil {
+			if fresh {
+				im.resolveContentRoot(ctx, im.client)
+			}
 			return im.client, nil
 		}
 		if ctx.Err() != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 
 	"github.com/containerd/platforms"
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,7 +25,23 @@ type Config struct {
 	Platform string
 	// Concurrency is how many blobs are written into containerd at once.
 	Concurrency int
+	// ContentRoot is containerd's content store directory as this process
+	// sees it (containerd's root, then io.containerd.content.v1.content).
+	// Where it is in the cache's mount (the same filesystem is not enough:
+	// Linux refuses links between two bind mounts), a blob containerd lacks is
+	// hard-linked into it (after its digest is checked) and containerd's
+	// content sharing registers it in the namespace, instead of its bytes
+	// being written over gRPC. Empty asks containerd where its content
+	// store is; ContentRootNone turns linking off. Whenever a link cannot
+	// be made (another filesystem, a directory missing here, no
+	// permission), blobs are written over gRPC. The path containerd gives
+	// is its own: asking it serves where this process sees containerd's
+	// directory at the same path.
+	ContentRoot string
 }
+
+// ContentRootNone as Config.ContentRoot writes every blob over gRPC.
+const ContentRootNone = "none"
 
 // DefaultConfig is a Kubernetes node's containerd.
 func DefaultConfig() Config {
@@ -58,6 +75,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Concurrency < 0 {
 		return c, fmt.Errorf("%w: concurrency %d", ErrInvalidConfig, c.Concurrency)
+	}
+	if c.ContentRoot != "" && c.ContentRoot != ContentRootNone && !filepath.IsAbs(c.ContentRoot) {
+		return c, fmt.Errorf("%w: content root %q is not an absolute path", ErrInvalidConfig, c.ContentRoot)
 	}
 	if _, err := platforms.Parse(c.Platform); err != nil {
 		return c, fmt.Errorf("%w: platform %q: %v", ErrInvalidConfig, c.Platform, err)

@@ -59,9 +59,10 @@ type imageImport struct {
 	p       *plan
 	handed  map[digest.Digest]bool
 	err     error // the first failure
-	written int64
-	closing bool // Commit or Abort called: no more blobs
-	ended   bool // committed or aborted
+	written int64 // bytes written over gRPC
+	linked  int64 // bytes hard-linked
+	closing bool  // Commit or Abort called: no more blobs
+	ended   bool  // committed or aborted
 }
 
 // begin takes the name's lock (waiting for it, or failing at once unless
@@ -81,7 +82,7 @@ func (im *Importer) begin(ctx context.Context, p *plan, start time.Time, wait bo
 	defer func() {
 		if err != nil {
 			p.close()
-			im.observe(p.name, start, 0, err)
+			im.observe(p.name, start, 0, 0, err)
 		}
 	}()
 	for _, b := range p.blobs {
@@ -171,10 +172,11 @@ func (ii *imageImport) write(b *planBlob) {
 		return
 	}
 	defer func() { <-ii.sem }()
-	n, err := ii.im.writeBlob(ii.ctx, ii.c, ii.c.ContentStore(), ii.p.name, b)
+	n, linked, err := ii.im.writeBlob(ii.ctx, ii.c, ii.c.ContentStore(), ii.p.name, b)
 	ii.im.m.bytes.Add(float64(n))
 	ii.mu.Lock()
 	ii.written += n
+	ii.linked += linked
 	ii.mu.Unlock()
 	if err != nil {
 		ii.fail(err)
@@ -321,10 +323,11 @@ func (ii *imageImport) finish() error {
 		return err
 	}
 	for _, b := range ii.p.parents() {
-		n, err := ii.im.writeBlob(ii.ctx, ii.c, ii.c.ContentStore(), ii.p.name, b)
+		n, linked, err := ii.im.writeBlob(ii.ctx, ii.c, ii.c.ContentStore(), ii.p.name, b)
 		ii.im.m.bytes.Add(float64(n))
 		ii.mu.Lock()
 		ii.written += n
+		ii.linked += linked
 		ii.mu.Unlock()
 		if err != nil {
 			return err
@@ -374,7 +377,7 @@ func (ii *imageImport) end(err error) {
 	ii.unlock()
 	ii.mu.Lock()
 	ii.p.close()
-	written := ii.written
+	written, linked := ii.written, ii.linked
 	ii.mu.Unlock()
-	ii.im.observe(ii.p.name, ii.start, written, err)
+	ii.im.observe(ii.p.name, ii.start, written, linked, err)
 }
