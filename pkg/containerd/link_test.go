@@ -32,33 +32,34 @@ func (e *env) contentBlob(d digest.Digest) string {
 // cache's file, not a copy.
 func (e *env) requireLinked(t *testing.T, img *prefetch.Image) {
 	t.Helper()
-	for _, b := range img.Blobs {
-		p, err := e.store.BlobPath(b.Digest)
-		require.NoError(t, err)
-		inCache, err := os.Stat(p)
-		require.NoError(t, err)
-		inContainerd, err := os.Stat(e.contentBlob(b.Digest))
-		require.NoError(t, err, "blob %s in containerd's content store", b.Digest)
-		assert.True(t, os.SameFile(inCache, inContainerd), "blob %s in containerd is the cache's file", b.Digest)
-	}
+	e.requireShared(t, img, true)
 }
 
 // requireCopied checks that each of img's blobs in containerd is a file of
-// its own.
+// its own, written once over gRPC.
 func (e *env) requireCopied(t *testing.T, img *prefetch.Image) {
 	t.Helper()
 	var total int64
 	for _, b := range img.Blobs {
 		total += b.Size
+	}
+	e.requireShared(t, img, false)
+	assert.Equal(t, float64(total), bytesWritten(t, e.reg), "every blob written once")
+}
+
+// requireShared checks whether each of img's blobs in containerd is the
+// cache's file (linked) or not.
+func (e *env) requireShared(t *testing.T, img *prefetch.Image, linked bool) {
+	t.Helper()
+	for _, b := range img.Blobs {
 		p, err := e.store.BlobPath(b.Digest)
 		require.NoError(t, err)
 		inCache, err := os.Stat(p)
 		require.NoError(t, err)
 		inContainerd, err := os.Stat(e.contentBlob(b.Digest))
 		require.NoError(t, err, "blob %s in containerd's content store", b.Digest)
-		assert.False(t, os.SameFile(inCache, inContainerd), "blob %s in containerd is a copy", b.Digest)
+		assert.Equal(t, linked, os.SameFile(inCache, inContainerd), "blob %s in containerd is the cache's file: want %v", b.Digest, linked)
 	}
-	assert.Equal(t, float64(total), bytesWritten(t, e.reg), "every blob written once")
 }
 
 // TestImportLinkedOutlivesEitherSide: a linked blob is one file with two
