@@ -99,6 +99,10 @@ func StartAgents(ctx context.Context, hosts []*testbed.Host, cfg AgentConfig) (*
 			"--join", join,
 			"--chunk-addr", netip.AddrPortFrom(h.Addr, ChunkPort).String(),
 			"--node-name", node,
+			// Every agent of the testbed shares one kernel: eight load
+			// tracers would each run on every syscall of the machine,
+			// where a node has one.
+			"--no-load-trace",
 		}
 		if cfg.Kubeconfig != "" {
 			args = append(args, "--kubeconfig", cfg.Kubeconfig)

@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -285,4 +288,39 @@ func TestUploadLimitPacesChunks(t *testing.T) {
 	require.Less(t, srv.upload.Tokens(), full, "the upload limiter paced the chunks")
 	srvNone, _ := serveStore(t, store)
 	require.Nil(t, srvNone.upload, "no limit by default")
+}
+
+// A busy peer answers 503 often; each answer must leave its connection in
+// the pool, or every retry opens a connection (and a fresh TCP slow start).
+func TestBusyAnswerKeepsTheConnection(t *testing.T) {
+	t.Parallel()
+	store := newTestStore(t)
+	data := randomBlob(4, testChunk)
+	_, err := store.Fetch(context.Background(), descOf(data), memOrigin(data), nil)
+	require.NoError(t, err)
+	srv, err := NewChunkServer(store, nil, WithMaxUploads(1))
+	require.NoError(t, err)
+	var opened atomic.Int64
+	ts := httptest.NewUnstartedServer(srv.Handler())
+	ts.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			opened.Add(1)
+		}
+	}
+	ts.Start()
+	t.Cleanup(ts.Close)
+	s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	addr := strings.TrimPrefix(ts.URL, "http://")
+	d := descOf(data).Digest
+	fetch := func() error {
+		return s.fetchChunk(context.Background(), addr, d, 0, testChunk, time.Minute, func([]byte) error { return nil })
+	}
+	srv.slots <- struct{}{} // every upload slot taken
+	for range 5 {
+		require.ErrorIs(t, fetch(), errBusy)
+	}
+	<-srv.slots
+	require.NoError(t, fetch())
+	require.Equal(t, int64(1), opened.Load(), "five busy answers and a chunk over one connection")
 }

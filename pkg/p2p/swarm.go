@@ -833,7 +833,7 @@ func (s *Swarm) getSmall(ctx context.Context, url string, limit int64) ([]byte, 
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10)) // drain for keep-alive, best effort
+		drain(resp.Body)
 		return nil, errors.New(resp.Status)
 	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
@@ -841,6 +841,13 @@ func (s *Swarm) getSmall(ctx context.Context, url string, limit int64) ([]byte, 
 		err = fmt.Errorf("answer over %d bytes", limit)
 	}
 	return b, err
+}
+
+// drain reads the rest of a short error answer, best effort, so that its
+// connection goes back to the pool: closing a body before its end closes
+// the connection, and a busy peer answers often.
+func drain(body io.Reader) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(body, 4<<10))
 }
 
 // fetchChunk downloads chunk i (n bytes) of d from a peer and hands it to
@@ -857,6 +864,9 @@ func (s *Swarm) fetchChunk(ctx context.Context, addr string, d digest.Digest, i 
 		return err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		drain(resp.Body)
+	}
 	switch resp.StatusCode {
 	case http.StatusOK:
 	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
