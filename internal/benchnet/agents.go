@@ -143,6 +143,10 @@ func StartAgents(ctx context.Context, hosts []*testbed.Host, cfg AgentConfig) (*
 		return errors.Join(errs...)
 	}
 	const wait = 30 * time.Second
+	// Memberlist (LAN defaults) pushes and pulls its member list every
+	// 30 s; an agent that missed a newcomer's gossip (a starved process
+	// drops UDP) learns of it at the next round, so wait for a few rounds.
+	const peersWait = 90 * time.Second
 	err := func() error {
 		seed, err := start(hosts[0], nodes[0])
 		if err != nil {
@@ -159,7 +163,7 @@ func StartAgents(ctx context.Context, hosts []*testbed.Host, cfg AgentConfig) (*
 		if err := each(func(a *Agent) error { return a.waitReady(ctx, wait) }); err != nil {
 			return err
 		}
-		return each(func(a *Agent) error { return a.waitPeers(ctx, len(hosts)-1, wait) })
+		return each(func(a *Agent) error { return a.waitPeers(ctx, len(hosts)-1, peersWait) })
 	}()
 	if err != nil {
 		set.Close()
