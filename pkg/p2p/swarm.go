@@ -720,6 +720,14 @@ func (f *fill) handle(r chunkResult) error {
 		if pv != nil {
 			pv.busyTill = time.Now().Add(f.s.cfg.Refresh)
 		}
+	case errors.Is(r.err, errSlow):
+		// Its upload is shared by many requesters: ask it less for a
+		// while, but a popular peer (the origin fetcher above all) is
+		// not banned for being popular.
+		f.s.log.Debug("peer too slow for a chunk", "peer", r.peer, "digest", f.d, "chunk", r.chunk, "err", r.err)
+		if pv != nil {
+			pv.busyTill = time.Now().Add(slowBackoff)
+		}
 	case errors.Is(r.err, cache.ErrDigestMismatch):
 		f.s.m.mismatches.Inc()
 		f.s.ban(r.peer, "corrupt_chunk")
@@ -785,7 +793,12 @@ func sourceOf(supplier string) string {
 var (
 	errBusy      = errors.New("peer busy")
 	errChunkBusy = errors.New("peer busy sending this chunk")
+	errSlow      = errors.New("peer too slow")
 )
+
+// slowBackoff is how long a peer that sent a chunk too slowly is not asked
+// for another.
+const slowBackoff = 2 * time.Second
 
 // holdoff is how long to wait for a chunk to come from the peer its only
 // holder sent it to: about one chunk's transfer time.
@@ -922,7 +935,11 @@ func (s *Swarm) readInto(ctx context.Context, r io.Reader, n int64, write func([
 				return err
 			}
 		}
-		if _, err := io.ReadFull(r, buf[off:off+k]); err != nil {
+		if got, err := io.ReadFull(r, buf[off:off+k]); err != nil {
+			if off+int64(got) > 0 && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				// Bytes came, too slowly: a busy peer, not a dead one.
+				return fmt.Errorf("%w: %d of %d bytes in time: %w", errSlow, off+int64(got), n, err)
+			}
 			return fmt.Errorf("reading at byte %d of %d: %w", off, n, err)
 		}
 		off += k

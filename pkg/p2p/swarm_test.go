@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"strings"
 	"sync/atomic"
@@ -434,4 +435,38 @@ func TestDownloadLimitPacesTheSwarm(t *testing.T) {
 	_, err = nodes[1].store.Fetch(context.Background(), desc, s.Source(desc, origin), nil)
 	require.NoError(t, err)
 	require.Less(t, s.download.Tokens(), full, "every chunk took tokens from the download limiter")
+}
+
+// A peer whose upload is shared by many sends a chunk slowly: it is asked
+// less for a while, never banned as failing; a peer that sends nothing is.
+func TestSlowPeerIsNotBannedAsFailing(t *testing.T) {
+	t.Parallel()
+	const n = 1 << 20
+	trickle := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", fmt.Sprint(n))
+		_, _ = w.Write(make([]byte, 64<<10))
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	t.Cleanup(trickle.Close)
+	s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	d := descOf(randomBlob(16, n)).Digest
+	err = s.fetchChunk(context.Background(), strings.TrimPrefix(trickle.URL, "http://"), d, 0, n, 300*time.Millisecond,
+		func([]byte) error { return nil })
+	require.ErrorIs(t, err, errSlow)
+
+	f := &fill{s: s, d: d, inflight: map[int]int{}, peers: map[string]*peerView{
+		"slow": {name: "slow"}, "dead": {name: "dead"},
+	}}
+	for range 3 {
+		for name, e := range map[string]error{"slow": err, "dead": errors.New("connection refused")} {
+			f.inflight[0]++
+			f.peers[name].inflight++
+			require.NoError(t, f.handle(chunkResult{chunk: 0, peer: name, err: e}))
+		}
+	}
+	require.False(t, s.Banned("slow"))
+	require.True(t, f.peers["slow"].busyTill.After(time.Now()), "a slow peer is asked less for a while")
+	require.True(t, s.Banned("dead"))
 }
