@@ -67,10 +67,8 @@ func get(t *testing.T, url string, header ...string) (*http.Response, []byte) {
 
 func TestChunkServerServesVerifiedChunks(t *testing.T) {
 	t.Parallel()
-	store := newTestStore(t)
 	data := randomBlob(1, 3*testChunk+100)
-	_, err := store.Fetch(context.Background(), descOf(data), memOrigin(data), nil)
-	require.NoError(t, err)
+	store := storeHolding(t, data)
 	reg := prometheus.NewRegistry()
 	srv, err := NewChunkServer(store, reg)
 	require.NoError(t, err)
@@ -148,10 +146,8 @@ func TestChunkServerServesOnlyVerifiedChunksOfDownloadInFlight(t *testing.T) {
 
 func TestChunkServerUploadSlots(t *testing.T) {
 	t.Parallel()
-	store := newTestStore(t)
 	data := randomBlob(3, testChunk)
-	_, err := store.Fetch(context.Background(), descOf(data), memOrigin(data), nil)
-	require.NoError(t, err)
+	store := storeHolding(t, data)
 	srv, ts := serveStore(t, store, WithMaxUploads(1))
 	srv.slots <- struct{}{} // one upload in progress
 	resp, _ := get(t, ts.URL+fmt.Sprintf(chunkPath, descOf(data).Digest, 0))
@@ -159,6 +155,15 @@ func TestChunkServerUploadSlots(t *testing.T) {
 	<-srv.slots
 	resp, _ = get(t, ts.URL+fmt.Sprintf(chunkPath, descOf(data).Digest, 0))
 	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// storeHolding returns a test store that holds data whole.
+func storeHolding(t *testing.T, data []byte) *cache.Store {
+	t.Helper()
+	store := newTestStore(t)
+	_, err := store.Fetch(context.Background(), descOf(data), memOrigin(data), nil)
+	require.NoError(t, err)
+	return store
 }
 
 // serveStore runs a chunk server of store for the test.
@@ -271,10 +276,8 @@ func FuzzDecodePeerState(f *testing.F) {
 
 func TestUploadLimitPacesChunks(t *testing.T) {
 	t.Parallel()
-	store := newTestStore(t)
 	data := randomBlob(5, 8*testChunk)
-	_, err := store.Fetch(context.Background(), descOf(data), memOrigin(data), nil)
-	require.NoError(t, err)
+	store := storeHolding(t, data)
 	srv, ts := serveStore(t, store, WithUploadLimit(64<<10)) // the burst covers the sends; refilling it takes 8 s
 	require.NotNil(t, srv.upload)
 	full := srv.upload.Tokens()
@@ -294,10 +297,8 @@ func TestUploadLimitPacesChunks(t *testing.T) {
 // the pool, or every retry opens a connection (and a fresh TCP slow start).
 func TestBusyAnswerKeepsTheConnection(t *testing.T) {
 	t.Parallel()
-	store := newTestStore(t)
 	data := randomBlob(4, testChunk)
-	_, err := store.Fetch(context.Background(), descOf(data), memOrigin(data), nil)
-	require.NoError(t, err)
+	store := storeHolding(t, data)
 	srv, err := NewChunkServer(store, nil, WithMaxUploads(1))
 	require.NoError(t, err)
 	var opened atomic.Int64
