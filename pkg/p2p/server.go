@@ -161,9 +161,10 @@ const maxStateWait = 2 * time.Second
 
 // serveState answers with the blob's state. With "?since=K&wait=D" it first
 // waits, up to D (at most 2 s), until this node has more than K chunks of the
-// blob or holds it whole, or (with "&origin=0|1") until its origin role
-// differs: peers learn of each verified chunk within milliseconds without
-// polling in a tight loop.
+// blob or holds it whole, or (with "&sent=J") until it has sent other than J
+// of them, or (with "&origin=0|1") until its origin role differs: peers learn
+// of each verified chunk, and of each first send, within milliseconds
+// without polling in a tight loop.
 func (s *ChunkServer) serveState(w http.ResponseWriter, r *http.Request) {
 	d, err := cache.ParseDigest(r.PathValue("digest"))
 	if err != nil {
@@ -183,19 +184,28 @@ func (s *ChunkServer) serveState(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	knownSent := -1
+	if v := r.URL.Query().Get("sent"); v != "" {
+		if knownSent, err = strconv.Atoi(v); err != nil || knownSent < 0 {
+			s.fail(w, "state", http.StatusBadRequest, fmt.Errorf("sent %q", v))
+			return
+		}
+	}
 	knownOrigin := r.URL.Query().Get("origin")
 	deadline := time.Now().Add(min(wait, maxStateWait))
 	for {
 		st, err := s.store.ChunkState(d)
 		origin := s.origin != nil && s.origin(d)
+		sent := s.sent.get(d, st.Have)
 		news := err == nil && (st.Complete || countBits(st.Have) > since ||
+			(knownSent >= 0 && countBits(sent) != knownSent) ||
 			(knownOrigin != "" && (knownOrigin == "1") != origin))
 		if news || time.Now().After(deadline) {
 			if err != nil {
 				s.fail(w, "state", statusOf(err), err)
 				return
 			}
-			b := EncodePeerState(PeerState{ChunkState: st, Origin: origin, Sent: s.sent.get(d, st.Have)})
+			b := EncodePeerState(PeerState{ChunkState: st, Origin: origin, Sent: sent})
 			w.Header().Set("Content-Type", "application/octet-stream")
 			w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 			s.m.requests.WithLabelValues("state", "200").Inc()
@@ -243,7 +253,11 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	}
 	// One upload of a chunk at a time: a second requester is better served
 	// by the first, once it has the chunk, than by this node's upload twice.
-	if !s.startUpload(chunkKey{d, i}) {
+	// An origin fetcher's upload is the swarm's narrowest pipe (every chunk
+	// must leave it once, as fast as the origin sends it), so it sends a
+	// chunk once per resendAfter, however soon its socket has taken it.
+	recent := s.origin != nil && s.origin(d) && s.sent.sentWithin(d, i, resendAfter)
+	if recent || !s.startUpload(chunkKey{d, i}) {
 		w.Header().Set(busyHeader, "chunk")
 		s.fail(w, "chunk", http.StatusServiceUnavailable, errors.New("chunk already being sent"))
 		return
@@ -321,12 +335,18 @@ func (s *ChunkServer) endUpload(k chunkKey) {
 	s.uploadingMu.Unlock()
 }
 
+// resendAfter is how long an origin fetcher waits before it sends a chunk
+// again: long enough for the first receiver to have passed it on, short
+// enough to recover soon from a receiver that died.
+const resendAfter = 10 * time.Second
+
 // sentLog remembers which chunks of the most recent blobs this server has
-// sent to some peer.
+// sent to some peer, and when it last sent each of the recent ones.
 type sentLog struct {
-	mu    sync.Mutex
-	m     map[digest.Digest][]byte
-	order []digest.Digest // oldest first
+	mu     sync.Mutex
+	m      map[digest.Digest][]byte
+	order  []digest.Digest // oldest first
+	recent map[chunkKey]time.Time
 }
 
 // maxSentBlobs bounds the blobs a sentLog remembers.
@@ -351,6 +371,25 @@ func (l *sentLog) mark(d digest.Digest, i int) {
 	}
 	b[i/8] |= 1 << (i % 8)
 	l.m[d] = b
+	now := time.Now()
+	if l.recent == nil {
+		l.recent = make(map[chunkKey]time.Time)
+	}
+	for k, at := range l.recent {
+		if now.Sub(at) >= resendAfter {
+			delete(l.recent, k)
+		}
+	}
+	l.recent[chunkKey{d, i}] = now
+}
+
+// sentWithin reports whether chunk i of d was sent less than window ago
+// (window at most resendAfter).
+func (l *sentLog) sentWithin(d digest.Digest, i int, window time.Duration) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	at, ok := l.recent[chunkKey{d, i}]
+	return ok && time.Since(at) < window
 }
 
 // get returns the sent bitmap of d shaped like have (and a subset of it),

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -324,4 +325,69 @@ func TestBusyAnswerKeepsTheConnection(t *testing.T) {
 	<-srv.slots
 	require.NoError(t, fetch())
 	require.Equal(t, int64(1), opened.Load(), "five busy answers and a chunk over one connection")
+}
+
+// An origin fetcher sends each chunk once (its upload is the swarm's
+// narrowest pipe), and tells watchers of each first send at once; a node
+// without the role sends a chunk as often as it is asked.
+func TestOriginFetcherSendsEachChunkOnce(t *testing.T) {
+	t.Parallel()
+	data := randomBlob(6, 3*testChunk)
+	d := descOf(data).Digest
+	store := newTestStore(t)
+	_, origin := serveStore(t, store, WithOriginRole(func(digest.Digest) bool { return true }))
+	_, plain := serveStore(t, store)
+	status := func(url string, i int) int {
+		resp, err := http.Get(url + fmt.Sprintf(chunkPath, d, i))
+		if err != nil {
+			return 0
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get(busyHeader) != "chunk" {
+			return -1
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode
+	}
+	var watched PeerState
+	var sends []int
+	// The checks run while the blob is partial; the fill runs on a
+	// goroutine of the store's, so it records what it saw and returns.
+	_, err := store.Fetch(context.Background(), descOf(data), fillFunc(func(ctx context.Context, p *cache.Partial) error {
+		if err := p.WriteChunk(0, data[:testChunk], nil); err != nil {
+			return err
+		}
+		if err := p.WriteChunk(1, data[testChunk:2*testChunk], nil); err != nil {
+			return err
+		}
+		news := make(chan PeerState, 1)
+		go func() {
+			var st PeerState
+			if resp, err := http.Get(origin.URL + fmt.Sprintf(statePath, d) + "?since=2&origin=1&sent=0&wait=2s"); err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				st, _ = DecodePeerState(b)
+			}
+			news <- st
+		}()
+		select {
+		case <-news:
+			return errors.New("answered without news")
+		case <-time.After(200 * time.Millisecond):
+		}
+		sends = append(sends, status(origin.URL, 1))
+		select {
+		case watched = <-news:
+		case <-time.After(time.Second): // a second before its wait ends
+			return errors.New("the send was not news")
+		}
+		sends = append(sends, status(origin.URL, 1), status(origin.URL, 0), status(plain.URL, 1), status(plain.URL, 1))
+		return p.WriteChunk(2, data[2*testChunk:], nil)
+	}), nil)
+	require.NoError(t, err)
+	require.True(t, watched.WasSent(1), "the watcher learned of the send")
+	require.Equal(t, []int{200, 503, 200, 200, 200}, sends,
+		"chunk 1 sent; not again by the origin fetcher; chunk 0 sent; chunk 1 twice by a node without the role")
+	resp, _ := get(t, origin.URL+fmt.Sprintf(statePath, d)+"?sent=x")
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
 }

@@ -540,6 +540,16 @@ func (f *fill) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 				f.s.Banned(pv.name) || (endgame && f.asked[i] == pv.name) {
 				continue
 			}
+			// The origin fetcher's upload is the swarm's narrowest pipe:
+			// every chunk must leave it once, as fast as it comes from the
+			// origin. It is not asked again for a chunk it already sent
+			// (the receiver passes it on, and the fetcher would refuse)
+			// until that receiver has had time to fail, except for the
+			// last chunks.
+			if pv.state.Origin && !pv.state.Complete && !endgame && pv.state.WasSent(i) &&
+				now.Sub(pv.sentSeen[i]) < resendAfter {
+				continue
+			}
 			if pick == nil || (pick.state.WasSent(i) && !pv.state.WasSent(i)) ||
 				(pick.state.WasSent(i) == pv.state.WasSent(i) && pv.inflight < pick.inflight) {
 				pick = pv
@@ -599,7 +609,7 @@ func (f *fill) launchPeer(ctx context.Context, i int, pv *peerView) {
 	}
 	want := f.trustedHash(i, pv)
 	n := f.p.ChunkLen(i)
-	timeout := 5*time.Second + time.Duration(n*int64(time.Second)/f.s.cfg.MinRate)
+	timeout := f.timeout(i)
 	f.wg.Add(1)
 	go func(name, addr string) {
 		defer f.wg.Done()
@@ -634,7 +644,7 @@ func (f *fill) launchOrigin(ctx context.Context, i int) {
 	f.originInflight++
 	n := f.p.ChunkLen(i)
 	off := int64(i) * f.p.ChunkSize()
-	timeout := 5*time.Second + time.Duration(n*int64(time.Second)/f.s.cfg.MinRate)
+	timeout := f.timeout(i)
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
@@ -800,6 +810,12 @@ var (
 // for another.
 const slowBackoff = 2 * time.Second
 
+// timeout bounds one request for chunk i: its length at the slowest
+// acceptable rate, and a few seconds to start.
+func (f *fill) timeout(i int) time.Duration {
+	return 5*time.Second + time.Duration(f.p.ChunkLen(i)*int64(time.Second)/f.s.cfg.MinRate)
+}
+
 // holdoff is how long to wait for a chunk to come from the peer its only
 // holder sent it to: about one chunk's transfer time.
 func (f *fill) holdoff() time.Duration {
@@ -821,11 +837,14 @@ func (s *Swarm) readState(ctx context.Context, addr string, d digest.Digest, kno
 	defer cancel()
 	url := "http://" + addr + fmt.Sprintf(statePath, d)
 	if known {
-		origin := 0
+		url += fmt.Sprintf("?since=%d&wait=%s", countBits(last.Have), stateWait)
 		if last.Origin {
-			origin = 1
+			// Its first sends matter too: it is not asked again for
+			// what it sent (pickFromPeers).
+			url += fmt.Sprintf("&origin=1&sent=%d", countBits(last.Sent))
+		} else {
+			url += "&origin=0"
 		}
-		url += fmt.Sprintf("?since=%d&origin=%d&wait=%s", countBits(last.Have), origin, stateWait)
 	}
 	b, err := s.getSmall(ctx, url, maxChunkStateBytes)
 	if err != nil {

@@ -470,3 +470,29 @@ func TestSlowPeerIsNotBannedAsFailing(t *testing.T) {
 	require.True(t, f.peers["slow"].busyTill.After(time.Now()), "a slow peer is asked less for a while")
 	require.True(t, s.Banned("dead"))
 }
+
+// The origin fetcher is not asked for a chunk it already sent, even when
+// that chunk's other holder is busy, until the receiver had time to fail.
+func TestOriginFetcherIsAskedOnlyForUnsentChunks(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	state := func(have byte, sent byte, origin bool) PeerState {
+		return PeerState{ChunkState: cache.ChunkState{Size: 3 * testChunk, ChunkSize: testChunk, Have: []byte{have}}, Sent: []byte{sent}, Origin: origin}
+	}
+	now := time.Now()
+	fetcher := &peerView{name: "fetcher", known: true, state: state(0b011, 0b001, true), sentSeen: map[int]time.Time{0: now}}
+	busy := &peerView{name: "busy", known: true, state: state(0b001, 0, false), inflight: s.cfg.PerPeer}
+	f := &fill{s: s, inflight: map[int]int{}, peers: map[string]*peerView{"fetcher": fetcher, "busy": busy}}
+
+	chunk, peer := f.pickFromPeers([]int{0, 1}, false)
+	require.Equal(t, 1, chunk, "the unsent chunk")
+	require.Same(t, fetcher, peer)
+	chunk, _ = f.pickFromPeers([]int{0}, false)
+	require.Equal(t, -1, chunk, "chunk 0 waits for its receiver or its other holder")
+
+	fetcher.sentSeen[0] = now.Add(-resendAfter)
+	chunk, peer = f.pickFromPeers([]int{0}, false)
+	require.Equal(t, 0, chunk, "the receiver had time to pass it on, and did not")
+	require.Same(t, fetcher, peer)
+}
