@@ -56,7 +56,7 @@ type ChunkServer struct {
 	resolutions *Resolutions             // nil: none served
 	sent        sentLog
 	uploadingMu sync.Mutex
-	uploading   map[chunkKey]bool // chunks being sent now                  // chunks sent to peers, told in each state
+	uploading   map[chunkKey]bool // chunks being sent now
 	upload      *rate.Limiter
 	log         *slog.Logger
 	m           *serverMetrics

@@ -49,7 +49,7 @@ type SwarmConfig struct {
 	Refresh        time.Duration // the least time between two reads of one holder's chunk state; each read waits at the holder for news (default 50ms)
 	Settle         time.Duration // how long to let gossip settle before taking the origin role (default 1s)
 	BanFor         time.Duration // how long a lying or failing peer is shunned (default 5m)
-	MinRate        int64         // the slowest acceptable transfer, bytes/s: request timeouts scale with it (default 1 MiB/s)
+	MinRate        int64         // the slowest acceptable transfer, bytes/s: request timeouts scale with it (default 256 KiB/s; a transfer that stalls for 5 s ends sooner)
 	DownloadLimit  int64         // bytes/s for all chunk downloads together; 0 means no limit
 }
 
@@ -73,7 +73,7 @@ func (c SwarmConfig) withDefaults() SwarmConfig {
 		c.BanFor = 5 * time.Minute
 	}
 	if c.MinRate <= 0 {
-		c.MinRate = 1 << 20
+		c.MinRate = 256 << 10
 	}
 	return c
 }
@@ -530,7 +530,7 @@ func (f *fill) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 			continue
 		}
 		count := 0
-		var pick *peerView
+		var pick, fetcher *peerView
 		for _, pv := range f.peers {
 			if !pv.known || !pv.state.Has(i) {
 				continue
@@ -542,18 +542,22 @@ func (f *fill) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 			}
 			// The origin fetcher's upload is the swarm's narrowest pipe:
 			// every chunk must leave it once, as fast as it comes from the
-			// origin. It is not asked again for a chunk it already sent
-			// (the receiver passes it on, and the fetcher would refuse)
-			// until that receiver has had time to fail, except for the
-			// last chunks.
-			if pv.state.Origin && !pv.state.Complete && !endgame && pv.state.WasSent(i) &&
-				now.Sub(pv.sentSeen[i]) < resendAfter {
+			// origin. It is asked again for a chunk it already sent (but
+			// for the last chunks) only when nobody else has it and the
+			// receiver has had time to fail; it would refuse sooner.
+			if pv.state.Origin && !endgame && pv.state.WasSent(i) {
+				if now.Sub(pv.sentSeen[i]) >= resendAfter {
+					fetcher = pv
+				}
 				continue
 			}
 			if pick == nil || (pick.state.WasSent(i) && !pv.state.WasSent(i)) ||
 				(pick.state.WasSent(i) == pv.state.WasSent(i) && pv.inflight < pick.inflight) {
 				pick = pv
 			}
+		}
+		if pick == nil && count == 1 {
+			pick = fetcher
 		}
 		if pick == nil {
 			continue
@@ -885,8 +889,8 @@ func drain(body io.Reader) {
 // fetchChunk downloads chunk i (n bytes) of d from a peer and hands it to
 // write, within timeout.
 func (s *Swarm) fetchChunk(ctx context.Context, addr string, d digest.Digest, i int, n int64, timeout time.Duration, write func([]byte) error) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
+	ctx, watch := watchTransfer(ctx, timeout)
+	defer watch.stop()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+fmt.Sprintf(chunkPath, d, i), nil)
 	if err != nil {
 		return err
@@ -912,13 +916,13 @@ func (s *Swarm) fetchChunk(ctx context.Context, addr string, d digest.Digest, i 
 	if resp.ContentLength != n {
 		return fmt.Errorf("chunk %d from %s: %d bytes, want %d", i, addr, resp.ContentLength, n)
 	}
-	return s.readInto(ctx, resp.Body, n, write)
+	return s.readInto(ctx, watch, resp.Body, n, write)
 }
 
 // fetchOrigin downloads [off, off+n) from the origin and hands it to write.
 func (s *Swarm) fetchOrigin(ctx context.Context, origin cache.RangeOpener, off, n int64, timeout time.Duration, write func([]byte) error) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
+	ctx, watch := watchTransfer(ctx, timeout)
+	defer watch.stop()
 	var body io.ReadCloser
 	var err error
 	if b, ok := origin.(BoundedOpener); ok {
@@ -930,7 +934,39 @@ func (s *Swarm) fetchOrigin(ctx context.Context, origin cache.RangeOpener, off, 
 		return err
 	}
 	defer body.Close()
-	return s.readInto(ctx, body, n, write)
+	return s.readInto(ctx, watch, body, n, write)
+}
+
+// stallTimeout is how long a transfer may go without a byte: a peer whose
+// upload is shared by many still sends every few hundred milliseconds.
+const stallTimeout = 5 * time.Second
+
+var errStalled = errors.New("no bytes for " + stallTimeout.String())
+
+// transferWatch ends a transfer at its deadline, or sooner when it stalls.
+type transferWatch struct {
+	timer  *time.Timer
+	cancel context.CancelCauseFunc
+	stopTo context.CancelFunc
+}
+
+// watchTransfer returns a context for one transfer that ends after timeout
+// or once no bytes have come for stallTimeout (see progress).
+func watchTransfer(ctx context.Context, timeout time.Duration) (context.Context, *transferWatch) {
+	ctx, stopTo := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithCancelCause(ctx)
+	w := &transferWatch{cancel: cancel, stopTo: stopTo}
+	w.timer = time.AfterFunc(stallTimeout, func() { cancel(errStalled) })
+	return ctx, w
+}
+
+// progress restarts the stall clock.
+func (w *transferWatch) progress() { w.timer.Reset(stallTimeout) }
+
+func (w *transferWatch) stop() {
+	w.timer.Stop()
+	w.cancel(nil)
+	w.stopTo()
 }
 
 // chunkBuffers recycles chunk-sized buffers: memory stays bounded by the
@@ -939,7 +975,7 @@ var chunkBuffers sync.Pool
 
 // readInto reads exactly n bytes of r into a pooled buffer, paced by the
 // download limit, and hands them to write.
-func (s *Swarm) readInto(ctx context.Context, r io.Reader, n int64, write func([]byte) error) error {
+func (s *Swarm) readInto(ctx context.Context, watch *transferWatch, r io.Reader, n int64, write func([]byte) error) error {
 	bp, _ := chunkBuffers.Get().(*[]byte)
 	if bp == nil || int64(cap(*bp)) < n {
 		b := make([]byte, n)
@@ -954,8 +990,13 @@ func (s *Swarm) readInto(ctx context.Context, r io.Reader, n int64, write func([
 				return err
 			}
 		}
+		watch.progress()
 		if got, err := io.ReadFull(r, buf[off:off+k]); err != nil {
-			if off+int64(got) > 0 && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			if ctx.Err() != nil {
+				err = context.Cause(ctx) // the deadline, or errStalled
+			}
+			timedOut := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errStalled)
+			if off+int64(got) > 0 && timedOut {
 				// Bytes came, too slowly: a busy peer, not a dead one.
 				return fmt.Errorf("%w: %d of %d bytes in time: %w", errSlow, off+int64(got), n, err)
 			}

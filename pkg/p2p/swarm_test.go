@@ -471,8 +471,8 @@ func TestSlowPeerIsNotBannedAsFailing(t *testing.T) {
 	require.True(t, s.Banned("dead"))
 }
 
-// The origin fetcher is not asked for a chunk it already sent, even when
-// that chunk's other holder is busy, until the receiver had time to fail.
+// The origin fetcher is not asked for a chunk it already sent while another
+// peer has it, even a busy one, nor before the receiver had time to fail.
 func TestOriginFetcherIsAskedOnlyForUnsentChunks(t *testing.T) {
 	t.Parallel()
 	s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
@@ -492,7 +492,36 @@ func TestOriginFetcherIsAskedOnlyForUnsentChunks(t *testing.T) {
 	require.Equal(t, -1, chunk, "chunk 0 waits for its receiver or its other holder")
 
 	fetcher.sentSeen[0] = now.Add(-resendAfter)
+	chunk, _ = f.pickFromPeers([]int{0}, false)
+	require.Equal(t, -1, chunk, "another holder will have a free slot")
+	delete(f.peers, "busy")
 	chunk, peer = f.pickFromPeers([]int{0}, false)
-	require.Equal(t, 0, chunk, "the receiver had time to pass it on, and did not")
+	require.Equal(t, 0, chunk, "nobody else has it: the receiver had time to pass it on, and did not")
 	require.Same(t, fetcher, peer)
+}
+
+// A transfer ends once no byte has come for stallTimeout, long before its
+// deadline: as slow when some bytes came, as failed when none did.
+func TestStalledTransferEndsEarly(t *testing.T) {
+	t.Parallel()
+	const n = 1 << 20
+	for name, sent := range map[string]int{"some bytes": 64 << 10, "no bytes": 0} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			stall := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Length", fmt.Sprint(n))
+				_, _ = w.Write(make([]byte, sent))
+				w.(http.Flusher).Flush()
+				<-r.Context().Done()
+			}))
+			t.Cleanup(stall.Close)
+			s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
+			require.NoError(t, err)
+			d := descOf(randomBlob(17, n)).Digest
+			err = s.fetchChunk(context.Background(), strings.TrimPrefix(stall.URL, "http://"), d, 0, n, time.Hour,
+				func([]byte) error { return nil })
+			require.ErrorIs(t, err, errStalled)
+			require.Equal(t, sent > 0, errors.Is(err, errSlow), "%v", err)
+		})
+	}
 }
