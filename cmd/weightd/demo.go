@@ -217,7 +217,7 @@ func (c *demoCmd) newDemoAgent(dir string, i int, join []string, log *slog.Logge
 			ChunkAddr:      "127.0.0.1:0",
 			Join:           join,
 			NodeName:       d.name,
-			OriginFetchers: 1,
+			OriginFetchers: 2,
 			MaxUploads:     4,
 		}
 	}

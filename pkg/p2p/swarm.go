@@ -44,8 +44,8 @@ type BoundedOpener interface {
 type SwarmConfig struct {
 	MaxInFlight    int           // chunk requests in flight per blob, all sources together (default 8, and at most 64 MiB of chunks)
 	PerPeer        int           // requests in flight to one peer (default 2)
-	OriginInFlight int           // requests in flight to the origin (default 3)
-	OriginFetchers int           // nodes that fetch one blob from the origin (default 1)
+	OriginInFlight int           // requests in flight to the origin (default 2)
+	OriginFetchers int           // nodes that fetch one blob from the origin, each a share of its chunks (default 2)
 	Refresh        time.Duration // the least time between two reads of one holder's chunk state; each read waits at the holder for news (default 50ms)
 	Settle         time.Duration // how long to let gossip settle before taking the origin role (default 1s)
 	BanFor         time.Duration // how long a lying or failing peer is shunned (default 5m)
@@ -61,8 +61,8 @@ func (c SwarmConfig) withDefaults() SwarmConfig {
 	}
 	def(&c.MaxInFlight, 8)
 	def(&c.PerPeer, 2)
-	def(&c.OriginInFlight, 3)
-	def(&c.OriginFetchers, 1)
+	def(&c.OriginInFlight, 2)
+	def(&c.OriginFetchers, 2)
 	if c.Refresh <= 0 {
 		c.Refresh = 50 * time.Millisecond
 	}
@@ -171,7 +171,8 @@ const maxInFlightBytes = 64 << 20
 func (src *swarmSource) Fill(ctx context.Context, p *cache.Partial) error {
 	f := &fill{s: src.s, p: p, origin: src.origin, d: p.Descriptor().Digest, start: time.Now(),
 		maxInFlight: max(2, min(src.s.cfg.MaxInFlight, int(maxInFlightBytes/p.ChunkSize()))),
-		peers:       map[string]*peerView{}, inflight: map[int]int{}, supplier: map[int]string{}, asked: map[int]string{},
+		peers:       map[string]*peerView{}, absent: map[string]time.Time{},
+		inflight: map[int]int{}, supplier: map[int]string{}, asked: map[int]string{},
 		results: make(chan chunkResult, src.s.cfg.MaxInFlight*2), states: make(chan stateResult, 64)}
 	return f.run(ctx)
 }
@@ -277,11 +278,13 @@ type fill struct {
 
 	maxInFlight    int // requests in flight, bounded by the chunk buffers they need
 	peers          map[string]*peerView
-	inflight       map[int]int // chunk → requests in flight
+	absent         map[string]time.Time // members that had none of the blob when asked, and when
+	inflight       map[int]int          // chunk → requests in flight
 	supplierMu     sync.Mutex
 	supplier       map[int]string // chunk → the peer it came from ("" origin); written by request goroutines
 	asked          map[int]string // chunk → the peer first asked for it (endgame duplicates go elsewhere)
 	originRole     bool
+	originSince    time.Time // when this node took the origin role
 	originInflight int
 	originFailures int
 	originPause    time.Time
@@ -342,19 +345,19 @@ const peerGrace = 10 * time.Second
 func (f *fill) refresh(ctx context.Context) {
 	now := time.Now()
 	for _, h := range f.s.dir.Holders(f.d) {
-		if f.peers[h.Peer] != nil {
-			continue
-		}
-		peer, ok := f.s.dir.Peer(h.Peer)
-		if !ok || peer.Meta.ChunkAddr == "" {
-			continue
-		}
-		f.peers[h.Peer] = &peerView{name: h.Peer, addr: peer.Meta.ChunkAddr, lastAlive: now,
-			chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{}}
+		f.addPeer(h.Peer, now)
 	}
-	alive := map[string]bool{}
-	for _, m := range f.s.dir.Members() {
+	// Gossip can miss a holder (it is UDP, and packets drop while links
+	// are full), and the origin role hinges on the nodes ranked first for
+	// the blob: ask those directly whether they hold it.
+	members := f.s.dir.Members()
+	alive, names := map[string]bool{}, []string{f.s.dir.LocalName()}
+	for _, m := range members {
 		alive[m.Name] = true
+		names = append(names, m.Name)
+	}
+	for _, name := range rendezvous(f.d, names)[:min(len(names), f.s.cfg.OriginFetchers+1)] {
+		f.addPeer(name, now)
 	}
 	for name, pv := range f.peers {
 		if alive[name] {
@@ -383,12 +386,41 @@ func (f *fill) refresh(ctx context.Context) {
 	}
 }
 
+// absentFor is how long a member that had none of the blob when asked is
+// not asked again (gossip says when it starts to hold it). While the origin
+// role is being settled it is asked four times per Settle, so that nodes
+// asked for the blob at about the same time all count each other.
+const absentFor = 5 * time.Second
+
+// addPeer starts to follow peer's state of the blob, unless it is this
+// node, already followed, unknown or recently found absent.
+func (f *fill) addPeer(name string, now time.Time) {
+	again := absentFor
+	if now.Sub(f.start) < 2*f.s.cfg.Settle {
+		again = f.s.cfg.Settle / 4
+	}
+	if name == f.s.dir.LocalName() || f.peers[name] != nil || now.Sub(f.absent[name]) < again {
+		return
+	}
+	peer, ok := f.s.dir.Peer(name)
+	if !ok || peer.Meta.ChunkAddr == "" {
+		return
+	}
+	f.peers[name] = &peerView{name: name, addr: peer.Meta.ChunkAddr, lastAlive: now,
+		chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{}}
+}
+
 func (f *fill) updateState(r stateResult) {
 	pv := f.peers[r.peer]
 	if pv == nil {
 		return
 	}
 	pv.reading = false
+	if errors.Is(r.err, errNotHeld) && pv.inflight == 0 {
+		delete(f.peers, r.peer)
+		f.absent[r.peer] = time.Now()
+		return
+	}
 	if r.err != nil {
 		f.s.log.Debug("reading peer chunk state", "peer", r.peer, "digest", f.d, "err", r.err)
 		return
@@ -461,7 +493,7 @@ func (f *fill) decideOrigin() {
 		return
 	}
 	if alone || time.Since(f.start) >= turn {
-		f.originRole = true
+		f.originRole, f.originSince = true, time.Now()
 		f.s.m.originRole.Inc()
 		f.s.setOrigin(f.d, true)
 		f.s.log.Info("fetching from the origin for the cluster", "digest", f.d, "rank", rank, "candidates", len(names))
@@ -583,12 +615,14 @@ func (f *fill) useOrigin() bool {
 	return f.originRole && f.originInflight < min(f.s.cfg.OriginInFlight, f.maxInFlight) && time.Now().After(f.originPause)
 }
 
-// firstUnheld is the lowest missing chunk not in flight that no known peer
-// has: the origin fetcher extends the swarm's prefix in order.
+// firstUnheld is the lowest missing chunk of this node's origin share not
+// in flight that no known peer has: the origin fetchers extend the swarm's
+// prefix in order.
 func (f *fill) firstUnheld(missing []int) int {
+	share, fetchers := f.originShare()
 	best := -1
 	for _, i := range missing {
-		if f.inflight[i] != 0 || (best >= 0 && i > best) {
+		if f.inflight[i] != 0 || i%fetchers != share || (best >= 0 && i > best) {
 			continue
 		}
 		held := false
@@ -603,6 +637,38 @@ func (f *fill) firstUnheld(missing []int) int {
 		}
 	}
 	return best
+}
+
+// originShare is this node's share of the origin fetch: the chunks i with
+// i%fetchers == share, where fetchers counts the origin fetchers this node
+// knows of, itself included, and share is its place among them in
+// rendezvous order. Each chunk then leaves the origin once, and each
+// fetcher's upload, which must pass on every chunk it fetches, carries only
+// its share: one fetcher alone would have to upload as fast as the origin
+// sends, and the swarm would lag it by whatever it lost.
+func (f *fill) originShare() (share, fetchers int) {
+	local := f.s.dir.LocalName()
+	fetching, candidates := []string{local}, []string{local}
+	for name, pv := range f.peers {
+		if f.s.Banned(name) {
+			continue
+		}
+		candidates = append(candidates, name)
+		if pv.known && pv.state.Origin {
+			fetching = append(fetching, name)
+		}
+	}
+	// Right after taking the role, the nodes that took it at the same
+	// moment (the first in rendezvous order) may not have said so yet.
+	if time.Since(f.originSince) < f.s.cfg.Settle {
+		for _, name := range rendezvous(f.d, candidates)[:min(len(candidates), f.s.cfg.OriginFetchers)] {
+			if !slices.Contains(fetching, name) {
+				fetching = append(fetching, name)
+			}
+		}
+	}
+	order := rendezvous(f.d, fetching)
+	return slices.Index(order, local), len(order)
 }
 
 func (f *fill) launchPeer(ctx context.Context, i int, pv *peerView) {
@@ -808,6 +874,7 @@ var (
 	errBusy      = errors.New("peer busy")
 	errChunkBusy = errors.New("peer busy sending this chunk")
 	errSlow      = errors.New("peer too slow")
+	errNotHeld   = errors.New("404 Not Found") // the peer holds none of it
 )
 
 // slowBackoff is how long a peer that sent a chunk too slowly is not asked
@@ -870,6 +937,9 @@ func (s *Swarm) getSmall(ctx context.Context, url string, limit int64) ([]byte, 
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		drain(resp.Body)
+		if resp.StatusCode == http.StatusNotFound {
+			return nil, errNotHeld
+		}
 		return nil, errors.New(resp.Status)
 	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))

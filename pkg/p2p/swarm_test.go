@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -524,4 +525,56 @@ func TestStalledTransferEndsEarly(t *testing.T) {
 			require.Equal(t, sent > 0, errors.Is(err, errSlow), "%v", err)
 		})
 	}
+}
+
+// staticDir is a cluster whose gossip told nothing of who holds what.
+type staticDir struct {
+	local string
+	peers map[string]Peer
+}
+
+func (d staticDir) LocalName() string { return d.local }
+func (d staticDir) Members() []Peer {
+	var ps []Peer
+	for _, p := range d.peers {
+		ps = append(ps, p)
+	}
+	return ps
+}
+func (d staticDir) Peer(name string) (Peer, bool) { p, ok := d.peers[name]; return p, ok }
+func (staticDir) Holders(digest.Digest) []Holder  { return nil }
+
+// originGone is an origin that fails every request.
+type originGone struct{}
+
+func (originGone) OpenRange(context.Context, int64) (io.ReadCloser, error) {
+	return nil, errors.New("origin unreachable")
+}
+
+// Gossip missed that the member ranked first for a blob holds it: the node
+// asks that member directly and fetches from it, where it would otherwise
+// take the origin role; the members that hold nothing answer 404.
+func TestSwarmAsksTheFirstRankedMembers(t *testing.T) {
+	t.Parallel()
+	data := randomBlob(18, 3*testChunk)
+	d := descOf(data).Digest
+	_, holder := serveStore(t, storeHolding(t, data))
+	_, empty := serveStore(t, newTestStore(t))
+	dir := staticDir{local: "me", peers: map[string]Peer{}}
+	first := slices.DeleteFunc(rendezvous(d, []string{"me", "a", "b", "c"}), func(n string) bool { return n == "me" })[0]
+	for _, name := range []string{"a", "b", "c"} {
+		addr := empty.URL
+		if name == first {
+			addr = holder.URL
+		}
+		dir.peers[name] = Peer{Name: name, Meta: NodeMeta{ChunkAddr: strings.TrimPrefix(addr, "http://")}}
+	}
+	s, err := NewSwarm(dir, nil, SwarmConfig{Settle: 100 * time.Millisecond}, nil, nil)
+	require.NoError(t, err)
+	store := newTestStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err = store.Fetch(ctx, descOf(data), s.Source(descOf(data), originGone{}), nil)
+	require.NoError(t, err, "fetched from the first-ranked member, not the origin")
+	require.False(t, s.FetchesFromOrigin(d))
 }
