@@ -55,8 +55,6 @@ type ChunkServer struct {
 	slots       chan struct{}            // chunk uploads at once; nil for no limit
 	resolutions *Resolutions             // nil: none served
 	sent        sentLog
-	uploadingMu sync.Mutex
-	uploading   map[chunkKey]bool // chunks being sent now
 	upload      *rate.Limiter
 	log         *slog.Logger
 	m           *serverMetrics
@@ -251,25 +249,22 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	// One upload of a chunk at a time: a second requester is better served
-	// by the first, once it has the chunk, than by this node's upload twice.
-	// An origin fetcher's upload is the swarm's narrowest pipe (every chunk
-	// must leave it once, as fast as the origin sends it), so it sends a
-	// chunk once per resendAfter, however soon its socket has taken it.
-	recent := s.origin != nil && s.origin(d) && s.sent.sentWithin(d, i, resendAfter)
-	if recent || !s.startUpload(chunkKey{d, i}) {
-		w.Header().Set(busyHeader, "chunk")
-		s.fail(w, "chunk", http.StatusServiceUnavailable, errors.New("chunk already being sent"))
-		return
-	}
-	defer s.endUpload(chunkKey{d, i})
 	f, off, n, err := s.store.OpenChunk(d, i)
 	if err != nil {
 		s.fail(w, "chunk", statusOf(err), err)
 		return
 	}
 	defer f.Close()
-	s.sent.mark(d, i)
+	// An origin fetcher's upload is the swarm's narrowest pipe: every chunk
+	// must leave it once, as fast as the origin sends it. So it sends a
+	// chunk once per resendAfter (the first receiver passes it on); any
+	// other node sends a chunk to all who ask, and spreads it sooner.
+	once := s.origin != nil && s.origin(d)
+	if !s.sent.mark(d, i, once) {
+		w.Header().Set(busyHeader, "chunk")
+		s.fail(w, "chunk", http.StatusServiceUnavailable, errors.New("chunk sent already; ask its receiver"))
+		return
+	}
 	code := http.StatusOK
 	if h := r.Header.Get("Range"); h != "" {
 		start, end, ok := parseRange(h, n)
@@ -316,45 +311,44 @@ type chunkKey struct {
 	i int
 }
 
-func (s *ChunkServer) startUpload(k chunkKey) bool {
-	s.uploadingMu.Lock()
-	defer s.uploadingMu.Unlock()
-	if s.uploading[k] {
-		return false
-	}
-	if s.uploading == nil {
-		s.uploading = make(map[chunkKey]bool)
-	}
-	s.uploading[k] = true
-	return true
-}
-
-func (s *ChunkServer) endUpload(k chunkKey) {
-	s.uploadingMu.Lock()
-	delete(s.uploading, k)
-	s.uploadingMu.Unlock()
-}
-
 // resendAfter is how long an origin fetcher waits before it sends a chunk
 // again: long enough for the first receiver to have passed it on, short
 // enough to recover soon from a receiver that died.
 const resendAfter = 10 * time.Second
 
 // sentLog remembers which chunks of the most recent blobs this server has
-// sent to some peer, and when it last sent each of the recent ones.
+// sent to some peer, and when it last sent those it sends only once per
+// resendAfter.
 type sentLog struct {
 	mu     sync.Mutex
 	m      map[digest.Digest][]byte
-	order  []digest.Digest // oldest first
-	recent map[chunkKey]time.Time
+	order  []digest.Digest        // oldest first
+	recent map[chunkKey]time.Time // sent once, less than resendAfter ago
 }
 
 // maxSentBlobs bounds the blobs a sentLog remembers.
 const maxSentBlobs = 256
 
-func (l *sentLog) mark(d digest.Digest, i int) {
+// mark records that chunk i of d is being sent. With once it refuses
+// (false) a chunk sent with once less than resendAfter ago.
+func (l *sentLog) mark(d digest.Digest, i int, once bool) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	now := time.Now()
+	for k, at := range l.recent {
+		if now.Sub(at) >= resendAfter {
+			delete(l.recent, k)
+		}
+	}
+	if once {
+		if _, sent := l.recent[chunkKey{d, i}]; sent {
+			return false
+		}
+		if l.recent == nil {
+			l.recent = make(map[chunkKey]time.Time)
+		}
+		l.recent[chunkKey{d, i}] = now
+	}
 	if l.m == nil {
 		l.m = make(map[digest.Digest][]byte)
 	}
@@ -371,25 +365,7 @@ func (l *sentLog) mark(d digest.Digest, i int) {
 	}
 	b[i/8] |= 1 << (i % 8)
 	l.m[d] = b
-	now := time.Now()
-	if l.recent == nil {
-		l.recent = make(map[chunkKey]time.Time)
-	}
-	for k, at := range l.recent {
-		if now.Sub(at) >= resendAfter {
-			delete(l.recent, k)
-		}
-	}
-	l.recent[chunkKey{d, i}] = now
-}
-
-// sentWithin reports whether chunk i of d was sent less than window ago
-// (window at most resendAfter).
-func (l *sentLog) sentWithin(d digest.Digest, i int, window time.Duration) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	at, ok := l.recent[chunkKey{d, i}]
-	return ok && time.Since(at) < window
+	return true
 }
 
 // get returns the sent bitmap of d shaped like have (and a subset of it),

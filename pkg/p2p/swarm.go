@@ -872,7 +872,7 @@ func sourceOf(supplier string) string {
 
 var (
 	errBusy      = errors.New("peer busy")
-	errChunkBusy = errors.New("peer busy sending this chunk")
+	errChunkBusy = errors.New("peer sent this chunk already")
 	errSlow      = errors.New("peer too slow")
 	errNotHeld   = errors.New("404 Not Found") // the peer holds none of it
 )
