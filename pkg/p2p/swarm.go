@@ -500,22 +500,23 @@ func (f *fill) decideOrigin() {
 	}
 }
 
-// schedule starts requests until the limits are reached: the rarest chunk a
-// peer with a free slot has, else (as the origin fetcher) the first chunk
-// nobody has from the origin, else endgame duplicates.
+// schedule starts requests until the limits are reached: as an origin
+// fetcher, the first chunk of its share nobody has, from the origin; else
+// the rarest chunk a peer with a free slot has; else endgame duplicates.
 func (f *fill) schedule(ctx context.Context, missing []int) error {
 	total := f.inflightTotal()
 	rand.Shuffle(len(missing), func(i, j int) { missing[i], missing[j] = missing[j], missing[i] })
 	for total < f.maxInFlight {
-		chunk, peer := f.pickFromPeers(missing, false)
-		if chunk < 0 && f.useOrigin() {
-			chunk = f.firstUnheld(missing)
-			if chunk >= 0 {
+		// The origin first: its fetchers are the swarm's only way in, and
+		// every node waits on what they bring.
+		if f.useOrigin() {
+			if chunk := f.firstUnheld(missing); chunk >= 0 {
 				f.launchOrigin(ctx, chunk)
 				total++
 				continue
 			}
 		}
+		chunk, peer := f.pickFromPeers(missing, false)
 		if chunk < 0 {
 			chunk, peer = f.pickFromPeers(missing, true)
 		}
