@@ -494,6 +494,9 @@ func (f *fill) decideOrigin() {
 	}
 	if alone || time.Since(f.start) >= turn {
 		f.originRole, f.originSince = true, time.Now()
+		if alone {
+			f.originSince = f.originSince.Add(-f.s.cfg.Settle) // nobody to wait for (useOrigin)
+		}
 		f.s.m.originRole.Inc()
 		f.s.setOrigin(f.d, true)
 		f.s.log.Info("fetching from the origin for the cluster", "digest", f.d, "rank", rank, "candidates", len(names))
@@ -612,8 +615,14 @@ func (f *fill) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 	return best, bestPeer
 }
 
+// useOrigin reports whether a request to the origin may start now. A node
+// that has just taken the role waits a quarter of Settle first, for word of
+// any node ranked above it that took the role at the same moment (it then
+// yields before the origin sends it a byte).
 func (f *fill) useOrigin() bool {
-	return f.originRole && f.originInflight < min(f.s.cfg.OriginInFlight, f.maxInFlight) && time.Now().After(f.originPause)
+	now := time.Now()
+	return f.originRole && f.originInflight < min(f.s.cfg.OriginInFlight, f.maxInFlight) &&
+		now.After(f.originPause) && now.Sub(f.originSince) >= f.s.cfg.Settle/4
 }
 
 // firstUnheld is the lowest missing chunk of this node's origin share not
@@ -1016,17 +1025,17 @@ var errStalled = errors.New("no bytes for " + stallTimeout.String())
 
 // transferWatch ends a transfer at its deadline, or sooner when it stalls.
 type transferWatch struct {
-	timer  *time.Timer
-	cancel context.CancelCauseFunc
-	stopTo context.CancelFunc
+	timer        *time.Timer
+	cancel       context.CancelCauseFunc
+	stopDeadline context.CancelFunc
 }
 
 // watchTransfer returns a context for one transfer that ends after timeout
 // or once no bytes have come for stallTimeout (see progress).
 func watchTransfer(ctx context.Context, timeout time.Duration) (context.Context, *transferWatch) {
-	ctx, stopTo := context.WithTimeout(ctx, timeout)
+	ctx, stopDeadline := context.WithTimeout(ctx, timeout)
 	ctx, cancel := context.WithCancelCause(ctx)
-	w := &transferWatch{cancel: cancel, stopTo: stopTo}
+	w := &transferWatch{cancel: cancel, stopDeadline: stopDeadline}
 	w.timer = time.AfterFunc(stallTimeout, func() { cancel(errStalled) })
 	return ctx, w
 }
@@ -1037,7 +1046,7 @@ func (w *transferWatch) progress() { w.timer.Reset(stallTimeout) }
 func (w *transferWatch) stop() {
 	w.timer.Stop()
 	w.cancel(nil)
-	w.stopTo()
+	w.stopDeadline()
 }
 
 // chunkBuffers recycles chunk-sized buffers: memory stays bounded by the
