@@ -217,24 +217,23 @@ func (s *Swarm) ban(peer, reason string) {
 // rendezvous orders names by their hash with d: every node computes the same
 // order from the same set, and removing one name keeps the others' order.
 func rendezvous(d digest.Digest, names []string) []string {
-	score := func(n string) uint64 {
+	type scored struct {
+		name  string
+		score uint64
+	}
+	all := make([]scored, len(names))
+	for i, n := range names {
 		h := fnv.New64a()
 		h.Write([]byte(d))
 		h.Write([]byte{0})
 		h.Write([]byte(n))
-		return h.Sum64()
+		all[i] = scored{n, h.Sum64()}
 	}
-	out := slices.Clone(names)
-	slices.SortFunc(out, func(a, b string) int {
-		sa, sb := score(a), score(b)
-		switch {
-		case sa > sb:
-			return -1
-		case sa < sb:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(all, func(a, b scored) int { return cmp.Compare(b.score, a.score) })
+	out := make([]string, len(all))
+	for i, s := range all {
+		out[i] = s.name
+	}
 	return out
 }
 
@@ -279,6 +278,7 @@ type fill struct {
 	maxInFlight    int // requests in flight, bounded by the chunk buffers they need
 	peers          map[string]*peerView
 	absent         map[string]time.Time // members that had none of the blob when asked, and when
+	probedAt       time.Time            // when the first-ranked members were last looked for
 	inflight       map[int]int          // chunk → requests in flight
 	supplierMu     sync.Mutex
 	supplier       map[int]string // chunk → the peer it came from ("" origin); written by request goroutines
@@ -347,17 +347,25 @@ func (f *fill) refresh(ctx context.Context) {
 	for _, h := range f.s.dir.Holders(f.d) {
 		f.addPeer(h.Peer, now)
 	}
-	// Gossip can miss a holder (it is UDP, and packets drop while links
-	// are full), and the origin role hinges on the nodes ranked first for
-	// the blob: ask those directly whether they hold it.
 	members := f.s.dir.Members()
-	alive, names := map[string]bool{}, []string{f.s.dir.LocalName()}
+	alive := map[string]bool{}
 	for _, m := range members {
 		alive[m.Name] = true
-		names = append(names, m.Name)
 	}
-	for _, name := range rendezvous(f.d, names)[:min(len(names), f.s.cfg.OriginFetchers+1)] {
-		f.addPeer(name, now)
+	// Gossip can miss a holder (it is UDP, and packets drop while links
+	// are full), and the origin role hinges on the nodes ranked first for
+	// the blob: ask those directly whether they hold it. Not more often
+	// than a quarter of Settle: addPeer asks an absent member again no
+	// sooner, and ranking the members costs a hash each.
+	if now.Sub(f.probedAt) >= f.s.cfg.Settle/4 {
+		f.probedAt = now
+		names := []string{f.s.dir.LocalName()}
+		for _, m := range members {
+			names = append(names, m.Name)
+		}
+		for _, name := range rendezvous(f.d, names)[:min(len(names), f.s.cfg.OriginFetchers+1)] {
+			f.addPeer(name, now)
+		}
 	}
 	for name, pv := range f.peers {
 		if alive[name] {

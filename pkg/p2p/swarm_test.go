@@ -438,22 +438,29 @@ func TestDownloadLimitPacesTheSwarm(t *testing.T) {
 	require.Less(t, s.download.Tokens(), full, "every chunk took tokens from the download limiter")
 }
 
+// stallingPeer serves any chunk as n bytes long, sends the first sent of
+// them and then nothing more; it returns the server's address.
+func stallingPeer(t *testing.T, n, sent int) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", fmt.Sprint(n))
+		_, _ = w.Write(make([]byte, sent))
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
+}
+
 // A peer whose upload is shared by many sends a chunk slowly: it is asked
 // less for a while, never banned as failing; a peer that sends nothing is.
 func TestSlowPeerIsNotBannedAsFailing(t *testing.T) {
 	t.Parallel()
 	const n = 1 << 20
-	trickle := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Length", fmt.Sprint(n))
-		_, _ = w.Write(make([]byte, 64<<10))
-		w.(http.Flusher).Flush()
-		<-r.Context().Done()
-	}))
-	t.Cleanup(trickle.Close)
 	s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
 	require.NoError(t, err)
 	d := descOf(randomBlob(16, n)).Digest
-	err = s.fetchChunk(context.Background(), strings.TrimPrefix(trickle.URL, "http://"), d, 0, n, 300*time.Millisecond,
+	err = s.fetchChunk(context.Background(), stallingPeer(t, n, 64<<10), d, 0, n, 300*time.Millisecond,
 		func([]byte) error { return nil })
 	require.ErrorIs(t, err, errSlow)
 
@@ -509,17 +516,10 @@ func TestStalledTransferEndsEarly(t *testing.T) {
 	for name, sent := range map[string]int{"some bytes": 64 << 10, "no bytes": 0} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			stall := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				w.Header().Set("Content-Length", fmt.Sprint(n))
-				_, _ = w.Write(make([]byte, sent))
-				w.(http.Flusher).Flush()
-				<-r.Context().Done()
-			}))
-			t.Cleanup(stall.Close)
 			s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
 			require.NoError(t, err)
 			d := descOf(randomBlob(17, n)).Digest
-			err = s.fetchChunk(context.Background(), strings.TrimPrefix(stall.URL, "http://"), d, 0, n, time.Hour,
+			err = s.fetchChunk(context.Background(), stallingPeer(t, n, sent), d, 0, n, time.Hour,
 				func([]byte) error { return nil })
 			require.ErrorIs(t, err, errStalled)
 			require.Equal(t, sent > 0, errors.Is(err, errSlow), "%v", err)
