@@ -578,3 +578,40 @@ func TestSwarmAsksTheFirstRankedMembers(t *testing.T) {
 	require.NoError(t, err, "fetched from the first-ranked member, not the origin")
 	require.False(t, s.FetchesFromOrigin(d))
 }
+
+// slowOrigin delays every request: the origin as seen through a busy link.
+type slowOrigin struct {
+	*countingOrigin
+	delay time.Duration
+}
+
+func (o slowOrigin) OpenBoundedRange(ctx context.Context, off, n int64) (io.ReadCloser, error) {
+	select {
+	case <-time.After(o.delay):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return o.countingOrigin.OpenBoundedRange(ctx, off, n)
+}
+
+// An origin fetcher that is done with its share takes chunks of the other
+// fetcher's share from its end, so the slower fetcher does not hold the
+// cluster back, and the origin still sends about one copy.
+func TestOriginFetcherHelpsTheOneBehind(t *testing.T) {
+	t.Parallel()
+	nodes := startSwarmCluster(t, 2, nil)
+	data := randomBlob(12, 40*testChunk)
+	origin := &countingOrigin{data: data}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return nodes[0].fetch(ctx, data, origin) })
+	g.Go(func() error { return nodes[1].fetch(ctx, data, slowOrigin{origin, 200 * time.Millisecond}) })
+	require.NoError(t, g.Wait())
+	fast := testutil.ToFloat64(nodes[0].swarm.m.received.WithLabelValues("origin"))
+	slow := testutil.ToFloat64(nodes[1].swarm.m.received.WithLabelValues("origin"))
+	t.Logf("origin bytes: fast fetcher %.0f, slow fetcher %.0f, origin sent %d", fast, slow, origin.sent.Load())
+	require.Positive(t, slow, "both nodes fetch from the origin")
+	require.Greater(t, fast, 0.6*float64(len(data)), "the fast fetcher took chunks of the slow one's share")
+	require.LessOrEqual(t, float64(origin.sent.Load()), float64(len(data)+2*testChunk), "a chunk leaves the origin twice at most where they meet")
+}
