@@ -521,7 +521,7 @@ func (f *fill) schedule(ctx context.Context, missing []int) error {
 		// The origin first: its fetchers are the swarm's only way in, and
 		// every node waits on what they bring.
 		if f.useOrigin() {
-			if chunk := f.originChunk(missing); chunk >= 0 {
+			if chunk := f.firstUnheld(missing); chunk >= 0 {
 				f.launchOrigin(ctx, chunk)
 				total++
 				continue
@@ -633,51 +633,28 @@ func (f *fill) useOrigin() bool {
 		now.After(f.originPause) && now.Sub(f.originSince) >= f.s.cfg.Settle/4
 }
 
-// originChunk is the next chunk to fetch from the origin: the lowest missing
-// chunk of this node's origin share that is not in flight and that no known
-// peer has, so the origin fetchers extend the swarm's prefix in order. Once
-// its share is done, a fetcher helps the one furthest behind from the other
-// end, taking the highest such chunk of that share: a fetcher whose
-// download is busier lags, and the origin's link would otherwise carry its
-// requests alone at the end. It stops where the other may be fetching (the
-// last OriginInFlight chunks of that share), so that a chunk leaves the
-// origin twice at most at the meeting point; -1 if there is nothing to take.
-func (f *fill) originChunk(missing []int) int {
+// firstUnheld is the lowest missing chunk of this node's origin share not
+// in flight that no known peer has: the origin fetchers extend the swarm's
+// prefix in order.
+func (f *fill) firstUnheld(missing []int) int {
 	share, fetchers := f.originShare()
-	first := -1
-	left, highest := make([]int, fetchers), make([]int, fetchers)
+	best := -1
 	for _, i := range missing {
-		if f.inflight[i] != 0 || f.heldByPeer(i) {
+		if f.inflight[i] != 0 || i%fetchers != share || (best >= 0 && i > best) {
 			continue
 		}
-		s := i % fetchers
-		if s == share {
-			if first < 0 || i < first {
-				first = i
+		held := false
+		for _, pv := range f.peers {
+			if pv.known && pv.state.Has(i) && !f.s.Banned(pv.name) {
+				held = true
+				break
 			}
-			continue
 		}
-		left[s]++
-		highest[s] = max(highest[s], i)
-	}
-	if first >= 0 {
-		return first
-	}
-	behind := slices.Index(left, slices.Max(left))
-	if left[behind] <= f.s.cfg.OriginInFlight {
-		return -1
-	}
-	return highest[behind]
-}
-
-// heldByPeer reports whether a known peer that is not banned has chunk i.
-func (f *fill) heldByPeer(i int) bool {
-	for _, pv := range f.peers {
-		if pv.known && pv.state.Has(i) && !f.s.Banned(pv.name) {
-			return true
+		if !held {
+			best = i
 		}
 	}
-	return false
+	return best
 }
 
 // originShare is this node's share of the origin fetch: the chunks i with
