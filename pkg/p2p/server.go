@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -55,6 +56,7 @@ type ChunkServer struct {
 	slots       chan struct{}            // chunk uploads at once; nil for no limit
 	resolutions *Resolutions             // nil: none served
 	sent        sentLog
+	repeating   atomic.Bool // an origin fetcher is sending a chunk again
 	upload      *rate.Limiter
 	log         *slog.Logger
 	m           *serverMetrics
@@ -256,10 +258,17 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	}
 	defer f.Close()
 	// An origin fetcher's upload is the swarm's narrowest pipe: every chunk
-	// must leave it once, as fast as the origin sends it. So it sends a
-	// chunk once per resendAfter (the first receiver passes it on); any
-	// other node sends a chunk to all who ask, and spreads it sooner.
+	// of its share must leave it once, as fast as the origin sends it. So
+	// it sends a chunk once per resendAfter (the first receiver passes it
+	// on), but for one repeat at a time while half its upload slots are
+	// free: first copies keep most of the link, and the rest is not left
+	// idle. Any other node sends a chunk to all who ask, and spreads it
+	// sooner.
 	once := s.origin != nil && s.origin(d)
+	if once && s.sent.recently(d, i) && s.slots != nil && len(s.slots) <= cap(s.slots)/2 && s.repeating.CompareAndSwap(false, true) {
+		defer s.repeating.Store(false)
+		once = false
+	}
 	if !s.sent.mark(d, i, once) {
 		w.Header().Set(busyHeader, "chunk")
 		s.fail(w, "chunk", http.StatusServiceUnavailable, errors.New("chunk sent already; ask its receiver"))
@@ -328,6 +337,15 @@ type sentLog struct {
 
 // maxSentBlobs bounds the blobs a sentLog remembers.
 const maxSentBlobs = 256
+
+// recently reports whether chunk i of d was sent with once less than
+// resendAfter ago.
+func (l *sentLog) recently(d digest.Digest, i int) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	at, sent := l.recent[chunkKey{d, i}]
+	return sent && time.Since(at) < resendAfter
+}
 
 // mark records that chunk i of d is being sent. With once it refuses
 // (false) a chunk sent with once less than resendAfter ago.

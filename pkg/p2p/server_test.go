@@ -391,3 +391,29 @@ func TestOriginFetcherSendsEachChunkOnce(t *testing.T) {
 	resp, _ := get(t, origin.URL+fmt.Sprintf(statePath, d)+"?sent=x")
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
 }
+
+// An origin fetcher with upload slots sends a chunk again while half its
+// slots are free, one such repeat at a time; first copies go out anyway.
+func TestOriginFetcherRepeatsWhenItsUploadHasRoom(t *testing.T) {
+	t.Parallel()
+	data := randomBlob(7, 2*testChunk)
+	d := descOf(data).Digest
+	srv, ts := serveStore(t, storeHolding(t, data), WithOriginRole(func(digest.Digest) bool { return true }), WithMaxUploads(4))
+	status := func(i int) int {
+		resp, _ := get(t, ts.URL+fmt.Sprintf(chunkPath, d, i))
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusOK, status(0), "first copy")
+	require.Equal(t, http.StatusOK, status(0), "a repeat: the upload is idle")
+
+	srv.repeating.Store(true) // another repeat is being sent
+	require.Equal(t, http.StatusServiceUnavailable, status(0), "one repeat at a time")
+	srv.repeating.Store(false)
+
+	srv.slots <- struct{}{} // two uploads in progress: with this one, three of four slots
+	srv.slots <- struct{}{}
+	require.Equal(t, http.StatusServiceUnavailable, status(0), "first copies keep the busy upload")
+	require.Equal(t, http.StatusOK, status(1), "a first copy goes out")
+	<-srv.slots
+	require.Equal(t, http.StatusOK, status(0), "with half the slots free again, a repeat")
+}

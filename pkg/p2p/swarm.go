@@ -584,15 +584,14 @@ func (f *fill) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 				f.s.Banned(pv.name) || (endgame && f.asked[i] == pv.name) {
 				continue
 			}
-			// The origin fetcher's upload is the swarm's narrowest pipe:
-			// every chunk must leave it once, as fast as it comes from the
-			// origin. It is asked again for a chunk it already sent (but
-			// for the last chunks) only when nobody else has it and the
-			// receiver has had time to fail; it would refuse sooner.
+			// An origin fetcher's upload is the swarm's narrowest pipe:
+			// every chunk of its share must leave it once, as fast as it
+			// comes from the origin. It is asked again for a chunk it
+			// already sent (but for the last chunks) only when no other
+			// holder is free; it sends one such repeat at a time, when its
+			// upload has room, and refuses the others.
 			if pv.state.Origin && !endgame && pv.state.WasSent(i) {
-				if now.Sub(pv.sentSeen[i]) >= resendAfter {
-					fetcher = pv
-				}
+				fetcher = pv
 				continue
 			}
 			if pick == nil || (pick.state.WasSent(i) && !pv.state.WasSent(i)) ||
@@ -600,7 +599,7 @@ func (f *fill) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 				pick = pv
 			}
 		}
-		if pick == nil && count == 1 {
+		if pick == nil {
 			pick = fetcher
 		}
 		if pick == nil {

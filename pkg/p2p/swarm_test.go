@@ -479,9 +479,10 @@ func TestSlowPeerIsNotBannedAsFailing(t *testing.T) {
 	require.True(t, s.Banned("dead"))
 }
 
-// The origin fetcher is not asked for a chunk it already sent while another
-// peer has it, even a busy one, nor before the receiver had time to fail.
-func TestOriginFetcherIsAskedOnlyForUnsentChunks(t *testing.T) {
+// An origin fetcher is asked for a chunk it already sent only when no
+// other holder of it is free, and, when it is the only holder, once its
+// receiver has had time to pass the chunk on.
+func TestOriginFetcherIsAskedForSentChunksLast(t *testing.T) {
 	t.Parallel()
 	s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
 	require.NoError(t, err)
@@ -490,21 +491,27 @@ func TestOriginFetcherIsAskedOnlyForUnsentChunks(t *testing.T) {
 	}
 	now := time.Now()
 	fetcher := &peerView{name: "fetcher", known: true, state: state(0b011, 0b001, true), sentSeen: map[int]time.Time{0: now}}
-	busy := &peerView{name: "busy", known: true, state: state(0b001, 0, false), inflight: s.cfg.PerPeer}
-	f := &fill{s: s, inflight: map[int]int{}, peers: map[string]*peerView{"fetcher": fetcher, "busy": busy}}
+	other := &peerView{name: "other", known: true, state: state(0b001, 0, false)}
+	f := &fill{s: s, inflight: map[int]int{}, peers: map[string]*peerView{"fetcher": fetcher, "other": other}}
 
 	chunk, peer := f.pickFromPeers([]int{0, 1}, false)
 	require.Equal(t, 1, chunk, "the unsent chunk")
 	require.Same(t, fetcher, peer)
-	chunk, _ = f.pickFromPeers([]int{0}, false)
-	require.Equal(t, -1, chunk, "chunk 0 waits for its receiver or its other holder")
-
-	fetcher.sentSeen[0] = now.Add(-resendAfter)
-	chunk, _ = f.pickFromPeers([]int{0}, false)
-	require.Equal(t, -1, chunk, "another holder will have a free slot")
-	delete(f.peers, "busy")
 	chunk, peer = f.pickFromPeers([]int{0}, false)
-	require.Equal(t, 0, chunk, "nobody else has it: the receiver had time to pass it on, and did not")
+	require.Equal(t, 0, chunk)
+	require.Same(t, other, peer, "the other holder, not the fetcher's upload")
+
+	other.inflight = s.cfg.PerPeer
+	chunk, peer = f.pickFromPeers([]int{0}, false)
+	require.Equal(t, 0, chunk)
+	require.Same(t, fetcher, peer, "no other holder is free: the fetcher, which sends a repeat when its upload has room")
+
+	delete(f.peers, "other")
+	chunk, _ = f.pickFromPeers([]int{0}, false)
+	require.Equal(t, -1, chunk, "its receiver passes chunk 0 on soon")
+	fetcher.sentSeen[0] = now.Add(-f.holdoff())
+	chunk, peer = f.pickFromPeers([]int{0}, false)
+	require.Equal(t, 0, chunk, "the receiver had time to pass it on, and did not")
 	require.Same(t, fetcher, peer)
 }
 
