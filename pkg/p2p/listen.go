@@ -19,8 +19,9 @@ import (
 // every other at once, through switch ports with shallow buffers. BBRv1,
 // the default on many nodes, ignores loss and keeps about two
 // bandwidth-delay products in flight per flow, so such flows drop packets
-// at a high rate (on the namespace testbed, 7% of an uplink's packets) and
-// lose time recovering; CUBIC backs off on loss and shares the ports evenly.
+// at a high rate (on the namespace testbed, 7–9% of an uplink's packets,
+// and the swarm took 3–4% longer); CUBIC backs off on loss and shares the
+// ports evenly.
 func ListenChunks(ctx context.Context, addr, congestion string, log *slog.Logger) (net.Listener, error) {
 	var ccErr error
 	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
