@@ -264,15 +264,14 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	// free: first copies keep most of the link, and the rest is not left
 	// idle. Any other node sends a chunk to all who ask, and spreads it
 	// sooner.
-	once := s.origin != nil && s.origin(d)
-	if once && s.sent.recently(d, i) && s.slots != nil && len(s.slots) <= cap(s.slots)/2 && s.repeating.CompareAndSwap(false, true) {
+	if !s.sent.mark(d, i, s.origin != nil && s.origin(d)) {
+		if s.slots == nil || len(s.slots) > cap(s.slots)/2 || !s.repeating.CompareAndSwap(false, true) {
+			w.Header().Set(busyHeader, "chunk")
+			s.fail(w, "chunk", http.StatusServiceUnavailable, errors.New("chunk sent already; ask its receiver"))
+			return
+		}
 		defer s.repeating.Store(false)
-		once = false
-	}
-	if !s.sent.mark(d, i, once) {
-		w.Header().Set(busyHeader, "chunk")
-		s.fail(w, "chunk", http.StatusServiceUnavailable, errors.New("chunk sent already; ask its receiver"))
-		return
+		s.sent.mark(d, i, false)
 	}
 	code := http.StatusOK
 	if h := r.Header.Get("Range"); h != "" {
@@ -337,15 +336,6 @@ type sentLog struct {
 
 // maxSentBlobs bounds the blobs a sentLog remembers.
 const maxSentBlobs = 256
-
-// recently reports whether chunk i of d was sent with once less than
-// resendAfter ago.
-func (l *sentLog) recently(d digest.Digest, i int) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	at, sent := l.recent[chunkKey{d, i}]
-	return sent && time.Since(at) < resendAfter
-}
 
 // mark records that chunk i of d is being sent. With once it refuses
 // (false) a chunk sent with once less than resendAfter ago.
