@@ -585,3 +585,26 @@ func TestSwarmAsksTheFirstRankedMembers(t *testing.T) {
 	require.NoError(t, err, "fetched from the first-ranked member, not the origin")
 	require.False(t, s.FetchesFromOrigin(d))
 }
+
+// An origin fetcher with chunks left to fetch from the origin keeps most of
+// its downlink for them: only fetcherPeerRequests requests go to peers.
+func TestOriginFetcherBoundsItsPeerRequests(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	other := &peerView{name: "other", known: true, inflight: fetcherPeerRequests,
+		state: PeerState{ChunkState: cache.ChunkState{Size: 4 * testChunk, ChunkSize: testChunk, Have: []byte{0b0001}}}}
+	f := &fill{s: s, inflight: map[int]int{}, peers: map[string]*peerView{"other": other}}
+	missing := []int{0, 1, 2, 3}
+
+	require.True(t, f.mayAskPeers(fetcherPeerRequests, missing), "not an origin fetcher")
+	f.originRole = true
+	require.False(t, f.mayAskPeers(fetcherPeerRequests, missing), "chunks 1 to 3 are still to come from the origin")
+	other.inflight--
+	require.True(t, f.mayAskPeers(fetcherPeerRequests-1, missing), "under the bound")
+	other.inflight++
+	other.state.Have = []byte{0b1111}
+	require.True(t, f.mayAskPeers(fetcherPeerRequests, missing), "a peer holds every chunk: no origin work left")
+	f.originInflight = 1
+	require.False(t, f.mayAskPeers(fetcherPeerRequests+1, missing), "a request to the origin is still in flight")
+}
