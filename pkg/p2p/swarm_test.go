@@ -608,3 +608,25 @@ func TestOriginFetcherBoundsItsPeerRequests(t *testing.T) {
 	f.originInflight = 1
 	require.False(t, f.mayAskPeers(fetcherPeerRequests+1, missing), "a request to the origin is still in flight")
 }
+
+// A node among the first OriginFetchers of all members in a blob's order
+// takes the origin role at once and may ask the origin straight away; the
+// others wait their turn.
+func TestFirstRankedMemberTakesTheOriginRoleAtOnce(t *testing.T) {
+	t.Parallel()
+	names := []string{"me", "a", "b", "c"}
+	dir := staticDir{local: "me", peers: map[string]Peer{}}
+	for _, n := range names[1:] {
+		dir.peers[n] = Peer{Name: n, Meta: NodeMeta{ChunkAddr: "127.0.0.1:1"}}
+	}
+	s, err := NewSwarm(dir, nil, SwarmConfig{Settle: time.Hour}, nil, nil)
+	require.NoError(t, err)
+	for i := range 8 {
+		d := descOf(randomBlob(uint64(30+i), testChunk)).Digest
+		rank := slices.Index(rendezvous(d, names), "me")
+		f := &fill{s: s, d: d, start: time.Now(), peers: map[string]*peerView{}, maxInFlight: 8}
+		f.decideOrigin()
+		require.Equal(t, rank < s.cfg.OriginFetchers, f.originRole, "rank %d of %d", rank, len(names))
+		require.Equal(t, f.originRole, f.useOrigin(), "rank %d: no node can rank above it, nothing to wait for", rank)
+	}
+}
