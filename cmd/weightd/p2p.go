@@ -35,7 +35,7 @@ type p2pConfig struct {
 	UploadLimit    byteSize `help:"Most bytes per second served to peers; 0 for no limit." default:"0" env:"WEIGHTD_UPLOAD_LIMIT"`
 	DownloadLimit  byteSize `help:"Most bytes per second downloaded from peers and the origin by the swarm; 0 for no limit." default:"0" env:"WEIGHTD_DOWNLOAD_LIMIT"`
 	OriginFetchers int      `help:"Nodes that fetch one blob from its origin for the whole cluster, each a share of its chunks." default:"2" env:"WEIGHTD_ORIGIN_FETCHERS"`
-	MaxUploads     int      `help:"Chunk uploads served at once; more requests are sent to other peers." default:"4" env:"WEIGHTD_MAX_UPLOADS"`
+	MaxUploads     int      `help:"Chunk uploads served at once; more requests are sent to other peers." default:"6" env:"WEIGHTD_MAX_UPLOADS"`
 	UploadTCP      string   `help:"TCP congestion control of uploads to peers (cubic shares switch ports among many flows; BBRv1 floods them); empty for the node's default." default:"cubic" env:"WEIGHTD_UPLOAD_TCP"`
 	FastGossip     bool     `help:"Short gossip intervals, for small clusters on one LAN and tests." env:"WEIGHTD_FAST_GOSSIP"`
 }
