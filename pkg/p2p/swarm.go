@@ -571,12 +571,13 @@ func (f *fill) schedule(ctx context.Context, missing []int) error {
 // fetcherPeerRequests bounds an origin fetcher's requests to peers while it
 // still has chunks to fetch from the origin. Its downlink carries both, and
 // TCP shares a link about evenly among its flows: with 6 peer requests
-// beside 2 to the origin, the origin's got a quarter of it, so one fetcher
-// fell up to 15 s behind the other (8 × 50 Mbit/s, 512 MiB) and the origin,
-// which the whole swarm waits on, sent the laggard's share at a fraction of
-// its link. With 3 the fetchers finish their shares within 1–4 s of each
-// other, and the swarm 2.5% sooner; 4 did about as well, and 2 starved the
-// fetchers' own downloads from peers, so that they finished last.
+// beside 2 to the origin, the origin's flows got a quarter of it, one
+// fetcher fell up to 15 s behind the other (8 × 50 Mbit/s, 512 MiB), and
+// the origin, which the whole swarm waits on, sent the laggard's share at a
+// fraction of its link. With 3 the fetchers finish their shares within
+// 1–4 s of each other, and the swarm 2.5% sooner; 4 did about as well, and
+// 2 starved the fetchers' own downloads from peers, so that they finished
+// last.
 const fetcherPeerRequests = 3
 
 // mayAskPeers reports whether another request may go to a peer, total
