@@ -285,8 +285,7 @@ type fill struct {
 	asked          map[int]string // chunk → the peer first asked for it (endgame duplicates go elsewhere)
 	originRole     bool
 	originSince    time.Time // when this node took the origin role
-	originAfter    time.Time // when its first request to the origin may start (useOrigin)
-	originFirst    bool      // it took the role at once, as one of the first of all members
+	originAtOnce   bool      // it took the role without waiting: alone, or among the first of all members
 	originInflight int
 	originFailures int
 	originPause    time.Time
@@ -361,10 +360,7 @@ func (f *fill) refresh(ctx context.Context) {
 	// sooner, and ranking the members costs a hash each.
 	if now.Sub(f.probedAt) >= f.s.cfg.Settle/4 {
 		f.probedAt = now
-		names := []string{f.s.dir.LocalName()}
-		for _, m := range members {
-			names = append(names, m.Name)
-		}
+		names := f.withMembers(members)
 		for _, name := range rendezvous(f.d, names)[:min(len(names), f.s.cfg.OriginFetchers+1)] {
 			f.addPeer(name, now)
 		}
@@ -501,7 +497,8 @@ func (f *fill) decideOrigin() {
 	members := f.s.dir.Members()
 	alone := len(members) == 0 && len(f.peers) == 0
 	turn := f.s.cfg.Settle * time.Duration(1+max(0, rank-(f.s.cfg.OriginFetchers-1)))
-	first := f.firstAmongMembers(members)
+	// None can rank above a node among the first of all live members.
+	first := slices.Index(rendezvous(f.d, f.withMembers(members)), f.s.dir.LocalName()) < f.s.cfg.OriginFetchers
 	if first {
 		turn = 0
 	}
@@ -511,29 +508,21 @@ func (f *fill) decideOrigin() {
 		return
 	}
 	if alone || time.Since(f.start) >= turn {
-		f.originRole, f.originSince = true, time.Now()
-		f.originAfter = f.originSince.Add(f.s.cfg.Settle / 4)
-		if alone || first {
-			f.originAfter = f.originSince // nobody ranks above it, nobody to wait for
-		}
-		f.originFirst = first
+		f.originRole, f.originSince, f.originAtOnce = true, time.Now(), alone || first
 		f.s.m.originRole.Inc()
 		f.s.setOrigin(f.d, true)
 		f.s.log.Info("fetching from the origin for the cluster", "digest", f.d, "rank", rank, "candidates", len(names))
 	}
 }
 
-// firstAmongMembers reports whether this node is among the first
-// OriginFetchers of all live members (members being the others) in the
-// blob's rendezvous order.
-func (f *fill) firstAmongMembers(members []Peer) bool {
-	local := f.s.dir.LocalName()
-	names := []string{local}
+// withMembers is this node's name followed by the names of members (the
+// other live members).
+func (f *fill) withMembers(members []Peer) []string {
+	names := []string{f.s.dir.LocalName()}
 	for _, m := range members {
 		names = append(names, m.Name)
 	}
-	order := rendezvous(f.d, names)
-	return slices.Index(order, local) < f.s.cfg.OriginFetchers
+	return names
 }
 
 // schedule starts requests until the limits are reached: as an origin
@@ -679,7 +668,7 @@ func (f *fill) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 func (f *fill) useOrigin() bool {
 	now := time.Now()
 	return f.originRole && f.originInflight < min(f.s.cfg.OriginInFlight, f.maxInFlight) &&
-		now.After(f.originPause) && !now.Before(f.originAfter)
+		now.After(f.originPause) && (f.originAtOnce || now.Sub(f.originSince) >= f.s.cfg.Settle/4)
 }
 
 // firstUnheld is the lowest missing chunk of this node's origin share not
@@ -728,15 +717,10 @@ func (f *fill) originShare() (share, fetchers int) {
 	// Right after taking the role, the nodes that took it at the same
 	// moment (the first in rendezvous order) may not have said so yet.
 	if time.Since(f.originSince) < f.s.cfg.Settle {
-		if f.originFirst {
+		if f.originAtOnce {
 			// It did not wait to learn who wants the blob: the other
 			// first members may, and not be followed yet.
-			candidates = []string{local}
-			for _, m := range f.s.dir.Members() {
-				if !f.s.Banned(m.Name) {
-					candidates = append(candidates, m.Name)
-				}
-			}
+			candidates = slices.DeleteFunc(f.withMembers(f.s.dir.Members()), f.s.Banned)
 		}
 		for _, name := range rendezvous(f.d, candidates)[:min(len(candidates), f.s.cfg.OriginFetchers)] {
 			if !slices.Contains(fetching, name) {
