@@ -52,9 +52,9 @@ const sendPiece = 256 << 10
 // index 400; no path is derived from anything but a validated digest.
 type ChunkServer struct {
 	store       ChunkStore
-	origin      func(digest.Digest) bool // whether this node fetches d from the origin
-	slots       chan struct{}            // chunk uploads at once; nil for no limit
-	resolutions *Resolutions             // nil: none served
+	origin      func(digest.Digest) (bool, []byte) // whether this node fetches d from the origin, and its chunks in flight from there
+	slots       chan struct{}                      // chunk uploads at once; nil for no limit
+	resolutions *Resolutions                       // nil: none served
 	sent        sentLog
 	repeating   atomic.Bool // an origin fetcher is sending a chunk again
 	upload      *rate.Limiter
@@ -88,10 +88,21 @@ func WithMaxUploads(n int) ServerOption {
 }
 
 // WithOriginRole tells peers, in each blob's chunk state, whether this node
-// fetches that blob from the origin (Swarm.FetchesFromOrigin): they then
-// leave the origin alone and trust this node's chunk hashes first.
-func WithOriginRole(fetches func(digest.Digest) bool) ServerOption {
+// fetches that blob from the origin, and which of its chunks it has in
+// flight from there (a bitmap; Swarm.FetchesFromOrigin): they then leave
+// the origin alone, trust this node's chunk hashes first, and do not fetch
+// from the origin what it is fetching.
+func WithOriginRole(fetches func(digest.Digest) (bool, []byte)) ServerOption {
 	return func(s *ChunkServer) { s.origin = fetches }
+}
+
+// originRole is whether this node fetches d from the origin, and the
+// bitmap of chunks it has in flight from there.
+func (s *ChunkServer) originRole(d digest.Digest) (bool, []byte) {
+	if s.origin == nil {
+		return false, nil
+	}
+	return s.origin(d)
 }
 
 // WithResolutions serves r to peers that cannot reach an origin to resolve
@@ -156,15 +167,20 @@ func (s *ChunkServer) Run(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
-// maxStateWait bounds how long a state request may wait for news.
-const maxStateWait = 2 * time.Second
+// maxStateWait bounds how long a state request may wait for news, and
+// statePoll is how often it looks for news meanwhile.
+const (
+	maxStateWait = 2 * time.Second
+	statePoll    = 20 * time.Millisecond
+)
 
 // serveState answers with the blob's state. With "?since=K&wait=D" it first
 // waits, up to D (at most 2 s), until this node has more than K chunks of the
 // blob or holds it whole, or (with "&sent=J") until it has sent other than J
-// of them, or (with "&origin=0|1") until its origin role differs: peers learn
-// of each verified chunk, and of each first send, within milliseconds
-// without polling in a tight loop.
+// of them, or (with "&fetching=F") until it has other than F in flight from
+// the origin, or (with "&origin=0|1") until its origin role differs: peers
+// learn of each verified chunk, each first send and each origin request
+// within milliseconds without polling in a tight loop.
 func (s *ChunkServer) serveState(w http.ResponseWriter, r *http.Request) {
 	d, err := cache.ParseDigest(r.PathValue("digest"))
 	if err != nil {
@@ -191,21 +207,30 @@ func (s *ChunkServer) serveState(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	knownFetching := -1
+	if v := r.URL.Query().Get("fetching"); v != "" {
+		if knownFetching, err = strconv.Atoi(v); err != nil || knownFetching < 0 {
+			s.fail(w, "state", http.StatusBadRequest, fmt.Errorf("fetching %q", v))
+			return
+		}
+	}
 	knownOrigin := r.URL.Query().Get("origin")
 	deadline := time.Now().Add(min(wait, maxStateWait))
 	for {
 		st, err := s.store.ChunkState(d)
-		origin := s.origin != nil && s.origin(d)
+		origin, inflight := s.originRole(d)
 		sent := s.sent.get(d, st.Have)
+		fetching := notHeld(inflight, st.Have)
 		news := err == nil && (st.Complete || countBits(st.Have) > since ||
 			(knownSent >= 0 && countBits(sent) != knownSent) ||
+			(knownFetching >= 0 && countBits(fetching) != knownFetching) ||
 			(knownOrigin != "" && (knownOrigin == "1") != origin))
 		if news || time.Now().After(deadline) {
 			if err != nil {
 				s.fail(w, "state", statusOf(err), err)
 				return
 			}
-			b := EncodePeerState(PeerState{ChunkState: st, Origin: origin, Sent: sent})
+			b := EncodePeerState(PeerState{ChunkState: st, Origin: origin, Sent: sent, Fetching: fetching})
 			w.Header().Set("Content-Type", "application/octet-stream")
 			w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 			s.m.requests.WithLabelValues("state", "200").Inc()
@@ -217,7 +242,7 @@ func (s *ChunkServer) serveState(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-r.Context().Done():
 			return
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(statePoll):
 		}
 	}
 }
@@ -264,7 +289,7 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	// free: first copies keep most of the link, and the rest is not left
 	// idle. Any other node sends a chunk to all who ask, and spreads it
 	// sooner.
-	if !s.sent.mark(d, i, s.origin != nil && s.origin(d)) {
+	if origin, _ := s.originRole(d); !s.sent.mark(d, i, origin) {
 		if s.slots == nil || len(s.slots) > cap(s.slots)/2 || !s.repeating.CompareAndSwap(false, true) {
 			w.Header().Set(busyHeader, "chunk")
 			s.fail(w, "chunk", http.StatusServiceUnavailable, errors.New("chunk sent already; ask its receiver"))
@@ -368,11 +393,7 @@ func (l *sentLog) mark(d digest.Digest, i int, once bool) bool {
 			l.order = l.order[1:]
 		}
 	}
-	if len(b) <= i/8 {
-		b = append(b, make([]byte, i/8+1-len(b))...)
-	}
-	b[i/8] |= 1 << (i % 8)
-	l.m[d] = b
+	l.m[d] = setBit(b, i, true)
 	return true
 }
 

@@ -11,7 +11,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -196,6 +198,7 @@ func TestPeerStateRoundTrip(t *testing.T) {
 		{ChunkState: st},
 		{ChunkState: st, Origin: true},
 		{ChunkState: st, Sent: []byte{0b100001}},
+		{ChunkState: st, Origin: true, Sent: []byte{0b1}, Fetching: []byte{0b10010}},
 	} {
 		got, err := DecodePeerState(EncodePeerState(p))
 		require.NoError(t, err)
@@ -211,6 +214,7 @@ func TestPeerStateRoundTrip(t *testing.T) {
 		"tiny chunks":    enc(PeerState{ChunkState: cache.ChunkState{Size: 10, ChunkSize: 1, Have: make([]byte, 2)}}),
 		"complete holes": enc(PeerState{ChunkState: cache.ChunkState{Size: 2 * testChunk, ChunkSize: testChunk, Complete: true, Have: []byte{1}, Hashes: make([]byte, 64)}}),
 		"sent, not held": enc(PeerState{ChunkState: st, Sent: []byte{0b10}}),
+		"fetching, held": enc(PeerState{ChunkState: st, Fetching: []byte{0b1000}}),
 	} {
 		_, err := DecodePeerState(b)
 		require.Error(t, err, name)
@@ -255,10 +259,57 @@ func TestChunkServerTellsSentChunksAndWaitsForNews(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
 }
 
+// An origin fetcher's state tells the chunks it has in flight from the
+// origin (less those it holds), and a watcher hears of each new request.
+func TestChunkServerTellsOriginRequests(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	inflight := setBit(setBit(nil, 0, true), 1, true)
+	store := newTestStore(t)
+	_, ts := serveStore(t, store, WithOriginRole(func(digest.Digest) (bool, []byte) {
+		mu.Lock()
+		defer mu.Unlock()
+		return true, slices.Clone(inflight)
+	}))
+	data := randomBlob(41, 3*testChunk)
+	d := descOf(data).Digest
+	_, err := store.Fetch(context.Background(), descOf(data), fillFunc(func(ctx context.Context, p *cache.Partial) error {
+		require.NoError(t, p.WriteChunk(0, data[:testChunk], nil))
+		_, body := get(t, ts.URL+fmt.Sprintf(statePath, d))
+		st, err := DecodePeerState(body)
+		require.NoError(t, err)
+		require.Equal(t, []bool{false, true, false}, []bool{st.IsFetching(0), st.IsFetching(1), st.IsFetching(2)},
+			"chunk 0 is held, not fetched")
+
+		answered := make(chan PeerState)
+		go func() {
+			_, body := get(t, ts.URL+fmt.Sprintf(statePath, d)+"?since=1&wait=2s&origin=1&sent=0&fetching=1")
+			st, _ := DecodePeerState(body)
+			answered <- st
+		}()
+		select {
+		case <-answered:
+			t.Fatal("answered without news")
+		case <-time.After(200 * time.Millisecond):
+		}
+		mu.Lock()
+		inflight = setBit(inflight, 2, true)
+		mu.Unlock()
+		st = <-answered
+		require.True(t, st.IsFetching(1) && st.IsFetching(2), "answered with the new request")
+		require.NoError(t, p.WriteChunk(1, data[testChunk:2*testChunk], nil))
+		return p.WriteChunk(2, data[2*testChunk:], nil)
+	}), nil)
+	require.NoError(t, err)
+	resp, _ := get(t, ts.URL+fmt.Sprintf(statePath, d)+"?fetching=-1")
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+}
+
 func FuzzDecodePeerState(f *testing.F) {
 	f.Add(EncodePeerState(PeerState{ChunkState: cache.ChunkState{Size: 3 * testChunk, ChunkSize: testChunk, Have: []byte{0b101}, Hashes: make([]byte, 96)}, Sent: []byte{1}}))
 	f.Add(EncodePeerState(PeerState{ChunkState: cache.ChunkState{Size: testChunk, ChunkSize: testChunk, Complete: true, Have: []byte{1}, Hashes: make([]byte, 32)}}))
 	f.Add(EncodePeerState(PeerState{ChunkState: cache.ChunkState{Size: testChunk, ChunkSize: testChunk, Have: []byte{0}}, Origin: true}))
+	f.Add(EncodePeerState(PeerState{ChunkState: cache.ChunkState{Size: 3 * testChunk, ChunkSize: testChunk, Have: []byte{0b1}, Hashes: make([]byte, 32)}, Origin: true, Fetching: []byte{0b110}}))
 	f.Add([]byte("WDCS\x01\x00"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		st, err := DecodePeerState(b)
@@ -335,7 +386,7 @@ func TestOriginFetcherSendsEachChunkOnce(t *testing.T) {
 	data := randomBlob(6, 3*testChunk)
 	d := descOf(data).Digest
 	store := newTestStore(t)
-	_, origin := serveStore(t, store, WithOriginRole(func(digest.Digest) bool { return true }))
+	_, origin := serveStore(t, store, WithOriginRole(func(digest.Digest) (bool, []byte) { return true, nil }))
 	_, plain := serveStore(t, store)
 	status := func(url string, i int) int {
 		resp, err := http.Get(url + fmt.Sprintf(chunkPath, d, i))
@@ -398,7 +449,7 @@ func TestOriginFetcherRepeatsWhenItsUploadHasRoom(t *testing.T) {
 	t.Parallel()
 	data := randomBlob(7, 2*testChunk)
 	d := descOf(data).Digest
-	srv, ts := serveStore(t, storeHolding(t, data), WithOriginRole(func(digest.Digest) bool { return true }), WithMaxUploads(4))
+	srv, ts := serveStore(t, storeHolding(t, data), WithOriginRole(func(digest.Digest) (bool, []byte) { return true, nil }), WithMaxUploads(4))
 	// A handler gives back its slot and its repeat just after the client
 	// has the answer: each request starts once the last one's are back.
 	held := 0 // slots the test holds

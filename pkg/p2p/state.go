@@ -9,18 +9,54 @@ import (
 )
 
 // PeerState is what a chunk server says about one blob: the chunks it has
-// verified and their hashes, whether it fetches the blob from the origin,
-// and which chunks it has already sent to some peer, so that requesters
-// spread its upload over different chunks and pass them on to each other.
+// verified and their hashes, whether it fetches the blob from the origin
+// and which chunks it has in flight from there, and which chunks it has
+// already sent to some peer, so that requesters spread its upload over
+// different chunks and pass them on to each other.
 type PeerState struct {
 	cache.ChunkState
-	Origin bool
-	Sent   []byte // bitmap like Have; nil when the server sent nothing yet
+	Origin   bool
+	Sent     []byte // bitmap like Have; nil when the server sent nothing yet
+	Fetching []byte // bitmap like Have, of chunks it has not; nil when none is in flight from the origin
 }
 
 // WasSent reports whether the server has already sent chunk i to a peer.
-func (p PeerState) WasSent(i int) bool {
-	return i >= 0 && i/8 < len(p.Sent) && p.Sent[i/8]&(1<<(i%8)) != 0
+func (p PeerState) WasSent(i int) bool { return bitSet(p.Sent, i) }
+
+// IsFetching reports whether the server is fetching chunk i from the origin.
+func (p PeerState) IsFetching(i int) bool { return bitSet(p.Fetching, i) }
+
+// bitSet reports whether bit i of bitmap b (LSB-first) is set.
+func bitSet(b []byte, i int) bool {
+	return i >= 0 && i/8 < len(b) && b[i/8]&(1<<(i%8)) != 0
+}
+
+// setBit sets or clears bit i of bitmap b, growing it as needed.
+func setBit(b []byte, i int, on bool) []byte {
+	if len(b) <= i/8 {
+		b = append(b, make([]byte, i/8+1-len(b))...)
+	}
+	if on {
+		b[i/8] |= 1 << (i % 8)
+	} else {
+		b[i/8] &^= 1 << (i % 8)
+	}
+	return b
+}
+
+// notHeld returns the bits of b that have lacks, shaped like have, or nil
+// when there are none.
+func notHeld(b, have []byte) []byte {
+	var out []byte
+	for i := range min(len(b), len(have)) {
+		if x := b[i] &^ have[i]; x != 0 {
+			if out == nil {
+				out = make([]byte, len(have))
+			}
+			out[i] = x
+		}
+	}
+	return out
 }
 
 // Chunk state wire format, all integers big-endian:
@@ -28,9 +64,11 @@ func (p PeerState) WasSent(i int) bool {
 //	magic "WDCS" | version 1 | flags | size uint64 | chunk size uint64 |
 //	have bitmap (ceil(chunks/8) bytes, bit i LSB-first = chunk i) |
 //	[sent bitmap, same length, a subset of have, when flag 4] |
+//	[fetching bitmap, same length, disjoint from have, when flag 8] |
 //	sha256 of each present chunk, in order
 //
-// flags: 1 complete, 2 fetching from the origin, 4 sent bitmap present.
+// flags: 1 complete, 2 fetching from the origin, 4 sent bitmap present,
+// 8 fetching bitmap present.
 const (
 	chunkStateMagic      = "WDCS"
 	chunkStateVersion    = 1
@@ -38,6 +76,7 @@ const (
 	flagComplete         = 1
 	flagOrigin           = 2
 	flagSent             = 4
+	flagFetching         = 8
 	// Bounds on what a peer may claim: a blob of at most 16 TiB, chunks of
 	// 64 KiB to 1 GiB, at most 16 Mi chunks.
 	maxChunkStateSize      = 16 << 40
@@ -45,13 +84,13 @@ const (
 	maxChunkStateChunkSize = 1 << 30
 	maxChunkStateChunks    = 16 << 20
 	// maxChunkStateBytes bounds a whole encoded state.
-	maxChunkStateBytes = chunkStateHeaderSize + 2*maxChunkStateChunks/8 + maxChunkStateChunks*32
+	maxChunkStateBytes = chunkStateHeaderSize + 3*maxChunkStateChunks/8 + maxChunkStateChunks*32
 )
 
 // EncodePeerState encodes p for the wire.
 func EncodePeerState(p PeerState) []byte {
 	n := chunksOf(p.Size, p.ChunkSize)
-	b := make([]byte, 0, chunkStateHeaderSize+2*len(p.Have)+n*32)
+	b := make([]byte, 0, chunkStateHeaderSize+3*len(p.Have)+n*32)
 	b = append(b, chunkStateMagic...)
 	var flags byte
 	if p.Complete {
@@ -63,12 +102,18 @@ func EncodePeerState(p PeerState) []byte {
 	if p.Sent != nil {
 		flags |= flagSent
 	}
+	if p.Fetching != nil {
+		flags |= flagFetching
+	}
 	b = append(b, chunkStateVersion, flags)
 	b = binary.BigEndian.AppendUint64(b, uint64(p.Size))
 	b = binary.BigEndian.AppendUint64(b, uint64(p.ChunkSize))
 	b = append(b, p.Have...)
 	if p.Sent != nil {
 		b = append(b, p.Sent...)
+	}
+	if p.Fetching != nil {
+		b = append(b, p.Fetching...)
 	}
 	for i := range n {
 		if p.Has(i) {
@@ -89,7 +134,7 @@ func DecodePeerState(b []byte) (PeerState, error) {
 		return p, fmt.Errorf("chunk state: unknown version %d", b[4])
 	}
 	flags := b[5]
-	if flags&^(flagComplete|flagOrigin|flagSent) != 0 {
+	if flags&^(flagComplete|flagOrigin|flagSent|flagFetching) != 0 {
 		return p, fmt.Errorf("chunk state: unknown flags %#x", flags)
 	}
 	size, cs := binary.BigEndian.Uint64(b[6:]), binary.BigEndian.Uint64(b[14:])
@@ -126,6 +171,16 @@ func DecodePeerState(b []byte) (PeerState, error) {
 		for i := range p.Sent {
 			if p.Sent[i]&^have[i] != 0 {
 				return PeerState{}, errors.New("chunk state: sent a chunk it does not have")
+			}
+		}
+	}
+	if flags&flagFetching != 0 {
+		if p.Fetching, err = take(); err != nil {
+			return PeerState{}, err
+		}
+		for i := range p.Fetching {
+			if p.Fetching[i]&have[i] != 0 {
+				return PeerState{}, errors.New("chunk state: fetching a chunk it has")
 			}
 		}
 	}

@@ -96,7 +96,7 @@ type Swarm struct {
 
 	mu     sync.Mutex
 	bans   map[string]time.Time
-	origin map[digest.Digest]bool // blobs this node fetches from the origin for the cluster
+	origin map[digest.Digest][]byte // blobs this node fetches from the origin for the cluster → bitmap of chunks in flight from there
 }
 
 type swarmMetrics struct {
@@ -118,7 +118,7 @@ func NewSwarm(dir Directory, client *http.Client, cfg SwarmConfig, log *slog.Log
 	}
 	cfg = cfg.withDefaults()
 	s := &Swarm{dir: dir, client: client, cfg: cfg, download: newLimiter(cfg.DownloadLimit), log: log,
-		bans: map[string]time.Time{}, origin: map[digest.Digest]bool{}}
+		bans: map[string]time.Time{}, origin: map[digest.Digest][]byte{}}
 	s.m = &swarmMetrics{
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weightd_p2p_received_bytes_total", Help: "Verified chunk bytes received, by source (peer or origin).",
@@ -178,20 +178,32 @@ func (src *swarmSource) Fill(ctx context.Context, p *cache.Partial) error {
 }
 
 // FetchesFromOrigin reports whether this node is fetching d from the origin
-// for the cluster; the chunk server tells peers (WithOriginRole).
-func (s *Swarm) FetchesFromOrigin(d digest.Digest) bool {
+// for the cluster, and the bitmap of chunks it has in flight from there;
+// the chunk server tells peers (WithOriginRole).
+func (s *Swarm) FetchesFromOrigin(d digest.Digest) (bool, []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.origin[d]
+	inflight, ok := s.origin[d]
+	return ok, slices.Clone(inflight)
 }
 
 func (s *Swarm) setOrigin(d digest.Digest, on bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if on {
-		s.origin[d] = true
-	} else {
+	if _, ok := s.origin[d]; on && !ok {
+		s.origin[d] = []byte{}
+	} else if !on {
 		delete(s.origin, d)
+	}
+}
+
+// fetchingFromOrigin records that chunk i of d is (or is no longer) in
+// flight from the origin, while this node has the origin role.
+func (s *Swarm) fetchingFromOrigin(d digest.Digest, i int, on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if inflight, ok := s.origin[d]; ok {
+		s.origin[d] = setBit(inflight, i, on)
 	}
 }
 
@@ -290,6 +302,7 @@ type fill struct {
 	originFailures int
 	originPause    time.Time
 	chunkTime      time.Duration // recent time to fetch one chunk (moving average)
+	originTime     time.Duration // recent time to fetch one chunk from the origin (moving average)
 	wg             sync.WaitGroup
 	results        chan chunkResult
 	states         chan stateResult
@@ -535,7 +548,7 @@ func (f *fill) schedule(ctx context.Context, missing []int) error {
 		// The origin first: its fetchers are the swarm's only way in, and
 		// every node waits on what they bring.
 		if f.useOrigin() {
-			if chunk := f.firstUnheld(missing); chunk >= 0 {
+			if chunk := f.nextFromOrigin(missing); chunk >= 0 {
 				f.launchOrigin(ctx, chunk)
 				total++
 				continue
@@ -576,7 +589,7 @@ func (f *fill) mayAskPeers(total int, missing []int) bool {
 	if !f.originRole || total-f.originInflight < fetcherPeerRequests {
 		return true
 	}
-	return f.originInflight == 0 && f.firstUnheld(missing) < 0
+	return f.originInflight == 0 && f.nextFromOrigin(missing) < 0
 }
 
 // inflightTotal is the requests in flight, to peers and the origin.
@@ -671,38 +684,81 @@ func (f *fill) useOrigin() bool {
 		now.After(f.originPause) && (f.originAtOnce || now.Sub(f.originSince) >= f.s.cfg.Settle/4)
 }
 
-// firstUnheld is the lowest missing chunk of this node's origin share not
-// in flight that no known peer has: the origin fetchers extend the swarm's
-// prefix in order.
-func (f *fill) firstUnheld(missing []int) int {
+// nextFromOrigin is the chunk this node fetches next from the origin, or
+// -1: the lowest missing chunk of its origin share that it has not in
+// flight and no known peer has or fetches from the origin, so the origin
+// fetchers extend the swarm's prefix in order. With its own share done, it
+// helps the others: the highest such chunk of another share. A fetcher
+// whose downlink carries more flows falls behind (their shares ended up to
+// 10 s apart at 8 × 50 Mbit/s), and the origin's link, which every node
+// waits on, would send the rest of its share at a fraction of its rate.
+// The owner works from the front of its share and the helper from the
+// back, each skipping what the other says it fetches, so they meet without
+// fetching a chunk twice.
+func (f *fill) nextFromOrigin(missing []int) int {
 	share, fetchers := f.originShare()
-	best := -1
+	// It helps only fetchers it follows: it sees what they have and fetch.
+	followed := make([]bool, len(fetchers))
+	for j, name := range fetchers {
+		pv := f.peers[name]
+		followed[j] = pv != nil && pv.known && pv.state.Origin
+	}
+	untaken := make([][]int, len(fetchers)) // each share's chunks no node has or fetches
 	for _, i := range missing {
-		if f.inflight[i] != 0 || i%fetchers != share || (best >= 0 && i > best) {
+		j := i % len(fetchers)
+		if f.inflight[i] != 0 || (j != share && !followed[j]) {
 			continue
 		}
-		held := false
+		taken := false
 		for _, pv := range f.peers {
-			if pv.known && pv.state.Has(i) && !f.s.Banned(pv.name) {
-				held = true
+			if pv.known && (pv.state.Has(i) || pv.state.IsFetching(i)) && !f.s.Banned(pv.name) {
+				taken = true
 				break
 			}
 		}
-		if !held {
-			best = i
+		if !taken {
+			untaken[j] = append(untaken[j], i)
 		}
 	}
-	return best
+	if len(untaken[share]) > 0 {
+		return slices.Min(untaken[share])
+	}
+	// Help the fetcher with the most left, but leave it what it may ask
+	// for before word of it reaches here, and word of this node's request
+	// reaches it: its requests in flight, again for each origin chunk time
+	// in stateLag. Where the origin sends a chunk much sooner than that,
+	// helping would fetch chunks twice, and a lagging share costs little.
+	if f.originTime <= 0 {
+		return -1
+	}
+	leave := f.s.cfg.OriginInFlight * (1 + int(f.stateLag()/f.originTime))
+	behind := -1
+	for j, left := range untaken {
+		if j != share && len(left) > leave && (behind < 0 || len(left) > len(untaken[behind])) {
+			behind = j
+		}
+	}
+	if behind < 0 {
+		return -1
+	}
+	return slices.Max(untaken[behind])
+}
+
+// stateLag bounds how long word of a request takes from one origin
+// fetcher to another and back: each reads the other's state at most once
+// per Refresh, and a server looks for news every statePoll.
+func (f *fill) stateLag() time.Duration {
+	return 2 * (f.s.cfg.Refresh + statePoll)
 }
 
 // originShare is this node's share of the origin fetch: the chunks i with
-// i%fetchers == share, where fetchers counts the origin fetchers this node
-// knows of, itself included, and share is its place among them in
-// rendezvous order. Each chunk then leaves the origin once, and each
+// i%len(fetchers) == share, where fetchers are the origin fetchers this
+// node knows of, itself included, in rendezvous order (share j is
+// fetchers[j]'s), and share is its place among them. Each chunk then leaves the origin once, and each
 // fetcher's upload, which must pass on every chunk it fetches, carries only
 // its share: one fetcher alone would have to upload as fast as the origin
 // sends, and the swarm would lag it by whatever it lost.
-func (f *fill) originShare() (share, fetchers int) {
+func (f *fill) originShare() (share int, fetchers []string) {
 	local := f.s.dir.LocalName()
 	fetching, candidates := []string{local}, []string{local}
 	for name, pv := range f.peers {
@@ -729,7 +785,7 @@ func (f *fill) originShare() (share, fetchers int) {
 		}
 	}
 	order := rendezvous(f.d, fetching)
-	return slices.Index(order, local), len(order)
+	return slices.Index(order, local), order
 }
 
 func (f *fill) launchPeer(ctx context.Context, i int, pv *peerView) {
@@ -776,6 +832,7 @@ func (f *fill) launchOrigin(ctx context.Context, i int) {
 	n := f.p.ChunkLen(i)
 	off := int64(i) * f.p.ChunkSize()
 	timeout := f.timeout(i)
+	f.s.fetchingFromOrigin(f.d, i, true)
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
@@ -783,6 +840,7 @@ func (f *fill) launchOrigin(ctx context.Context, i int) {
 		err := f.s.fetchOrigin(ctx, f.origin, off, n, timeout, func(data []byte) error {
 			return f.write(i, data, nil, "")
 		})
+		f.s.fetchingFromOrigin(f.d, i, false)
 		f.report(ctx, chunkResult{chunk: i, err: err, bytes: n, took: time.Since(start)})
 	}()
 }
@@ -830,6 +888,7 @@ func (f *fill) handle(r chunkResult) error {
 		}
 		if r.peer == "" {
 			f.originFailures = 0
+			f.originTime = (3*f.originTime + r.took) / 4
 		}
 		return nil
 	}
@@ -972,8 +1031,10 @@ func (s *Swarm) readState(ctx context.Context, addr string, d digest.Digest, kno
 		url += fmt.Sprintf("?since=%d&wait=%s", countBits(last.Have), stateWait)
 		if last.Origin {
 			// Its first sends matter too: it is not asked again for
-			// what it sent (pickFromPeers).
-			url += fmt.Sprintf("&origin=1&sent=%d", countBits(last.Sent))
+			// what it sent (pickFromPeers); and so do its origin
+			// requests: the other fetchers leave those chunks to it
+			// (nextFromOrigin).
+			url += fmt.Sprintf("&origin=1&sent=%d&fetching=%d", countBits(last.Sent), countBits(last.Fetching))
 		} else {
 			url += "&origin=0"
 		}

@@ -583,7 +583,8 @@ func TestSwarmAsksTheFirstRankedMembers(t *testing.T) {
 	defer cancel()
 	_, err = store.Fetch(ctx, descOf(data), s.Source(descOf(data), originGone{}), nil)
 	require.NoError(t, err, "fetched from the first-ranked member, not the origin")
-	require.False(t, s.FetchesFromOrigin(d))
+	fetching, _ := s.FetchesFromOrigin(d)
+	require.False(t, fetching)
 }
 
 // An origin fetcher with chunks left to fetch from the origin keeps most of
@@ -629,4 +630,42 @@ func TestFirstRankedMemberTakesTheOriginRoleAtOnce(t *testing.T) {
 		require.Equal(t, rank < s.cfg.OriginFetchers, f.originRole, "rank %d of %d", rank, len(names))
 		require.Equal(t, f.originRole, f.useOrigin(), "rank %d: no node can rank above it, nothing to wait for", rank)
 	}
+}
+
+// An origin fetcher takes its own share from the front; with its share done
+// it takes another fetcher's from the back (where the origin is slow enough
+// for word of requests to keep up), and neither fetches a chunk the other
+// says it is fetching.
+func TestOriginFetchersMeetFromOppositeEnds(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	d := descOf(randomBlob(40, testChunk)).Digest
+	other := &peerView{name: "other", known: true,
+		state: PeerState{ChunkState: cache.ChunkState{Size: 8 * testChunk, ChunkSize: testChunk, Have: []byte{0}}, Origin: true}}
+	f := &fill{s: s, d: d, inflight: map[int]int{}, peers: map[string]*peerView{"other": other}, originRole: true}
+	share, fetchers := f.originShare()
+	require.Len(t, fetchers, 2)
+	var mine, theirs []int
+	for i := range 8 {
+		if i%2 == share {
+			mine = append(mine, i)
+		} else {
+			theirs = append(theirs, i)
+		}
+	}
+	all := []int{0, 1, 2, 3, 4, 5, 6, 7}
+
+	require.Equal(t, mine[0], f.nextFromOrigin(slices.Clone(all)), "its own share, from the front")
+	other.state.Fetching = setBit(nil, mine[0], true)
+	require.Equal(t, mine[1], f.nextFromOrigin(slices.Clone(all)), "not what the other fetches")
+
+	other.state.Fetching = setBit(nil, theirs[0], true)
+	f.originTime = time.Millisecond
+	require.Equal(t, -1, f.nextFromOrigin(slices.Clone(theirs)), "its share done; the origin sends a chunk sooner than word of a request travels")
+	f.originTime = time.Second
+	require.Equal(t, theirs[3], f.nextFromOrigin(slices.Clone(theirs)), "its share done: the other's, from the back")
+	f.inflight[theirs[3]] = 1
+	other.state.Have = setBit([]byte{0}, theirs[1], true)
+	require.Equal(t, -1, f.nextFromOrigin(slices.Clone(theirs)), "the other's next two chunks are left to it")
 }
