@@ -177,8 +177,9 @@ const (
 // serveState answers with the blob's state. With "?since=K&wait=D" it first
 // waits, up to D (at most 2 s), until this node has more than K chunks of the
 // blob or holds it whole, or (with "&sent=J") until it has sent other than J
-// of them, or (with "&fetching=F") until it has other than F in flight from
-// the origin, or (with "&origin=0|1") until its origin role differs: peers
+// of them, or (with "&fetching=F", which also asks for the bitmap of chunks
+// in flight from the origin) until it has other than F in flight from
+// there, or (with "&origin=0|1") until its origin role differs: peers
 // learn of each verified chunk, each first send and each origin request
 // within milliseconds without polling in a tight loop.
 func (s *ChunkServer) serveState(w http.ResponseWriter, r *http.Request) {
@@ -220,7 +221,12 @@ func (s *ChunkServer) serveState(w http.ResponseWriter, r *http.Request) {
 		st, err := s.store.ChunkState(d)
 		origin, inflight := s.originRole(d)
 		sent := s.sent.get(d, st.Have)
-		fetching := notHeld(inflight, st.Have)
+		var fetching []byte
+		if knownFetching >= 0 {
+			// Only to those who ask: agents that predate the fetching
+			// bitmap reject a state that has one.
+			fetching = notHeld(inflight, st.Have)
+		}
 		news := err == nil && (st.Complete || countBits(st.Have) > since ||
 			(knownSent >= 0 && countBits(sent) != knownSent) ||
 			(knownFetching >= 0 && countBits(fetching) != knownFetching) ||

@@ -259,8 +259,9 @@ func TestChunkServerTellsSentChunksAndWaitsForNews(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
 }
 
-// An origin fetcher's state tells the chunks it has in flight from the
-// origin (less those it holds), and a watcher hears of each new request.
+// An origin fetcher's state tells those who ask the chunks it has in flight
+// from the origin (less those it holds), and a watcher hears of each new
+// request.
 func TestChunkServerTellsOriginRequests(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
@@ -277,6 +278,10 @@ func TestChunkServerTellsOriginRequests(t *testing.T) {
 		require.NoError(t, p.WriteChunk(0, data[:testChunk], nil))
 		_, body := get(t, ts.URL+fmt.Sprintf(statePath, d))
 		st, err := DecodePeerState(body)
+		require.NoError(t, err)
+		require.Nil(t, st.Fetching, "not asked for: agents that predate it reject the bitmap")
+		_, body = get(t, ts.URL+fmt.Sprintf(statePath, d)+"?fetching=0")
+		st, err = DecodePeerState(body)
 		require.NoError(t, err)
 		require.Equal(t, []bool{false, true, false}, []bool{st.IsFetching(0), st.IsFetching(1), st.IsFetching(2)},
 			"chunk 0 is held, not fetched")
