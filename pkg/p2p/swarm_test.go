@@ -189,6 +189,53 @@ func TestSwarmOriginServesAboutOneCopy(t *testing.T) {
 	require.GreaterOrEqual(t, fromPeers, float64(2*len(data)), "the other nodes got their bytes from peers")
 }
 
+// slowOrigin is an origin whose every range takes delay to open.
+type slowOrigin struct {
+	*countingOrigin
+	delay time.Duration
+}
+
+func (o slowOrigin) OpenBoundedRange(ctx context.Context, off, n int64) (io.ReadCloser, error) {
+	select {
+	case <-time.After(o.delay):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return o.countingOrigin.OpenBoundedRange(ctx, off, n)
+}
+
+// An origin fetcher that is done with its share takes over part of a slower
+// fetcher's, and the origin still sends one copy.
+func TestOriginFetcherHelpsASlowerOne(t *testing.T) {
+	t.Parallel()
+	nodes := startSwarmCluster(t, 4, nil)
+	data := randomBlob(12, 40*testChunk)
+	var names []string
+	for _, n := range nodes {
+		names = append(names, n.name)
+	}
+	fetchers := rendezvous(descOf(data).Digest, names)[:2] // in share order
+	origin := &countingOrigin{data: data}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	g, ctx := errgroup.WithContext(ctx)
+	for _, n := range nodes {
+		o := slowOrigin{origin, 150 * time.Millisecond}
+		if n.name == fetchers[0] {
+			o.delay = 600 * time.Millisecond
+		}
+		g.Go(func() error { return n.fetch(ctx, data, o) })
+	}
+	require.NoError(t, g.Wait())
+	fromOrigin := map[string]float64{}
+	for _, n := range nodes {
+		fromOrigin[n.name] = testutil.ToFloat64(n.swarm.m.received.WithLabelValues("origin"))
+	}
+	t.Logf("origin served %.2f copies; by node: %v", float64(origin.sent.Load())/float64(len(data)), fromOrigin)
+	require.LessOrEqual(t, float64(origin.sent.Load())/float64(len(data)), 1.05, "the origin serves about one copy")
+	require.Greater(t, fromOrigin[fetchers[1]], float64(len(data))/2, "the faster fetcher took part of the slower one's share")
+}
+
 func TestSwarmCompletesFromPeersWhenOriginIsGone(t *testing.T) {
 	t.Parallel()
 	nodes := startSwarmCluster(t, 3, nil)
