@@ -238,17 +238,7 @@ func TestChunkServerTellsSentChunksAndWaitsForNews(t *testing.T) {
 		require.False(t, st.WasSent(1))
 
 		// A state request that already knows one chunk waits for the next.
-		answered := make(chan PeerState)
-		go func() {
-			_, body := get(t, ts.URL+fmt.Sprintf(statePath, d)+"?since=1&wait=2s")
-			st, _ := DecodePeerState(body)
-			answered <- st
-		}()
-		select {
-		case <-answered:
-			t.Fatal("answered without news")
-		case <-time.After(200 * time.Millisecond):
-		}
+		answered := waitForNews(t, ts.URL+fmt.Sprintf(statePath, d)+"?since=1&wait=2s")
 		require.NoError(t, p.WriteChunk(2, data[2*testChunk:], nil))
 		st = <-answered
 		require.True(t, st.Has(2), "answered with the news")
@@ -257,6 +247,23 @@ func TestChunkServerTellsSentChunksAndWaitsForNews(t *testing.T) {
 	require.NoError(t, err)
 	resp, _ := get(t, ts.URL+fmt.Sprintf(statePath, d)+"?since=x")
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+}
+
+// waitForNews asks for a chunk state that waits for news, checks that no
+// answer comes for 200 ms, and returns the channel the answer comes on.
+func waitForNews(t *testing.T, url string) <-chan PeerState {
+	answered := make(chan PeerState)
+	go func() {
+		_, body := get(t, url)
+		st, _ := DecodePeerState(body)
+		answered <- st
+	}()
+	select {
+	case <-answered:
+		t.Fatal("answered without news")
+	case <-time.After(200 * time.Millisecond):
+	}
+	return answered
 }
 
 // An origin fetcher's state tells those who ask the chunks it has in flight
@@ -286,17 +293,7 @@ func TestChunkServerTellsOriginRequests(t *testing.T) {
 		require.Equal(t, []bool{false, true, false}, []bool{st.IsFetching(0), st.IsFetching(1), st.IsFetching(2)},
 			"chunk 0 is held, not fetched")
 
-		answered := make(chan PeerState)
-		go func() {
-			_, body := get(t, ts.URL+fmt.Sprintf(statePath, d)+"?since=1&wait=2s&origin=1&sent=0&fetching=1")
-			st, _ := DecodePeerState(body)
-			answered <- st
-		}()
-		select {
-		case <-answered:
-			t.Fatal("answered without news")
-		case <-time.After(200 * time.Millisecond):
-		}
+		answered := waitForNews(t, ts.URL+fmt.Sprintf(statePath, d)+"?since=1&wait=2s&origin=1&sent=0&fetching=1")
 		mu.Lock()
 		inflight = setBit(inflight, 2, true)
 		mu.Unlock()

@@ -190,10 +190,11 @@ func (s *Swarm) FetchesFromOrigin(d digest.Digest) (bool, []byte) {
 func (s *Swarm) setOrigin(d digest.Digest, on bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.origin[d]; on && !ok {
-		s.origin[d] = []byte{}
-	} else if !on {
+	switch _, ok := s.origin[d]; {
+	case !on:
 		delete(s.origin, d)
+	case !ok:
+		s.origin[d] = []byte{}
 	}
 }
 
@@ -754,10 +755,11 @@ func (f *fill) stateLag() time.Duration {
 // originShare is this node's share of the origin fetch: the chunks i with
 // i%len(fetchers) == share, where fetchers are the origin fetchers this
 // node knows of, itself included, in rendezvous order (share j is
-// fetchers[j]'s), and share is its place among them. Each chunk then leaves the origin once, and each
-// fetcher's upload, which must pass on every chunk it fetches, carries only
-// its share: one fetcher alone would have to upload as fast as the origin
-// sends, and the swarm would lag it by whatever it lost.
+// fetchers[j]'s), and share is its place among them. Each chunk then
+// leaves the origin once, and each fetcher's upload, which must pass on
+// every chunk it fetches, carries only its share: one fetcher alone would
+// have to upload as fast as the origin sends, and the swarm would lag it
+// by whatever it lost.
 func (f *fill) originShare() (share int, fetchers []string) {
 	local := f.s.dir.LocalName()
 	fetching, candidates := []string{local}, []string{local}
