@@ -107,7 +107,7 @@ func newPeering(cfg p2pConfig, log *slog.Logger, reg prometheus.Registerer) (*pe
 // advertised on the gossip address's host.
 func (p *peering) serve(store *cache.Store, cfg p2pConfig, log *slog.Logger, reg prometheus.Registerer) (run []func(context.Context) error, err error) {
 	p.server, err = p2p.NewChunkServer(store, reg,
-		p2p.WithOriginRole(p.swarm.FetchesFromOrigin),
+		p2p.WithSwarm(p.swarm),
 		p2p.WithUploadLimit(int64(cfg.UploadLimit)),
 		p2p.WithMaxUploads(cfg.MaxUploads),
 		p2p.WithResolutions(p.resolutions),

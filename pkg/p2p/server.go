@@ -2,6 +2,8 @@ package p2p
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -46,15 +48,19 @@ const sendPiece = 256 << 10
 //	GET /v1/blobs/{digest}/chunks/{i}   chunk i, or a byte range of it (Range: bytes=a-b)
 //	GET /v1/resolutions/{key}           how a reference resolved (with WithResolutions)
 //
-// Chunks of blobs still downloading are served as soon as they are verified.
-// Bytes go from the blob file to the socket with sendfile, paced by the
-// upload limit. Unknown or unverified content is 404, a malformed digest or
-// index 400; no path is derived from anything but a validated digest.
+// Chunks of blobs still downloading are served as soon as they are verified,
+// and (WithSwarm) a whole chunk still on its way here is relayed as it
+// comes, its last piece only once it is verified here: a peer completes
+// only chunks this node verified, and a chunk crosses the swarm in about one
+// transfer time instead of one per hop. Bytes go from the blob file to the
+// socket with sendfile, paced by the upload limit. Unknown or unverified
+// content is 404, a malformed digest or index 400; no path is derived from
+// anything but a validated digest.
 type ChunkServer struct {
 	store       ChunkStore
-	origin      func(digest.Digest) (bool, []byte) // whether this node fetches d from the origin, and its chunks in flight from there
-	slots       chan struct{}                      // chunk uploads at once; nil for no limit
-	resolutions *Resolutions                       // nil: none served
+	swarm       *Swarm        // nil: no origin role told, no chunk relayed
+	slots       chan struct{} // chunk uploads at once; nil for no limit
+	resolutions *Resolutions  // nil: none served
 	sent        sentLog
 	repeating   atomic.Bool // an origin fetcher is sending a chunk again
 	upload      *rate.Limiter
@@ -87,22 +93,27 @@ func WithMaxUploads(n int) ServerOption {
 	}
 }
 
-// WithOriginRole tells peers, in each blob's chunk state, whether this node
-// fetches that blob from the origin, and which of its chunks it has in
-// flight from there (a bitmap; Swarm.FetchesFromOrigin): they then leave
-// the origin alone, trust this node's chunk hashes first, and do not fetch
-// from the origin what it is fetching.
-func WithOriginRole(fetches func(digest.Digest) (bool, []byte)) ServerOption {
-	return func(s *ChunkServer) { s.origin = fetches }
+// WithSwarm serves what sw, this node's swarm downloader, is doing: in each
+// blob's chunk state, whether this node fetches the blob from the origin
+// (peers then leave the origin alone and trust its chunk hashes first) and
+// which chunks are on their way here (peers then ask for them at once, and
+// do not fetch them from the origin); and the chunks on their way, relayed
+// as they come.
+func WithSwarm(sw *Swarm) ServerOption {
+	return func(s *ChunkServer) { s.swarm = sw }
 }
 
-// originRole is whether this node fetches d from the origin, and the
-// bitmap of chunks it has in flight from there.
-func (s *ChunkServer) originRole(d digest.Digest) (bool, []byte) {
-	if s.origin == nil {
-		return false, nil
+// originRole is whether this node fetches d from the origin.
+func (s *ChunkServer) originRole(d digest.Digest) bool {
+	return s.swarm != nil && s.swarm.FetchesFromOrigin(d)
+}
+
+// receiving is the bitmap of d's chunks on their way here, nil if none.
+func (s *ChunkServer) receiving(d digest.Digest) []byte {
+	if s.swarm == nil {
+		return nil
 	}
-	return s.origin(d)
+	return s.swarm.live.receiving(d)
 }
 
 // WithResolutions serves r to peers that cannot reach an origin to resolve
@@ -122,7 +133,7 @@ func NewChunkServer(store ChunkStore, reg prometheus.Registerer, opts ...ServerO
 			Name: "weightd_p2p_served_bytes_total", Help: "Chunk bytes served to peers.",
 		}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "weightd_p2p_server_requests_total", Help: "Chunk server requests by route and status code.",
+			Name: "weightd_p2p_server_requests_total", Help: "Chunk server requests by route (state, chunk, relay: a chunk sent while it comes in, resolution) and status code.",
 		}, []string{"route", "code"}),
 	}}
 	for _, o := range opts {
@@ -178,10 +189,12 @@ const (
 // waits, up to D (at most 2 s), until this node has more than K chunks of the
 // blob or holds it whole, or (with "&sent=J") until it has sent other than J
 // of them, or (with "&fetching=F", which also asks for the bitmap of chunks
-// in flight from the origin) until it has other than F in flight from
-// there, or (with "&origin=0|1") until its origin role differs: peers
-// learn of each verified chunk, each first send and each origin request
-// within milliseconds without polling in a tight loop.
+// on their way here) until other than F are on their way, or (with
+// "&origin=0|1") until its origin role differs: peers learn of each
+// verified chunk, each first send and each chunk on its way within
+// milliseconds without polling in a tight loop. With "&known=B"
+// (the bitmap of chunks whose hashes the requester has, base64url) it
+// leaves those hashes out.
 func (s *ChunkServer) serveState(w http.ResponseWriter, r *http.Request) {
 	d, err := cache.ParseDigest(r.PathValue("digest"))
 	if err != nil {
@@ -216,16 +229,23 @@ func (s *ChunkServer) serveState(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	knownOrigin := r.URL.Query().Get("origin")
+	var knownHashes []byte
+	if v := r.URL.Query().Get("known"); v != "" {
+		if knownHashes, err = base64.RawURLEncoding.DecodeString(v); err != nil {
+			s.fail(w, "state", http.StatusBadRequest, fmt.Errorf("known %q", v))
+			return
+		}
+	}
 	deadline := time.Now().Add(min(wait, maxStateWait))
 	for {
 		st, err := s.store.ChunkState(d)
-		origin, inflight := s.originRole(d)
+		origin := s.originRole(d)
 		sent := s.sent.get(d, st.Have)
 		var fetching []byte
 		if knownFetching >= 0 {
 			// Only to those who ask: agents that predate the fetching
 			// bitmap reject a state that has one.
-			fetching = notHeld(inflight, st.Have)
+			fetching = notHeld(s.receiving(d), st.Have)
 		}
 		news := err == nil && (st.Complete || countBits(st.Have) > since ||
 			(knownSent >= 0 && countBits(sent) != knownSent) ||
@@ -236,7 +256,15 @@ func (s *ChunkServer) serveState(w http.ResponseWriter, r *http.Request) {
 				s.fail(w, "state", statusOf(err), err)
 				return
 			}
-			b := EncodePeerState(PeerState{ChunkState: st, Origin: origin, Sent: sent, Fetching: fetching})
+			var known []byte
+			if knownHashes != nil {
+				if len(knownHashes) != len(st.Have) {
+					s.fail(w, "state", http.StatusBadRequest, fmt.Errorf("known: %d bytes for %d chunks", len(knownHashes), chunksOf(st.Size, st.ChunkSize)))
+					return
+				}
+				known = intersect(knownHashes, st.Have)
+			}
+			b := EncodePeerState(PeerState{ChunkState: st, Origin: origin, Sent: sent, Fetching: fetching, Known: known})
 			w.Header().Set("Content-Type", "application/octet-stream")
 			w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 			s.m.requests.WithLabelValues("state", "200").Inc()
@@ -282,12 +310,26 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	// A chunk not verified here yet is relayed if it is on its way (whole
+	// chunks only). It stops being on its way once verified and written:
+	// if it stopped since the first look, the second finds it.
 	f, off, n, err := s.store.OpenChunk(d, i)
-	if err != nil {
+	var live *liveChunk
+	if errors.Is(err, cache.ErrNotFound) && s.swarm != nil && r.Header.Get("Range") == "" {
+		if live = s.swarm.live.open(d, i); live == nil {
+			f, off, n, err = s.store.OpenChunk(d, i)
+		}
+	}
+	switch {
+	case live != nil:
+		defer live.release()
+		n = int64(len(live.data()))
+	case err != nil:
 		s.fail(w, "chunk", statusOf(err), err)
 		return
+	default:
+		defer f.Close()
 	}
-	defer f.Close()
 	// An origin fetcher's upload is the swarm's narrowest pipe: every chunk
 	// of its share must leave it once, as fast as the origin sends it. So
 	// it sends a chunk once per resendAfter (the first receiver passes it
@@ -295,7 +337,7 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	// free: first copies keep most of the link, and the rest is not left
 	// idle. Any other node sends a chunk to all who ask, and spreads it
 	// sooner.
-	if origin, _ := s.originRole(d); !s.sent.mark(d, i, origin) {
+	if !s.sent.mark(d, i, s.originRole(d)) {
 		if s.slots == nil || len(s.slots) > cap(s.slots)/2 || !s.repeating.CompareAndSwap(false, true) {
 			w.Header().Set(busyHeader, "chunk")
 			s.fail(w, "chunk", http.StatusServiceUnavailable, errors.New("chunk sent already; ask its receiver"))
@@ -303,6 +345,10 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 		}
 		defer s.repeating.Store(false)
 		s.sent.mark(d, i, false)
+	}
+	if live != nil {
+		s.relay(w, r, live, d, i)
+		return
 	}
 	code := http.StatusOK
 	if h := r.Header.Get("Range"); h != "" {
@@ -323,23 +369,67 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
 	w.WriteHeader(code)
 	s.m.requests.WithLabelValues("chunk", strconv.Itoa(code)).Inc()
-	for n > 0 {
-		k := min(n, sendPiece)
-		if s.upload != nil {
-			if err := s.upload.WaitN(r.Context(), int(k)); err != nil {
-				return
-			}
-		}
+	err = s.send(r.Context(), n, func(_, k int64) (int64, error) {
 		// io.CopyN wraps f in an io.LimitedReader, which net/http hands to
 		// sendfile: the bytes go from the page cache to the socket.
-		sent, err := io.CopyN(w, f, k)
+		return io.CopyN(w, f, k)
+	})
+	if err != nil {
+		s.log.Debug("chunk upload ended early", "digest", d, "chunk", i, "err", err)
+	}
+}
+
+// Headers of a relayed chunk: relayHeader marks it, and hashTrailer, after
+// the last byte, gives the chunk's sha256 (hex), which this node verified
+// before it sent that byte.
+const (
+	relayHeader = "Weightd-Relay"
+	hashTrailer = "Weightd-Chunk-Sha256"
+)
+
+// relay sends chunk i of d while it comes in: each piece as soon as it
+// has come, the last once the chunk is verified. If it fails here, the
+// response ends short, and the peer drops what it got.
+func (s *ChunkServer) relay(w http.ResponseWriter, r *http.Request, c *liveChunk, d digest.Digest, i int) {
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set(relayHeader, "1")
+	w.Header().Set("Trailer", hashTrailer)
+	w.WriteHeader(http.StatusOK)
+	s.m.requests.WithLabelValues("relay", "200").Inc()
+	err := s.send(r.Context(), int64(len(c.data())), func(off, k int64) (int64, error) {
+		sum, err := c.wait(r.Context(), off+k)
+		if err != nil {
+			return 0, err
+		}
+		if sum != nil {
+			w.Header().Set(hashTrailer, hex.EncodeToString(sum))
+		}
+		sent, err := w.Write(c.data()[off : off+k])
+		return int64(sent), err
+	})
+	if err != nil {
+		s.log.Debug("chunk relay ended early", "digest", d, "chunk", i, "err", err)
+	}
+}
+
+// send sends n bytes with next, which sends k bytes from offset off, a
+// sendPiece at a time paced by the upload limit.
+func (s *ChunkServer) send(ctx context.Context, n int64, next func(off, k int64) (int64, error)) error {
+	for off := int64(0); off < n; {
+		k := min(n-off, sendPiece)
+		if s.upload != nil {
+			if err := s.upload.WaitN(ctx, int(k)); err != nil {
+				return err
+			}
+		}
+		sent, err := next(off, k)
 		s.m.servedBytes.Add(float64(sent))
 		if err != nil {
-			s.log.Debug("chunk upload ended early", "digest", d, "chunk", i, "err", err)
-			return
+			return err
 		}
-		n -= sent
+		off += sent
 	}
+	return nil
 }
 
 // busyHeader says, on a 503, whether the chunk or the whole server is busy.
@@ -412,13 +502,7 @@ func (l *sentLog) get(d digest.Digest, have []byte) []byte {
 	if !ok {
 		return nil
 	}
-	out := make([]byte, len(have))
-	for i := range out {
-		if i < len(b) {
-			out[i] = b[i] & have[i]
-		}
-	}
-	return out
+	return intersect(b, have)
 }
 
 func (s *ChunkServer) fail(w http.ResponseWriter, route string, code int, err error) {

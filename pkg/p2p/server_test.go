@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -11,9 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -204,17 +204,34 @@ func TestPeerStateRoundTrip(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, p, got)
 	}
+
+	// A state that leaves out the hashes the requester knows is shorter by
+	// those, and the requester fills them in from its last state.
+	full := PeerState{ChunkState: st}
+	short := EncodePeerState(PeerState{ChunkState: st, Known: []byte{0b1001}})
+	require.Len(t, short, len(EncodePeerState(full))+1-2*32, "one bitmap byte more, two hashes fewer")
+	got, err := DecodePeerState(short)
+	require.NoError(t, err)
+	require.Equal(t, make([]byte, 32), got.Hash(0), "left out")
+	require.NoError(t, got.fillKnown(full))
+	require.Equal(t, full, got)
+	got, err = DecodePeerState(short)
+	require.NoError(t, err)
+	require.Error(t, got.fillKnown(PeerState{ChunkState: cache.ChunkState{Size: st.Size, ChunkSize: st.ChunkSize, Have: []byte{0b1}, Hashes: st.Hashes}}),
+		"a hash left out that the requester lacks")
+
 	enc := func(p PeerState) []byte { return EncodePeerState(p) }
 	for name, b := range map[string][]byte{
-		"empty":          nil,
-		"bad magic":      []byte("XXXX\x01\x00" + string(make([]byte, 16))),
-		"trailing":       append(enc(PeerState{ChunkState: st}), 0),
-		"short":          enc(PeerState{ChunkState: st})[:30],
-		"bits past end":  enc(PeerState{ChunkState: cache.ChunkState{Size: 1, ChunkSize: testChunk, Have: []byte{0b10}, Hashes: make([]byte, 32)}}),
-		"tiny chunks":    enc(PeerState{ChunkState: cache.ChunkState{Size: 10, ChunkSize: 1, Have: make([]byte, 2)}}),
-		"complete holes": enc(PeerState{ChunkState: cache.ChunkState{Size: 2 * testChunk, ChunkSize: testChunk, Complete: true, Have: []byte{1}, Hashes: make([]byte, 64)}}),
-		"sent, not held": enc(PeerState{ChunkState: st, Sent: []byte{0b10}}),
-		"fetching, held": enc(PeerState{ChunkState: st, Fetching: []byte{0b1000}}),
+		"empty":           nil,
+		"bad magic":       []byte("XXXX\x01\x00" + string(make([]byte, 16))),
+		"trailing":        append(enc(PeerState{ChunkState: st}), 0),
+		"short":           enc(PeerState{ChunkState: st})[:30],
+		"bits past end":   enc(PeerState{ChunkState: cache.ChunkState{Size: 1, ChunkSize: testChunk, Have: []byte{0b10}, Hashes: make([]byte, 32)}}),
+		"tiny chunks":     enc(PeerState{ChunkState: cache.ChunkState{Size: 10, ChunkSize: 1, Have: make([]byte, 2)}}),
+		"complete holes":  enc(PeerState{ChunkState: cache.ChunkState{Size: 2 * testChunk, ChunkSize: testChunk, Complete: true, Have: []byte{1}, Hashes: make([]byte, 64)}}),
+		"sent, not held":  enc(PeerState{ChunkState: st, Sent: []byte{0b10}}),
+		"fetching, held":  enc(PeerState{ChunkState: st, Fetching: []byte{0b1000}}),
+		"known, not held": enc(PeerState{ChunkState: st, Known: []byte{0b10}}),
 	} {
 		_, err := DecodePeerState(b)
 		require.Error(t, err, name)
@@ -247,6 +264,17 @@ func TestChunkServerTellsSentChunksAndWaitsForNews(t *testing.T) {
 	require.NoError(t, err)
 	resp, _ := get(t, ts.URL+fmt.Sprintf(statePath, d)+"?since=x")
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+
+	// A requester that knows the hash of chunk 1 does not get it again.
+	_, body := get(t, ts.URL+fmt.Sprintf(statePath, d)+"?known="+base64.RawURLEncoding.EncodeToString([]byte{0b10}))
+	st, err := DecodePeerState(body)
+	require.NoError(t, err)
+	require.True(t, st.Complete)
+	require.Equal(t, []byte{0b10}, st.Known)
+	require.Equal(t, make([]byte, 32), st.Hash(1))
+	require.NotEqual(t, make([]byte, 32), st.Hash(2))
+	resp, _ = get(t, ts.URL+fmt.Sprintf(statePath, d)+"?known=AAAA")
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode, "a bitmap of the wrong length")
 }
 
 // waitForNews asks for a chunk state that waits for news, checks that no
@@ -266,21 +294,28 @@ func waitForNews(t *testing.T, url string) <-chan PeerState {
 	return answered
 }
 
-// An origin fetcher's state tells those who ask the chunks it has in flight
-// from the origin (less those it holds), and a watcher hears of each new
-// request.
-func TestChunkServerTellsOriginRequests(t *testing.T) {
+// originSwarm is a swarm downloader that fetches d from the origin.
+func originSwarm(t *testing.T, d digest.Digest) *Swarm {
+	sw, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	sw.setOrigin(d, true)
+	return sw
+}
+
+// A state tells those who ask the chunks on their way to the server (less
+// those it holds), and a watcher hears of each new one.
+func TestChunkServerTellsChunksOnTheirWay(t *testing.T) {
 	t.Parallel()
-	var mu sync.Mutex
-	inflight := setBit(setBit(nil, 0, true), 1, true)
-	store := newTestStore(t)
-	_, ts := serveStore(t, store, WithOriginRole(func(digest.Digest) (bool, []byte) {
-		mu.Lock()
-		defer mu.Unlock()
-		return true, slices.Clone(inflight)
-	}))
 	data := randomBlob(41, 3*testChunk)
 	d := descOf(data).Digest
+	sw := originSwarm(t, d)
+	store := newTestStore(t)
+	_, ts := serveStore(t, store, WithSwarm(sw))
+	for i := range 2 {
+		c := sw.live.chunk(d, i, testChunk)
+		c.share()
+		t.Cleanup(func() { c.settle(nil) })
+	}
 	_, err := store.Fetch(context.Background(), descOf(data), fillFunc(func(ctx context.Context, p *cache.Partial) error {
 		require.NoError(t, p.WriteChunk(0, data[:testChunk], nil))
 		_, body := get(t, ts.URL+fmt.Sprintf(statePath, d))
@@ -294,9 +329,9 @@ func TestChunkServerTellsOriginRequests(t *testing.T) {
 			"chunk 0 is held, not fetched")
 
 		answered := waitForNews(t, ts.URL+fmt.Sprintf(statePath, d)+"?since=1&wait=2s&origin=1&sent=0&fetching=1")
-		mu.Lock()
-		inflight = setBit(inflight, 2, true)
-		mu.Unlock()
+		c := sw.live.chunk(d, 2, testChunk)
+		c.share()
+		defer c.settle(nil)
 		st = <-answered
 		require.True(t, st.IsFetching(1) && st.IsFetching(2), "answered with the new request")
 		require.NoError(t, p.WriteChunk(1, data[testChunk:2*testChunk], nil))
@@ -312,6 +347,7 @@ func FuzzDecodePeerState(f *testing.F) {
 	f.Add(EncodePeerState(PeerState{ChunkState: cache.ChunkState{Size: testChunk, ChunkSize: testChunk, Complete: true, Have: []byte{1}, Hashes: make([]byte, 32)}}))
 	f.Add(EncodePeerState(PeerState{ChunkState: cache.ChunkState{Size: testChunk, ChunkSize: testChunk, Have: []byte{0}}, Origin: true}))
 	f.Add(EncodePeerState(PeerState{ChunkState: cache.ChunkState{Size: 3 * testChunk, ChunkSize: testChunk, Have: []byte{0b1}, Hashes: make([]byte, 32)}, Origin: true, Fetching: []byte{0b110}}))
+	f.Add(EncodePeerState(PeerState{ChunkState: cache.ChunkState{Size: 3 * testChunk, ChunkSize: testChunk, Have: []byte{0b101}, Hashes: make([]byte, 96)}, Known: []byte{0b100}}))
 	f.Add([]byte("WDCS\x01\x00"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		st, err := DecodePeerState(b)
@@ -369,7 +405,8 @@ func TestBusyAnswerKeepsTheConnection(t *testing.T) {
 	addr := strings.TrimPrefix(ts.URL, "http://")
 	d := descOf(data).Digest
 	fetch := func() error {
-		return s.fetchChunk(context.Background(), addr, d, 0, testChunk, time.Minute, func([]byte) error { return nil })
+		_, err := s.fetchChunk(context.Background(), addr, d, 0, time.Minute, newLiveChunk(testChunk))
+		return err
 	}
 	srv.slots <- struct{}{} // every upload slot taken
 	for range 5 {
@@ -388,7 +425,7 @@ func TestOriginFetcherSendsEachChunkOnce(t *testing.T) {
 	data := randomBlob(6, 3*testChunk)
 	d := descOf(data).Digest
 	store := newTestStore(t)
-	_, origin := serveStore(t, store, WithOriginRole(func(digest.Digest) (bool, []byte) { return true, nil }))
+	_, origin := serveStore(t, store, WithSwarm(originSwarm(t, d)))
 	_, plain := serveStore(t, store)
 	status := func(url string, i int) int {
 		resp, err := http.Get(url + fmt.Sprintf(chunkPath, d, i))
@@ -451,7 +488,7 @@ func TestOriginFetcherRepeatsWhenItsUploadHasRoom(t *testing.T) {
 	t.Parallel()
 	data := randomBlob(7, 2*testChunk)
 	d := descOf(data).Digest
-	srv, ts := serveStore(t, storeHolding(t, data), WithOriginRole(func(digest.Digest) (bool, []byte) { return true, nil }), WithMaxUploads(4))
+	srv, ts := serveStore(t, storeHolding(t, data), WithSwarm(originSwarm(t, d)), WithMaxUploads(4))
 	// A handler gives back its slot and its repeat just after the client
 	// has the answer: each request starts once the last one's are back.
 	held := 0 // slots the test holds
@@ -475,4 +512,59 @@ func TestOriginFetcherRepeatsWhenItsUploadHasRoom(t *testing.T) {
 	<-srv.slots
 	held = 1
 	require.Equal(t, http.StatusOK, status(0), "with half the slots free again, a repeat")
+}
+
+// A chunk on its way is relayed as it comes: each piece once it has come,
+// the last once the chunk is verified, then the chunk's hash; a chunk that
+// fails here ends its relay short, without a hash.
+func TestChunkServerRelaysChunksOnTheirWay(t *testing.T) {
+	t.Parallel()
+	data := randomBlob(43, 3*sendPiece)
+	d := descOf(data).Digest
+	sum := sha256.Sum256(data)
+	sw, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	srv, ts := serveStore(t, newTestStore(t), WithSwarm(sw))
+	for _, verified := range []bool{true, false} {
+		c := sw.live.chunk(d, 0, int64(len(data)))
+		resp, _ := get(t, ts.URL+fmt.Sprintf(chunkPath, d, 0))
+		require.Equal(t, http.StatusNotFound, resp.StatusCode, "not on its way until its source answers")
+		c.share()
+		copy(c.data(), data[:sendPiece])
+		c.progress(sendPiece)
+		resp, err := http.Get(ts.URL + fmt.Sprintf(chunkPath, d, 0))
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		require.NotEmpty(t, resp.Header.Get(relayHeader))
+		first := make([]byte, sendPiece)
+		_, err = io.ReadFull(resp.Body, first)
+		require.NoError(t, err)
+		require.Equal(t, data[:sendPiece], first, "the first piece, before the rest came")
+
+		copy(c.data()[sendPiece:], data[sendPiece:])
+		c.progress(int64(len(data)))
+		rest := make(chan []byte)
+		go func() {
+			b, _ := io.ReadAll(resp.Body)
+			rest <- b
+		}()
+		select {
+		case <-rest:
+			t.Fatal("the last piece went before the chunk was verified")
+		case <-time.After(200 * time.Millisecond):
+		}
+		if verified {
+			c.settle(sum[:])
+			require.Equal(t, data[sendPiece:], <-rest)
+			require.Equal(t, hex.EncodeToString(sum[:]), resp.Trailer.Get(hashTrailer))
+		} else {
+			c.settle(nil)
+			require.Equal(t, data[sendPiece:2*sendPiece], <-rest, "cut after the pieces that were sent")
+			require.Empty(t, resp.Trailer.Get(hashTrailer))
+		}
+		resp.Body.Close()
+		resp, _ = get(t, ts.URL+fmt.Sprintf(chunkPath, d, 0))
+		require.Equal(t, http.StatusNotFound, resp.StatusCode, "no longer on its way; not in the store")
+	}
+	require.Equal(t, 2.0, testutil.ToFloat64(srv.m.requests.WithLabelValues("relay", "200")))
 }

@@ -9,21 +9,26 @@ import (
 )
 
 // PeerState is what a chunk server says about one blob: the chunks it has
-// verified and their hashes, whether it fetches the blob from the origin
-// and which chunks it has in flight from there, and which chunks it has
-// already sent to some peer, so that requesters spread its upload over
-// different chunks and pass them on to each other.
+// verified and their hashes, whether it fetches the blob from the origin,
+// which chunks are on their way to it (it relays them as they come), and
+// which chunks it has already sent to some peer, so that requesters spread its upload over
+// different chunks and pass them on to each other. A requester that
+// already holds the hashes of some chunks says so, and the state leaves
+// them out (Known): a state is re-read at each news, and its hashes were
+// most of its bytes, 1.3% of a blob's size uploaded to each of 7
+// followers of a 512 MiB download.
 type PeerState struct {
 	cache.ChunkState
 	Origin   bool
 	Sent     []byte // bitmap like Have; nil when the server sent nothing yet
-	Fetching []byte // bitmap like Have, of chunks it has not; nil when none is in flight from the origin
+	Fetching []byte // bitmap like Have, of chunks it has not: those on their way to it; nil when none, or not asked for
+	Known    []byte // bitmap like Have, a subset of it: chunks whose hashes are left out, the requester has them; nil when none
 }
 
 // WasSent reports whether the server has already sent chunk i to a peer.
 func (p PeerState) WasSent(i int) bool { return bitSet(p.Sent, i) }
 
-// IsFetching reports whether the server is fetching chunk i from the origin.
+// IsFetching reports whether chunk i is on its way to the server.
 func (p PeerState) IsFetching(i int) bool { return bitSet(p.Fetching, i) }
 
 // bitSet reports whether bit i of bitmap b (LSB-first) is set.
@@ -42,6 +47,32 @@ func setBit(b []byte, i int, on bool) []byte {
 		b[i/8] &^= 1 << (i % 8)
 	}
 	return b
+}
+
+// intersect returns the bits of b that have has too, shaped like have.
+func intersect(b, have []byte) []byte {
+	out := make([]byte, len(have))
+	for i := range min(len(b), len(have)) {
+		out[i] = b[i] & have[i]
+	}
+	return out
+}
+
+// fillKnown fills in the hashes p left out (Known) from last, an earlier
+// state of the same server, which must have them.
+func (p *PeerState) fillKnown(last PeerState) error {
+	for i := range chunksOf(p.Size, p.ChunkSize) {
+		if !bitSet(p.Known, i) {
+			continue
+		}
+		h := last.Hash(i)
+		if h == nil {
+			return fmt.Errorf("chunk state: the hash of chunk %d left out, and not known", i)
+		}
+		copy(p.Hashes[i*32:], h)
+	}
+	p.Known = nil
+	return nil
 }
 
 // notHeld returns the bits of b that have lacks, shaped like have, or nil
@@ -65,10 +96,11 @@ func notHeld(b, have []byte) []byte {
 //	have bitmap (ceil(chunks/8) bytes, bit i LSB-first = chunk i) |
 //	[sent bitmap, same length, a subset of have, when flag 4] |
 //	[fetching bitmap, same length, disjoint from have, when flag 8] |
-//	sha256 of each present chunk, in order
+//	[known bitmap, same length, a subset of have, when flag 16] |
+//	sha256 of each present chunk not known, in order
 //
 // flags: 1 complete, 2 fetching from the origin, 4 sent bitmap present,
-// 8 fetching bitmap present.
+// 8 fetching bitmap present, 16 known bitmap present.
 const (
 	chunkStateMagic      = "WDCS"
 	chunkStateVersion    = 1
@@ -77,6 +109,7 @@ const (
 	flagOrigin           = 2
 	flagSent             = 4
 	flagFetching         = 8
+	flagKnown            = 16
 	// Bounds on what a peer may claim: a blob of at most 16 TiB, chunks of
 	// 64 KiB to 1 GiB, at most 16 Mi chunks.
 	maxChunkStateSize      = 16 << 40
@@ -84,13 +117,13 @@ const (
 	maxChunkStateChunkSize = 1 << 30
 	maxChunkStateChunks    = 16 << 20
 	// maxChunkStateBytes bounds a whole encoded state.
-	maxChunkStateBytes = chunkStateHeaderSize + 3*maxChunkStateChunks/8 + maxChunkStateChunks*32
+	maxChunkStateBytes = chunkStateHeaderSize + 4*maxChunkStateChunks/8 + maxChunkStateChunks*32
 )
 
 // EncodePeerState encodes p for the wire.
 func EncodePeerState(p PeerState) []byte {
 	n := chunksOf(p.Size, p.ChunkSize)
-	b := make([]byte, 0, chunkStateHeaderSize+3*len(p.Have)+n*32)
+	b := make([]byte, 0, chunkStateHeaderSize+4*len(p.Have)+n*32)
 	b = append(b, chunkStateMagic...)
 	var flags byte
 	if p.Complete {
@@ -105,6 +138,9 @@ func EncodePeerState(p PeerState) []byte {
 	if p.Fetching != nil {
 		flags |= flagFetching
 	}
+	if p.Known != nil {
+		flags |= flagKnown
+	}
 	b = append(b, chunkStateVersion, flags)
 	b = binary.BigEndian.AppendUint64(b, uint64(p.Size))
 	b = binary.BigEndian.AppendUint64(b, uint64(p.ChunkSize))
@@ -115,8 +151,11 @@ func EncodePeerState(p PeerState) []byte {
 	if p.Fetching != nil {
 		b = append(b, p.Fetching...)
 	}
+	if p.Known != nil {
+		b = append(b, p.Known...)
+	}
 	for i := range n {
-		if p.Has(i) {
+		if p.Has(i) && !bitSet(p.Known, i) {
 			b = append(b, p.Hash(i)...)
 		}
 	}
@@ -134,7 +173,7 @@ func DecodePeerState(b []byte) (PeerState, error) {
 		return p, fmt.Errorf("chunk state: unknown version %d", b[4])
 	}
 	flags := b[5]
-	if flags&^(flagComplete|flagOrigin|flagSent|flagFetching) != 0 {
+	if flags&^(flagComplete|flagOrigin|flagSent|flagFetching|flagKnown) != 0 {
 		return p, fmt.Errorf("chunk state: unknown flags %#x", flags)
 	}
 	size, cs := binary.BigEndian.Uint64(b[6:]), binary.BigEndian.Uint64(b[14:])
@@ -184,21 +223,26 @@ func DecodePeerState(b []byte) (PeerState, error) {
 			}
 		}
 	}
-	present := 0
-	for i := range n {
-		if p.Has(i) {
-			present++
+	if flags&flagKnown != 0 {
+		if p.Known, err = take(); err != nil {
+			return PeerState{}, err
+		}
+		for i := range p.Known {
+			if p.Known[i]&^have[i] != 0 {
+				return PeerState{}, errors.New("chunk state: knows the hash of a chunk it does not have")
+			}
 		}
 	}
-	if p.Complete && present != n {
+	if p.Complete && countBits(have) != n {
 		return PeerState{}, errors.New("chunk state: complete but chunks missing")
 	}
-	if len(rest) != present*32 {
-		return PeerState{}, fmt.Errorf("chunk state: %d bytes of hashes for %d chunks", len(rest), present)
+	hashed := countBits(have) - countBits(p.Known)
+	if len(rest) != hashed*32 {
+		return PeerState{}, fmt.Errorf("chunk state: %d bytes of hashes for %d chunks", len(rest), hashed)
 	}
 	p.Hashes = make([]byte, n*32)
 	for i := range n {
-		if p.Has(i) {
+		if p.Has(i) && !bitSet(p.Known, i) {
 			copy(p.Hashes[i*32:], rest[:32])
 			rest = rest[32:]
 		}

@@ -89,7 +89,7 @@ func startSwarmNode(t *testing.T, name string, seeds []string, o swarmNodeOpts) 
 	swarm, err := NewSwarm(NewDirectory(m, router), nil, SwarmConfig{Settle: 300 * time.Millisecond, Refresh: 50 * time.Millisecond, BanFor: time.Minute}, nil, prometheus.NewRegistry())
 	require.NoError(t, err)
 	res := NewResolutions(2)
-	server, err := NewChunkServer(store, nil, WithOriginRole(swarm.FetchesFromOrigin), WithUploadLimit(o.upload), WithResolutions(res))
+	server, err := NewChunkServer(store, nil, WithSwarm(swarm), WithUploadLimit(o.upload), WithResolutions(res))
 	require.NoError(t, err)
 	handler := server.Handler()
 	if o.wrap != nil {
@@ -202,6 +202,59 @@ func (o slowOrigin) OpenBoundedRange(ctx context.Context, off, n int64) (io.Read
 		return nil, ctx.Err()
 	}
 	return o.countingOrigin.OpenBoundedRange(ctx, off, n)
+}
+
+// lateOrigin answers at once but sends each range's bytes only after
+// delay: its chunks are on their way to the fetchers that long.
+type lateOrigin struct {
+	*countingOrigin
+	delay time.Duration
+}
+
+func (o lateOrigin) OpenBoundedRange(ctx context.Context, off, n int64) (io.ReadCloser, error) {
+	body, err := o.countingOrigin.OpenBoundedRange(ctx, off, n)
+	if err != nil {
+		return nil, err
+	}
+	late := readerFunc(func([]byte) (int, error) {
+		select {
+		case <-time.After(o.delay):
+			return 0, io.EOF
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	})
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(late, body), body}, nil
+}
+
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
+
+// The nodes ask for chunks still on their way to a peer, which relays
+// them; the blob is whole everywhere and the origin sends one copy.
+func TestSwarmRelaysChunksOnTheirWay(t *testing.T) {
+	t.Parallel()
+	nodes := startSwarmCluster(t, 4, nil)
+	data := randomBlob(44, 24*testChunk)
+	origin := &countingOrigin{data: data}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	g, ctx := errgroup.WithContext(ctx)
+	for _, n := range nodes {
+		g.Go(func() error { return n.fetch(ctx, data, lateOrigin{origin, 300 * time.Millisecond}) })
+	}
+	require.NoError(t, g.Wait())
+	relayed := 0.0
+	for _, n := range nodes {
+		relayed += testutil.ToFloat64(n.server.m.requests.WithLabelValues("relay", "200"))
+	}
+	t.Logf("%.0f chunks relayed; origin served %.2f copies", relayed, float64(origin.sent.Load())/float64(len(data)))
+	require.Positive(t, relayed)
+	require.LessOrEqual(t, float64(origin.sent.Load())/float64(len(data)), 1.05, "the origin serves about one copy")
 }
 
 // An origin fetcher that is done with its share takes over part of a slower
@@ -507,8 +560,7 @@ func TestSlowPeerIsNotBannedAsFailing(t *testing.T) {
 	s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
 	require.NoError(t, err)
 	d := descOf(randomBlob(16, n)).Digest
-	err = s.fetchChunk(context.Background(), stallingPeer(t, n, 64<<10), d, 0, n, 300*time.Millisecond,
-		func([]byte) error { return nil })
+	_, err = s.fetchChunk(context.Background(), stallingPeer(t, n, 64<<10), d, 0, 300*time.Millisecond, newLiveChunk(n))
 	require.ErrorIs(t, err, errSlow)
 
 	f := &fill{s: s, d: d, inflight: map[int]int{}, peers: map[string]*peerView{
@@ -524,6 +576,16 @@ func TestSlowPeerIsNotBannedAsFailing(t *testing.T) {
 	require.False(t, s.Banned("slow"))
 	require.True(t, f.peers["slow"].busyTill.After(time.Now()), "a slow peer is asked less for a while")
 	require.True(t, s.Banned("dead"))
+
+	// A relay's chunk that fails on its way to it is not the relay's fault.
+	f.peers["relay"] = &peerView{name: "relay", chunkBusy: map[int]time.Time{}}
+	for range 3 {
+		f.inflight[0]++
+		f.peers["relay"].inflight++
+		require.NoError(t, f.handle(chunkResult{chunk: 0, peer: "relay", relay: true, err: io.ErrUnexpectedEOF}))
+	}
+	require.False(t, s.Banned("relay"))
+	require.True(t, f.peers["relay"].chunkBusy[0].After(time.Now()), "asked for another chunk meanwhile")
 }
 
 // An origin fetcher is asked for a chunk it already sent only when no
@@ -573,8 +635,7 @@ func TestStalledTransferEndsEarly(t *testing.T) {
 			s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
 			require.NoError(t, err)
 			d := descOf(randomBlob(17, n)).Digest
-			err = s.fetchChunk(context.Background(), stallingPeer(t, n, sent), d, 0, n, time.Hour,
-				func([]byte) error { return nil })
+			_, err = s.fetchChunk(context.Background(), stallingPeer(t, n, sent), d, 0, time.Hour, newLiveChunk(n))
 			require.ErrorIs(t, err, errStalled)
 			require.Equal(t, sent > 0, errors.Is(err, errSlow), "%v", err)
 		})
@@ -630,8 +691,7 @@ func TestSwarmAsksTheFirstRankedMembers(t *testing.T) {
 	defer cancel()
 	_, err = store.Fetch(ctx, descOf(data), s.Source(descOf(data), originGone{}), nil)
 	require.NoError(t, err, "fetched from the first-ranked member, not the origin")
-	fetching, _ := s.FetchesFromOrigin(d)
-	require.False(t, fetching)
+	require.False(t, s.FetchesFromOrigin(d))
 }
 
 // An origin fetcher with chunks left to fetch from the origin keeps most of
