@@ -567,4 +567,35 @@ func TestChunkServerRelaysChunksOnTheirWay(t *testing.T) {
 		require.Equal(t, http.StatusNotFound, resp.StatusCode, "no longer on its way; not in the store")
 	}
 	require.Equal(t, 2.0, testutil.ToFloat64(srv.m.requests.WithLabelValues("relay", "200")))
+
+	// The swarm's side: the relay's hash when the chunk was verified, a
+	// cut (not the relay's fault) when it failed.
+	relays := 2.0
+	for _, verified := range []bool{true, false} {
+		c := sw.live.chunk(d, 0, int64(len(data)))
+		c.share()
+		relays++
+		type result struct {
+			claim []byte
+			err   error
+		}
+		done := make(chan result)
+		go func() {
+			claim, err := sw.fetchChunk(context.Background(), strings.TrimPrefix(ts.URL, "http://"), d, 0, time.Minute, newLiveChunk(int64(len(data))))
+			done <- result{claim, err}
+		}()
+		require.Eventually(t, func() bool { return testutil.ToFloat64(srv.m.requests.WithLabelValues("relay", "200")) == relays },
+			5*time.Second, time.Millisecond, "relaying")
+		copy(c.data(), data)
+		c.progress(int64(len(data)))
+		if verified {
+			c.settle(sum[:])
+			r := <-done
+			require.NoError(t, r.err)
+			require.Equal(t, sum[:], r.claim)
+		} else {
+			c.settle(nil)
+			require.ErrorIs(t, (<-done).err, errRelayCut)
+		}
+	}
 }

@@ -1041,9 +1041,10 @@ func (f *fill) handle(r chunkResult) error {
 	case errors.Is(r.err, cache.ErrDigestMismatch):
 		f.s.m.mismatches.Inc()
 		f.s.ban(r.peer, "corrupt_chunk")
-	case r.relay:
-		// The chunk failed on its way to the relay, or came whole and
-		// its hash did not: ask again after the next word of its state.
+	case errors.Is(r.err, errRelayCut) || errors.Is(r.err, errNoHash) || (r.relay && errors.Is(r.err, errNotHeld)):
+		// The chunk failed on its way to the relay (or before it was
+		// asked), or came whole and its hash did not: not the relay's
+		// fault. Ask again after the next word of its state.
 		f.s.log.Debug("relayed chunk failed", "peer", r.peer, "digest", f.d, "chunk", r.chunk, "err", r.err)
 		if pv != nil {
 			pv.chunkBusy[r.chunk] = time.Now().Add(f.s.cfg.Refresh)
@@ -1119,6 +1120,7 @@ func sourceOf(supplier string) string {
 }
 
 var (
+	errRelayCut  = errors.New("relayed chunk cut short: it failed at the relay")
 	errBusy      = errors.New("peer busy")
 	errChunkBusy = errors.New("peer sent this chunk already")
 	errSlow      = errors.New("peer too slow")
@@ -1257,6 +1259,9 @@ func (s *Swarm) fetchChunk(ctx context.Context, addr string, d digest.Digest, i 
 	}
 	c.share()
 	if err := s.readInto(ctx, watch, resp.Body, c); err != nil {
+		if relayed && (errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)) {
+			err = fmt.Errorf("%w: %w", errRelayCut, err)
+		}
 		return nil, err
 	}
 	if !relayed {

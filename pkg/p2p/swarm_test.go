@@ -577,15 +577,20 @@ func TestSlowPeerIsNotBannedAsFailing(t *testing.T) {
 	require.True(t, f.peers["slow"].busyTill.After(time.Now()), "a slow peer is asked less for a while")
 	require.True(t, s.Banned("dead"))
 
-	// A relay's chunk that fails on its way to it is not the relay's fault.
+	// A relay's chunk that fails on its way to it is not the relay's
+	// fault; a relay that cannot be reached is failing.
 	f.peers["relay"] = &peerView{name: "relay", chunkBusy: map[int]time.Time{}}
+	f.peers["gone"] = &peerView{name: "gone", chunkBusy: map[int]time.Time{}}
 	for range 3 {
-		f.inflight[0]++
-		f.peers["relay"].inflight++
-		require.NoError(t, f.handle(chunkResult{chunk: 0, peer: "relay", relay: true, err: io.ErrUnexpectedEOF}))
+		for name, e := range map[string]error{"relay": fmt.Errorf("%w: %w", errRelayCut, io.ErrUnexpectedEOF), "gone": errors.New("connection refused")} {
+			f.inflight[0]++
+			f.peers[name].inflight++
+			require.NoError(t, f.handle(chunkResult{chunk: 0, peer: name, relay: true, err: e}))
+		}
 	}
 	require.False(t, s.Banned("relay"))
 	require.True(t, f.peers["relay"].chunkBusy[0].After(time.Now()), "asked for another chunk meanwhile")
+	require.True(t, s.Banned("gone"))
 }
 
 // An origin fetcher is asked for a chunk it already sent only when no
