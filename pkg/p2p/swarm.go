@@ -629,7 +629,7 @@ func (f *fill) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 		count := 0
 		var pick, fetcher *peerView
 		for _, pv := range f.peers {
-			if !pv.known || !(pv.state.Has(i) || pv.state.IsFetching(i)) {
+			if !pv.known || (!pv.state.Has(i) && !pv.state.IsFetching(i)) {
 				continue
 			}
 			count++
