@@ -11,7 +11,7 @@ import (
 // liveChunk is a chunk on its way to this node: the bytes received so far,
 // which the chunk server relays to peers as they come, so that a chunk
 // crosses the swarm in about one transfer time however many hops it takes,
-// not one transfer time per hop. The last piece is relayed only once the
+// not one transfer time per hop. The last relayPiece goes only once the
 // chunk is verified and written here: a peer never completes a chunk this
 // node did not verify. If the chunk fails, its relays end short and their
 // receivers drop what they got.
@@ -71,26 +71,33 @@ func (c *liveChunk) finish(sum []byte) {
 
 var errChunkFailed = errors.New("the chunk failed here")
 
-// wait blocks until the first end bytes may be relayed, and returns the
-// chunk's hash when they are all of it: they have come and, for the last
-// piece, the chunk is verified.
-func (c *liveChunk) wait(ctx context.Context, end int64) ([]byte, error) {
+// relayPiece is the grain of a relay: a receiver tells its relays of
+// each relayPiece that has come, and a relay holds back the chunk's last
+// relayPiece until the chunk is verified. Each hop adds about a piece's
+// transfer time.
+const relayPiece = 64 << 10
+
+// wait blocks until bytes past off may be relayed, and returns how far
+// they go, with the chunk's hash once that is its end: bytes may go once
+// they have come, the last relayPiece once the chunk is verified.
+func (c *liveChunk) wait(ctx context.Context, off int64) (end int64, sum []byte, err error) {
+	n := int64(len(c.data()))
 	for {
 		c.mu.Lock()
 		filled, sum, failed, news := c.filled, c.sum, c.failed, c.news
 		c.mu.Unlock()
 		switch {
 		case failed:
-			return nil, errChunkFailed
+			return 0, nil, errChunkFailed
 		case sum != nil:
-			return sum, nil
-		case end < int64(len(c.data())) && filled >= end:
-			return nil, nil
+			return n, sum, nil
+		case min(filled, n-relayPiece) > off:
+			return min(filled, n-relayPiece), nil, nil
 		}
 		select {
 		case <-news:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return 0, nil, ctx.Err()
 		}
 	}
 }

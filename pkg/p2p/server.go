@@ -50,7 +50,7 @@ const sendPiece = 256 << 10
 //
 // Chunks of blobs still downloading are served as soon as they are verified,
 // and (WithSwarm) a whole chunk still on its way here is relayed as it
-// comes, its last piece only once it is verified here: a peer completes
+// comes, its last relayPiece only once it is verified here: a peer completes
 // only chunks this node verified, and a chunk crosses the swarm in about one
 // transfer time instead of one per hop. Bytes go from the blob file to the
 // socket with sendfile, paced by the upload limit. Unknown or unverified
@@ -387,8 +387,8 @@ const (
 	hashTrailer = "Weightd-Chunk-Sha256"
 )
 
-// relay sends chunk i of d while it comes in: each piece as soon as it
-// has come, the last once the chunk is verified. If it fails here, the
+// relay sends chunk i of d while it comes in: its bytes as soon as they
+// have come, the last relayPiece once the chunk is verified. If it fails here, the
 // response ends short, and the peer drops what it got.
 func (s *ChunkServer) relay(w http.ResponseWriter, r *http.Request, c *liveChunk, d digest.Digest, i int) {
 	w.Header().Set("Content-Type", "application/octet-stream")
@@ -397,14 +397,17 @@ func (s *ChunkServer) relay(w http.ResponseWriter, r *http.Request, c *liveChunk
 	w.WriteHeader(http.StatusOK)
 	s.m.requests.WithLabelValues("relay", "200").Inc()
 	err := s.send(r.Context(), int64(len(c.data())), func(off, k int64) (int64, error) {
-		sum, err := c.wait(r.Context(), off+k)
+		end, sum, err := c.wait(r.Context(), off)
 		if err != nil {
 			return 0, err
 		}
 		if sum != nil {
 			w.Header().Set(hashTrailer, hex.EncodeToString(sum))
 		}
-		sent, err := w.Write(c.data()[off : off+k])
+		sent, err := w.Write(c.data()[off:min(end, off+k)])
+		if f, ok := w.(http.Flusher); ok && err == nil {
+			f.Flush()
+		}
 		return int64(sent), err
 	})
 	if err != nil {
@@ -412,22 +415,21 @@ func (s *ChunkServer) relay(w http.ResponseWriter, r *http.Request, c *liveChunk
 	}
 }
 
-// send sends n bytes with next, which sends k bytes from offset off, a
-// sendPiece at a time paced by the upload limit.
+// send sends n bytes with next, which sends up to k bytes from offset
+// off, at most a sendPiece at a time, paced by the upload limit.
 func (s *ChunkServer) send(ctx context.Context, n int64, next func(off, k int64) (int64, error)) error {
 	for off := int64(0); off < n; {
-		k := min(n-off, sendPiece)
-		if s.upload != nil {
-			if err := s.upload.WaitN(ctx, int(k)); err != nil {
-				return err
-			}
-		}
-		sent, err := next(off, k)
+		sent, err := next(off, min(n-off, sendPiece))
 		s.m.servedBytes.Add(float64(sent))
 		if err != nil {
 			return err
 		}
 		off += sent
+		if s.upload != nil {
+			if err := s.upload.WaitN(ctx, int(sent)); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }

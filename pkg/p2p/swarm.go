@@ -1330,12 +1330,12 @@ func (w *transferWatch) stop() {
 }
 
 // readInto fills c from r, paced by the download limit, telling c's
-// relays of each piece.
+// relays of each relayPiece.
 func (s *Swarm) readInto(ctx context.Context, watch *transferWatch, r io.Reader, c *liveChunk) error {
 	buf := c.data()
 	n := int64(len(buf))
 	for off := int64(0); off < n; {
-		k := min(n-off, sendPiece)
+		k := min(n-off, relayPiece)
 		if s.download != nil {
 			if err := s.download.WaitN(ctx, int(k)); err != nil {
 				return err
