@@ -865,6 +865,17 @@ func (f *fill) fetcherHash(i int, from string) []byte {
 	return nil
 }
 
+// fetcherReceiving reports whether an origin fetcher other than from is
+// receiving chunk i.
+func (f *fill) fetcherReceiving(i int, from string) bool {
+	for _, pv := range f.peers {
+		if pv.state.Origin && pv.known && pv.name != from && pv.state.IsFetching(i) && !f.s.Banned(pv.name) {
+			return true
+		}
+	}
+	return false
+}
+
 // hashQuery asks the download's loop which hash chunk i, relayed by peer
 // from, must have; claim is from's own word, sent after the bytes.
 type hashQuery struct {
@@ -875,10 +886,10 @@ type hashQuery struct {
 	reply chan []byte // nil: no hash can be trusted
 }
 
-// hashWait bounds how long a relayed chunk waits for an origin fetcher's
-// word of its hash before it takes the relay's: the fetcher verified the
-// chunk before the relay could, and its state says so within
-// milliseconds, unless the fetcher is gone.
+// hashWait bounds how long a relayed chunk waits for word of its hash
+// from an origin fetcher that was receiving it, before it takes the
+// relay's: the fetcher verified the chunk before the relay could, and its
+// state says so within milliseconds, unless the fetcher is gone.
 const hashWait = time.Second
 
 var errNoHash = errors.New("no hash to check the chunk against")
@@ -903,19 +914,20 @@ func (f *fill) askHash(ctx context.Context, i int, from string, claim []byte) ([
 }
 
 // answerHashes answers the hash queries it can: with an origin fetcher's
-// hash, else the relay's own word if it is an origin fetcher itself or
-// hashWait has passed.
+// hash, else the relay's own word unless an origin fetcher other than the
+// relay was receiving the chunk, less than hashWait ago: its word is due.
+// (A chunk that no fetcher is receiving is not new: a blob a peer holds
+// whole, or one whose fetchers are done or gone.)
 func (f *fill) answerHashes() {
 	now := time.Now()
 	waiting := f.hashWaits[:0]
 	for _, q := range f.hashWaits {
-		pv := f.peers[q.from]
 		claim := q.claim
-		if claim == nil && pv != nil {
+		if pv := f.peers[q.from]; claim == nil && pv != nil {
 			claim = pv.state.Hash(q.chunk) // it had the chunk by the time it was asked
 		}
 		h := f.fetcherHash(q.chunk, q.from)
-		if h == nil && now.Sub(q.since) < hashWait && (pv == nil || !pv.state.Origin) {
+		if h == nil && now.Sub(q.since) < hashWait && f.fetcherReceiving(q.chunk, q.from) {
 			waiting = append(waiting, q)
 			continue
 		}

@@ -781,3 +781,44 @@ func TestOriginFetchersMeetFromOppositeEnds(t *testing.T) {
 	other.state.Have = setBit([]byte{0}, theirs[1], true)
 	require.Equal(t, -1, f.nextFromOrigin(slices.Clone(theirs)), "the other's next two chunks are left to it")
 }
+
+// A relayed chunk is checked against the hash of the origin fetcher that
+// was receiving it, once word of it comes; a chunk no fetcher is receiving
+// is checked against the relay's own hash at once.
+func TestRelayedChunkWaitsForTheFetchersHash(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	hash := func(b byte) []byte { return bytes.Repeat([]byte{b}, 32) }
+	st := cache.ChunkState{Size: 3 * testChunk, ChunkSize: testChunk, Have: []byte{0}, Hashes: make([]byte, 3*32)}
+	fetcher := &peerView{name: "fetcher", known: true, state: PeerState{ChunkState: st, Origin: true, Fetching: []byte{0b1}}}
+	relay := &peerView{name: "relay", known: true, state: PeerState{ChunkState: st}}
+	f := &fill{s: s, peers: map[string]*peerView{"fetcher": fetcher, "relay": relay}}
+	answer := func(reply chan []byte) []byte {
+		select {
+		case h := <-reply:
+			return h
+		default:
+			t.Fatal("not answered")
+			return nil
+		}
+	}
+	ask := func(i int, claim []byte) chan []byte {
+		q := hashQuery{chunk: i, from: "relay", claim: claim, since: time.Now(), reply: make(chan []byte, 1)}
+		f.hashWaits = append(f.hashWaits, q)
+		f.answerHashes()
+		return q.reply
+	}
+	lied, onTheWay := ask(0, hash(9)), ask(0, hash(1))
+	require.Len(t, f.hashWaits, 2, "the fetcher's word is due")
+	notNew := ask(1, hash(2))
+	require.Equal(t, hash(2), answer(notNew), "no fetcher is receiving chunk 1: the relay's word")
+
+	fetcher.state.Have, fetcher.state.Fetching = []byte{0b1}, []byte{0}
+	copy(fetcher.state.Hashes, hash(1))
+	f.answerHashes()
+	require.Empty(t, f.hashWaits)
+	require.Equal(t, hash(1), answer(onTheWay))
+	require.Equal(t, hash(1), answer(lied), "the fetcher's, not the relay's")
+	require.Equal(t, 1.0, testutil.ToFloat64(s.m.mismatches))
+}
