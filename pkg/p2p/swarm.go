@@ -865,11 +865,11 @@ func (f *fill) fetcherHash(i int, from string) []byte {
 	return nil
 }
 
-// fetcherReceiving reports whether an origin fetcher other than from is
-// receiving chunk i.
-func (f *fill) fetcherReceiving(i int, from string) bool {
+// followsFetcher reports whether this download follows an origin fetcher
+// other than from.
+func (f *fill) followsFetcher(from string) bool {
 	for _, pv := range f.peers {
-		if pv.state.Origin && pv.known && pv.name != from && pv.state.IsFetching(i) && !f.s.Banned(pv.name) {
+		if pv.state.Origin && pv.known && pv.name != from && !f.s.Banned(pv.name) {
 			return true
 		}
 	}
@@ -887,9 +887,9 @@ type hashQuery struct {
 }
 
 // hashWait bounds how long a relayed chunk waits for word of its hash
-// from an origin fetcher that was receiving it, before it takes the
-// relay's: the fetcher verified the chunk before the relay could, and its
-// state says so within milliseconds, unless the fetcher is gone.
+// from an origin fetcher before it takes the relay's: the fetcher
+// verified the chunk before the relay could, and its state says so within
+// milliseconds, unless the fetcher is gone.
 const hashWait = time.Second
 
 var errNoHash = errors.New("no hash to check the chunk against")
@@ -913,21 +913,25 @@ func (f *fill) askHash(ctx context.Context, i int, from string, claim []byte) ([
 	}
 }
 
-// answerHashes answers the hash queries it can: with an origin fetcher's
-// hash, else the relay's own word unless an origin fetcher other than the
-// relay was receiving the chunk, less than hashWait ago: its word is due.
-// (A chunk that no fetcher is receiving is not new: a blob a peer holds
-// whole, or one whose fetchers are done or gone.)
+// answerHashes answers the hash queries it can: with another origin
+// fetcher's hash, else the relay's own word. Less than hashWait after the
+// query it waits instead while the relay's word is still to come in its
+// state (it had verified the chunk when asked, and sent it whole, without
+// a trailer), or while the relay is not an origin fetcher itself and an
+// origin fetcher is followed: that one's word is due. (With none, the blob
+// is one a peer holds whole, or its fetchers are done or gone.)
 func (f *fill) answerHashes() {
 	now := time.Now()
 	waiting := f.hashWaits[:0]
 	for _, q := range f.hashWaits {
+		pv := f.peers[q.from]
 		claim := q.claim
-		if pv := f.peers[q.from]; claim == nil && pv != nil {
-			claim = pv.state.Hash(q.chunk) // it had the chunk by the time it was asked
+		if claim == nil && pv != nil {
+			claim = pv.state.Hash(q.chunk)
 		}
+		fromFetcher := pv != nil && pv.state.Origin
 		h := f.fetcherHash(q.chunk, q.from)
-		if h == nil && now.Sub(q.since) < hashWait && f.fetcherReceiving(q.chunk, q.from) {
+		if h == nil && now.Sub(q.since) < hashWait && (claim == nil || (!fromFetcher && f.followsFetcher(q.from))) {
 			waiting = append(waiting, q)
 			continue
 		}

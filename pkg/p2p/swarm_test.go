@@ -782,9 +782,9 @@ func TestOriginFetchersMeetFromOppositeEnds(t *testing.T) {
 	require.Equal(t, -1, f.nextFromOrigin(slices.Clone(theirs)), "the other's next two chunks are left to it")
 }
 
-// A relayed chunk is checked against the hash of the origin fetcher that
-// was receiving it, once word of it comes; a chunk no fetcher is receiving
-// is checked against the relay's own hash at once.
+// A relayed chunk is checked against an origin fetcher's hash, once word
+// of it comes; without a fetcher to follow, against the relay's own hash
+// at once.
 func TestRelayedChunkWaitsForTheFetchersHash(t *testing.T) {
 	t.Parallel()
 	s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
@@ -811,8 +811,6 @@ func TestRelayedChunkWaitsForTheFetchersHash(t *testing.T) {
 	}
 	lied, onTheWay := ask(0, hash(9)), ask(0, hash(1))
 	require.Len(t, f.hashWaits, 2, "the fetcher's word is due")
-	notNew := ask(1, hash(2))
-	require.Equal(t, hash(2), answer(notNew), "no fetcher is receiving chunk 1: the relay's word")
 
 	fetcher.state.Have, fetcher.state.Fetching = []byte{0b1}, []byte{0}
 	copy(fetcher.state.Hashes, hash(1))
@@ -821,4 +819,7 @@ func TestRelayedChunkWaitsForTheFetchersHash(t *testing.T) {
 	require.Equal(t, hash(1), answer(onTheWay))
 	require.Equal(t, hash(1), answer(lied), "the fetcher's, not the relay's")
 	require.Equal(t, 1.0, testutil.ToFloat64(s.m.mismatches))
+
+	delete(f.peers, "fetcher") // a blob a peer holds whole, say
+	require.Equal(t, hash(2), answer(ask(1, hash(2))), "no fetcher to hear from: the relay's word")
 }
