@@ -122,6 +122,28 @@ func (s *Store) OpenChunk(d digest.Digest, i int) (f *os.File, off, n int64, err
 	return f, off, min(cs, info.Size-off), nil
 }
 
+// ChunkHash returns the sha256 of chunk i of d, of the complete blob or of a
+// download in flight once that chunk is verified; ErrNotFound otherwise.
+func (s *Store) ChunkHash(d digest.Digest, i int) ([]byte, error) {
+	if err := ValidateDigest(d); err != nil {
+		return nil, err
+	}
+	if p := s.inFlight(d); p != nil {
+		if h := p.Hash(i); h != nil {
+			return h, nil
+		}
+		return nil, fmt.Errorf("chunk %d of %s: %w", i, d, ErrNotFound)
+	}
+	_, hashes, err := s.chunkHashes(d)
+	if err != nil {
+		return nil, err
+	}
+	if i < 0 || (i+1)*sha256.Size > len(hashes) {
+		return nil, fmt.Errorf("chunk %d of %s: %w", i, d, ErrNotFound)
+	}
+	return bytes.Clone(hashes[i*sha256.Size : (i+1)*sha256.Size]), nil
+}
+
 // inFlight returns the partial of a download in progress, or nil.
 func (s *Store) inFlight(d digest.Digest) *Partial {
 	s.mu.RLock()

@@ -151,6 +151,11 @@ func TestChunksOfDownloadInFlightAreServable(t *testing.T) {
 		sum := sha256.Sum256(chunkOf(data, cs, 1))
 		require.Equal(t, sum[:], st.Hash(1))
 		require.Nil(t, st.Hash(0))
+		h, err := s.ChunkHash(d, 1)
+		require.NoError(t, err)
+		require.Equal(t, sum[:], h)
+		_, err = s.ChunkHash(d, 0)
+		require.ErrorIs(t, err, ErrNotFound)
 
 		_, _, _, err = s.OpenChunk(d, 0)
 		require.ErrorIs(t, err, ErrNotFound, "a chunk not yet verified is never served")
@@ -174,6 +179,12 @@ func TestChunksOfDownloadInFlightAreServable(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, chunkOf(data, cs, 2), got)
 	_, _, _, err = s.OpenChunk(d, 3)
+	require.ErrorIs(t, err, ErrNotFound)
+	sum := sha256.Sum256(chunkOf(data, cs, 2))
+	h, err := s.ChunkHash(d, 2)
+	require.NoError(t, err)
+	require.Equal(t, sum[:], h, "of the complete blob")
+	_, err = s.ChunkHash(d, 3)
 	require.ErrorIs(t, err, ErrNotFound)
 }
 

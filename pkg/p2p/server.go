@@ -29,6 +29,7 @@ import (
 // the node holds or is downloading. *cache.Store implements it.
 type ChunkStore interface {
 	ChunkState(d digest.Digest) (cache.ChunkState, error)
+	ChunkHash(d digest.Digest, i int) ([]byte, error)
 	OpenChunk(d digest.Digest, i int) (f *os.File, off, n int64, err error)
 }
 
@@ -367,6 +368,9 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+	if sum, err := s.store.ChunkHash(d, i); err == nil && code == http.StatusOK {
+		w.Header().Set(hashHeader, hex.EncodeToString(sum))
+	}
 	w.WriteHeader(code)
 	s.m.requests.WithLabelValues("chunk", strconv.Itoa(code)).Inc()
 	err = s.send(r.Context(), n, func(_, k int64) (int64, error) {
@@ -379,12 +383,12 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// Headers of a relayed chunk: relayHeader marks it, and hashTrailer, after
-// the last byte, gives the chunk's sha256 (hex), which this node verified
-// before it sent that byte.
+// Headers of a chunk: hashHeader gives the chunk's sha256 (hex), which this
+// node verified; relayHeader marks a relayed chunk, whose hash comes as a
+// trailer after the last byte, which this node sent once it verified it.
 const (
 	relayHeader = "Weightd-Relay"
-	hashTrailer = "Weightd-Chunk-Sha256"
+	hashHeader  = "Weightd-Chunk-Sha256"
 )
 
 // relay sends chunk i of d while it comes in: its bytes as soon as they
@@ -393,7 +397,7 @@ const (
 func (s *ChunkServer) relay(w http.ResponseWriter, r *http.Request, c *liveChunk, d digest.Digest, i int) {
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set(relayHeader, "1")
-	w.Header().Set("Trailer", hashTrailer)
+	w.Header().Set("Trailer", hashHeader)
 	w.WriteHeader(http.StatusOK)
 	s.m.requests.WithLabelValues("relay", "200").Inc()
 	err := s.send(r.Context(), int64(len(c.data())), func(off, k int64) (int64, error) {
@@ -402,7 +406,7 @@ func (s *ChunkServer) relay(w http.ResponseWriter, r *http.Request, c *liveChunk
 			return 0, err
 		}
 		if sum != nil {
-			w.Header().Set(hashTrailer, hex.EncodeToString(sum))
+			w.Header().Set(hashHeader, hex.EncodeToString(sum))
 		}
 		sent, err := w.Write(c.data()[off:min(end, off+k)])
 		if f, ok := w.(http.Flusher); ok && err == nil {

@@ -413,7 +413,10 @@ func TestBusyAnswerKeepsTheConnection(t *testing.T) {
 		require.ErrorIs(t, fetch(), errBusy)
 	}
 	<-srv.slots
-	require.NoError(t, fetch())
+	claim, err := s.fetchChunk(context.Background(), addr, d, 0, time.Minute, newLiveChunk(testChunk))
+	require.NoError(t, err)
+	sum := sha256.Sum256(data)
+	require.Equal(t, sum[:], claim, "a whole chunk comes with its hash")
 	require.Equal(t, int64(1), opened.Load(), "five busy answers and a chunk over one connection")
 }
 
@@ -556,11 +559,11 @@ func TestChunkServerRelaysChunksOnTheirWay(t *testing.T) {
 		if verified {
 			c.settle(sum[:])
 			require.Equal(t, data[sendPiece:], <-rest)
-			require.Equal(t, hex.EncodeToString(sum[:]), resp.Trailer.Get(hashTrailer))
+			require.Equal(t, hex.EncodeToString(sum[:]), resp.Trailer.Get(hashHeader))
 		} else {
 			c.settle(nil)
 			require.Equal(t, data[sendPiece:len(data)-relayPiece], <-rest, "cut before the last piece")
-			require.Empty(t, resp.Trailer.Get(hashTrailer))
+			require.Empty(t, resp.Trailer.Get(hashHeader))
 		}
 		resp.Body.Close()
 		resp, _ = get(t, ts.URL+fmt.Sprintf(chunkPath, d, 0))

@@ -1238,9 +1238,10 @@ func drain(body io.Reader) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(body, 4<<10))
 }
 
-// fetchChunk downloads chunk i of d from a peer into c, within timeout.
-// A relayed chunk (one the peer was still receiving) is followed by the
-// peer's hash of it, its claim; a chunk served whole has none.
+// fetchChunk downloads chunk i of d from a peer into c, within timeout,
+// and returns the peer's hash of it, its claim: in a header, or in a
+// trailer for a relayed chunk (one the peer was still receiving); nil from
+// an agent that sends none.
 func (s *Swarm) fetchChunk(ctx context.Context, addr string, d digest.Digest, i int, timeout time.Duration, c *liveChunk) (claim []byte, err error) {
 	ctx, watch := watchTransfer(ctx, timeout)
 	defer watch.stop()
@@ -1280,16 +1281,19 @@ func (s *Swarm) fetchChunk(ctx context.Context, addr string, d digest.Digest, i 
 		}
 		return nil, err
 	}
-	if !relayed {
-		return nil, nil
+	hash := resp.Header.Get(hashHeader)
+	if relayed {
+		// The hash comes in the trailer, after the body's end.
+		if k, err := resp.Body.Read(make([]byte, 1)); k != 0 || !errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("chunk %d from %s: over %d bytes, or cut: %v", i, addr, n, err)
+		}
+		hash = resp.Trailer.Get(hashHeader)
+	} else if hash == "" {
+		return nil, nil // an agent that predates the header
 	}
-	// The hash comes in the trailer, after the body's end.
-	if k, err := resp.Body.Read(make([]byte, 1)); k != 0 || !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("chunk %d from %s: over %d bytes, or cut: %v", i, addr, n, err)
-	}
-	claim, err = hex.DecodeString(resp.Trailer.Get(hashTrailer))
+	claim, err = hex.DecodeString(hash)
 	if err != nil || len(claim) != sha256.Size {
-		return nil, fmt.Errorf("chunk %d from %s: hash trailer %q", i, addr, resp.Trailer.Get(hashTrailer))
+		return nil, fmt.Errorf("chunk %d from %s: hash %q", i, addr, hash)
 	}
 	return claim, nil
 }
