@@ -368,8 +368,10 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
-	if sum, err := s.store.ChunkHash(d, i); err == nil && code == http.StatusOK {
-		w.Header().Set(hashHeader, hex.EncodeToString(sum))
+	if code == http.StatusOK {
+		if sum, err := s.store.ChunkHash(d, i); err == nil {
+			w.Header().Set(hashHeader, hex.EncodeToString(sum))
+		}
 	}
 	w.WriteHeader(code)
 	s.m.requests.WithLabelValues("chunk", strconv.Itoa(code)).Inc()

@@ -207,30 +207,24 @@ func DecodePeerState(b []byte) (PeerState, error) {
 		if p.Sent, err = take(); err != nil {
 			return PeerState{}, err
 		}
-		for i := range p.Sent {
-			if p.Sent[i]&^have[i] != 0 {
-				return PeerState{}, errors.New("chunk state: sent a chunk it does not have")
-			}
+		if notHeld(p.Sent, have) != nil {
+			return PeerState{}, errors.New("chunk state: sent a chunk it does not have")
 		}
 	}
 	if flags&flagFetching != 0 {
 		if p.Fetching, err = take(); err != nil {
 			return PeerState{}, err
 		}
-		for i := range p.Fetching {
-			if p.Fetching[i]&have[i] != 0 {
-				return PeerState{}, errors.New("chunk state: fetching a chunk it has")
-			}
+		if countBits(intersect(p.Fetching, have)) != 0 {
+			return PeerState{}, errors.New("chunk state: fetching a chunk it has")
 		}
 	}
 	if flags&flagKnown != 0 {
 		if p.Known, err = take(); err != nil {
 			return PeerState{}, err
 		}
-		for i := range p.Known {
-			if p.Known[i]&^have[i] != 0 {
-				return PeerState{}, errors.New("chunk state: knows the hash of a chunk it does not have")
-			}
+		if notHeld(p.Known, have) != nil {
+			return PeerState{}, errors.New("chunk state: knows the hash of a chunk it does not have")
 		}
 	}
 	if p.Complete && countBits(have) != n {

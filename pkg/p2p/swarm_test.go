@@ -160,18 +160,24 @@ func (n *swarmNode) fetch(ctx context.Context, data []byte, origin cache.RangeOp
 	return nil
 }
 
+// fetchAll has every node fetch data at once, each from originOf(node),
+// within timeout.
+func fetchAll(nodes []*swarmNode, data []byte, timeout time.Duration, originOf func(*swarmNode) cache.RangeOpener) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	g, ctx := errgroup.WithContext(ctx)
+	for _, n := range nodes {
+		g.Go(func() error { return n.fetch(ctx, data, originOf(n)) })
+	}
+	return g.Wait()
+}
+
 func TestSwarmOriginServesAboutOneCopy(t *testing.T) {
 	t.Parallel()
 	nodes := startSwarmCluster(t, 4, nil)
 	data := randomBlob(10, 40*testChunk)
 	origin := &countingOrigin{data: data}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	g, ctx := errgroup.WithContext(ctx)
-	for _, n := range nodes {
-		g.Go(func() error { return n.fetch(ctx, data, origin) })
-	}
-	require.NoError(t, g.Wait())
+	require.NoError(t, fetchAll(nodes, data, 30*time.Second, func(*swarmNode) cache.RangeOpener { return origin }))
 	ratio := float64(origin.sent.Load()) / float64(len(data))
 	t.Logf("origin served %.2f copies to %d nodes", ratio, len(nodes))
 	for _, n := range nodes {
@@ -241,13 +247,9 @@ func TestSwarmRelaysChunksOnTheirWay(t *testing.T) {
 	nodes := startSwarmCluster(t, 4, nil)
 	data := randomBlob(44, 24*testChunk)
 	origin := &countingOrigin{data: data}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	g, ctx := errgroup.WithContext(ctx)
-	for _, n := range nodes {
-		g.Go(func() error { return n.fetch(ctx, data, lateOrigin{origin, 300 * time.Millisecond}) })
-	}
-	require.NoError(t, g.Wait())
+	require.NoError(t, fetchAll(nodes, data, 30*time.Second, func(*swarmNode) cache.RangeOpener {
+		return lateOrigin{origin, 300 * time.Millisecond}
+	}))
 	relayed := 0.0
 	for _, n := range nodes {
 		relayed += testutil.ToFloat64(n.server.m.requests.WithLabelValues("relay", "200"))
@@ -269,17 +271,12 @@ func TestOriginFetcherHelpsASlowerOne(t *testing.T) {
 	}
 	fetchers := rendezvous(descOf(data).Digest, names)[:2] // in share order
 	origin := &countingOrigin{data: data}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	g, ctx := errgroup.WithContext(ctx)
-	for _, n := range nodes {
-		o := slowOrigin{origin, 150 * time.Millisecond}
+	require.NoError(t, fetchAll(nodes, data, 30*time.Second, func(n *swarmNode) cache.RangeOpener {
 		if n.name == fetchers[0] {
-			o.delay = 600 * time.Millisecond
+			return slowOrigin{origin, 600 * time.Millisecond}
 		}
-		g.Go(func() error { return n.fetch(ctx, data, o) })
-	}
-	require.NoError(t, g.Wait())
+		return slowOrigin{origin, 150 * time.Millisecond}
+	}))
 	fromOrigin := map[string]float64{}
 	for _, n := range nodes {
 		fromOrigin[n.name] = testutil.ToFloat64(n.swarm.m.received.WithLabelValues("origin"))
@@ -300,13 +297,7 @@ func TestSwarmCompletesFromPeersWhenOriginIsGone(t *testing.T) {
 		hs := nodes[1].swarm.dir.Holders(descOf(data).Digest)
 		return len(hs) == 1 && hs[0].Complete
 	}, 5*time.Second, 10*time.Millisecond)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	g, ctx := errgroup.WithContext(ctx)
-	for _, n := range nodes[1:] {
-		g.Go(func() error { return n.fetch(ctx, data, origin) })
-	}
-	require.NoError(t, g.Wait())
+	require.NoError(t, fetchAll(nodes[1:], data, 20*time.Second, func(*swarmNode) cache.RangeOpener { return origin }))
 }
 
 // corruptChunks flips a byte in every chunk body the wrapped server sends.
