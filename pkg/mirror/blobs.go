@@ -69,7 +69,7 @@ func (m *Mirror) serveBlob(w http.ResponseWriter, r *http.Request, registry stri
 	dl, err := m.download(registry, rt.repository, desc)
 	if err != nil {
 		// containerd goes on to the next host: the upstream itself.
-		m.log.Warn("not fetching a blob for the mirror", "digest", d, "err", err)
+		m.log.Info("not fetching a blob for the mirror; the client goes to the registry", "digest", d, "err", err)
 		m.m.request(routeBlob, outcomeError)
 		errUnavailable.write(w, r)
 		return
@@ -115,10 +115,26 @@ const maxDownloads = 256
 
 var errTooManyDownloads = fmt.Errorf("%d blob fetches already running", maxDownloads)
 
+// failedFor is how long a blob whose fetch failed is answered 503 at once,
+// without fetching again: a client cut short mid-blob reopens it at its
+// offset through its hosts in order, and should find the registry next
+// rather than the same failure.
+const failedFor = 30 * time.Second
+
+var errRecentlyFailed = errors.New("its fetch failed moments ago")
+
+// Prioritizer is a blob source that can be told which byte a client is
+// waiting on, so that it fetches the chunks from there first (the swarm
+// fetches rarest first otherwise).
+type Prioritizer interface {
+	Want(off int64)
+}
+
 // download is one fetch of a blob into the cache that requests started; the
 // requests streaming the blob wait on it.
 type download struct {
 	desc cache.Descriptor
+	src  cache.RangeOpener
 	done chan struct{} // closed when the fetch has ended; err is set before
 	err  error
 
@@ -141,6 +157,13 @@ func (dl *download) changed() <-chan struct{} {
 	return dl.wake
 }
 
+// want tells the source which byte a client waits on.
+func (dl *download) want(off int64) {
+	if p, ok := dl.src.(Prioritizer); ok {
+		p.Want(off)
+	}
+}
+
 // download returns the fetch of desc that requests share, starting it if
 // none runs. The fetch runs detached from the request, bounded by the fetch
 // timeout, so that it completes into the cache even when every client has
@@ -152,6 +175,12 @@ func (m *Mirror) download(registry, repository string, desc cache.Descriptor) (*
 		}
 		if dl, ok := m.downloads[desc.Digest]; ok && dl.desc.Size == desc.Size {
 			return dl, nil
+		}
+		if at, ok := m.failed[desc.Digest]; ok {
+			if time.Since(at) < failedFor {
+				return nil, errRecentlyFailed
+			}
+			delete(m.failed, desc.Digest)
 		}
 		if len(m.downloads) >= maxDownloads {
 			return nil, errTooManyDownloads
@@ -172,7 +201,7 @@ func (m *Mirror) download(registry, repository string, desc cache.Descriptor) (*
 	if dl, err := running(); dl != nil || err != nil {
 		return dl, err // started by another request meanwhile
 	}
-	dl = &download{desc: desc, done: make(chan struct{}), wake: make(chan struct{})}
+	dl = &download{desc: desc, src: src, done: make(chan struct{}), wake: make(chan struct{})}
 	m.downloads[desc.Digest] = dl
 	m.wg.Add(1)
 	go func() {
@@ -190,6 +219,10 @@ func (m *Mirror) download(registry, repository string, desc cache.Descriptor) (*
 		if m.downloads[desc.Digest] == dl {
 			delete(m.downloads, desc.Digest)
 		}
+		if err != nil && m.ctx.Err() == nil {
+			m.forgetOldFailures()
+			m.failed[desc.Digest] = time.Now()
+		}
 		m.mu.Unlock()
 		dl.err = err
 		close(dl.done)
@@ -197,35 +230,33 @@ func (m *Mirror) download(registry, repository string, desc cache.Descriptor) (*
 	return dl, nil
 }
 
+// forgetOldFailures drops the failures older than failedFor, so the map
+// stays as small as the failures of the last moments; m.mu must be held.
+func (m *Mirror) forgetOldFailures() {
+	for d, at := range m.failed {
+		if time.Since(at) >= failedFor {
+			delete(m.failed, d)
+		}
+	}
+}
+
 // stream sends [start, end) of a blob being fetched, chunk by chunk as the
-// cache has them, and from the complete file once it is committed. The piece
-// that ends the response is sent only after the whole blob has been verified
-// against its digest: a fetch that fails leaves the client with a short
-// body, never with a complete response of wrong bytes. The status line goes
-// out with the first bytes, so a fetch that fails before any gets an error
-// status.
+// cache has them, and from the complete file once it is committed. The
+// status line and headers go out at once, before any chunk is fetched:
+// containerd gives a mirror 30 s to answer with headers, then goes to the
+// registry for good. The piece that ends the response is sent only after
+// the whole blob has been verified against its digest: a fetch that fails
+// cuts the response short, never completes it with wrong bytes, and the
+// client's retry at its offset gets a 503 (failedFor) and moves on.
 func (m *Mirror) stream(w http.ResponseWriter, r *http.Request, dl *download, start, end int64, code int) {
 	d := dl.desc.Digest
 	rc := http.NewResponseController(w)
-	sent := false // the status line
 	sentBytes := m.m.bytes.WithLabelValues("fetch")
-	fail := func(err error) {
-		if !sent {
-			if errors.Is(err, cache.ErrNotFound) {
-				errBlobUnknown.write(w, r)
-			} else {
-				errUnavailable.write(w, r)
-			}
-			return
-		}
-		// Cut the connection: the client sees a short body.
-		panic(http.ErrAbortHandler)
+	w.WriteHeader(code)
+	if err := rc.Flush(); err != nil {
+		return // the client is gone
 	}
 	send := func(f io.ReadSeeker, from, to int64) bool {
-		if !sent {
-			w.WriteHeader(code)
-			sent = true
-		}
 		if _, err := f.Seek(from, io.SeekStart); err != nil {
 			m.log.Warn("seeking in a blob", "digest", d, "err", err)
 			panic(http.ErrAbortHandler)
@@ -252,8 +283,7 @@ func (m *Mirror) stream(w http.ResponseWriter, r *http.Request, dl *download, st
 		default:
 		}
 		if finished && dl.err != nil {
-			fail(dl.err)
-			return
+			panic(http.ErrAbortHandler) // the client sees a short body
 		}
 		// Complete: the rest from the blob file.
 		if f, err := m.store.Open(d); err == nil {
@@ -262,8 +292,8 @@ func (m *Mirror) stream(w http.ResponseWriter, r *http.Request, dl *download, st
 			return
 		} else if finished {
 			// Fetched, yet gone already (evicted): nothing more to send.
-			fail(fmt.Errorf("blob %s: %w", d, err))
-			return
+			m.log.Warn("a blob fetched for the mirror is gone already", "digest", d, "err", err)
+			panic(http.ErrAbortHandler)
 		}
 		if start < end {
 			if next, ok := m.nextChunk(d, start, end); ok {
@@ -277,6 +307,7 @@ func (m *Mirror) stream(w http.ResponseWriter, r *http.Request, dl *download, st
 					continue
 				}
 			}
+			dl.want(start)
 		}
 		select {
 		case <-wake:

@@ -101,7 +101,7 @@ func (m *Mirror) manifestByTag(w http.ResponseWriter, r *http.Request, registry 
 			m.log.Warn("saving a tag", "registry", registry, "repository", rt.repository, "tag", rt.tag, "err", err)
 		}
 		m.m.request(routeManifest, outcomeMiss)
-		m.writeManifest(w, r, d, mt, body, "fetch")
+		m.writeManifest(w, r, registry, rt.repository, d, mt, body, "fetch")
 		return
 	}
 	if errors.Is(err, cache.ErrNotFound) {
@@ -121,7 +121,7 @@ func (m *Mirror) manifestByTag(w http.ResponseWriter, r *http.Request, registry 
 			m.log.Info("upstream failed; serving the tag's last known manifest", "registry", registry,
 				"repository", rt.repository, "tag", rt.tag, "digest", e.Digest, "since", e.Updated, "err", err)
 			m.m.request(routeManifest, outcomeFallback)
-			m.writeManifest(w, r, e.Digest, mt, body, "cache")
+			m.writeManifest(w, r, registry, rt.repository, e.Digest, mt, body, "cache")
 			return
 		}
 		m.log.Warn("upstream failed and the tag's last known manifest is not in the cache", "registry", registry,
@@ -140,7 +140,7 @@ func (m *Mirror) manifestByDigest(w http.ResponseWriter, r *http.Request, regist
 	switch {
 	case err == nil:
 		m.m.request(routeManifest, outcomeHit)
-		m.writeManifest(w, r, rt.digest, mt, body, "cache")
+		m.writeManifest(w, r, registry, rt.repository, rt.digest, mt, body, "cache")
 		return
 	case errors.Is(err, errNotManifest):
 		m.m.request(routeManifest, outcomeNotFound)
@@ -167,7 +167,7 @@ func (m *Mirror) manifestByDigest(w http.ResponseWriter, r *http.Request, regist
 		m.log.Warn("storing a manifest in the cache", "digest", rt.digest, "err", err)
 	}
 	m.m.request(routeManifest, outcomeMiss)
-	m.writeManifest(w, r, rt.digest, mt, body, "fetch")
+	m.writeManifest(w, r, registry, rt.repository, rt.digest, mt, body, "fetch")
 }
 
 // upstreamManifest fetches a manifest upstream and checks it: its size, its
@@ -284,8 +284,12 @@ func (m *Mirror) cachedManifest(d digest.Digest) ([]byte, string, error) {
 }
 
 // writeManifest sends a manifest (GET) or its headers (HEAD), with Range and
-// conditional requests handled by http.ServeContent.
-func (m *Mirror) writeManifest(w http.ResponseWriter, r *http.Request, d digest.Digest, mediaType string, body []byte, source string) {
+// conditional requests handled by http.ServeContent. A GET of an image
+// manifest starts the fetches of its config and layers.
+func (m *Mirror) writeManifest(w http.ResponseWriter, r *http.Request, registry, repository string, d digest.Digest, mediaType string, body []byte, source string) {
+	if r.Method == http.MethodGet && m.opts.prefetchLayers {
+		m.prefetchLayers(registry, repository, body)
+	}
 	h := w.Header()
 	h.Set("Content-Type", mediaType)
 	h.Set("Docker-Content-Digest", d.String())
@@ -293,6 +297,30 @@ func (m *Mirror) writeManifest(w http.ResponseWriter, r *http.Request, d digest.
 	cw := &countingWriter{ResponseWriter: w}
 	http.ServeContent(cw, r, "", time.Time{}, bytes.NewReader(body))
 	m.m.bytes.WithLabelValues(source).Add(float64(cw.n))
+}
+
+// prefetchLayers starts the fetch of each blob of an image manifest that
+// the cache lacks: containerd fetches at most three layers at a time
+// (max_concurrent_downloads), and a layer it asks for late would start
+// through the swarm late, where all of them can cross the cluster at once.
+// An index's manifests are left alone: only one platform's is wanted.
+func (m *Mirror) prefetchLayers(registry, repository string, body []byte) {
+	var mf manifestJSON
+	if json.Unmarshal(body, &mf) != nil || mf.Config == nil {
+		return
+	}
+	for _, c := range append([]descriptorJSON{*mf.Config}, mf.Layers...) {
+		desc := cache.Descriptor{Digest: c.Digest, Size: c.Size}
+		if desc.Validate() != nil {
+			continue
+		}
+		if _, err := m.store.Stat(desc.Digest); err == nil {
+			continue
+		}
+		if _, err := m.download(registry, repository, desc); err != nil {
+			m.log.Debug("not prefetching a layer", "digest", desc.Digest, "err", err)
+		}
+	}
 }
 
 // countingWriter counts the body bytes written, keeping the ReaderFrom of

@@ -9,6 +9,13 @@
 // into the cache and streamed to the client as its chunks arrive, never
 // buffered whole. Nothing is ever served as a complete response before the
 // whole blob has been verified against its digest.
+//
+// The mirror is on the critical path of every image pull, and containerd
+// gives a mirror 30 s to send response headers before it goes to the
+// registry for good: a blob's headers go out at once, its front is fetched
+// first (Prioritizer), a GET of an image manifest starts the fetch of all
+// its layers, and a blob whose fetch just failed is answered 503 at once so
+// the client's retry moves on to the registry.
 package mirror
 
 import (
@@ -68,6 +75,7 @@ type options struct {
 	manifestTimeout time.Duration
 	fetchTimeout    time.Duration
 	pollInterval    time.Duration
+	prefetchLayers  bool
 }
 
 // WithRegistries sets the registries mirrored (host[:port]; "docker.io" for
@@ -100,6 +108,13 @@ func WithBlobSource(fn BlobSource) Option {
 		o.blobSource = fn
 		return nil
 	}
+}
+
+// WithLayerPrefetch sets whether a GET of an image manifest starts the
+// fetches of its config and layers at once (the default), before the
+// client asks for them one by one.
+func WithLayerPrefetch(on bool) Option {
+	return func(o *options) error { o.prefetchLayers = on; return nil }
 }
 
 // WithLogger sets the logger; the mirror is silent by default.
@@ -180,6 +195,7 @@ type Mirror struct {
 
 	mu        sync.Mutex
 	downloads map[digest.Digest]*download
+	failed    map[digest.Digest]time.Time // blobs whose fetch failed, and when (failedFor)
 	closed    bool
 	wg        sync.WaitGroup
 }
@@ -196,6 +212,7 @@ func New(store Store, upstream Upstream, opts ...Option) (*Mirror, error) {
 		manifestTimeout: 15 * time.Second,
 		fetchTimeout:    time.Hour,
 		pollInterval:    50 * time.Millisecond,
+		prefetchLayers:  true,
 	}
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
@@ -216,6 +233,7 @@ func New(store Store, upstream Upstream, opts ...Option) (*Mirror, error) {
 		tags: tags, known: newKnownBlobs(maxKnownBlobs),
 		ctx: ctx, cancel: cancel,
 		downloads: make(map[digest.Digest]*download),
+		failed:    make(map[digest.Digest]time.Time),
 	}, nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -153,16 +154,24 @@ func NewSwarm(dir Directory, client *http.Client, cfg SwarmConfig, log *slog.Log
 
 // Source returns a blob source for the cache that fills the blob from the
 // swarm, with origin as the origin. It streams from origin alone if asked to
-// stream.
+// stream. Its Want method says which byte a reader of the blob waits on:
+// the chunks from there are fetched first (the registry mirror streams a
+// blob to containerd in order).
 func (s *Swarm) Source(desc cache.Descriptor, origin cache.RangeOpener) cache.RangeOpener {
-	return &swarmSource{s: s, desc: desc, origin: origin}
+	src := &swarmSource{s: s, desc: desc, origin: origin}
+	src.want.Store(-1)
+	return src
 }
 
 type swarmSource struct {
 	s      *Swarm
 	desc   cache.Descriptor
 	origin cache.RangeOpener
+	want   atomic.Int64 // the byte a reader waits on; -1 for none
 }
+
+// Want says that a reader waits on byte off of the blob.
+func (src *swarmSource) Want(off int64) { src.want.Store(off) }
 
 func (src *swarmSource) OpenRange(ctx context.Context, off int64) (io.ReadCloser, error) {
 	return src.origin.OpenRange(ctx, off)
@@ -172,14 +181,74 @@ func (src *swarmSource) OpenRange(ctx context.Context, off int64) (io.ReadCloser
 // stays flat whatever the chunk size.
 const maxInFlightBytes = 64 << 20
 
+// smallBlob is the largest blob fetched without the swarm's election when
+// it fits in one chunk (configs, manifests, small layers): every node that
+// wants it may take it from the origin at once, at little cost to the
+// origin, where an election would hold it for seconds under load.
+const smallBlob = 1 << 20
+
 func (src *swarmSource) Fill(ctx context.Context, p *cache.Partial) error {
-	f := &fill{s: src.s, p: p, origin: src.origin, d: p.Descriptor().Digest, start: time.Now(),
-		maxInFlight: max(2, min(src.s.cfg.MaxInFlight, int(maxInFlightBytes/p.ChunkSize()))),
-		peers:       map[string]*peerView{}, absent: map[string]time.Time{},
+	if p.Chunks() == 1 && p.Descriptor().Size <= smallBlob {
+		return src.s.fillSmall(ctx, p, src.origin)
+	}
+	f := &fill{s: src.s, p: p, origin: src.origin, d: p.Descriptor().Digest, start: time.Now(), want: &src.want,
+		maxInFlight: max(2, min(src.s.cfg.MaxInFlight, int(maxInFlightBytes/p.ChunkSize()))), originHeard: time.Now(),
+		peers: map[string]*peerView{}, absent: map[string]time.Time{},
 		inflight: map[int]int{}, supplier: map[int]string{}, asked: map[int]string{},
 		results: make(chan chunkResult, src.s.cfg.MaxInFlight*2), states: make(chan stateResult, 64),
 		hashQueries: make(chan hashQuery, src.s.cfg.MaxInFlight*2)}
 	return f.run(ctx)
+}
+
+// fillSmall fetches a blob of one small chunk without the swarm's
+// election: from a peer that holds it whole, else from the origin. Its one
+// chunk is the whole blob, so the blob's digest checks whoever sent it.
+func (s *Swarm) fillSmall(ctx context.Context, p *cache.Partial, origin cache.RangeOpener) error {
+	d := p.Descriptor().Digest
+	want, err := hex.DecodeString(d.Encoded())
+	if err != nil || d.Algorithm() != digest.SHA256 {
+		return fmt.Errorf("%w: digest %s", cache.ErrInvalid, d)
+	}
+	n := p.ChunkLen(0)
+	timeout := 5*time.Second + time.Duration(n*int64(time.Second)/s.cfg.MinRate)
+	for _, h := range s.dir.Holders(d) {
+		if !h.Complete || h.Peer == s.dir.LocalName() || s.Banned(h.Peer) {
+			continue
+		}
+		peer, ok := s.dir.Peer(h.Peer)
+		if !ok || peer.Meta.ChunkAddr == "" {
+			continue
+		}
+		c := newLiveChunk(n)
+		_, err := s.fetchChunk(ctx, peer.Meta.ChunkAddr, d, 0, timeout, c)
+		if err == nil {
+			err = p.WriteChunk(0, c.data(), want)
+		}
+		c.release()
+		if err == nil {
+			s.m.received.WithLabelValues("peer").Add(float64(n))
+			return nil
+		}
+		if errors.Is(err, cache.ErrDigestMismatch) {
+			s.m.mismatches.Inc()
+			s.ban(h.Peer, "corrupt_chunk")
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		s.log.Debug("small blob from a peer failed; trying the origin", "peer", h.Peer, "digest", d, "err", err)
+		break // one holder tried: the origin answers as soon as the next would
+	}
+	c := newLiveChunk(n)
+	defer c.release()
+	if err := s.fetchOrigin(ctx, origin, 0, timeout, c); err != nil {
+		return err
+	}
+	if err := p.WriteChunk(0, c.data(), want); err != nil {
+		return fmt.Errorf("blob %s from the origin: %w", d, err)
+	}
+	s.m.received.WithLabelValues("origin").Add(float64(n))
+	return nil
 }
 
 // FetchesFromOrigin reports whether this node is fetching d from the origin
@@ -281,7 +350,8 @@ type fill struct {
 	d      digest.Digest
 	start  time.Time
 
-	maxInFlight    int // requests in flight, bounded by the chunk buffers they need
+	want           *atomic.Int64 // the byte a reader waits on (-1 none): its chunks go first
+	maxInFlight    int           // requests in flight, bounded by the chunk buffers they need
 	peers          map[string]*peerView
 	absent         map[string]time.Time // members that had none of the blob when asked, and when
 	probedAt       time.Time            // when the first-ranked members were last looked for
@@ -293,7 +363,8 @@ type fill struct {
 	originSince    time.Time // when this node took the origin role
 	originAtOnce   bool      // it took the role without waiting: alone, or among the first of all members
 	originInflight int
-	originFailures int
+	originFailures int       // origin requests failed in a row without an answer
+	originHeard    time.Time // when the origin last sent bytes (or the download began)
 	originPause    time.Time
 	chunkTime      time.Duration // recent time to fetch one chunk (moving average)
 	originTime     time.Duration // recent time to fetch one chunk from the origin (moving average)
@@ -539,7 +610,8 @@ func (f *fill) withMembers(members []Peer) []string {
 
 // schedule starts requests until the limits are reached: as an origin
 // fetcher, the first chunk of its share nobody has, from the origin; else
-// the rarest chunk a peer with a free slot has; else endgame duplicates.
+// the next chunk a reader waits on, or the rarest chunk, that a peer with a
+// free slot has; else endgame duplicates.
 func (f *fill) schedule(ctx context.Context, missing []int) error {
 	total := f.inflightTotal()
 	rand.Shuffle(len(missing), func(i, j int) { missing[i], missing[j] = missing[j], missing[i] })
@@ -556,7 +628,10 @@ func (f *fill) schedule(ctx context.Context, missing []int) error {
 		if !f.mayAskPeers(total, missing) {
 			return nil
 		}
-		chunk, peer := f.pickFromPeers(missing, false)
+		chunk, peer := f.pickWanted(missing, f.p.ChunkSize())
+		if chunk < 0 {
+			chunk, peer = f.pickFromPeers(missing, false)
+		}
 		if chunk < 0 {
 			chunk, peer = f.pickFromPeers(missing, true)
 		}
@@ -626,35 +701,7 @@ func (f *fill) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 		if (!endgame && f.inflight[i] != 0) || (endgame && f.inflight[i] != 1) {
 			continue
 		}
-		count := 0
-		var pick, fetcher *peerView
-		for _, pv := range f.peers {
-			if !pv.known || (!pv.state.Has(i) && !pv.state.IsFetching(i)) {
-				continue
-			}
-			count++
-			if pv.inflight >= f.s.cfg.PerPeer || now.Before(pv.busyTill) || now.Before(pv.chunkBusy[i]) ||
-				f.s.Banned(pv.name) || (endgame && f.asked[i] == pv.name) {
-				continue
-			}
-			// An origin fetcher's upload is the swarm's narrowest pipe:
-			// every chunk of its share must leave it once, as fast as it
-			// comes from the origin. It is asked again for a chunk it
-			// already sent (but for the last chunks) only when no other
-			// holder is free; it sends one such repeat at a time, when its
-			// upload has room, and refuses the others.
-			if pv.state.Origin && !endgame && pv.state.WasSent(i) {
-				fetcher = pv
-				continue
-			}
-			if pick == nil || supplyRank(pv, i) < supplyRank(pick, i) ||
-				(supplyRank(pv, i) == supplyRank(pick, i) && pv.inflight < pick.inflight) {
-				pick = pv
-			}
-		}
-		if pick == nil {
-			pick = fetcher
-		}
+		pick, count := f.supplierOf(i, endgame, now)
 		if pick == nil {
 			continue
 		}
@@ -670,6 +717,65 @@ func (f *fill) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 		}
 		if best < 0 || score < bestScore {
 			best, bestScore, bestPeer = i, score, pick
+		}
+	}
+	return best, bestPeer
+}
+
+// supplierOf returns the best usable peer to ask for chunk i (supplyRank,
+// then the least loaded; nil if none is free) and how many known peers
+// have or are receiving it.
+func (f *fill) supplierOf(i int, endgame bool, now time.Time) (pick *peerView, count int) {
+	var fetcher *peerView
+	for _, pv := range f.peers {
+		if !pv.known || (!pv.state.Has(i) && !pv.state.IsFetching(i)) {
+			continue
+		}
+		count++
+		if pv.inflight >= f.s.cfg.PerPeer || now.Before(pv.busyTill) || now.Before(pv.chunkBusy[i]) ||
+			f.s.Banned(pv.name) || (endgame && f.asked[i] == pv.name) {
+			continue
+		}
+		// An origin fetcher's upload is the swarm's narrowest pipe:
+		// every chunk of its share must leave it once, as fast as it
+		// comes from the origin. It is asked again for a chunk it
+		// already sent (but for the last chunks) only when no other
+		// holder is free; it sends one such repeat at a time, when its
+		// upload has room, and refuses the others.
+		if pv.state.Origin && !endgame && pv.state.WasSent(i) {
+			fetcher = pv
+			continue
+		}
+		if pick == nil || supplyRank(pv, i) < supplyRank(pick, i) ||
+			(supplyRank(pv, i) == supplyRank(pick, i) && pv.inflight < pick.inflight) {
+			pick = pv
+		}
+	}
+	if pick == nil {
+		pick = fetcher
+	}
+	return pick, count
+}
+
+// pickWanted returns the lowest missing chunk from the byte a reader waits
+// on (Want), within maxInFlight chunks of it, that is asked of no one and
+// that a free peer can supply; -1 if none. A reader's next bytes beat
+// rarity: the registry mirror streams a blob to containerd in order, and
+// a pull's progress is its prefix.
+func (f *fill) pickWanted(missing []int, chunkSize int64) (int, *peerView) {
+	if f.want == nil || f.want.Load() < 0 {
+		return -1, nil
+	}
+	first := int(f.want.Load() / chunkSize)
+	best := -1
+	var bestPeer *peerView
+	now := time.Now()
+	for _, i := range missing {
+		if i < first || i >= first+f.maxInFlight || (best >= 0 && i > best) || f.inflight[i] != 0 {
+			continue
+		}
+		if pick, _ := f.supplierOf(i, false, now); pick != nil {
+			best, bestPeer = i, pick
 		}
 	}
 	return best, bestPeer
@@ -1013,7 +1119,7 @@ func (f *fill) handle(r chunkResult) error {
 			pv.failures = 0
 		}
 		if r.peer == "" {
-			f.originFailures = 0
+			f.originFailures, f.originHeard = 0, time.Now()
 			f.originTime = (3*f.originTime + r.took) / 4
 		}
 		return nil
@@ -1025,16 +1131,7 @@ func (f *fill) handle(r chunkResult) error {
 		return r.err
 	}
 	if r.peer == "" {
-		if errors.Is(r.err, cache.ErrPermanent) {
-			return fmt.Errorf("origin: %w", r.err)
-		}
-		f.originFailures++
-		if f.originFailures >= 5 {
-			return fmt.Errorf("origin failed %d times in a row: %w", f.originFailures, r.err)
-		}
-		f.originPause = time.Now().Add(time.Duration(f.originFailures) * 200 * time.Millisecond)
-		f.s.log.Warn("origin chunk failed; retrying", "digest", f.d, "chunk", r.chunk, "err", r.err)
-		return nil
+		return f.originFailed(r)
 	}
 	pv := f.peers[r.peer]
 	switch {
@@ -1077,6 +1174,39 @@ func (f *fill) handle(r chunkResult) error {
 			}
 		}
 	}
+	return nil
+}
+
+// Origin failures the download tolerates: it gives up only after
+// originGiveUp failures in a row and originPatience without a byte from
+// the origin. The origin is not a peer: there is no other to turn to, and
+// a registry whose link is shared by many pulls is slow, not gone.
+const (
+	originGiveUp   = 5
+	originPatience = 30 * time.Second
+	originMaxPause = 5 * time.Second
+)
+
+// originFailed books a failed origin request. A slow answer (some bytes,
+// then the deadline) is not a failure: the origin answers, its link is
+// busy. Other failures back off, doubling up to originMaxPause.
+func (f *fill) originFailed(r chunkResult) error {
+	if errors.Is(r.err, cache.ErrPermanent) {
+		return fmt.Errorf("origin: %w", r.err)
+	}
+	now := time.Now()
+	if errors.Is(r.err, errSlow) {
+		f.originHeard = now
+		f.s.log.Debug("origin chunk too slow; asking again", "digest", f.d, "chunk", r.chunk, "err", r.err)
+		return nil
+	}
+	f.originFailures++
+	if f.originFailures >= originGiveUp && now.Sub(f.originHeard) >= originPatience {
+		return fmt.Errorf("origin failed %d times in a row, and sent nothing for %s: %w",
+			f.originFailures, now.Sub(f.originHeard).Round(time.Second), r.err)
+	}
+	f.originPause = now.Add(min(originMaxPause, 200*time.Millisecond<<min(f.originFailures-1, 5)))
+	f.s.log.Warn("origin chunk failed; retrying", "digest", f.d, "chunk", r.chunk, "failures", f.originFailures, "err", r.err)
 	return nil
 }
 
