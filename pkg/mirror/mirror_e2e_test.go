@@ -50,9 +50,10 @@ func TestContainerdPullThroughMirror(t *testing.T) {
 	pull("first")
 	served := reg.BytesServed()
 	assert.Positive(t, served)
-	for _, l := range []string{"manifest", "blob"} {
-		assert.Positive(t, testutilRequests(m, l, outcomeMiss), "%ss fetched through the mirror", l)
-	}
+	assert.Positive(t, testutilRequests(m, "manifest", outcomeMiss), "manifests fetched through the mirror")
+	// The manifest started its layers' fetches: containerd's requests for
+	// them may find them whole already.
+	assert.Positive(t, testutilRequests(m, "blob", outcomeMiss)+testutilRequests(m, "blob", outcomeHit), "blobs served by the mirror")
 	_, err = store.Stat(img.Digest)
 	require.NoError(t, err, "the manifest is in the cache")
 
