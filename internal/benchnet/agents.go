@@ -1,10 +1,13 @@
-// Package benchnet runs weightd agents and an HTTP origin in the hosts of a
-// testbed (internal/testbed), for the benchmarks that measure them over
-// shaped links: bench/swarm and bench/podready.
+// Package benchnet runs weightd agents, an HTTP origin and an OCI registry
+// in the hosts of a testbed (internal/testbed), for the benchmarks that
+// measure them over shaped links: bench/swarm, bench/podready and
+// bench/mirrorswarm.
 //
-// The origin runs inside its host as the benchmark's own executable: a
-// benchmark that calls StartOrigin must, when run with
-// "-serve-origin DIR -listen ADDR -control SOCKET", call ServeOrigin.
+// The origin and the registry run inside their host as the benchmark's own
+// executable: a benchmark that calls StartOrigin must, when run with
+// "-serve-origin DIR -listen ADDR -control SOCKET", call ServeOrigin, and
+// one that calls StartRegistry must, when run with
+// "-serve-registry DIR -listen ADDR -control SOCKET", call ServeRegistry.
 package benchnet
 
 import (
@@ -33,6 +36,9 @@ const (
 	MetricsPort = 9464
 	GossipPort  = 7946
 	ChunkPort   = 7947
+	// MirrorPort is where an agent's registry mirror listens, when its
+	// flags turn it on (--mirror-addr).
+	MirrorPort = 5001
 )
 
 // Agent is one weightd agent running in a host of the testbed.
@@ -62,6 +68,9 @@ type AgentConfig struct {
 	Kubeconfig string
 	// Extra are more flags for every agent.
 	Extra []string
+	// HostExtra, when set, returns more flags for the agent in host h,
+	// after Extra (those that name the host's address or its own files).
+	HostExtra func(h *testbed.Host) []string
 }
 
 // Agents is a set of running agents, in the order they started.
@@ -108,6 +117,9 @@ func StartAgents(ctx context.Context, hosts []*testbed.Host, cfg AgentConfig) (*
 			args = append(args, "--kubeconfig", cfg.Kubeconfig)
 		}
 		args = append(args, cfg.Extra...)
+		if cfg.HostExtra != nil {
+			args = append(args, cfg.HostExtra(h)...)
+		}
 		client, err := api.NewClient(sock)
 		if err != nil {
 			return nil, err

@@ -1,6 +1,7 @@
 package benchnet
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -23,17 +24,28 @@ import (
 // StartOrigin runs the origin in host h and waits (10 s at most) until it
 // answers on its control socket. stop ends it (SIGTERM) and waits.
 func StartOrigin(ctx context.Context, h *testbed.Host, exe, dir, addr, control string) (stop func(), err error) {
-	octx, cancel := context.WithCancel(ctx)
-	cmd := h.Command(octx, exe, "-serve-origin", dir, "-listen", addr, "-control", control)
+	return startServer(ctx, h, "origin", exe, []string{"-serve-origin", dir, "-listen", addr, "-control", control},
+		func(ctx context.Context) error {
+			_, err := OriginBytes(ctx, control)
+			return err
+		})
+}
+
+// startServer runs exe with args in host h, as the server called name, and
+// waits (10 s at most) until ready succeeds. stop ends it (SIGTERM, SIGKILL
+// after 10 s) and waits.
+func startServer(ctx context.Context, h *testbed.Host, name, exe string, args []string, ready func(context.Context) error) (stop func(), err error) {
+	sctx, cancel := context.WithCancel(ctx)
+	cmd := h.Command(sctx, exe, args...)
 	// In a process group of its own: a Ctrl-C in the terminal reaches only
 	// the bench, which stops it in order.
 	cmd.SysProcAttr.Setpgid = true
-	cmd.Stderr = &LineWriter{Prefix: "origin: ", W: os.Stderr}
+	cmd.Stderr = &LineWriter{Prefix: name + ": ", W: os.Stderr}
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
 	if err := cmd.Start(); err != nil {
 		cancel()
-		return nil, fmt.Errorf("starting the origin: %w", err)
+		return nil, fmt.Errorf("starting the %s: %w", name, err)
 	}
 	exited := make(chan struct{})
 	var werr error
@@ -47,17 +59,18 @@ func StartOrigin(ctx context.Context, h *testbed.Host, exe, dir, addr, control s
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if _, err := OriginBytes(ctx, control); err == nil {
+		err := ready(ctx)
+		if err == nil {
 			return stop, nil
 		}
 		select {
 		case <-exited:
-			return nil, fmt.Errorf("the origin exited at start: %v", werr)
+			return nil, fmt.Errorf("the %s exited at start: %v", name, werr)
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			stop()
-			return nil, fmt.Errorf("the origin did not answer on %s within 10s", control)
+			return nil, fmt.Errorf("the %s did not answer within 10s: %w", name, err)
 		}
 	}
 }
@@ -103,26 +116,39 @@ func ServeOrigin(dir, listen, control string) error {
 // OriginBytes asks the origin, through its control socket, how many body
 // bytes it has sent.
 func OriginBytes(ctx context.Context, control string) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	b, err := controlCall(ctx, control, http.MethodGet, "/bytes", nil)
+	if err != nil {
+		return 0, fmt.Errorf("asking the origin for its egress: %w", err)
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+}
+
+// controlCall sends a request to a server's control socket and returns the
+// body of its 200 answer (1 MiB at most).
+func controlCall(ctx context.Context, control, method, path string, body []byte) ([]byte, error) {
 	hc := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", control)
 		},
 	}}
 	defer hc.CloseIdleConnections()
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://origin/bytes", nil)
+	req, err := http.NewRequestWithContext(ctx, method, "http://control"+path, bytes.NewReader(body))
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("asking the origin for its egress: %w", err)
+		return nil, err
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 64))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return 0, fmt.Errorf("asking the origin for its egress: %w", err)
+		return nil, err
 	}
-	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(b))
+	}
+	return b, nil
 }

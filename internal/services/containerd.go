@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/weightd/weightd/internal/testbed"
 )
 
 // ContainerdBinary and CtrBinary are Debian's containerd 1.6 and its CLI.
@@ -24,6 +26,14 @@ type ContainerdConfig struct {
 	// Dir holds the daemon's root, state, sockets, config, log and HostsDir.
 	// Required.
 	Dir string
+	// Binaries are the daemon and ctr to run: zero for Debian's 1.6
+	// (ContainerdBinary, CtrBinary), or a containerd 2.x from
+	// BuildContainerd, which gets a version 3 config.
+	Binaries ContainerdBinaries
+	// Host, when set, runs the daemon and ctr inside that testbed host's
+	// network namespace, so that its pulls cross the host's link; the
+	// sockets, in Dir, stay reachable from everywhere.
+	Host *testbed.Host
 }
 
 // Containerd is a containerd daemon with all of its state in one directory,
@@ -44,6 +54,8 @@ type Containerd struct {
 	// Dir is ContainerdConfig.Dir.
 	Dir string
 
+	bins    ContainerdBinaries
+	host    *testbed.Host
 	sockDir string // a short directory for the sockets when Dir is too long; removed on Close
 
 	mu     sync.Mutex
@@ -61,7 +73,7 @@ func StartContainerd(ctx context.Context, cfg ContainerdConfig) (*Containerd, er
 	if cfg.Dir == "" {
 		return nil, errors.New("containerd: no directory")
 	}
-	if err := ContainerdAvailable(); err != nil {
+	if err := cfg.Binaries.available(); err != nil {
 		return nil, err
 	}
 	dir, err := filepath.Abs(cfg.Dir)
@@ -73,6 +85,8 @@ func StartContainerd(ctx context.Context, cfg ContainerdConfig) (*Containerd, er
 		HostsDir:  filepath.Join(dir, "certs.d"),
 		Namespace: "k8s.io",
 		Dir:       dir,
+		bins:      cfg.Binaries,
+		host:      cfg.Host,
 	}
 	for _, d := range []string{dir, c.Root, c.HostsDir, filepath.Join(dir, "state"), filepath.Join(dir, "opt")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -98,6 +112,9 @@ func StartContainerd(ctx context.Context, cfg ContainerdConfig) (*Containerd, er
 func (c *Containerd) configPath() string { return filepath.Join(c.Dir, "config.toml") }
 
 func (c *Containerd) config() string {
+	if c.bins.Containerd != "" {
+		return c.configV3()
+	}
 	return fmt.Sprintf(`version = 2
 root = %q
 state = %q
@@ -150,7 +167,7 @@ func (c *Containerd) Start(ctx context.Context) error {
 		return nil
 	}
 	_ = os.Remove(c.Address) // a stale socket of a killed daemon
-	p, err := startProcess(ContainerdBinary, []string{"--config", c.configPath()}, filepath.Join(c.Dir, "containerd.log"))
+	p, err := startCommand("containerd", c.command(context.Background(), c.bins.daemon(), "--config", c.configPath()), filepath.Join(c.Dir, "containerd.log"))
 	if err != nil {
 		return err
 	}
@@ -200,10 +217,26 @@ func (c *Containerd) cleanup() error {
 	return err
 }
 
+// command returns a command that runs bin with args, in the daemon's
+// testbed host if it has one.
+func (c *Containerd) command(ctx context.Context, bin string, args ...string) *exec.Cmd {
+	if c.host != nil {
+		return c.host.Command(ctx, bin, args...)
+	}
+	return exec.CommandContext(ctx, bin, args...)
+}
+
+// CtrCommand returns a command that runs ctr against the daemon in its
+// namespace (and in its testbed host, where ctr itself pulls for commands
+// such as content fetch), for a caller that handles its output itself.
+func (c *Containerd) CtrCommand(ctx context.Context, args ...string) *exec.Cmd {
+	return c.command(ctx, c.bins.ctr(), append([]string{"--address", c.Address, "--namespace", c.Namespace}, args...)...)
+}
+
 // Ctr runs ctr against the daemon in its namespace and returns its combined
 // output; a failure's error includes that output.
 func (c *Containerd) Ctr(ctx context.Context, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, CtrBinary, append([]string{"--address", c.Address, "--namespace", c.Namespace}, args...)...)
+	cmd := c.CtrCommand(ctx, args...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {

@@ -1,7 +1,9 @@
 // Package services starts and stops real components — Debian's
 // docker-registry (distribution 2.8) and containerd 1.6 — on loopback, each
 // in a private directory, for tests and for the whole-system benchmarks under
-// bench/.
+// bench/. A containerd 2.x, built from the Go module proxy and cached by
+// version (BuildContainerd), runs the same way, or inside a testbed host's
+// network namespace (ContainerdConfig.Host).
 //
 // The core API takes a context and a directory and returns errors, so bench
 // main programs can use it; NewRegistryT and NewContainerdT are its wrappers

@@ -17,6 +17,7 @@ import (
 
 // process is a child process whose output goes to a log file.
 type process struct {
+	name string // the program's name, for messages
 	cmd  *exec.Cmd
 	log  string
 	done chan struct{} // closed when the process has exited
@@ -26,18 +27,29 @@ type process struct {
 // startProcess starts bin with args, appending its stdout and stderr to
 // logPath. The child gets SIGKILL if this process dies first.
 func startProcess(bin string, args []string, logPath string) (*process, error) {
+	return startCommand(filepath.Base(bin), exec.Command(bin, args...), logPath)
+}
+
+// startCommand is startProcess for a command already built (one that runs
+// in a testbed host's network namespace), name being its program's name for
+// messages: it starts cmd in a process group
+// of its own, so a Ctrl-C in the terminal reaches only its parent, which
+// stops it in order.
+func startCommand(name string, cmd *exec.Cmd, logPath string) (*process, error) {
 	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
 	defer lf.Close()
-	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = lf, lf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting %s: %w", bin, err)
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
-	p := &process{cmd: cmd, log: logPath, done: make(chan struct{})}
+	cmd.SysProcAttr.Pdeathsig, cmd.SysProcAttr.Setpgid = syscall.SIGKILL, true
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
+	p := &process{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		close(p.done)
@@ -99,7 +111,7 @@ func (p *process) waitFor(ctx context.Context, timeout time.Duration, what strin
 			return nil
 		}
 		if p.exited() {
-			return fmt.Errorf("%s exited (%v) before %s was ready; its log ends:\n%s", filepath.Base(p.cmd.Path), p.err, what, p.logTail(4096))
+			return fmt.Errorf("%s exited (%v) before %s was ready; its log ends:\n%s", p.name, p.err, what, p.logTail(4096))
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s not ready after %v: %v; its log ends:\n%s", what, timeout, err, p.logTail(4096))

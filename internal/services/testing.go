@@ -80,13 +80,13 @@ func NewRegistryT(tb testing.TB, cfg RegistryConfig) *Registry {
 	return r
 }
 
-// NewContainerdT is StartContainerd for tests: it calls RequireContainerd,
-// puts the daemon in a temporary directory when cfg.Dir is empty, fails the
+// NewContainerdT is StartContainerd for tests: it skips the test (or fails
+// it under CI=true) when cfg.Binaries cannot run here, puts the daemon in a temporary directory when cfg.Dir is empty, fails the
 // test if it does not start, and closes it when the test ends (logging the
 // end of its log if the test failed).
 func NewContainerdT(tb testing.TB, cfg ContainerdConfig) *Containerd {
 	tb.Helper()
-	RequireContainerd(tb)
+	require(tb, cfg.Binaries.available())
 	if cfg.Dir == "" {
 		cfg.Dir = tb.TempDir()
 	}

@@ -1,0 +1,526 @@
+// Command mirrorswarm measures containerd pulling one image through
+// weightd's registry mirror on N nodes at once, against the physical limit
+// S/B of one node's link and against every node pulling from the registry.
+//
+// It builds a testbed (internal/testbed: network namespaces on a bridge, so
+// it needs root and iproute2) of one registry host and N nodes, every link
+// shaped to B in both directions. The registry host runs Debian's
+// docker-registry behind a reverse proxy that counts the body bytes of blob
+// GETs by client, told apart by User-Agent: "containerd/…" is containerd,
+// "weightd/…" the agents (the bench re-executes itself there:
+// benchnet.ServeRegistry). An image of S bytes in L layers of random,
+// incompressible data is pushed to it before the nodes start, over the
+// registry host's loopback (uncounted, unshaped). Each node runs, inside its
+// namespace so that its pulls cross its link, a containerd 2.x (built from
+// the Go module proxy on the first run and cached: services.BuildContainerd)
+// with its own root, sockets and registry config_path, and, in the mirror
+// modes, a `weightd agent` with its registry mirror on
+// (--mirror-addr <node>:5001 --mirror-registries <registry>
+// --hosts-dir <that config_path>): the agent writes the hosts.toml that
+// sends containerd's pulls to the mirror first and to the registry after;
+// the bench never writes it. Every mode starts fresh: empty agent caches,
+// empty containerd content stores.
+//
+// A node pulls with containerd's own resolver and fetcher, chosen by
+// -client: ctr (`ctr content fetch --hosts-dir … --plain-http <ref>`, run in
+// the node's namespace: fetched into the content store, not unpacked) or cri
+// (runtime.v1.ImageService/PullImage on the daemon's socket, as the kubelet
+// pulls: the daemon fetches and unpacks; its time includes the unpacking).
+// A node's time runs from its pull's start to the pull's end, and every pull
+// is then checked: the manifest, the config and every layer must be in the
+// node's content store (a pull that fails, or content that is missing, makes
+// the bench exit non-zero with the end of the node's containerd log). The
+// modes:
+//
+//   - nomirror: no agents; each node's hosts.toml, written by the bench,
+//     names only the registry (plain HTTP), and all N pull at once from it:
+//     the naive baseline, about N·S/B as the registry's link is shared;
+//   - simultaneous: all N pull at once through their mirrors;
+//   - rolling: one node pulls alone first, then the other N-1 at once; the
+//     figures (first_s, p50_s, last_s, time_ratio) are over those N-1, timed
+//     from their common start, and first_node_s is the lone pull's time;
+//     origin_ratio and the registry's bytes cover both phases;
+//   - killed: all N at once, and the last node's agent is killed (SIGKILL)
+//     as soon as that node's containerd holds half the image (the bytes of
+//     its content store's blobs and ingests, polled every 100 ms); its
+//     containerd must still finish, through the fallback to the registry
+//     that the agent's hosts.toml names. The figures are over all N nodes;
+//     killed_node_s is that node's time and killed_node_ratio that time over
+//     the nomirror mode's last_s (when nomirror ran in the same invocation).
+//
+// Each mode prints one JSON line on stdout (logs go to stderr):
+//
+//	{"bench":"mirror-swarm","mode":…,"client":"ctr"|"cri","nodes":N,"size_bytes":S,"layers":L,
+//	 "link_mbit":B,"limit_s":S*8/(B*1e6),"first_s":…,"p50_s":…,"last_s":…,
+//	 "time_ratio":last_s/limit_s,"origin_ratio":registry_blob_bytes/S,
+//	 "registry_bytes_by_client":{"containerd":…,"weightd":…,"other":…},
+//	 "registry_by_node":{"h1":{"containerd":{"blob_gets":…,"blob_bytes":…},…},…},
+//	 "node_s":{"h1":…,…},"nomirror_last_s":…,"speedup_vs_nomirror":…}
+//
+// plus first_node_s (rolling) and killed_node_s, killed_node_ratio
+// (killed). S is what a pull transfers (manifest, config and the compressed
+// layers: a little over -size-mib). registry_by_node lists, per node, the
+// blob GETs that reached the registry from that node's containerd (its
+// fallbacks, in the mirror modes) and from its agent. nomirror_last_s and
+// speedup_vs_nomirror (nomirror's last_s / last_s) are null unless nomirror
+// ran first in the same invocation. Everything (namespaces, containerd
+// daemons and their mounts, agents, the registry, the temporary directory)
+// is removed at the end and on SIGINT or SIGTERM; a second signal exits at
+// once, and the next run removes what is left of the testbed.
+//
+//	go run ./bench/mirrorswarm -quick   # 4 nodes, 64 MiB, 200 Mbit/s
+//	go run ./bench/mirrorswarm          # 8 nodes, 512 MiB in 4 layers, 100 Mbit/s
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"math"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/weightd/weightd/internal/benchnet"
+	"github.com/weightd/weightd/internal/services"
+	"github.com/weightd/weightd/internal/testbed"
+)
+
+// registryPort is the registry's port on the registry host.
+const registryPort = 5000
+
+// modes are the modes the bench knows, in the order it runs them.
+var modes = []string{"nomirror", "simultaneous", "rolling", "killed"}
+
+// clients are the ways a node pulls.
+var clients = []string{"ctr", "cri"}
+
+// options are the bench's flags.
+type options struct {
+	nodes     int
+	sizeMiB   int64
+	layers    int
+	linkMbit  int
+	chunkMiB  int
+	modes     []string
+	client    string
+	weightd   string
+	agentArgs string // more flags for every agent
+}
+
+// result is one line of output.
+type result struct {
+	Bench                 string                                 `json:"bench"`
+	Mode                  string                                 `json:"mode"`
+	Client                string                                 `json:"client"`
+	Nodes                 int                                    `json:"nodes"`
+	SizeBytes             int64                                  `json:"size_bytes"`
+	Layers                int                                    `json:"layers"`
+	LinkMbit              int                                    `json:"link_mbit"`
+	LimitS                float64                                `json:"limit_s"`
+	FirstS                float64                                `json:"first_s"`
+	P50S                  float64                                `json:"p50_s"`
+	LastS                 float64                                `json:"last_s"`
+	TimeRatio             float64                                `json:"time_ratio"`
+	OriginRatio           float64                                `json:"origin_ratio"`
+	RegistryBytesByClient map[string]int64                       `json:"registry_bytes_by_client"`
+	RegistryByNode        map[string]map[string]benchnet.Traffic `json:"registry_by_node"`
+	NodeS                 map[string]float64                     `json:"node_s"`
+	NomirrorLastS         *float64                               `json:"nomirror_last_s"`
+	SpeedupVsNomirror     *float64                               `json:"speedup_vs_nomirror"`
+	FirstNodeS            *float64                               `json:"first_node_s,omitempty"`
+	KilledNodeS           *float64                               `json:"killed_node_s,omitempty"`
+	KilledNodeRatio       *float64                               `json:"killed_node_ratio,omitempty"`
+}
+
+func main() {
+	var (
+		o        options
+		modeList string
+		quick    bool
+		// The registry, which the bench runs inside the registry host.
+		serveRegistry, listen, control string
+	)
+	flag.IntVar(&o.nodes, "nodes", 8, "nodes (hosts with a containerd and, in the mirror modes, an agent)")
+	flag.Int64Var(&o.sizeMiB, "size-mib", 512, "image size in MiB (random data, split evenly over the layers)")
+	flag.IntVar(&o.layers, "layers", 4, "image layers")
+	flag.IntVar(&o.linkMbit, "link-mbit", 100, "every host's link, each direction, in Mbit/s")
+	flag.IntVar(&o.chunkMiB, "chunk-mib", 2, "the agents' chunk size in MiB (as bench/swarm: 2 MiB crosses a 100 Mbit/s hop in a sixth of a second)")
+	flag.StringVar(&modeList, "modes", strings.Join(modes, ","), "comma-separated modes to run: "+strings.Join(modes, ", "))
+	flag.StringVar(&o.client, "client", "ctr", "how a node pulls: ctr (ctr content fetch in the node) or cri (the CRI's PullImage: the daemon pulls and unpacks)")
+	flag.StringVar(&o.weightd, "weightd", "", "weightd binary (default: go build ./cmd/weightd into the temporary directory)")
+	flag.StringVar(&o.agentArgs, "agent-args", "", "more flags for every agent, space-separated (tuning experiments)")
+	flag.BoolVar(&quick, "quick", false, "a short run: 4 nodes, 64 MiB, 200 Mbit/s unless set otherwise")
+	flag.StringVar(&serveRegistry, "serve-registry", "", "internal: run the registry with its storage in this directory (in the registry host)")
+	flag.StringVar(&listen, "listen", "", "internal: the registry's address")
+	flag.StringVar(&control, "control", "", "internal: the registry's control socket")
+	flag.Parse()
+	log.SetFlags(log.Ltime | log.Lmicroseconds)
+	log.SetPrefix("bench/mirrorswarm: ")
+
+	var err error
+	if serveRegistry != "" {
+		err = benchnet.ServeRegistry(serveRegistry, listen, control)
+	} else {
+		if quick {
+			set := make(map[string]bool)
+			flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+			for name, v := range map[string]string{"nodes": "4", "size-mib": "64", "link-mbit": "200"} {
+				if !set[name] {
+					_ = flag.Set(name, v)
+				}
+			}
+		}
+		o.modes = strings.Split(modeList, ",")
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		context.AfterFunc(ctx, stop) // after the first signal, a second one kills
+		err = run(ctx, o)
+		if ctx.Err() != nil { // what failed then is the interruption's doing
+			err = errors.New("interrupted; everything was torn down")
+		}
+		stop()
+	}
+	if err != nil {
+		log.Print(err)
+		os.Exit(1)
+	}
+}
+
+func (o options) validate() error {
+	switch {
+	case o.nodes < 1 || o.nodes > testbed.MaxHosts-1:
+		return fmt.Errorf("-nodes %d: want 1 to %d", o.nodes, testbed.MaxHosts-1)
+	case o.sizeMiB < 1:
+		return fmt.Errorf("-size-mib %d: want at least 1", o.sizeMiB)
+	case o.layers < 1 || int64(o.layers) > o.sizeMiB<<20:
+		return fmt.Errorf("-layers %d: want 1 to the image's bytes", o.layers)
+	case o.linkMbit < 1:
+		return fmt.Errorf("-link-mbit %d: want at least 1", o.linkMbit)
+	case o.chunkMiB < 1:
+		return fmt.Errorf("-chunk-mib %d: want at least 1", o.chunkMiB)
+	case !slices.Contains(clients, o.client):
+		return fmt.Errorf("-client %q: want %s", o.client, strings.Join(clients, " or "))
+	}
+	for _, m := range o.modes {
+		if !slices.Contains(modes, m) {
+			return fmt.Errorf("-modes: unknown mode %q (want %s)", m, strings.Join(modes, ", "))
+		}
+		if (m == "rolling" || m == "killed") && o.nodes < 2 {
+			return fmt.Errorf("-modes %s needs at least 2 nodes", m)
+		}
+	}
+	return nil
+}
+
+// bench is what every mode of a run shares.
+type bench struct {
+	options
+	work     string // the temporary directory
+	bins     services.ContainerdBinaries
+	reg      *benchnet.Registry
+	img      benchnet.Image
+	hosts    []*testbed.Host // the nodes' hosts
+	size     int64           // S: what a pull transfers
+	limit    time.Duration   // S/B
+	deadline time.Duration   // the most a mode may take
+	nomirror *float64        // nomirror's last_s, once measured
+}
+
+// run builds containerd, weightd, the testbed and the registry, pushes the
+// image, then runs each mode, printing a line per mode, and tears everything
+// down.
+func run(ctx context.Context, o options) error {
+	if err := o.validate(); err != nil {
+		return err
+	}
+	if err := testbed.Available(); err != nil {
+		return fmt.Errorf("the mirror swarm bench runs on the namespace testbed: %w", err)
+	}
+	if err := services.RegistryAvailable(); err != nil {
+		return err
+	}
+	b := &bench{options: o}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	if b.work, err = os.MkdirTemp("", "weightd-bench-mirrorswarm-"); err != nil {
+		return err
+	}
+	defer os.RemoveAll(b.work)
+
+	dir, err := services.ContainerdCacheDir(services.Containerd2Version)
+	if err != nil {
+		return err
+	}
+	log.Printf("containerd %s: building into %s unless it is there (about 3 minutes the first time)", services.Containerd2Version, dir)
+	if b.bins, err = services.BuildContainerd(ctx, services.Containerd2Version); err != nil {
+		return err
+	}
+	if b.weightd == "" {
+		b.weightd = filepath.Join(b.work, "weightd")
+		log.Print("building weightd")
+		if out, err := exec.CommandContext(ctx, "go", "build", "-o", b.weightd, "./cmd/weightd").CombinedOutput(); err != nil {
+			return fmt.Errorf("building weightd (run from the repository root, or pass -weightd): %w\n%s", err, out)
+		}
+	}
+
+	start := time.Now()
+	tb, err := testbed.New(ctx, testbed.Config{Name: fmt.Sprintf("mswarm-%d", os.Getpid()), Hosts: o.nodes + 1, LinkMbit: o.linkMbit})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := tb.Close(); err != nil {
+			log.Print(err)
+		}
+	}()
+	all := tb.Hosts()
+	b.hosts = all[1:]
+	log.Printf("testbed %s: registry and %d nodes at %d Mbit/s up in %v",
+		tb.Name(), o.nodes, o.linkMbit, time.Since(start).Round(time.Millisecond))
+
+	addr := netip.AddrPortFrom(all[0].Addr, registryPort).String()
+	if b.reg, err = benchnet.StartRegistry(ctx, all[0], exe, filepath.Join(b.work, "registry"), addr, filepath.Join(b.work, "registry.sock")); err != nil {
+		return err
+	}
+	defer b.reg.Close()
+	start = time.Now()
+	if b.img, err = b.reg.Push(ctx, "bench/mirrorswarm", "v1", o.layers, (o.sizeMiB<<20)/int64(o.layers)); err != nil {
+		return err
+	}
+	b.size = b.img.Size()
+	b.limit = time.Duration(float64(b.size) * 8 / (float64(o.linkMbit) * 1e6) * float64(time.Second))
+	// Without sharing every node pulls from the one registry: N·S/B, with
+	// room to spare, twice over for rolling.
+	b.deadline = 3*time.Duration(o.nodes)*b.limit + 2*time.Minute
+	log.Printf("pushed %s in %v: %d bytes in %d layers; limit S/B = %.2fs",
+		b.img.Ref, time.Since(start).Round(time.Millisecond), b.size, len(b.img.Layers), b.limit.Seconds())
+
+	for _, mode := range o.modes {
+		r, err := b.runMode(ctx, mode)
+		if err != nil {
+			return fmt.Errorf("mode %s: %w", mode, err)
+		}
+		if err := json.NewEncoder(os.Stdout).Encode(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runMode runs one mode on fresh nodes and returns its line.
+func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.deadline)
+	defer cancel()
+	dir := filepath.Join(b.work, mode)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return result{}, err
+	}
+	defer os.RemoveAll(dir)
+	syscall.Sync() // the previous mode's write-back must not slow this one
+
+	nodes, err := b.startNodes(ctx, dir)
+	if err != nil {
+		return result{}, err
+	}
+	defer closeNodes(nodes)
+	var agents *benchnet.Agents
+	if mode == "nomirror" {
+		for _, n := range nodes {
+			if err := n.writeRegistryHosts(b.reg.Addr); err != nil {
+				return result{}, err
+			}
+		}
+	} else {
+		if agents, err = b.startAgents(ctx, dir, nodes); err != nil {
+			return result{}, err
+		}
+		defer agents.Close()
+	}
+
+	before, err := b.reg.Traffic(ctx)
+	if err != nil {
+		return result{}, err
+	}
+	busy0, t0 := machineBusy()
+	var (
+		took    []time.Duration
+		over    []int // the nodes the figures are over
+		lone    time.Duration
+		victim  = -1
+		errPull error
+	)
+	all := make([]int, len(nodes))
+	for i := range all {
+		all[i] = i
+	}
+	switch mode {
+	case "nomirror", "simultaneous":
+		took, errPull = b.pullAll(ctx, nodes, all, nil)
+		over = all
+	case "rolling":
+		took, errPull = b.pullAll(ctx, nodes, all[:1], nil)
+		if errPull == nil {
+			lone = took[0]
+			log.Printf("%s: %s pulled alone in %.2fs", mode, nodes[0].host.Name, lone.Seconds())
+			if took, errPull = b.pullAll(ctx, nodes, all[1:], nil); errPull == nil {
+				took[0] = lone
+			}
+		}
+		over = all[1:]
+	case "killed":
+		victim = len(nodes) - 1
+		took, errPull = b.pullAll(ctx, nodes, all, &killer{node: nodes[victim], agent: agents.List[victim], at: b.size / 2})
+		over = all
+	}
+	if errPull != nil {
+		if ctx.Err() == context.DeadlineExceeded {
+			errPull = fmt.Errorf("%w (not done after %v)", errPull, b.deadline)
+		}
+		return result{}, errPull
+	}
+	busy := machineBusySince(busy0, t0)
+	for _, n := range nodes {
+		if err := n.verify(ctx, b.client, b.img); err != nil {
+			return result{}, err
+		}
+	}
+	after, err := b.reg.Traffic(ctx)
+	if err != nil {
+		return result{}, err
+	}
+	r := b.result(mode, nodes, took, over, after.Sub(before))
+	switch mode {
+	case "nomirror":
+		b.nomirror = ptr(r.LastS)
+	case "rolling":
+		r.FirstNodeS = ptr(round(lone.Seconds()))
+	case "killed":
+		r.KilledNodeS = ptr(round(took[victim].Seconds()))
+		if b.nomirror != nil {
+			r.KilledNodeRatio = ptr(round(took[victim].Seconds() / *b.nomirror))
+		}
+	}
+	if mode != "nomirror" && b.nomirror != nil {
+		r.NomirrorLastS = b.nomirror
+		r.SpeedupVsNomirror = ptr(round(*b.nomirror / r.LastS))
+	}
+	log.Printf("%s: %s; registry sent %.2f × S (containerd %.2f, weightd %.2f); %s", mode, describe(nodes, took, victim), r.OriginRatio,
+		float64(r.RegistryBytesByClient[benchnet.ClientContainerd])/float64(b.size),
+		float64(r.RegistryBytesByClient[benchnet.ClientWeightd])/float64(b.size), busy)
+	return r, nil
+}
+
+// result computes a mode's line from each node's time, over the nodes of
+// index over, and the registry's traffic during the mode.
+func (b *bench) result(mode string, nodes []*node, took []time.Duration, over []int, traffic benchnet.RegistryTraffic) result {
+	var secs []float64
+	for _, i := range over {
+		secs = append(secs, took[i].Seconds())
+	}
+	slices.Sort(secs)
+	limit := b.limit.Seconds()
+	r := result{
+		Bench: "mirror-swarm", Mode: mode, Client: b.client, Nodes: len(nodes), SizeBytes: b.size, Layers: len(b.img.Layers), LinkMbit: b.linkMbit,
+		LimitS:                round(limit),
+		FirstS:                round(secs[0]),
+		P50S:                  round(secs[int(math.Ceil(float64(len(secs))/2))-1]),
+		LastS:                 round(secs[len(secs)-1]),
+		TimeRatio:             round(secs[len(secs)-1] / limit),
+		RegistryBytesByClient: make(map[string]int64),
+		RegistryByNode:        make(map[string]map[string]benchnet.Traffic),
+		NodeS:                 make(map[string]float64),
+	}
+	var total int64
+	for c, t := range traffic.ByClient() {
+		r.RegistryBytesByClient[c] = t.BlobBytes
+		total += t.BlobBytes
+	}
+	r.OriginRatio = round(float64(total) / float64(b.size))
+	for i, n := range nodes {
+		r.NodeS[n.host.Name] = round(took[i].Seconds())
+		m := make(map[string]benchnet.Traffic)
+		for c, t := range traffic[n.host.Addr.String()] {
+			if t.BlobGets > 0 {
+				m[c] = t
+			}
+		}
+		r.RegistryByNode[n.host.Name] = m
+	}
+	return r
+}
+
+// startAgents starts an agent with its registry mirror in each node's
+// host, and waits until each has written its node's hosts.toml.
+func (b *bench) startAgents(ctx context.Context, dir string, nodes []*node) (*benchnet.Agents, error) {
+	hostsDir := make(map[*testbed.Host]string, len(nodes))
+	for _, n := range nodes {
+		hostsDir[n.host] = n.ctd.HostsDir
+	}
+	extra := append([]string{"--mirror-registries", b.reg.Addr, "--insecure-registries", b.reg.Addr}, strings.Fields(b.agentArgs)...)
+	agents, err := benchnet.StartAgents(ctx, b.hosts, benchnet.AgentConfig{
+		Bin: b.weightd, Dir: filepath.Join(dir, "agents"), ChunkMiB: b.chunkMiB, Extra: extra,
+		HostExtra: func(h *testbed.Host) []string {
+			return []string{"--mirror-addr", netip.AddrPortFrom(h.Addr, benchnet.MirrorPort).String(), "--hosts-dir", hostsDir[h]}
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range nodes {
+		if err := n.waitMirrorHosts(ctx, b.reg.Addr, 10*time.Second); err != nil {
+			agents.Close()
+			return nil, err
+		}
+	}
+	return agents, nil
+}
+
+// describe lists each node's time, for the log.
+func describe(nodes []*node, took []time.Duration, victim int) string {
+	var parts []string
+	for i, n := range nodes {
+		s := fmt.Sprintf("%s %.2fs", n.host.Name, took[i].Seconds())
+		if i == victim {
+			s += " (agent killed)"
+		}
+		parts = append(parts, s)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// machineBusy reads the machine's busy CPU time, or -1 if it cannot.
+func machineBusy() (time.Duration, time.Time) {
+	d, err := benchnet.MachineBusy()
+	if err != nil {
+		return -1, time.Now()
+	}
+	return d, time.Now()
+}
+
+// machineBusySince says how busy the CPUs were since busy0 at t0: near
+// 100%, the CPUs rather than the links may have set the times.
+func machineBusySince(busy0 time.Duration, t0 time.Time) string {
+	busy, _ := machineBusy()
+	if busy0 < 0 || busy < 0 {
+		return "CPU use unknown"
+	}
+	wall := time.Since(t0).Seconds()
+	return fmt.Sprintf("the machine was %.0f%% busy over %.1fs", 100*(busy-busy0).Seconds()/wall/float64(runtime.NumCPU()), wall)
+}
+
+func ptr(f float64) *float64 { return &f }
+
+// round keeps three decimals.
+func round(f float64) float64 { return math.Round(f*1000) / 1000 }
