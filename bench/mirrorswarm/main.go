@@ -35,6 +35,10 @@
 //   - nomirror: no agents; each node's hosts.toml, written by the bench,
 //     names only the registry (plain HTTP), and all N pull at once from it:
 //     the naive baseline, about N·S/B as the registry's link is shared;
+//   - agents: the same-run baseline of the swarm alone: all N agents are
+//     asked through their API (`weightd fetch oci://…`) for the image at
+//     once, and containerd is left out: what the mirror modes add to it is
+//     the mirror's doing, or this machine's (CPU);
 //   - simultaneous: all N pull at once through their mirrors;
 //   - rolling: one node pulls alone first, then the other N-1 at once; the
 //     figures (first_s, p50_s, last_s, time_ratio) are over those N-1, timed
@@ -100,7 +104,7 @@ import (
 const registryPort = 5000
 
 // modes are the modes the bench knows, in the order it runs them.
-var modes = []string{"nomirror", "simultaneous", "rolling", "killed"}
+var modes = []string{"nomirror", "agents", "simultaneous", "rolling", "killed"}
 
 // clients are the ways a node pulls.
 var clients = []string{"ctr", "cri"}
@@ -141,6 +145,7 @@ type result struct {
 	FirstNodeS            *float64                               `json:"first_node_s,omitempty"`
 	KilledNodeS           *float64                               `json:"killed_node_s,omitempty"`
 	KilledNodeRatio       *float64                               `json:"killed_node_ratio,omitempty"`
+	CPUBusy               float64                                `json:"cpu_busy"`
 }
 
 func main() {
@@ -369,6 +374,9 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 	case "nomirror", "simultaneous":
 		took, errPull = b.pullAll(ctx, nodes, all, nil)
 		over = all
+	case "agents":
+		took, errPull = b.fetchAll(ctx, agents)
+		over = all
 	case "rolling":
 		took, errPull = b.pullAll(ctx, nodes, all[:1], nil)
 		if errPull == nil {
@@ -392,6 +400,9 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 	}
 	busy := machineBusySince(busy0, t0)
 	for _, n := range nodes {
+		if mode == "agents" {
+			break // containerd was left out
+		}
 		if err := n.verify(ctx, b.client, b.img); err != nil {
 			return result{}, err
 		}
@@ -401,6 +412,7 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 		return result{}, err
 	}
 	r := b.result(mode, nodes, took, over, after.Sub(before))
+	r.CPUBusy = round(busy)
 	switch mode {
 	case "nomirror":
 		b.nomirror = ptr(r.LastS)
@@ -416,9 +428,9 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 		r.NomirrorLastS = b.nomirror
 		r.SpeedupVsNomirror = ptr(round(*b.nomirror / r.LastS))
 	}
-	log.Printf("%s: %s; registry sent %.2f × S (containerd %.2f, weightd %.2f); %s", mode, describe(nodes, took, victim), r.OriginRatio,
+	log.Printf("%s: %s; registry sent %.2f × S (containerd %.2f, weightd %.2f); the machine was %.0f%% busy", mode, describe(nodes, took, victim), r.OriginRatio,
 		float64(r.RegistryBytesByClient[benchnet.ClientContainerd])/float64(b.size),
-		float64(r.RegistryBytesByClient[benchnet.ClientWeightd])/float64(b.size), busy)
+		float64(r.RegistryBytesByClient[benchnet.ClientWeightd])/float64(b.size), 100*busy)
 	return r, nil
 }
 
@@ -509,15 +521,14 @@ func machineBusy() (time.Duration, time.Time) {
 	return d, time.Now()
 }
 
-// machineBusySince says how busy the CPUs were since busy0 at t0: near
-// 100%, the CPUs rather than the links may have set the times.
-func machineBusySince(busy0 time.Duration, t0 time.Time) string {
+// machineBusySince is the share of the CPUs busy since busy0 at t0 (-1 if
+// unknown): near 1, the CPUs rather than the links may have set the times.
+func machineBusySince(busy0 time.Duration, t0 time.Time) float64 {
 	busy, _ := machineBusy()
 	if busy0 < 0 || busy < 0 {
-		return "CPU use unknown"
+		return -1
 	}
-	wall := time.Since(t0).Seconds()
-	return fmt.Sprintf("the machine was %.0f%% busy over %.1fs", 100*(busy-busy0).Seconds()/wall/float64(runtime.NumCPU()), wall)
+	return (busy - busy0).Seconds() / time.Since(t0).Seconds() / float64(runtime.NumCPU())
 }
 
 func ptr(f float64) *float64 { return &f }

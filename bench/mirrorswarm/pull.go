@@ -78,3 +78,31 @@ func (b *bench) pullAll(ctx context.Context, nodes []*node, which []int, k *kill
 	}
 	return took, nil
 }
+
+// fetchAll asks every agent for the image through its API at the same
+// moment (the swarm alone, containerd left out) and returns each one's
+// time. The first failure cancels the others and is returned.
+func (b *bench) fetchAll(ctx context.Context, agents *benchnet.Agents) ([]time.Duration, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	took := make([]time.Duration, len(agents.List))
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i, a := range agents.List {
+		wg.Go(func() {
+			<-start
+			d, err := a.Fetch(ctx, "oci://"+b.img.Ref, nil)
+			if err != nil {
+				cancel(err)
+				return
+			}
+			took[i] = d
+		})
+	}
+	close(start)
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil {
+		return nil, err
+	}
+	return took, nil
+}

@@ -200,14 +200,32 @@ func (s swarmSource) Resolve(ctx context.Context, ref prefetch.Ref) (*prefetch.R
 		// peers that join meanwhile can take them.
 		return res, nil
 	}
-	wrapped := make(map[digest.Digest]bool, len(res.Blobs))
+	throughSwarm(res, s.p.swarm.Source)
+	return res, nil
+}
+
+// throughSwarm routes every blob of res through wrap: a model's files, its
+// packed layers and an image's blobs alike.
+func throughSwarm(res *prefetch.Resolution, wrap func(cache.Descriptor, cache.RangeOpener) cache.RangeOpener) {
+	descs := make([]cache.Descriptor, 0, len(res.Blobs))
 	for _, f := range res.Model.Files {
-		if op, ok := res.Blobs[f.Digest]; ok && !wrapped[f.Digest] {
-			res.Blobs[f.Digest] = s.p.swarm.Source(f.Descriptor, op)
-			wrapped[f.Digest] = true
+		descs = append(descs, f.Descriptor)
+	}
+	for _, l := range res.Packed {
+		descs = append(descs, l.Descriptor)
+	}
+	if res.Image != nil {
+		for _, b := range res.Image.Blobs {
+			descs = append(descs, b.Descriptor)
 		}
 	}
-	return res, nil
+	wrapped := make(map[digest.Digest]bool, len(res.Blobs))
+	for _, d := range descs {
+		if op, ok := res.Blobs[d.Digest]; ok && !wrapped[d.Digest] {
+			res.Blobs[d.Digest] = wrap(d, op)
+			wrapped[d.Digest] = true
+		}
+	}
 }
 
 // resolveFromPeers is the fallback when the origin fails to resolve ref:

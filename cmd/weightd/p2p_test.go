@@ -1,0 +1,52 @@
+package main
+
+import (
+	"context"
+	"io"
+	"testing"
+
+	"github.com/opencontainers/go-digest"
+	"github.com/stretchr/testify/require"
+
+	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/prefetch"
+)
+
+type wrappedOpener struct {
+	cache.RangeOpener
+	desc cache.Descriptor
+}
+
+type nopOpener struct{}
+
+func (nopOpener) OpenRange(context.Context, int64) (io.ReadCloser, error) { return nil, io.EOF }
+
+// Every blob of a resolution goes through the swarm: an image's layers
+// went to the origin from every node (`weightd fetch oci://image` on 4
+// nodes: 4.00 copies from the registry in bench/mirrorswarm's agents mode).
+func TestThroughSwarmWrapsEveryBlob(t *testing.T) {
+	t.Parallel()
+	desc := func(s string) cache.Descriptor {
+		return cache.Descriptor{Digest: digest.FromString(s), Size: int64(len(s))}
+	}
+	file, packed, manifest, layer := desc("file"), desc("packed"), desc("manifest"), desc("layer")
+	res := &prefetch.Resolution{
+		Model:  cache.Model{Files: []cache.File{{Path: "a", Descriptor: file}, {Path: "b", Descriptor: file}}},
+		Packed: []prefetch.PackedLayer{{Descriptor: packed}},
+		Image:  &prefetch.Image{Blobs: []prefetch.ImageBlob{{Descriptor: manifest}, {Descriptor: layer}}},
+		Blobs:  map[digest.Digest]cache.RangeOpener{},
+	}
+	for _, d := range []cache.Descriptor{file, packed, manifest, layer} {
+		res.Blobs[d.Digest] = nopOpener{}
+	}
+	throughSwarm(res, func(d cache.Descriptor, op cache.RangeOpener) cache.RangeOpener {
+		return wrappedOpener{RangeOpener: op, desc: d}
+	})
+	for _, d := range []cache.Descriptor{file, packed, manifest, layer} {
+		w, ok := res.Blobs[d.Digest].(wrappedOpener)
+		require.True(t, ok, "blob %s goes through the swarm", d.Digest)
+		require.Equal(t, d, w.desc)
+		_, twice := w.RangeOpener.(wrappedOpener)
+		require.False(t, twice, "a blob named twice is wrapped once")
+	}
+}
