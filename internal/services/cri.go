@@ -23,34 +23,120 @@ func (c *Containerd) PullImageCRI(ctx context.Context, ref string) (string, erro
 		return "", err
 	}
 	defer conn.Close()
+	var resp []byte
+	if err := conn.Invoke(ctx, "/runtime.v1.ImageService/PullImage", imageSpecRequest(ref), &resp, grpc.ForceCodecV2(rawCodec{})); err != nil {
+		return "", fmt.Errorf("CRI PullImage %s: %w", ref, err)
+	}
+	id, err := field(resp, 1)
+	if err != nil {
+		return "", err
+	}
+	if id == nil {
+		return "", fmt.Errorf("CRI PullImage %s: no image_ref in the answer", ref)
+	}
+	return string(id), nil
+}
+
+// CRIImage is what the CRI's ImageStatus says of an image: what the
+// kubelet sees.
+type CRIImage struct {
+	ID          string
+	RepoTags    []string
+	RepoDigests []string
+	Size        uint64
+}
+
+// ImageStatusCRI asks the CRI plugin of the daemon listening on address
+// (runtime.v1.ImageService) for the status of ref, as the kubelet does
+// before deciding to pull: nil when the CRI does not have the image. The
+// request is ImageStatusRequest{image: ImageSpec{image: ref}}, the answer
+// ImageStatusResponse{image: Image{id, repo_tags, repo_digests, size}}.
+func ImageStatusCRI(ctx context.Context, address, ref string) (*CRIImage, error) {
+	conn, err := grpc.NewClient("unix://"+address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	var resp []byte
+	if err := conn.Invoke(ctx, "/runtime.v1.ImageService/ImageStatus", imageSpecRequest(ref), &resp, grpc.ForceCodecV2(rawCodec{})); err != nil {
+		return nil, fmt.Errorf("CRI ImageStatus %s: %w", ref, err)
+	}
+	img, err := field(resp, 1)
+	if err != nil || img == nil {
+		return nil, err
+	}
+	out := &CRIImage{}
+	for b := img; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		b = b[n:]
+		switch {
+		case typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return nil, protowire.ParseError(n)
+			}
+			switch num {
+			case 1:
+				out.ID = string(v)
+			case 2:
+				out.RepoTags = append(out.RepoTags, string(v))
+			case 3:
+				out.RepoDigests = append(out.RepoDigests, string(v))
+			}
+			b = b[n:]
+		case typ == protowire.VarintType && num == 4:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return nil, protowire.ParseError(n)
+			}
+			out.Size = v
+			b = b[n:]
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return nil, protowire.ParseError(n)
+			}
+			b = b[n:]
+		}
+	}
+	return out, nil
+}
+
+// imageSpecRequest encodes a request whose field 1 is ImageSpec{image: ref}
+// (PullImageRequest and ImageStatusRequest alike).
+func imageSpecRequest(ref string) *[]byte {
 	spec := protowire.AppendTag(nil, 1, protowire.BytesType)
 	spec = protowire.AppendString(spec, ref)
 	req := protowire.AppendTag(nil, 1, protowire.BytesType)
 	req = protowire.AppendBytes(req, spec)
-	var resp []byte
-	if err := conn.Invoke(ctx, "/runtime.v1.ImageService/PullImage", &req, &resp, grpc.ForceCodecV2(rawCodec{})); err != nil {
-		return "", fmt.Errorf("CRI PullImage %s: %w", ref, err)
-	}
-	for b := resp; len(b) > 0; {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return "", protowire.ParseError(n)
+	return &req
+}
+
+// field returns the first length-delimited field num of a message, or nil.
+func field(b []byte, num protowire.Number) ([]byte, error) {
+	for len(b) > 0 {
+		n, typ, l := protowire.ConsumeTag(b)
+		if l < 0 {
+			return nil, protowire.ParseError(l)
 		}
-		b = b[n:]
-		if num == 1 && typ == protowire.BytesType {
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return "", protowire.ParseError(n)
+		b = b[l:]
+		if n == num && typ == protowire.BytesType {
+			v, l := protowire.ConsumeBytes(b)
+			if l < 0 {
+				return nil, protowire.ParseError(l)
 			}
-			return string(v), nil
+			return v, nil
 		}
-		n = protowire.ConsumeFieldValue(num, typ, b)
-		if n < 0 {
-			return "", protowire.ParseError(n)
+		l = protowire.ConsumeFieldValue(n, typ, b)
+		if l < 0 {
+			return nil, protowire.ParseError(l)
 		}
-		b = b[n:]
+		b = b[l:]
 	}
-	return "", fmt.Errorf("CRI PullImage %s: no image_ref in the answer", ref)
+	return nil, nil
 }
 
 // rawCodec passes already-encoded protobuf messages through gRPC.

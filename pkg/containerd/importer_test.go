@@ -132,9 +132,9 @@ func (e *env) requireImported(t *testing.T, name string, target, config digest.D
 // containerd's events) reports name as present with config as its ID.
 func (e *env) requireCRISees(t *testing.T, name string, target, config digest.Digest) {
 	t.Helper()
-	var last *criImage
+	var last *services.CRIImage
 	require.Eventually(t, func() bool {
-		img, err := criImageStatus(t.Context(), e.ctd.Address, name)
+		img, err := services.ImageStatusCRI(t.Context(), e.ctd.Address, name)
 		require.NoError(t, err)
 		last = img
 		return img != nil && img.ID == config.String()
@@ -148,7 +148,7 @@ func (e *env) requireCRISees(t *testing.T, name string, target, config digest.Di
 	// By digest too, as a pod may name it, once the name has a tag.
 	if i := strings.LastIndexByte(name, ':'); i > strings.LastIndexByte(name, '/') && !strings.Contains(name, "@") {
 		byDigest := name[:i] + "@" + target.String()
-		img, err := criImageStatus(t.Context(), e.ctd.Address, byDigest)
+		img, err := services.ImageStatusCRI(t.Context(), e.ctd.Address, byDigest)
 		require.NoError(t, err)
 		require.NotNil(t, img, "the CRI sees %s", byDigest)
 		assert.Equal(t, config.String(), img.ID)
@@ -161,9 +161,9 @@ func (e *env) requireNoRecord(t *testing.T, name string) {
 	_, err := e.client.ImageService().Get(e.ctx(t), name)
 	require.True(t, errdefs.IsNotFound(err), "no image record for %s: %v", name, err)
 	// Just after containerd (re)starts, the CRI plugin may not serve yet.
-	var img *criImage
+	var img *services.CRIImage
 	require.Eventually(t, func() bool {
-		img, err = criImageStatus(t.Context(), e.ctd.Address, name)
+		img, err = services.ImageStatusCRI(t.Context(), e.ctd.Address, name)
 		return err == nil || !strings.Contains(err.Error(), "server is not initialized yet")
 	}, 5*time.Second, 20*time.Millisecond)
 	require.NoError(t, err)
