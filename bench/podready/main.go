@@ -38,7 +38,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -46,7 +45,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -132,19 +130,11 @@ func main() {
 		err = printURL(scrape)
 	default:
 		if quick {
-			set := false
-			flag.Visit(func(f *flag.Flag) { set = set || f.Name == "size-mib" })
-			if !set {
-				o.sizeMiB = 128
-			}
+			err = benchnet.QuickDefaults(map[string]string{"size-mib": "128"})
 		}
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		context.AfterFunc(ctx, stop) // after the first signal, a second one kills
-		err = run(ctx, o)
-		if ctx.Err() != nil {
-			err = errors.New("interrupted; everything was torn down")
+		if err == nil {
+			err = benchnet.RunInterruptible(func(ctx context.Context) error { return run(ctx, o) })
 		}
-		stop()
 	}
 	if err != nil {
 		log.Print(err)

@@ -46,7 +46,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -133,22 +132,12 @@ func main() {
 		err = download(downloadURL, sha, size, timeout)
 	default:
 		if quick {
-			set := make(map[string]bool)
-			flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
-			for name, v := range map[string]string{"nodes": "4", "size-mib": "64", "link-mbit": "200"} {
-				if !set[name] {
-					_ = flag.Set(name, v)
-				}
-			}
+			err = benchnet.QuickDefaults(map[string]string{"nodes": "4", "size-mib": "64", "link-mbit": "200"})
 		}
-		o.modes = strings.Split(modeList, ",")
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		context.AfterFunc(ctx, stop) // after the first signal, a second one kills
-		err = run(ctx, o)
-		if ctx.Err() != nil { // what failed then is the interruption's doing
-			err = errors.New("interrupted; everything was torn down")
+		if err == nil {
+			o.modes = strings.Split(modeList, ",")
+			err = benchnet.RunInterruptible(func(ctx context.Context) error { return run(ctx, o) })
 		}
-		stop()
 	}
 	if err != nil {
 		log.Print(err)
