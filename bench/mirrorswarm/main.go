@@ -39,7 +39,11 @@
 //     asked through their API (`weightd fetch oci://…`) for the image at
 //     once, and containerd is left out: what the mirror modes add to it is
 //     the mirror's doing, or this machine's (CPU);
-//   - simultaneous: all N pull at once through their mirrors;
+//   - simultaneous: all N pull at once through their mirrors; halfway
+//     through S/B, the first node asks its mirror for a blob of a few
+//     hundred bytes that no node holds (small_blob_ms: the whole GET,
+//     verified), beside the time of a TCP connect from that node to the
+//     registry then (rtt_ms: the round trip under the same load);
 //   - rolling: one node pulls alone first, then the other N-1 at once; the
 //     figures (first_s, p50_s, last_s, time_ratio) are over those N-1, timed
 //     from their common start, and first_node_s is the lone pull's time;
@@ -144,6 +148,8 @@ type result struct {
 	KilledNodeS           *float64                               `json:"killed_node_s,omitempty"`
 	KilledNodeRatio       *float64                               `json:"killed_node_ratio,omitempty"`
 	CPUBusy               float64                                `json:"cpu_busy"`
+	SmallBlobMS           *float64                               `json:"small_blob_ms,omitempty"`
+	RTTMS                 *float64                               `json:"rtt_ms,omitempty"`
 }
 
 func main() {
@@ -153,6 +159,7 @@ func main() {
 		quick    bool
 		// The registry, which the bench runs inside the registry host.
 		serveRegistry, listen, control string
+		probeURL, probeRTT             string
 	)
 	flag.IntVar(&o.nodes, "nodes", 8, "nodes (hosts with a containerd and, in the mirror modes, an agent)")
 	flag.Int64Var(&o.sizeMiB, "size-mib", 512, "image size in MiB (random data, split evenly over the layers)")
@@ -167,6 +174,8 @@ func main() {
 	flag.StringVar(&serveRegistry, "serve-registry", "", "internal: run the registry with its storage in this directory (in the registry host)")
 	flag.StringVar(&listen, "listen", "", "internal: the registry's address")
 	flag.StringVar(&control, "control", "", "internal: the registry's control socket")
+	flag.StringVar(&probeURL, "probe-url", "", "internal: time a GET of this small blob (in a node)")
+	flag.StringVar(&probeRTT, "probe-rtt", "", "internal: time a TCP connect to this address first, the round trip (in a node)")
 	flag.Parse()
 	log.SetFlags(log.Ltime | log.Lmicroseconds)
 	log.SetPrefix("bench/mirrorswarm: ")
@@ -174,6 +183,8 @@ func main() {
 	var err error
 	if serveRegistry != "" {
 		err = benchnet.ServeRegistry(serveRegistry, listen, control)
+	} else if probeURL != "" {
+		err = probe(probeURL, probeRTT)
 	} else {
 		if quick {
 			err = benchnet.QuickDefaults(map[string]string{"nodes": "4", "size-mib": "64", "link-mbit": "200"})
@@ -222,6 +233,7 @@ type bench struct {
 	bins     services.ContainerdBinaries
 	reg      *benchnet.Registry
 	img      benchnet.Image
+	small    benchnet.Image  // a one-layer image of a few hundred bytes, asked for mid-pull
 	hosts    []*testbed.Host // the nodes' hosts
 	size     int64           // S: what a pull transfers
 	limit    time.Duration   // S/B
@@ -292,6 +304,9 @@ func run(ctx context.Context, o options) error {
 	if b.img, err = b.reg.Push(ctx, "bench/mirrorswarm", "v1", o.layers, (o.sizeMiB<<20)/int64(o.layers)); err != nil {
 		return err
 	}
+	if b.small, err = b.reg.Push(ctx, "bench/small", "v1", 1, 512); err != nil {
+		return err
+	}
 	b.size = b.img.Size()
 	b.limit = time.Duration(float64(b.size) * 8 / (float64(o.linkMbit) * 1e6) * float64(time.Second))
 	// Without sharing every node pulls from the one registry: N·S/B, with
@@ -353,15 +368,22 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 		lone    time.Duration
 		victim  = -1
 		errPull error
+		small   probeResult
 	)
 	all := make([]int, len(nodes))
 	for i := range all {
 		all[i] = i
 	}
 	switch mode {
-	case "nomirror", "simultaneous":
+	case "nomirror":
 		took, errPull = b.pullAll(ctx, nodes, all, nil)
 		over = all
+	case "simultaneous":
+		probed := make(chan probeResult, 1)
+		go func() { probed <- b.probeSmallBlob(ctx, nodes[0]) }()
+		took, errPull = b.pullAll(ctx, nodes, all, nil)
+		over = all
+		small = <-probed
 	case "agents":
 		took, errPull = b.fetchAll(ctx, agents)
 		over = all
@@ -401,6 +423,12 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 	}
 	r := b.result(mode, nodes, took, over, after.Sub(before))
 	r.CPUBusy = round(busy)
+	if small.err != nil {
+		return result{}, fmt.Errorf("asking for a small blob mid-pull: %w", small.err)
+	}
+	if mode == "simultaneous" {
+		r.SmallBlobMS, r.RTTMS = ptr(round(small.GetMS)), ptr(round(small.RTTMS))
+	}
 	switch mode {
 	case "nomirror":
 		b.nomirror = ptr(r.LastS)

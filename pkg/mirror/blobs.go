@@ -2,6 +2,7 @@ package mirror
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -321,17 +322,25 @@ func (m *Mirror) stream(w http.ResponseWriter, r *http.Request, dl *download, st
 
 // nextChunk says whether the chunk holding byte pos of the download in
 // flight is present and may be sent: not when it holds the response's last
-// byte, which waits for the whole blob to be verified.
+// byte, which waits for the whole blob to be verified, unless that chunk is
+// the whole blob and hashed to its digest (a config or small layer need not
+// wait for the commit's fsyncs).
 func (m *Mirror) nextChunk(d digest.Digest, pos, end int64) (int, bool) {
 	st, err := m.store.ChunkState(d)
 	if err != nil || st.Complete || st.ChunkSize <= 0 {
 		return 0, false
 	}
 	i := int(pos / st.ChunkSize)
-	if int64(i+1)*st.ChunkSize >= end || !st.Has(i) {
+	if !st.Has(i) || (int64(i+1)*st.ChunkSize >= end && !wholeBlobVerified(d, st)) {
 		return 0, false
 	}
 	return i, true
+}
+
+// wholeBlobVerified reports whether the blob is one chunk whose recorded
+// sha256 is the blob's digest: its bytes are the blob's.
+func wholeBlobVerified(d digest.Digest, st cache.ChunkState) bool {
+	return st.ChunkSize >= st.Size && d.Algorithm() == digest.SHA256 && hex.EncodeToString(st.Hash(0)) == d.Encoded()
 }
 
 // parseRange parses the Range header of a request for a blob of size bytes

@@ -2,6 +2,8 @@ package mirror
 
 import (
 	"context"
+	"crypto/sha256"
+	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -168,4 +170,54 @@ func TestManifestStartsItsLayers(t *testing.T) {
 			require.Never(t, func() bool { return up.opens.Load() > 0 }, 200*time.Millisecond, 10*time.Millisecond)
 		})
 	}
+}
+
+// holdingFiller fills a blob of one chunk, verified against the blob's
+// digest, then holds its download open, before the store commits the
+// blob, until release is closed.
+type holdingFiller struct {
+	data    []byte
+	release chan struct{}
+}
+
+func (h *holdingFiller) OpenRange(context.Context, int64) (io.ReadCloser, error) {
+	return nil, errors.New("fills only")
+}
+
+func (h *holdingFiller) Fill(ctx context.Context, p *cache.Partial) error {
+	sum := sha256.Sum256(h.data)
+	if err := p.WriteChunk(0, h.data, sum[:]); err != nil {
+		return err
+	}
+	select {
+	case <-h.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TestSmallBlobSentBeforeItsCommit checks that a blob of one chunk that
+// hashed to its digest is sent whole at once, without waiting for the
+// store's commit and its fsyncs.
+func TestSmallBlobSentBeforeItsCommit(t *testing.T) {
+	t.Parallel()
+	up := newFakeUpstream()
+	img := up.addImage(1, "docker.io", "library/app", "v1", 1000)
+	layer := img.layers[0]
+	d := digest.FromBytes(layer)
+	filler := &holdingFiller{data: layer, release: make(chan struct{})}
+	defer close(filler.release)
+	tm := newTestMirror(t, up, WithLayerPrefetch(false), WithBlobSource(func(cache.Descriptor, cache.RangeOpener) cache.RangeOpener {
+		return filler
+	}))
+	_, _, err := tm.do(t, http.MethodGet, "/v2/library/app/manifests/v1")
+	require.NoError(t, err)
+
+	resp, body, err := tm.do(t, http.MethodGet, "/v2/library/app/blobs/"+d.String())
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, layer, body)
+	_, err = tm.store.Stat(d)
+	assert.ErrorIs(t, err, cache.ErrNotFound, "sent before the blob was committed")
 }
