@@ -1,80 +1,48 @@
-// Command mirrorswarm measures containerd pulling one image through
-// weightd's registry mirror on N nodes at once, against the physical limit
-// S/B of one node's link and against every node pulling from the registry.
+// Command mirrorswarm measures containerd pulling one image through each
+// node's weightd registry mirror, N nodes at once, as a ratio to S/B (one
+// node's link) and beside every node pulling from the registry.
 //
-// It builds a testbed (internal/testbed: network namespaces on a bridge, so
-// it needs root and iproute2) of one registry host and N nodes, every link
-// shaped to B in both directions. The registry host runs Debian's
-// docker-registry behind a reverse proxy that counts the body bytes of blob
-// GETs by client, told apart by User-Agent: "containerd/…" is containerd,
-// "weightd/…" the agents (the bench re-executes itself there:
-// benchnet.ServeRegistry). An image of S bytes in L layers of random,
-// incompressible data is pushed to it before the nodes start, over the
-// registry host's loopback (uncounted, unshaped). Each node runs, inside its
-// namespace so that its pulls cross its link, a containerd 2.x (built from
-// the Go module proxy on the first run and cached: services.BuildContainerd)
-// with its own root, sockets and registry config_path, and, in the mirror
-// modes, a `weightd agent` with its registry mirror on
-// (--mirror-addr <node>:5001 --mirror-registries <registry>
-// --hosts-dir <that config_path>): the agent writes the hosts.toml that
-// sends containerd's pulls to the mirror first and to the registry after;
-// the bench never writes it. Every mode starts fresh: empty agent caches,
-// empty containerd content stores.
+// The testbed (internal/testbed: network namespaces, so root and iproute2)
+// has a registry host and N nodes, every link shaped to B. The registry
+// host runs Debian's docker-registry behind a proxy that counts blob bytes
+// by User-Agent, containerd's or weightd's (benchnet.ServeRegistry). An
+// image of S bytes in L layers of random data is pushed over the registry
+// host's loopback, uncounted. Each node runs, inside its namespace, a
+// containerd 2.x (services.BuildContainerd) and, in the mirror modes, a
+// `weightd agent` whose mirror writes that containerd's hosts.toml. Every
+// mode starts with empty caches and content stores.
 //
-// A node pulls with containerd's own resolver and fetcher, chosen by
-// -client: ctr (`ctr content fetch --hosts-dir … --plain-http <ref>`, run in
-// the node's namespace: fetched into the content store, not unpacked) or cri
-// (runtime.v1.ImageService/PullImage on the daemon's socket, as the kubelet
-// pulls: the daemon fetches and unpacks; its time includes the unpacking).
-// A node's time runs from its pull's start to the pull's end, and every pull
-// is then checked: the manifest, the config and every layer must be in the
-// node's content store (a pull that fails, or content that is missing, makes
-// the bench exit non-zero with the end of the node's containerd log). The
-// modes:
+// -client ctr pulls with `ctr content fetch --hosts-dir` in the node;
+// -client cri with the CRI's PullImage, which also unpacks. A node's time
+// runs from its pull's start to its end, and the node's content store must
+// then hold every blob of the image. The modes:
 //
-//   - nomirror: no agents; each node's hosts.toml, written by the bench,
-//     names only the registry (plain HTTP), and all N pull at once from it:
-//     the naive baseline, about N·S/B as the registry's link is shared;
-//   - agents: the same-run baseline of the swarm alone: all N agents are
-//     asked through their API (`weightd fetch oci://…`) for the image at
-//     once, and containerd is left out: what the mirror modes add to it is
-//     the mirror's doing, or this machine's (CPU);
-//   - simultaneous: all N pull at once through their mirrors; halfway
-//     through S/B, the first node asks its mirror for a blob of a few
-//     hundred bytes that no node holds (small_blob_ms: the whole GET,
-//     verified), beside the time of a TCP connect from that node to the
-//     registry then (rtt_ms: the round trip under the same load);
-//   - rolling: one node pulls alone first, then the other N-1 at once; the
-//     figures (first_s, p50_s, last_s, time_ratio) are over those N-1, timed
-//     from their common start, and first_node_s is the lone pull's time;
-//     origin_ratio and the registry's bytes cover both phases;
+//   - nomirror: every node pulls from the registry alone;
+//   - agents: the agents fetch the image through their API, containerd
+//     left out: the swarm's own figure in the same run;
+//   - simultaneous: all N pull through their mirrors at once; halfway
+//     through, the first node's mirror is asked for a small blob no node
+//     holds (small_blob_ms), beside a TCP connect to the registry (rtt_ms);
+//   - rolling: one node pulls alone, then the other N-1 at once; the
+//     figures are over those N-1 (first_node_s is the lone pull);
 //   - killed: all N at once, and the last node's agent is killed (SIGKILL)
-//     as soon as that node's containerd holds half the image (the bytes of
-//     its content store's blobs and ingests, polled every 100 ms); its
-//     containerd must still finish, through the fallback to the registry
-//     that the agent's hosts.toml names. The figures are over all N nodes;
-//     killed_node_s is that node's time and killed_node_ratio that time over
-//     the nomirror mode's last_s (when nomirror ran in the same invocation).
+//     once that node's containerd holds half the image; its containerd
+//     must finish through the registry (killed_node_s, and
+//     killed_node_ratio against nomirror's last_s when nomirror ran first).
 //
 // Each mode prints one JSON line on stdout (logs go to stderr):
 //
-//	{"bench":"mirror-swarm","mode":…,"client":"ctr"|"cri","nodes":N,"size_bytes":S,"layers":L,
+//	{"bench":"mirror-swarm","mode":…,"client":…,"nodes":N,"size_bytes":S,"layers":L,
 //	 "link_mbit":B,"limit_s":S*8/(B*1e6),"first_s":…,"p50_s":…,"last_s":…,
 //	 "time_ratio":last_s/limit_s,"origin_ratio":registry_blob_bytes/S,
 //	 "registry_bytes_by_client":{"containerd":…,"weightd":…,"other":…},
 //	 "registry_by_node":{"h1":{"containerd":{"blob_gets":…,"blob_bytes":…},…},…},
-//	 "node_s":{"h1":…,…},"nomirror_last_s":…,"speedup_vs_nomirror":…}
+//	 "node_s":{"h1":…,…},"nomirror_last_s":…,"speedup_vs_nomirror":…,"cpu_busy":…}
 //
-// plus first_node_s (rolling) and killed_node_s, killed_node_ratio
-// (killed). S is what a pull transfers (manifest, config and the compressed
-// layers: a little over -size-mib). registry_by_node lists, per node, the
-// blob GETs that reached the registry from that node's containerd (its
-// fallbacks, in the mirror modes) and from its agent. nomirror_last_s and
-// speedup_vs_nomirror (nomirror's last_s / last_s) are null unless nomirror
-// ran first in the same invocation. Everything (namespaces, containerd
-// daemons and their mounts, agents, the registry, the temporary directory)
-// is removed at the end and on SIGINT or SIGTERM; a second signal exits at
-// once, and the next run removes what is left of the testbed.
+// S counts what a pull transfers (manifest, config, compressed layers);
+// cpu_busy is the machine's busy share of its CPUs over the mode.
+// Everything is torn down at the end and on SIGINT or SIGTERM; a second
+// signal exits at once, and the next run removes what is left.
 //
 //	go run ./bench/mirrorswarm -quick   # 4 nodes, 64 MiB, 200 Mbit/s
 //	go run ./bench/mirrorswarm          # 8 nodes, 512 MiB in 4 layers, 100 Mbit/s

@@ -21,9 +21,8 @@ type nopOpener struct{}
 
 func (nopOpener) OpenRange(context.Context, int64) (io.ReadCloser, error) { return nil, io.EOF }
 
-// Every blob of a resolution goes through the swarm: an image's layers
-// went to the origin from every node (`weightd fetch oci://image` on 4
-// nodes: 4.00 copies from the registry in bench/mirrorswarm's agents mode).
+// Every blob of a resolution goes through the swarm: model files, packed
+// layers and image blobs alike, each once.
 func TestThroughSwarmWrapsEveryBlob(t *testing.T) {
 	t.Parallel()
 	desc := func(s string) cache.Descriptor {

@@ -182,9 +182,8 @@ func (src *swarmSource) OpenRange(ctx context.Context, off int64) (io.ReadCloser
 const maxInFlightBytes = 64 << 20
 
 // smallBlob is the largest blob fetched without the swarm's election when
-// it fits in one chunk (configs, manifests, small layers): every node that
-// wants it may take it from the origin at once, at little cost to the
-// origin, where an election would hold it for seconds under load.
+// it fits in one chunk (configs, manifests, small layers): a copy per node
+// costs the origin little, and an election costs seconds under load.
 const smallBlob = 1 << 20
 
 func (src *swarmSource) Fill(ctx context.Context, p *cache.Partial) error {
@@ -210,7 +209,7 @@ func (s *Swarm) fillSmall(ctx context.Context, p *cache.Partial, origin cache.Ra
 		return fmt.Errorf("%w: digest %s", cache.ErrInvalid, d)
 	}
 	n := p.ChunkLen(0)
-	timeout := 5*time.Second + time.Duration(n*int64(time.Second)/s.cfg.MinRate)
+	timeout := s.requestTimeout(n)
 	for _, h := range s.dir.Holders(d) {
 		if !h.Complete || h.Peer == s.dir.LocalName() || s.Banned(h.Peer) {
 			continue
@@ -1277,10 +1276,13 @@ var (
 // for another.
 const slowBackoff = 2 * time.Second
 
-// timeout bounds one request for chunk i: its length at the slowest
+// timeout bounds one request for chunk i.
+func (f *fill) timeout(i int) time.Duration { return f.s.requestTimeout(f.p.ChunkLen(i)) }
+
+// requestTimeout bounds one request for n bytes: n at the slowest
 // acceptable rate, and a few seconds to start.
-func (f *fill) timeout(i int) time.Duration {
-	return 5*time.Second + time.Duration(f.p.ChunkLen(i)*int64(time.Second)/f.s.cfg.MinRate)
+func (s *Swarm) requestTimeout(n int64) time.Duration {
+	return 5*time.Second + time.Duration(n*int64(time.Second)/s.cfg.MinRate)
 }
 
 // holdoff is how long to wait for a chunk to come from the peer its only
