@@ -243,8 +243,9 @@ func TestBlobMissing(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Equal(t, img.layers[1], body)
 	assert.Equal(t, int32(1), up.sizeCalls.Load())
-	_, err = tm.store.Stat(d1)
-	require.NoError(t, err, "the blob is in the cache")
+	// A blob of one verified chunk is sent before its commit completes.
+	require.Eventually(t, func() bool { _, err := tm.store.Stat(d1); return err == nil }, 5*time.Second, 5*time.Millisecond,
+		"the blob is in the cache")
 
 	// A ranged GET of a missing blob.
 	resp, body, err = tm.do(t, http.MethodGet, "/v2/library/app/blobs/"+d0.String(), "Range", "bytes=70000-70009")
