@@ -25,8 +25,16 @@ const (
 // The names of the binaries in an assets directory.
 const (
 	apiserverBin = "kube-apiserver"
-	schedulerBin = "kube-scheduler"
 	etcdBin      = "etcd"
+)
+
+// The other Kubernetes programs that BuildAssets builds beside the API
+// server, for the tests that run a whole node (test/e2e) or a real
+// scheduler (pkg/extender).
+const (
+	SchedulerBin         = "kube-scheduler"
+	ControllerManagerBin = "kube-controller-manager"
+	KubeletBin           = "kubelet"
 )
 
 // ErrNoAssets means that no directory holds both kube-apiserver and etcd.
@@ -74,7 +82,8 @@ func hasAssets(dir string) bool {
 	return true
 }
 
-// BuildAssets builds kube-apiserver and kube-scheduler KubernetesVersion and etcd EtcdVersion
+// BuildAssets builds kube-apiserver, kube-scheduler, kube-controller-manager
+// and kubelet KubernetesVersion and etcd EtcdVersion
 // from the Go module proxy into dir, skipping a binary that is already
 // there. Each is built to a temporary name in dir and renamed into place,
 // so an interrupted build never leaves a half-written binary under its
@@ -90,7 +99,7 @@ func BuildAssets(ctx context.Context, dir string, log io.Writer) error {
 			return err
 		}
 	}
-	for _, bin := range []string{apiserverBin, schedulerBin} {
+	for _, bin := range []string{apiserverBin, SchedulerBin, ControllerManagerBin, KubeletBin} {
 		if _, err := os.Stat(filepath.Join(dir, bin)); err != nil {
 			if err := buildKubeCommand(ctx, dir, bin, log); err != nil {
 				return err
@@ -100,22 +109,22 @@ func BuildAssets(ctx context.Context, dir string, log io.Writer) error {
 	return nil
 }
 
-// Scheduler returns the kube-scheduler built beside the API server's
-// assets (tests of the scheduler extender run a real one).
-func Scheduler() (string, error) {
+// Program returns the path of a program built beside the API server's
+// assets (SchedulerBin, ControllerManagerBin, KubeletBin).
+func Program(name string) (string, error) {
 	dir, err := FindAssets()
 	if err != nil {
 		return "", err
 	}
-	p := filepath.Join(dir, schedulerBin)
+	p := filepath.Join(dir, name)
 	if fi, err := os.Stat(p); err != nil || !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
-		return "", fmt.Errorf("%w: no %s in %s: run `make kube-assets`", ErrNoAssets, schedulerBin, dir)
+		return "", fmt.Errorf("%w: no %s in %s: run `make kube-assets`", ErrNoAssets, name, dir)
 	}
 	return p, nil
 }
 
 // buildKubeCommand builds k8s.io/kubernetes/cmd/<name> (kube-apiserver,
-// kube-scheduler) in a wrapper module. k8s.io/kubernetes cannot be required as it stands: its go.mod
+// kube-scheduler, …) in a wrapper module. k8s.io/kubernetes cannot be required as it stands: its go.mod
 // replaces every staging module (k8s.io/api, k8s.io/client-go, …) with a
 // directory of its own tree, and requires them at v0.0.0. The wrapper
 // replaces each with its published release instead (v0.37.2 for v1.37.2),

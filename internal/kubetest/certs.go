@@ -20,6 +20,8 @@ import (
 // serving certificate and the client certificates, and the key pair that
 // signs service account tokens.
 type pki struct {
+	ca                          *x509.Certificate
+	caSigner                    *ecdsa.PrivateKey
 	caCert, caKey               []byte // PEM
 	serveCert, serveKey         []byte
 	adminCert, adminKey         []byte
@@ -55,26 +57,9 @@ func newPKI(dir string, hosts []string) (*pki, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &pki{caCert: pemBlock("CERTIFICATE", caDER)}
+	p := &pki{ca: ca, caSigner: caKey, caCert: pemBlock("CERTIFICATE", caDER)}
 	if p.caKey, err = ecKeyPEM(caKey); err != nil {
 		return nil, err
-	}
-
-	sign := func(serial int64, tmpl *x509.Certificate) (certPEM, keyPEM []byte, err error) {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			return nil, nil, err
-		}
-		tmpl.SerialNumber = big.NewInt(serial)
-		tmpl.NotBefore = now.Add(-time.Hour)
-		tmpl.NotAfter = now.Add(10 * 365 * 24 * time.Hour)
-		tmpl.KeyUsage = x509.KeyUsageDigitalSignature
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-		if err != nil {
-			return nil, nil, err
-		}
-		keyPEM, err = ecKeyPEM(key)
-		return pemBlock("CERTIFICATE", der), keyPEM, err
 	}
 
 	serving := &x509.Certificate{
@@ -90,7 +75,7 @@ func newPKI(dir string, hosts []string) (*pki, error) {
 			serving.DNSNames = append(serving.DNSNames, h)
 		}
 	}
-	if p.serveCert, p.serveKey, err = sign(2, serving); err != nil {
+	if p.serveCert, p.serveKey, err = p.sign(2, serving); err != nil {
 		return nil, fmt.Errorf("creating the serving certificate: %w", err)
 	}
 	// The admin: a member of system:masters, which RBAC lets do anything.
@@ -98,7 +83,7 @@ func newPKI(dir string, hosts []string) (*pki, error) {
 		Subject:     pkix.Name{CommonName: "kubetest-admin", Organization: []string{"system:masters"}},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}
-	if p.adminCert, p.adminKey, err = sign(3, admin); err != nil {
+	if p.adminCert, p.adminKey, err = p.sign(3, admin); err != nil {
 		return nil, fmt.Errorf("creating the admin certificate: %w", err)
 	}
 
@@ -130,6 +115,38 @@ func newPKI(dir string, hosts []string) (*pki, error) {
 		}
 	}
 	return p, nil
+}
+
+// sign issues a certificate from tmpl, with a new key, signed by the CA.
+func (p *pki) sign(serial int64, tmpl *x509.Certificate) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	now := time.Now()
+	tmpl.SerialNumber = big.NewInt(serial)
+	tmpl.NotBefore = now.Add(-time.Hour)
+	tmpl.NotAfter = now.Add(10 * 365 * 24 * time.Hour)
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &key.PublicKey, p.caSigner)
+	if err != nil {
+		return nil, nil, err
+	}
+	keyPEM, err = ecKeyPEM(key)
+	return pemBlock("CERTIFICATE", der), keyPEM, err
+}
+
+// clientCert issues a client certificate for user in groups, as the API
+// server's x509 authenticator reads them (CN and O).
+func (p *pki) clientCert(user string, groups []string) (certPEM, keyPEM []byte, err error) {
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+	if err != nil {
+		return nil, nil, err
+	}
+	return p.sign(serial.Int64()+4, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: user, Organization: groups},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
 }
 
 func pemBlock(typ string, der []byte) []byte {

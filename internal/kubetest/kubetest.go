@@ -58,6 +58,12 @@ type Config struct {
 	// come after the defaults, so a repeated flag overrides a default.
 	APIServerArgs []string
 
+	// ControlPlane also runs kube-controller-manager and kube-scheduler,
+	// as a cluster's control plane does, for tests that run real kubelets
+	// (DaemonSets, service accounts, pod scheduling). The ServiceAccount
+	// admission plugin is then on.
+	ControlPlane bool
+
 	// StartTimeout bounds how long Start and StartAPIServer wait for the
 	// API server to be ready (besides the context). 0 means 90 seconds.
 	StartTimeout time.Duration
@@ -95,8 +101,11 @@ type Env struct {
 	mu        sync.Mutex
 	etcd      *proc
 	apiserver *proc
-	fwd       *forwarder
-	closed    bool
+	// controllers are kube-controller-manager and kube-scheduler, with
+	// Config.ControlPlane.
+	controllers []*proc
+	fwd         *forwarder
+	closed      bool
 }
 
 // Start starts etcd and kube-apiserver from the binaries that FindAssets
@@ -151,6 +160,11 @@ func Start(ctx context.Context, cfg Config) (_ *Env, err error) {
 	}
 	if err := e.waitDefaultNamespace(ctx); err != nil {
 		return nil, err
+	}
+	if cfg.ControlPlane {
+		if err := e.startControllers(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.Netns != "" {
 		addr := net.JoinHostPort(cfg.NetnsAddr, strconv.Itoa(e.port))
@@ -265,10 +279,13 @@ func (e *Env) StartAPIServer(ctx context.Context) error {
 func (e *Env) Close() error {
 	e.mu.Lock()
 	e.closed = true
-	api, etcd, fwd := e.apiserver, e.etcd, e.fwd
-	e.apiserver, e.etcd, e.fwd = nil, nil, nil
+	api, etcd, fwd, controllers := e.apiserver, e.etcd, e.fwd, e.controllers
+	e.apiserver, e.etcd, e.fwd, e.controllers = nil, nil, nil, nil
 	e.mu.Unlock()
 	var errs []error
+	for _, p := range controllers {
+		errs = append(errs, p.stop())
+	}
 	if fwd != nil {
 		fwd.close()
 	}
@@ -307,15 +324,17 @@ func (e *Env) apiserverArgs() []string {
 		// member of system:masters and passes both.
 		"--authorization-mode=Node,RBAC",
 		"--allow-privileged=true",
-		// No controller manager runs, so no namespace gets its default
-		// service account: the ServiceAccount admission plugin would
-		// refuse every pod. (envtest does the same.)
-		"--disable-admission-plugins=ServiceAccount",
 		"--profiling=false",
 		// On SIGTERM, end open watches within a second, as a real API
 		// server going away does (without it, an open watch holds the
 		// shutdown until StopAPIServer's SIGKILL ten seconds later).
 		"--shutdown-watch-termination-grace-period=1s",
+	}
+	if !e.cfg.ControlPlane {
+		// No controller manager runs, so no namespace gets its default
+		// service account: the ServiceAccount admission plugin would
+		// refuse every pod. (envtest does the same.)
+		args = append(args, "--disable-admission-plugins=ServiceAccount")
 	}
 	return append(args, e.cfg.APIServerArgs...)
 }

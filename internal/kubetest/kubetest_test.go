@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
 	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -189,4 +190,20 @@ func TestAssetsDir(t *testing.T) {
 	if d, err := kubetest.FindAssets(); err != nil || d != dir {
 		t.Errorf("FindAssets = %q, %v", d, err)
 	}
+}
+
+// TestControlPlane starts the controller manager and scheduler beside the
+// API server: the default service account appears (Start waits for it)
+// and a node's identity from UserConfig is the one the API server sees.
+func TestControlPlane(t *testing.T) {
+	t.Parallel()
+	e := kubetest.NewT(t, kubetest.Config{ControlPlane: true})
+	cfg, err := e.UserConfig("system:node:n1", "system:nodes")
+	require.NoError(t, err)
+	c, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	review, err := c.AuthenticationV1().SelfSubjectReviews().Create(t.Context(), &authnv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	require.Equal(t, "system:node:n1", review.Status.UserInfo.Username)
+	require.Contains(t, review.Status.UserInfo.Groups, "system:nodes")
 }

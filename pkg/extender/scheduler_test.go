@@ -38,7 +38,7 @@ func kubeScheduler(t *testing.T) string {
 	if p := os.Getenv("WEIGHTD_KUBE_SCHEDULER"); p != "" {
 		return p
 	}
-	p, err := kubetest.Scheduler()
+	p, err := kubetest.Program(kubetest.SchedulerBin)
 	if err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("CI=true but %v", err)
