@@ -20,7 +20,7 @@ FUZZTIME ?= 20s
 GOLANGCI_LINT_VERSION ?= v2.15.0
 TOOLS := $(CURDIR)/.tools
 
-.PHONY: build demo test test-deps kube-assets containerd2 lint bench fuzz metrics-doc clean
+.PHONY: build demo test test-deps kube-assets containerd2 helm lint bench fuzz metrics-doc clean
 
 ## build: bin/weightd, with the version and commit stamped in
 build:
@@ -38,8 +38,12 @@ kube-assets:
 containerd2:
 	$(GO) run ./internal/services/cmd/containerd2
 
-## test-deps: install what the tests need on a fresh Debian machine (a C toolchain for the race detector, iproute2 for the multi-host tests, containerd and docker-registry for the image tests, kube-apiserver and etcd built by kube-assets, containerd 2.x built by containerd2: about 13 minutes the first time)
-test-deps: kube-assets containerd2
+## helm: build Helm v4.3.2 for the chart's tests (test/deploy) and `make manifests` from the Go module proxy into WEIGHTD_HELM_CACHE or ~/.cache/weightd/helm-4.3.2; about 5 minutes on a fresh machine, nothing once built
+helm:
+	$(GO) run ./internal/services/cmd/helm
+
+## test-deps: install what the tests need on a fresh Debian machine (a C toolchain for the race detector, iproute2 for the multi-host tests, containerd and docker-registry for the image tests, kube-apiserver and etcd built by kube-assets, containerd 2.x built by containerd2, Helm built by helm: about 18 minutes the first time)
+test-deps: kube-assets containerd2 helm
 	@if ! command -v gcc >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing gcc for the race detector"; \

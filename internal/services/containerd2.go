@@ -5,11 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 )
 
 // Containerd2Version is the containerd 2.x release the benchmarks run,
@@ -63,33 +61,42 @@ var containerd2Release = regexp.MustCompile(`^v2\.[0-9]+\.[0-9]+$`)
 // variable is set, else $HOME/.cache/weightd/containerd-<version> (keyed by
 // version, so that a new release builds beside the old one).
 func ContainerdCacheDir(version string) (string, error) {
-	base := os.Getenv("WEIGHTD_CONTAINERD_CACHE")
-	if base == "" {
-		home, err := os.UserHomeDir()
-		if err != nil {
-			return "", fmt.Errorf("finding the containerd build cache: %w (set WEIGHTD_CONTAINERD_CACHE)", err)
-		}
-		base = filepath.Join(home, ".cache", "weightd")
-	}
-	return filepath.Join(base, "containerd-"+strings.TrimPrefix(version, "v")), nil
+	return toolCacheDir("WEIGHTD_CONTAINERD_CACHE", "containerd-"+strings.TrimPrefix(version, "v"))
 }
 
 // ErrContainerdNotBuilt is returned (wrapped) by CachedContainerd when the
 // version has not been built yet.
 var ErrContainerdNotBuilt = errors.New("containerd not built")
 
+// containerdInstall is the build of containerd and ctr of version into
+// ContainerdCacheDir(version).
+func containerdInstall(version string) (goInstall, error) {
+	dir, err := ContainerdCacheDir(version)
+	if err != nil {
+		return goInstall{}, err
+	}
+	const mod = "github.com/containerd/containerd/v2/cmd/"
+	return goInstall{
+		What:    "containerd " + version,
+		Dir:     dir,
+		Pkgs:    []string{mod + "containerd@" + version, mod + "ctr@" + version},
+		LDFlags: "-s -w -X github.com/containerd/containerd/v2/version.Version=" + strings.TrimPrefix(version, "v"),
+		Bins:    []string{"containerd", "ctr"},
+	}, nil
+}
+
 // CachedContainerd returns containerd and ctr of version from
 // ContainerdCacheDir(version) without building them: an error wrapping
 // ErrContainerdNotBuilt, with the binaries' paths still set, when they are
 // not there.
 func CachedContainerd(version string) (ContainerdBinaries, error) {
-	dir, err := ContainerdCacheDir(version)
+	g, err := containerdInstall(version)
 	if err != nil {
 		return ContainerdBinaries{}, err
 	}
-	bins := ContainerdBinaries{Containerd: filepath.Join(dir, "containerd"), Ctr: filepath.Join(dir, "ctr"), Version: version}
-	if !bins.built() {
-		return bins, fmt.Errorf("%w: %s has no containerd and ctr %s (BuildContainerd builds them, as `go run ./bench/mirrorswarm` does)", ErrContainerdNotBuilt, dir, version)
+	bins := ContainerdBinaries{Containerd: filepath.Join(g.Dir, "containerd"), Ctr: filepath.Join(g.Dir, "ctr"), Version: version}
+	if !g.built() {
+		return bins, fmt.Errorf("%w: %s has no containerd and ctr %s (BuildContainerd builds them, as `go run ./bench/mirrorswarm` does)", ErrContainerdNotBuilt, g.Dir, version)
 	}
 	return bins, nil
 }
@@ -113,55 +120,14 @@ func BuildContainerd(ctx context.Context, version string) (ContainerdBinaries, e
 	if err == nil || !errors.Is(err, ErrContainerdNotBuilt) {
 		return bins, err
 	}
-	dir := filepath.Dir(bins.Containerd)
-	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
-		return ContainerdBinaries{}, err
-	}
-	lock, err := os.OpenFile(dir+".lock", os.O_CREATE|os.O_RDWR, 0o644)
+	g, err := containerdInstall(version)
 	if err != nil {
 		return ContainerdBinaries{}, err
 	}
-	defer lock.Close() // releases the flock
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return ContainerdBinaries{}, fmt.Errorf("locking %s: %w", lock.Name(), err)
-	}
-	if bins.built() { // another process built them while this one waited
-		return bins, nil
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := g.run(ctx); err != nil {
 		return ContainerdBinaries{}, err
-	}
-	tmp, err := os.MkdirTemp(filepath.Dir(dir), ".containerd-build-")
-	if err != nil {
-		return ContainerdBinaries{}, err
-	}
-	defer os.RemoveAll(tmp)
-	const mod = "github.com/containerd/containerd/v2/cmd/"
-	cmd := exec.CommandContext(ctx, "go", "install", "-ldflags", "-s -w -X github.com/containerd/containerd/v2/version.Version="+strings.TrimPrefix(version, "v"),
-		mod+"containerd@"+version, mod+"ctr@"+version)
-	// Outside any module or workspace, with the caller's flags left out:
-	// pkg@version builds containerd's module as its go.mod says.
-	cmd.Dir = tmp
-	cmd.Env = append(os.Environ(), "GOBIN="+tmp, "GOWORK=off", "GOFLAGS=")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return ContainerdBinaries{}, fmt.Errorf("building containerd %s (go install): %w\n%s", version, err, out)
-	}
-	for _, name := range []string{"containerd", "ctr"} {
-		if err := os.Rename(filepath.Join(tmp, name), filepath.Join(dir, name)); err != nil {
-			return ContainerdBinaries{}, fmt.Errorf("installing containerd %s: %w", version, err)
-		}
 	}
 	return bins, nil
-}
-
-// built reports whether both binaries are in place.
-func (b ContainerdBinaries) built() bool {
-	for _, p := range []string{b.Containerd, b.Ctr} {
-		if fi, err := os.Stat(p); err != nil || !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // configV3 is the config of a containerd 2.x daemon: the same node as
