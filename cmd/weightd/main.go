@@ -9,6 +9,7 @@
 //	weightd key REF          print a reference's node label, for a preferred node affinity
 //	weightd gpus             print the node's GPUs, MIG instances and GPU processes with their pods (NVML)
 //	weightd extender         run the kube-scheduler extender (a Deployment)
+//	weightd restore-hosts    put back containerd's hosts.toml files as they were before the agent's mirror (uninstall)
 //	weightd demo             run an origin and three agents in-process; they fetch a generated model at once, sharing it
 //	weightd version          print the version
 //
@@ -52,6 +53,8 @@ type cli struct {
 	Version versionCmd `cmd:"" help:"Print the version, commit and Go version."`
 
 	Extender extenderCmd `cmd:"" help:"Run the kube-scheduler extender (a Deployment): score nodes by the pod's models and images they hold."`
+
+	RestoreHosts restoreHostsCmd `cmd:"" name:"restore-hosts" help:"Put back containerd's hosts.toml files on this node as they were before the agent's mirror (the chart's post-delete hook)."`
 }
 
 // env is what every command's Run receives: the context (cancelled on the
