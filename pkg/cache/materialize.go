@@ -9,7 +9,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -18,8 +17,6 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 )
-
-var commitRE = regexp.MustCompile(`^[0-9a-f]{40}$`)
 
 // ModelDir is where the snapshot of model name at revision rev is (or would
 // be) materialised: models/models--org--name/snapshots/<rev>, the layout of
@@ -41,9 +38,19 @@ func (s *Store) repoDir(name string) string {
 // It copies no bytes: its cost is O(files). The directory appears whole or not
 // at all; materialising again replaces it atomically.
 //
+// Then it writes m's refs as huggingface_hub does
+// (_cache_commit_hash_for_specific_revision): refs/<m.Ref> holding the
+// revision, 40 hex digits and no newline, replacing what the ref held
+// before (a branch moves on; the older snapshot stays). A revision that is
+// not a commit (sources without commits) also gets refs/<revision> holding
+// itself: the hub's offline download looks a revision that is not a commit
+// up in refs/ only. The refs directory is made even when it stays empty:
+// huggingface.js's scanCachedRepo needs it.
+//
 // A snapshot that is already exactly what Materialize would write (see
-// snapshotIntact) is left as it is: materialising a cached model again
-// writes nothing, bar the blobs' access times.
+// snapshotIntact) is left as it is, and so is a ref that already holds the
+// revision: materialising a cached model again writes nothing, bar the
+// blobs' access times.
 func (s *Store) Materialize(m Model) (string, error) {
 	if err := m.Validate(); err != nil {
 		return "", err
@@ -80,6 +87,9 @@ func (s *Store) Materialize(m Model) (string, error) {
 			}
 			s.synced[key] = true
 		}
+		if err := s.writeRefs(m); err != nil {
+			return "", fmt.Errorf("materialising %s@%s: %w", m.Name, m.Revision, err)
+		}
 		s.touchAll(rec.Digest)
 		return final, nil
 	}
@@ -109,15 +119,8 @@ func (s *Store) Materialize(m Model) (string, error) {
 	if err := SyncDir(snapshots); err != nil {
 		return "", err
 	}
-	if !commitRE.MatchString(m.Revision) {
-		// The hub resolves a branch or tag through refs/<name> to a snapshot.
-		refs := filepath.Join(s.repoDir(m.Name), "refs")
-		if err := os.MkdirAll(refs, 0o755); err != nil {
-			return "", diskErr(err)
-		}
-		if err := WriteFileAtomic(filepath.Join(refs, m.Revision), []byte(m.Revision), refPerm); err != nil {
-			return "", err
-		}
+	if err := s.writeRefs(m); err != nil {
+		return "", fmt.Errorf("materialising %s@%s: %w", m.Name, m.Revision, err)
 	}
 	if err := s.db.Update(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketModels).Put([]byte(key), recJSON)
@@ -129,20 +132,101 @@ func (s *Store) Materialize(m Model) (string, error) {
 	return final, nil
 }
 
-// Modes of what Materialize writes, which snapshotIntact expects.
+// Modes of what Materialize writes, which snapshotIntact and refIntact
+// expect.
 const (
 	snapshotDirPerm os.FileMode = 0o755
+	refsDirPerm     os.FileMode = 0o755
 	refPerm         os.FileMode = 0o644
 )
 
+// refs lists the refs Materialize writes for m, each → the revision it
+// holds: m.Ref, and the revision itself when it is not a commit.
+func (m Model) refs() map[string]string {
+	refs := make(map[string]string, 2)
+	if m.Ref != "" {
+		refs[m.Ref] = m.Revision
+	}
+	if !commitRE.MatchString(m.Revision) {
+		refs[m.Revision] = m.Revision
+	}
+	return refs
+}
+
+// writeRefs makes the refs directory of model m and points each of m's refs
+// at its revision, writing (atomically, synced) only those that hold
+// anything else. modelsMu is held.
+func (s *Store) writeRefs(m Model) error {
+	repo := s.repoDir(m.Name)
+	refsDir := filepath.Join(repo, "refs")
+	if err := mkdirSynced(repo, refsDir, refsDirPerm); err != nil {
+		return err
+	}
+	for name, rev := range m.refs() {
+		p := filepath.Join(refsDir, filepath.FromSlash(name))
+		if refIntact(p, rev) {
+			continue
+		}
+		if err := mkdirSynced(refsDir, filepath.Dir(p), refsDirPerm); err != nil {
+			return err
+		}
+		if err := WriteFileAtomic(p, []byte(rev), refPerm); err != nil {
+			return fmt.Errorf("writing ref %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// refIntact reports whether the ref file at p is what writeRefs writes for
+// revision rev: a regular file of mode refPerm holding exactly rev.
+func refIntact(p, rev string) bool {
+	info, err := os.Lstat(p)
+	if err != nil || !info.Mode().IsRegular() || info.Mode().Perm() != refPerm || info.Size() != int64(len(rev)) {
+		return false
+	}
+	b, err := os.ReadFile(p)
+	return err == nil && string(b) == rev
+}
+
+// mkdirSynced makes dir and its missing parents up from base (which must
+// exist), each with mode perm, syncing the parent of each one it makes so
+// that it survives a crash. A dir that is there already is left alone.
+func mkdirSynced(base, dir string, perm os.FileMode) error {
+	if info, err := os.Stat(dir); err == nil && info.IsDir() {
+		return nil
+	}
+	rel, err := filepath.Rel(base, dir)
+	if err != nil || !filepath.IsLocal(rel) {
+		return fmt.Errorf("%w: directory %s is not under %s", ErrInvalid, dir, base)
+	}
+	p := base
+	for seg := range strings.SplitSeq(rel, string(filepath.Separator)) {
+		p = filepath.Join(p, seg)
+		err := os.Mkdir(p, perm)
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return diskErr(err)
+		}
+		if err := os.Chmod(p, perm); err != nil { // the umask
+			return err
+		}
+		if err := SyncDir(filepath.Dir(p)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // snapshotIntact reports whether model m is materialised at final exactly as
-// Materialize would write it: its index record under key is recJSON, its ref
-// (for a branch or tag) a regular file naming the revision, and the
+// Materialize would write it: its index record under key is recJSON, and the
 // directory holds one relative symlink per file, pointing at the file's blob,
 // and nothing else: no other file, link or directory, no directory that is
 // a link, every directory with the mode Materialize gives it. Anything else
 // (a half-written snapshot, a retargeted link, an extra or missing file) is
-// not intact, and is laid out again. modelsMu is held.
+// not intact, and is laid out again. Refs are no part of it: writeRefs
+// checks and mends them on their own. modelsMu is held.
 func (s *Store) snapshotIntact(m Model, final, key string, recJSON []byte) bool {
 	var indexed bool
 	_ = s.db.View(func(tx *bolt.Tx) error {
@@ -151,16 +235,6 @@ func (s *Store) snapshotIntact(m Model, final, key string, recJSON []byte) bool 
 	})
 	if !indexed {
 		return false
-	}
-	if !commitRE.MatchString(m.Revision) {
-		ref := filepath.Join(s.repoDir(m.Name), "refs", m.Revision)
-		info, err := os.Lstat(ref)
-		if err != nil || !info.Mode().IsRegular() || info.Mode().Perm() != refPerm || info.Size() != int64(len(m.Revision)) {
-			return false
-		}
-		if b, err := os.ReadFile(ref); err != nil || string(b) != m.Revision {
-			return false
-		}
 	}
 	want := make(map[string]string, len(m.Files)) // path under final → link target
 	dirs := map[string]bool{".": true}
@@ -215,7 +289,8 @@ func (s *Store) snapshotIntact(m Model, final, key string, recJSON []byte) bool 
 }
 
 // syncSnapshot fsyncs every directory of model m's snapshot at final, the
-// snapshots directory holding it and the directory of its refs.
+// snapshots directory holding it, and the refs directory and those holding
+// m's refs (found there, the ref files themselves were synced when written).
 func (s *Store) syncSnapshot(m Model, final string) error {
 	dirs := []string{final, filepath.Dir(final)}
 	for _, f := range m.Files {
@@ -225,11 +300,21 @@ func (s *Store) syncSnapshot(m Model, final string) error {
 			}
 		}
 	}
-	if !commitRE.MatchString(m.Revision) {
-		dirs = append(dirs, filepath.Join(s.repoDir(m.Name), "refs"))
+	refsDir := filepath.Join(s.repoDir(m.Name), "refs")
+	for name := range m.refs() {
+		for d := path.Dir(name); ; d = path.Dir(d) {
+			if p := filepath.Join(refsDir, filepath.FromSlash(d)); !slices.Contains(dirs, p) {
+				dirs = append(dirs, p)
+			}
+			if d == "." {
+				break
+			}
+		}
 	}
 	for _, d := range dirs {
-		if err := SyncDir(d); err != nil {
+		if err := SyncDir(d); errors.Is(err, fs.ErrNotExist) && strings.HasPrefix(d, refsDir) {
+			continue // writeRefs makes it next
+		} else if err != nil {
 			return err
 		}
 	}
@@ -282,8 +367,9 @@ func (s *Store) linkFiles(dir, final string, files []File) error {
 	return nil
 }
 
-// pruneModels removes leftover temp snapshots and every snapshot that links to
-// a blob no longer in the store.
+// pruneModels removes leftover temp snapshots and ref files and every
+// snapshot that links to a blob no longer in the store, with the refs that
+// name it.
 func (s *Store) pruneModels() error {
 	s.modelsMu.Lock()
 	defer s.modelsMu.Unlock()
@@ -291,7 +377,56 @@ func (s *Store) pruneModels() error {
 	for _, t := range tmps {
 		os.RemoveAll(t)
 	}
+	// WriteFileAtomic's temp files, of refs whose writer died. A ref name
+	// never starts with '.' (ValidateRef), so none is taken for one.
+	refsDirs, _ := filepath.Glob(filepath.Join(modelsDir(s.root), "*", "refs"))
+	for _, refsDir := range refsDirs {
+		_ = filepath.WalkDir(refsDir, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && !d.IsDir() && strings.HasPrefix(d.Name(), ".tmp-") {
+				os.Remove(p)
+			}
+			return nil
+		})
+	}
 	return s.pruneModelsLocked()
+}
+
+// removeRefsTo removes every ref of the repository holding snapshots dir
+// (models/models--org--name/snapshots/<rev>) that holds <rev>: a ref to a
+// snapshot that is gone makes the hub clients' cache scans
+// (huggingface_hub's scan_cache_dir, huggingface.js's scanCachedRepo) call
+// the whole repository corrupt.
+func removeRefsTo(snapshot string) error {
+	rev := filepath.Base(snapshot)
+	refsDir := filepath.Join(filepath.Dir(filepath.Dir(snapshot)), "refs")
+	var dirs []string
+	err := filepath.WalkDir(refsDir, func(p string, d fs.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) && p == refsDir {
+			return fs.SkipDir
+		}
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		if b, err := os.ReadFile(p); err != nil || string(b) != rev {
+			return err
+		}
+		if err := os.Remove(p); err != nil {
+			return err
+		}
+		if dir := filepath.Dir(p); !slices.Contains(dirs, dir) {
+			dirs = append(dirs, dir)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("removing the refs to %s: %w", snapshot, err)
+	}
+	for _, d := range dirs {
+		if err := SyncDir(d); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (s *Store) pruneModelsLocked() error {
@@ -314,7 +449,16 @@ func (s *Store) pruneModelsLocked() error {
 			s.mu.RUnlock()
 			if !complete {
 				s.log.Info("removing model snapshot whose blobs were evicted", "model", string(k))
-				if err := os.RemoveAll(filepath.Join(s.root, rec.Dir)); err != nil {
+				// The refs first: a crash between the two leaves a snapshot
+				// without refs, which the next prune removes, never a ref
+				// to no snapshot.
+				dir := filepath.Join(s.root, rec.Dir)
+				if filepath.Base(filepath.Dir(dir)) == "snapshots" {
+					if err := removeRefsTo(dir); err != nil {
+						return err
+					}
+				}
+				if err := os.RemoveAll(dir); err != nil {
 					return err
 				}
 				gone = append(gone, k)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -16,8 +17,8 @@ import (
 )
 
 // snapshotFixture is a store holding the blobs of a small model with a file
-// in a subdirectory, on a branch (so with a ref), and a spare blob that is
-// no file of it.
+// in a subdirectory, at a commit resolved from a branch (so with a ref), and
+// a spare blob that is no file of it.
 type snapshotFixture struct {
 	s     *Store
 	m     Model
@@ -29,7 +30,7 @@ func newSnapshotFixture(t *testing.T, opts ...Option) *snapshotFixture {
 	t.Helper()
 	f := &snapshotFixture{
 		s: openStore(t, t.TempDir(), opts...),
-		m: Model{Name: "org/tiny", Revision: "main"},
+		m: Model{Name: "org/tiny", Revision: "0123456789abcdef0123456789abcdef01234567", Ref: "main"},
 		files: map[string][]byte{
 			"config.json":              []byte(`{"model_type":"llama"}`),
 			"model.safetensors":        randomBytes(90, 100<<10),
@@ -50,8 +51,9 @@ func newSnapshotFixture(t *testing.T, opts ...Option) *snapshotFixture {
 }
 
 // requireSnapshot checks that dir is exactly the model's snapshot: a link
-// per file, relative, reading the file's bytes, nothing else; the ref names
-// the revision; the index record lists the model's blobs.
+// per file, relative, reading the file's bytes, nothing else; the ref holds
+// the revision (the commit), and nothing else is in refs/; the index record
+// lists the model's blobs.
 func (f *snapshotFixture) requireSnapshot(t *testing.T, dir string) {
 	t.Helper()
 	var found []string
@@ -79,9 +81,12 @@ func (f *snapshotFixture) requireSnapshot(t *testing.T, dir string) {
 		return nil
 	}))
 	require.Len(t, found, len(f.files))
-	ref, err := os.ReadFile(filepath.Join(f.s.repoDir(f.m.Name), "refs", f.m.Revision))
+	ref, err := os.ReadFile(filepath.Join(f.s.repoDir(f.m.Name), "refs", f.m.Ref))
 	require.NoError(t, err)
 	require.Equal(t, f.m.Revision, string(ref))
+	refs, err := os.ReadDir(filepath.Join(f.s.repoDir(f.m.Name), "refs"))
+	require.NoError(t, err)
+	require.Len(t, refs, 1, "refs/ holds the branch's ref only")
 	var rec modelRecord
 	require.NoError(t, f.s.db.View(func(tx *bolt.Tx) error {
 		return json.Unmarshal(tx.Bucket(bucketModels).Get([]byte(f.m.Name+"@"+f.m.Revision)), &rec)
@@ -110,7 +115,8 @@ func TestMaterializeLeavesIntactSnapshotAlone(t *testing.T) {
 	f.requireSnapshot(t, dir)
 	paths := []string{
 		dir, filepath.Dir(dir), filepath.Join(dir, "config.json"), filepath.Join(dir, "tokenizer"),
-		filepath.Join(dir, "tokenizer", "tokenizer.json"), filepath.Join(f.s.repoDir(f.m.Name), "refs", f.m.Revision),
+		filepath.Join(dir, "tokenizer", "tokenizer.json"), filepath.Join(f.s.repoDir(f.m.Name), "refs", f.m.Ref),
+		filepath.Join(f.s.repoDir(f.m.Name), "refs"),
 	}
 	before := make(map[string]fileID)
 	for _, p := range paths {
@@ -141,15 +147,139 @@ func TestMaterializeLeavesIntactSnapshotAlone(t *testing.T) {
 	}
 	require.True(t, s2.synced[f.m.Name+"@"+f.m.Revision], "a snapshot found intact is synced once")
 
-	// A commit revision has no ref, and is left alone all the same.
+	// A commit revision without a ref, and a revision that is not a commit
+	// (a source without commits: it refers to itself), are left alone all
+	// the same.
+	for _, m := range []Model{
+		{Name: f.m.Name, Revision: "89abcdef0123456789abcdef0123456789abcdef", Files: f.m.Files},
+		{Name: f.m.Name, Revision: "v2", Files: f.m.Files},
+	} {
+		cdir, err := s2.Materialize(m)
+		require.NoError(t, err)
+		ids := []fileID{idOf(t, cdir), idOf(t, filepath.Join(f.s.repoDir(f.m.Name), "refs", f.m.Ref))}
+		_, err = s2.Materialize(m)
+		require.NoError(t, err)
+		require.Equal(t, ids, []fileID{idOf(t, cdir), idOf(t, filepath.Join(f.s.repoDir(f.m.Name), "refs", f.m.Ref))}, m.Revision)
+	}
+}
+
+// Refs are checked and mended on their own: a ref that is missing or holds
+// something else is written again, and the snapshot is left as it is.
+func TestMaterializeMendsRefs(t *testing.T) {
+	t.Parallel()
+	ref := func(f *snapshotFixture) string { return filepath.Join(f.s.repoDir(f.m.Name), "refs", f.m.Ref) }
+	for name, tamper := range map[string]func(t *testing.T, f *snapshotFixture){
+		"ref holds the branch name": func(t *testing.T, f *snapshotFixture) {
+			require.NoError(t, os.WriteFile(ref(f), []byte(f.m.Ref), refPerm))
+		},
+		"ref holds a newline too": func(t *testing.T, f *snapshotFixture) {
+			require.NoError(t, os.WriteFile(ref(f), []byte(f.m.Revision+"\n"), refPerm))
+		},
+		"ref holds a shorter commit": func(t *testing.T, f *snapshotFixture) {
+			require.NoError(t, os.WriteFile(ref(f), []byte(f.m.Revision[:12]), refPerm))
+		},
+		"ref missing": func(t *testing.T, f *snapshotFixture) {
+			require.NoError(t, os.Remove(ref(f)))
+		},
+		"refs directory missing": func(t *testing.T, f *snapshotFixture) {
+			require.NoError(t, os.RemoveAll(filepath.Dir(ref(f))))
+		},
+		"ref is a link": func(t *testing.T, f *snapshotFixture) {
+			good := filepath.Join(t.TempDir(), "main") // reads right, but is no ref of ours
+			require.NoError(t, os.Rename(ref(f), good))
+			require.NoError(t, os.Symlink(good, ref(f)))
+		},
+		"ref mode changed": func(t *testing.T, f *snapshotFixture) {
+			require.NoError(t, os.Chmod(ref(f), 0o600))
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f := newSnapshotFixture(t)
+			dir, err := f.s.Materialize(f.m)
+			require.NoError(t, err)
+			snap := idOf(t, dir)
+			tamper(t, f)
+			dir2, err := f.s.Materialize(f.m)
+			require.NoError(t, err)
+			require.Equal(t, dir, dir2)
+			require.Equal(t, snap, idOf(t, dir), "the snapshot was laid out again")
+			f.requireSnapshot(t, dir)
+			info, err := os.Lstat(ref(f))
+			require.NoError(t, err)
+			require.Equal(t, refPerm, info.Mode())
+		})
+	}
+}
+
+// A branch that moves on to another commit moves its ref; the older snapshot
+// stays, and so does a tag of it. A ref is named by '/'-separated names
+// ("refs/pr/1") as the hub names pull requests.
+func TestMaterializeMovesRefs(t *testing.T) {
+	t.Parallel()
+	f := newSnapshotFixture(t)
+	refs := filepath.Join(f.s.repoDir(f.m.Name), "refs")
+	readRef := func(name string) string {
+		b, err := os.ReadFile(filepath.Join(refs, filepath.FromSlash(name)))
+		require.NoError(t, err, name)
+		return string(b)
+	}
+	first := f.m
+	_, err := f.s.Materialize(first)
+	require.NoError(t, err)
+	tag := first
+	tag.Ref = "v1.0"
+	_, err = f.s.Materialize(tag)
+	require.NoError(t, err)
+
+	second := first
+	second.Revision = "fedcba9876543210fedcba9876543210fedcba98"
+	second.Files = first.Files[:1]
+	dir2, err := f.s.Materialize(second)
+	require.NoError(t, err)
+	require.Equal(t, second.Revision, readRef("main"))
+	require.Equal(t, first.Revision, readRef("v1.0"))
+	_, err = os.Stat(filepath.Join(filepath.Dir(dir2), first.Revision, "tokenizer", "tokenizer.json"))
+	require.NoError(t, err, "the older snapshot stays")
+
+	pr := second
+	pr.Ref = "refs/pr/1"
+	_, err = f.s.Materialize(pr)
+	require.NoError(t, err)
+	require.Equal(t, second.Revision, readRef("refs/pr/1"))
+	info, err := os.Stat(filepath.Join(refs, "refs", "pr"))
+	require.NoError(t, err)
+	require.Equal(t, refsDirPerm, info.Mode().Perm())
+}
+
+func TestModelValidateRef(t *testing.T) {
+	t.Parallel()
+	m := Model{Name: "org/tiny", Revision: "0123456789abcdef0123456789abcdef01234567"}
+	for _, ref := range []string{"main", "v1.0", "refs/pr/1", "release_2-x", "a/b/c", strings.Repeat("a", 255)} {
+		m.Ref = ref
+		require.NoError(t, m.Validate(), ref)
+	}
+	for _, ref := range []string{
+		"/main", "main/", "a//b", ".hidden", "a/.b", "..", "a/../b", "./a", "a b", "a\\b", "a\x00",
+		"0123456789abcdef0123456789abcdef01234567", strings.Repeat("a", 256), "ma:in", "main~1",
+	} {
+		m.Ref = ref
+		require.ErrorIs(t, m.Validate(), ErrInvalid, "%q", ref)
+	}
+}
+
+func TestMaterializeNotACommitRefersToItself(t *testing.T) {
+	t.Parallel()
+	f := newSnapshotFixture(t)
 	m := f.m
-	m.Revision = "0123456789abcdef0123456789abcdef01234567"
-	cdir, err := s2.Materialize(m)
+	m.Revision = "v2"
+	m.Ref = ""
+	cdir, err := f.s.Materialize(m)
 	require.NoError(t, err)
-	id := idOf(t, cdir)
-	_, err = s2.Materialize(m)
+	require.Equal(t, filepath.Join(f.s.repoDir(m.Name), "snapshots", "v2"), cdir)
+	b, err := os.ReadFile(filepath.Join(f.s.repoDir(m.Name), "refs", "v2"))
 	require.NoError(t, err)
-	require.Equal(t, id, idOf(t, cdir))
+	require.Equal(t, "v2", string(b), "huggingface_hub's offline download looks a revision that is not a commit up in refs/ only")
 }
 
 func TestMaterializeRebuildsTamperedSnapshot(t *testing.T) {
@@ -207,12 +337,6 @@ func TestMaterializeRebuildsTamperedSnapshot(t *testing.T) {
 		"snapshot replaced by a link": func(t *testing.T, f *snapshotFixture, dir string) {
 			require.NoError(t, os.Rename(dir, dir+"-moved"))
 			require.NoError(t, os.Symlink(filepath.Base(dir)+"-moved", dir))
-		},
-		"ref rewritten": func(t *testing.T, f *snapshotFixture, dir string) {
-			require.NoError(t, os.WriteFile(filepath.Join(f.s.repoDir(f.m.Name), "refs", f.m.Revision), []byte("mai"), 0o644))
-		},
-		"ref missing": func(t *testing.T, f *snapshotFixture, dir string) {
-			require.NoError(t, os.Remove(filepath.Join(f.s.repoDir(f.m.Name), "refs", f.m.Revision)))
 		},
 		"index record missing": func(t *testing.T, f *snapshotFixture, dir string) {
 			require.NoError(t, f.s.db.Update(func(tx *bolt.Tx) error {
@@ -380,4 +504,57 @@ func TestSaveAccessKeepsTheRestOfTheRecord(t *testing.T) {
 		return saveAccess(tx, map[digest.Digest]time.Time{d: later.Add(-time.Hour)})
 	}))
 	require.True(t, read().LastAccess.Equal(later), "an older access does not move the record back")
+}
+
+// A snapshot removed because a blob of it was evicted takes the refs that
+// hold its revision with it, and only those: huggingface_hub's
+// scan_cache_dir and huggingface.js's scanCachedRepo call a repository with
+// a ref to a missing snapshot corrupt. Opening the store removes the temp
+// files of refs whose writer died.
+func TestPruneRemovesRefsToRemovedSnapshots(t *testing.T) {
+	t.Parallel()
+	f := newSnapshotFixture(t)
+	refs := filepath.Join(f.s.repoDir(f.m.Name), "refs")
+	first := f.m
+	_, err := f.s.Materialize(first)
+	require.NoError(t, err)
+	for _, ref := range []string{"v1.0", "refs/pr/1"} {
+		tag := first
+		tag.Ref = ref
+		_, err = f.s.Materialize(tag)
+		require.NoError(t, err)
+	}
+	// main moves on to a commit of the spare blob alone.
+	second := Model{Name: first.Name, Revision: "fedcba9876543210fedcba9876543210fedcba98", Ref: "main",
+		Files: []File{{Path: "config.json", Descriptor: f.spare}}}
+	dir2, err := f.s.Materialize(second)
+	require.NoError(t, err)
+
+	require.NoError(t, f.s.evict(first.Files[1].Digest, false))
+	_, err = os.Stat(filepath.Join(filepath.Dir(dir2), first.Revision))
+	require.ErrorIs(t, err, os.ErrNotExist, "the first snapshot is gone")
+	var left []string
+	require.NoError(t, filepath.WalkDir(refs, func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			rel, _ := filepath.Rel(refs, p)
+			left = append(left, filepath.ToSlash(rel))
+		}
+		return err
+	}))
+	require.Equal(t, []string{"main"}, left, "the refs to the first snapshot went with it")
+	b, err := os.ReadFile(filepath.Join(refs, "main"))
+	require.NoError(t, err)
+	require.Equal(t, second.Revision, string(b))
+
+	// A writer of refs/main died between writing its temp file and renaming it.
+	require.NoError(t, os.WriteFile(filepath.Join(refs, ".tmp-main-123"), []byte("fedcba"), refPerm))
+	require.NoError(t, os.MkdirAll(filepath.Join(refs, "refs", "pr"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(refs, "refs", "pr", ".tmp-2-456"), nil, refPerm))
+	require.NoError(t, f.s.Close())
+	s2 := openStore(t, f.s.Root())
+	tmps, _ := filepath.Glob(filepath.Join(refs, ".tmp-*"))
+	tmps2, _ := filepath.Glob(filepath.Join(refs, "refs", "pr", ".tmp-*"))
+	require.Empty(t, append(tmps, tmps2...))
+	_, err = s2.Materialize(second)
+	require.NoError(t, err)
 }

@@ -7,7 +7,8 @@
 //	partial/<hex>.state  its persisted progress: verified prefix, chunk map, hash state
 //	models/              models materialised as links into blobs/, in the
 //	                     Hugging Face hub cache layout
-//	                     (models--org--name/snapshots/<rev>/<path>)
+//	                     (models--org--name/snapshots/<rev>/<path>, and
+//	                     models--org--name/refs/<branch> holding <rev>)
 //	index.db             sizes, last access, pins and chunk maps (bbolt)
 //
 // Every blob is written to partial/, fsynced, checked against its size and
@@ -124,19 +125,32 @@ type File struct {
 // Model is a named set of files at a revision, materialised as a directory of
 // links into blobs/.
 type Model struct {
-	Name     string `json:"name"`     // "org/name"
-	Revision string `json:"revision"` // a commit, tag or branch
-	Files    []File `json:"files"`
+	Name string `json:"name"` // "org/name"
+	// Revision names the snapshot: a commit (40 lowercase hex digits, as
+	// the hub names them), or for sources without commits a tag or branch.
+	Revision string `json:"revision"`
+	// Ref is the branch or tag ("main", "v1.0", "refs/pr/1") Revision was
+	// resolved from, if any. Materialize writes refs/<Ref> holding Revision,
+	// as the hub's own clients do, so that a loader asking for the branch
+	// offline (HF_HUB_OFFLINE=1) finds the snapshot. It is no part of the
+	// snapshot's identity: one snapshot may be named by several refs.
+	Ref   string `json:"ref,omitempty"`
+	Files []File `json:"files"`
 }
 
-// Validate checks the model name, revision and every file path: relative,
-// clean, no "..", no NUL, no duplicates.
+// Validate checks the model name, revision, ref and every file path:
+// relative, clean, no "..", no NUL, no duplicates.
 func (m Model) Validate() error {
 	if err := ValidateModelName(m.Name); err != nil {
 		return err
 	}
 	if !revisionRE.MatchString(m.Revision) {
 		return fmt.Errorf("%w: revision %q", ErrInvalid, truncate(m.Revision))
+	}
+	if m.Ref != "" {
+		if err := ValidateRef(m.Ref); err != nil {
+			return err
+		}
 	}
 	seen := make(map[string]bool, len(m.Files))
 	for _, f := range m.Files {
@@ -165,7 +179,11 @@ func (m Model) Validate() error {
 var (
 	nameSegmentRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$`)
 	revisionRE    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+	refSegmentRE  = regexp.MustCompile(`^[A-Za-z0-9_-][A-Za-z0-9._-]*$`)
+	commitRE      = regexp.MustCompile(`^[0-9a-f]{40}$`)
 )
+
+const maxRefLength = 255
 
 // ValidateModelName accepts "name" or "org/name" where each part is letters,
 // digits, '.', '_' or '-', not starting with punctuation and not containing
@@ -178,6 +196,22 @@ func ValidateModelName(name string) error {
 	for _, p := range parts {
 		if !nameSegmentRE.MatchString(p) || strings.Contains(p, "--") || strings.HasSuffix(p, ".") {
 			return fmt.Errorf("%w: model name %q", ErrInvalid, truncate(name))
+		}
+	}
+	return nil
+}
+
+// ValidateRef accepts a branch or tag name as git does, within the
+// characters the hub uses: '/'-separated components of letters, digits,
+// '.', '_' and '-', none empty or starting with '.', at most 255 bytes, and
+// not itself a commit (40 lowercase hex digits), which needs no ref.
+func ValidateRef(ref string) error {
+	if len(ref) > maxRefLength || commitRE.MatchString(ref) {
+		return fmt.Errorf("%w: ref %q", ErrInvalid, truncate(ref))
+	}
+	for seg := range strings.SplitSeq(ref, "/") {
+		if !refSegmentRE.MatchString(seg) {
+			return fmt.Errorf("%w: ref %q", ErrInvalid, truncate(ref))
 		}
 	}
 	return nil

@@ -64,6 +64,10 @@ const (
 //
 // The model is named after the repository ("org/name") at the commit, so it
 // materialises as models--org--name/snapshots/<commit>/, the hub cache layout.
+// A reference to a branch or tag ("main", "v1.0") carries it as the model's
+// Ref, so that refs/<branch> is written holding the commit, as the hub's
+// own clients write it: offline, a loader finds the model by name and
+// branch only through it. A reference pinned to a commit writes no ref.
 //
 // The token, if any, is sent as "Authorization: Bearer …" only to the
 // endpoint's own scheme, host and port: never to the CDN a download is
@@ -222,6 +226,16 @@ func (s *HFSource) Resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 	res, err := s.resolve(ctx, ref)
 	if err != nil {
 		return nil, fmt.Errorf("resolving %s: %w", ref.Redacted(), err)
+	}
+	// Set here, not in the listing shared with peers: the ref is this
+	// reference's, the listing at the commit any reference's (and a peer's
+	// listing names no ref of ours).
+	res.Model.Ref = ""
+	if !isCommit(ref.Revision) {
+		if err := cache.ValidateRef(ref.Revision); err != nil {
+			return nil, cache.Permanent(fmt.Errorf("resolving %s: %w", ref.Redacted(), err))
+		}
+		res.Model.Ref = ref.Revision
 	}
 	return res, nil
 }
