@@ -80,3 +80,7 @@ func (e *Env) startControllers(ctx context.Context) error {
 		}
 	}
 }
+
+// CAFile is the path of the cluster CA's certificate, which signs the API
+// server's serving certificate and every client certificate.
+func (e *Env) CAFile() string { return e.pki.caFile }

@@ -34,6 +34,10 @@ type ContainerdConfig struct {
 	// network namespace, so that its pulls cross the host's link; the
 	// sockets, in Dir, stay reachable from everywhere.
 	Host *testbed.Host
+	// ExtraConfig is TOML appended to the generated config (containerd
+	// 2.x only): more plugin tables, such as the CRI runtime's for a node
+	// that runs pods.
+	ExtraConfig string
 }
 
 // Containerd is a containerd daemon with all of its state in one directory,
@@ -56,6 +60,7 @@ type Containerd struct {
 
 	bins    ContainerdBinaries
 	host    *testbed.Host
+	extra   string
 	sockDir string // a short directory for the sockets when Dir is too long; removed on Close
 
 	mu     sync.Mutex
@@ -87,6 +92,10 @@ func StartContainerd(ctx context.Context, cfg ContainerdConfig) (*Containerd, er
 		Dir:       dir,
 		bins:      cfg.Binaries,
 		host:      cfg.Host,
+		extra:     cfg.ExtraConfig,
+	}
+	if cfg.ExtraConfig != "" && cfg.Binaries.Containerd == "" {
+		return nil, errors.New("containerd: ExtraConfig is for containerd 2.x")
 	}
 	for _, d := range []string{dir, c.Root, c.HostsDir, filepath.Join(dir, "state"), filepath.Join(dir, "opt")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -113,7 +122,7 @@ func (c *Containerd) configPath() string { return filepath.Join(c.Dir, "config.t
 
 func (c *Containerd) config() string {
 	if c.bins.Containerd != "" {
-		return c.configV3()
+		return c.configV3() + c.extra
 	}
 	return fmt.Sprintf(`version = 2
 root = %q
@@ -167,7 +176,13 @@ func (c *Containerd) Start(ctx context.Context) error {
 		return nil
 	}
 	_ = os.Remove(c.Address) // a stale socket of a killed daemon
-	p, err := startCommand("containerd", c.command(context.Background(), c.bins.daemon(), "--config", c.configPath()), filepath.Join(c.Dir, "containerd.log"))
+	cmd := c.command(context.Background(), c.bins.daemon(), "--config", c.configPath())
+	if c.bins.Containerd != "" {
+		// The shim built beside a 2.x daemon, not Debian's 1.6 one in
+		// /usr/bin, which it cannot drive.
+		cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(c.bins.Containerd)+":"+os.Getenv("PATH"))
+	}
+	p, err := startCommand("containerd", cmd, filepath.Join(c.Dir, "containerd.log"))
 	if err != nil {
 		return err
 	}
@@ -210,7 +225,7 @@ func (c *Containerd) Close() error {
 
 func (c *Containerd) cleanup() error {
 	killUnder(c.Address)
-	err := unmountUnder(c.Dir)
+	err := UnmountUnder(c.Dir)
 	if c.sockDir != "" {
 		_ = os.RemoveAll(c.sockDir)
 	}

@@ -68,8 +68,9 @@ func ContainerdCacheDir(version string) (string, error) {
 // version has not been built yet.
 var ErrContainerdNotBuilt = errors.New("containerd not built")
 
-// containerdInstall is the build of containerd and ctr of version into
-// ContainerdCacheDir(version).
+// containerdInstall is the build of containerd, ctr and the runc shim
+// (which runs pods' containers; Debian's 1.6 shim speaks an older task
+// API) of version into ContainerdCacheDir(version).
 func containerdInstall(version string) (goInstall, error) {
 	dir, err := ContainerdCacheDir(version)
 	if err != nil {
@@ -79,9 +80,9 @@ func containerdInstall(version string) (goInstall, error) {
 	return goInstall{
 		What:    "containerd " + version,
 		Dir:     dir,
-		Pkgs:    []string{mod + "containerd@" + version, mod + "ctr@" + version},
+		Pkgs:    []string{mod + "containerd@" + version, mod + "ctr@" + version, mod + "containerd-shim-runc-v2@" + version},
 		LDFlags: "-s -w -X github.com/containerd/containerd/v2/version.Version=" + strings.TrimPrefix(version, "v"),
-		Bins:    []string{"containerd", "ctr"},
+		Bins:    []string{"containerd", "ctr", "containerd-shim-runc-v2"},
 	}, nil
 }
 

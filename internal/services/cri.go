@@ -2,6 +2,7 @@ package services
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"google.golang.org/grpc"
@@ -159,4 +160,57 @@ func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	}
 	*b = data.Materialize()
 	return nil
+}
+
+// RemovePodSandboxesCRI stops and removes every pod sandbox of the CRI
+// plugin listening on address, as the kubelet does for a deleted pod: the
+// containers are killed, the CNI plugin releases the pod's network and its
+// namespace is removed. Tests call it after stopping a kubelet, so that no
+// container outlives them. ListPodSandboxRequest is empty; its answer holds
+// PodSandbox{id} in field 1; Stop- and RemovePodSandboxRequest hold the id
+// in field 1.
+func RemovePodSandboxesCRI(ctx context.Context, address string) error {
+	conn, err := grpc.NewClient("unix://"+address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	empty, resp := []byte{}, []byte{}
+	if err := conn.Invoke(ctx, "/runtime.v1.RuntimeService/ListPodSandbox", &empty, &resp, grpc.ForceCodecV2(rawCodec{})); err != nil {
+		return fmt.Errorf("CRI ListPodSandbox: %w", err)
+	}
+	var ids []string
+	for b := resp; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		n = protowire.ConsumeFieldValue(num, typ, b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		if num == 1 && typ == protowire.BytesType {
+			sandbox, _ := protowire.ConsumeBytes(b)
+			id, err := field(sandbox, 1)
+			if err != nil {
+				return err
+			}
+			ids = append(ids, string(id))
+		}
+		b = b[n:]
+	}
+	var errs []error
+	for _, id := range ids {
+		req := protowire.AppendTag(nil, 1, protowire.BytesType)
+		req = protowire.AppendString(req, id)
+		for _, method := range []string{"StopPodSandbox", "RemovePodSandbox"} {
+			var out []byte
+			if err := conn.Invoke(ctx, "/runtime.v1.RuntimeService/"+method, &req, &out, grpc.ForceCodecV2(rawCodec{})); err != nil {
+				errs = append(errs, fmt.Errorf("CRI %s %s: %w", method, id, err))
+				break
+			}
+		}
+	}
+	return errors.Join(errs...)
 }

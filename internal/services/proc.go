@@ -164,9 +164,9 @@ func killUnder(marker string) {
 	}
 }
 
-// unmountUnder detaches every mount point under dir (snapshots a killed
+// UnmountUnder detaches every mount point under dir (snapshots a killed
 // containerd left mounted), deepest first, so dir can be removed.
-func unmountUnder(dir string) error {
+func UnmountUnder(dir string) error {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return err
