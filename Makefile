@@ -20,7 +20,7 @@ FUZZTIME ?= 20s
 GOLANGCI_LINT_VERSION ?= v2.15.0
 TOOLS := $(CURDIR)/.tools
 
-.PHONY: build demo test test-deps kube-assets containerd2 helm lint bench fuzz metrics-doc clean
+.PHONY: build demo test test-deps kube-assets containerd2 helm manifests lint bench fuzz metrics-doc clean
 
 ## build: bin/weightd, with the version and commit stamped in
 build:
@@ -30,7 +30,7 @@ build:
 demo: build
 	./$(BIN) demo $(DEMO_FLAGS)
 
-## kube-assets: build kube-apiserver v1.37.2 and etcd v3.7.3 for the real-API-server tests (internal/kubetest) from the Go module proxy into WEIGHTD_KUBE_ASSETS or ~/.cache/weightd/kube-1.37.2; about 10 minutes on a fresh machine (2 cores), nothing once built
+## kube-assets: build kube-apiserver, kube-scheduler, kube-controller-manager and kubelet v1.37.2 and etcd v3.7.3 for the real-cluster tests (internal/kubetest, internal/kubenode, test/e2e) from the Go module proxy into WEIGHTD_KUBE_ASSETS or ~/.cache/weightd/kube-1.37.2; about 15 minutes on a fresh machine (2 cores), nothing once built
 kube-assets:
 	$(GO) run ./internal/kubetest/cmd/kube-assets
 
@@ -60,12 +60,12 @@ test-deps: kube-assets containerd2 helm
 	    echo "the multi-host tests need root and ip and tc (apt-get install iproute2); without them they skip, or fail under CI=true" >&2; \
 	  fi; \
 	fi
-	@if [ ! -x /usr/bin/containerd ] || [ ! -x /usr/bin/ctr ] || [ ! -x /usr/bin/docker-registry ]; then \
+	@if [ ! -x /usr/bin/containerd ] || [ ! -x /usr/bin/ctr ] || [ ! -x /usr/bin/docker-registry ] || [ ! -x /usr/sbin/runc ] || [ ! -x /usr/lib/cni/bridge ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing containerd and docker-registry for the image tests (internal/services, pkg/containerd)"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends containerd docker-registry >/dev/null; \
+	    echo "installing containerd, docker-registry, runc and the CNI plugins for the image and kubelet tests (internal/services, pkg/containerd, internal/kubenode, test/e2e)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends containerd docker-registry runc containernetworking-plugins >/dev/null; \
 	  else \
-	    echo "the image tests need root, containerd and docker-registry (apt-get install containerd docker-registry); without them they skip, or fail under CI=true" >&2; \
+	    echo "the image and kubelet tests need root, containerd, docker-registry, runc and the CNI plugins (apt-get install containerd docker-registry runc containernetworking-plugins); without them they skip, or fail under CI=true" >&2; \
 	  fi; \
 	fi
 
@@ -109,6 +109,10 @@ fuzz:
 	  echo "# $$name in ./$$dir"; \
 	  $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) ./$$dir; \
 	done
+
+## manifests: render deploy/daemonset, deploy/scheduler and deploy/monitoring from the Helm chart (charts/weightd); a test in test/deploy fails while they differ
+manifests: helm
+	$(GO) run ./test/deploy/cmd/manifests
 
 ## metrics-doc: regenerate docs/metrics.md, the catalogue of every weightd metric, from the Go source (a test fails while it is stale)
 metrics-doc:
