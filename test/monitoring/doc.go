@@ -4,4 +4,8 @@
 // only metrics that weightd's source defines (internal/metricscatalog) with
 // a type that fits how it is used and labels that the metric has, and every
 // alert says what is wrong and what to do in its annotations.
+//
+// deploy/monitoring is rendered from charts/weightd (its dashboards/ and
+// rules/; test/deploy fails while the two differ), so these checks hold for
+// the chart too.
 package monitoring

@@ -163,8 +163,9 @@ type ruleFile struct {
 	APIVersion string `json:"apiVersion"`
 	Kind       string `json:"kind"`
 	Metadata   struct {
-		Name   string            `json:"name"`
-		Labels map[string]string `json:"labels"`
+		Name      string            `json:"name"`
+		Namespace string            `json:"namespace"`
+		Labels    map[string]string `json:"labels"`
 	} `json:"metadata"`
 	Spec struct {
 		Groups []struct {
