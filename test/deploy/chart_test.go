@@ -1,0 +1,717 @@
+package deploy_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+
+	"github.com/weightd/weightd/internal/services"
+	"github.com/weightd/weightd/test/deploy/manifests"
+)
+
+const (
+	repoRoot = "../.."
+	chart    = repoRoot + "/" + manifests.Chart
+)
+
+// everything is every optional feature of the chart on, with values unlike
+// the defaults: what the chart renders with them must still hold together.
+var everything = []string{
+	"image.repository=registry.example:5000/weightd",
+	"image.tag=e2e",
+	"image.pullPolicy=Never",
+	"image.pullSecrets={regcred}",
+	"containerd.root=/tmp/e2e/containerd/root",
+	"containerd.socket=/tmp/e2e/containerd/containerd.sock",
+	"containerd.configPath=/tmp/e2e/containerd/certs.d",
+	"cache.budgetPercent=50",
+	"cache.budgetBytes=500GiB",
+	"mirror.addr=127.0.0.1:15001",
+	"mirror.registries={docker.io,127.0.0.1:5000,registry.example:5000}",
+	"gossip.port=17946",
+	"gossip.chunkPort=17947",
+	"gossip.join={10.0.0.1:17946,10.0.0.2:17946}",
+	"warm.dramBudget=200GiB",
+	"warm.stageDir=/tmp/e2e/containerd/root/weightd/stage",
+	"loadTrace.enabled=false",
+	"agent.metricsPort=19464",
+	"agent.runDir=/tmp/e2e/run/weightd",
+	"agent.extraArgs={--fast-gossip}",
+	"agent.extraEnv[0].name=WEIGHTD_UPLOAD_TCP",
+	"agent.extraEnv[0].value=",
+	"agent.config.upload-limit=500MiB",
+	"agent.nodeSelector.pool=gpu",
+	"agent.priorityClassName=",
+	"extender.enabled=true",
+	"extender.scheduler=second",
+	"monitoring.podMonitor.enabled=true",
+	"monitoring.serviceMonitor.enabled=true",
+	"monitoring.prometheusRule.enabled=true",
+	"monitoring.dashboards.enabled=true",
+	"monitoring.dashboards.namespace=grafana",
+	"monitoring.release=prom",
+	"cleanup.extraEnv[0].name=KUBERNETES_SERVICE_HOST",
+	"cleanup.extraEnv[0].value=10.0.0.9",
+}
+
+// helmTemplate renders the chart as release weightd in weightd-system with
+// the values set, and returns helm's output and error.
+func helmTemplate(t *testing.T, set ...string) ([]byte, error) {
+	t.Helper()
+	helm := services.RequireHelm(t)
+	args := []string{"template", manifests.Release, chart, "--namespace", manifests.Namespace}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	cmd := exec.CommandContext(t.Context(), helm, args...)
+	cmd.Env = helmEnv(t)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s", err, stderr.Bytes())
+	}
+	return out, nil
+}
+
+// helmEnv keeps helm's caches and configuration in the test's directory.
+func helmEnv(t *testing.T) []string {
+	dir := t.TempDir()
+	return append(os.Environ(),
+		"HELM_CACHE_HOME="+filepath.Join(dir, "cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(dir, "config"),
+		"HELM_DATA_HOME="+filepath.Join(dir, "data"),
+	)
+}
+
+// rendered is a chart's rendering, each document parsed strictly into the
+// type of its kind (an unknown or misspelt field is an error), by kind.
+type rendered struct {
+	docs        []manifests.Doc
+	daemonSets  map[string]*appsv1.DaemonSet
+	deployments map[string]*appsv1.Deployment
+	jobs        map[string]*batchv1.Job
+	configMaps  map[string]*corev1.ConfigMap
+	secrets     map[string]*corev1.Secret
+	objects     []*unstructured.Unstructured // every document
+}
+
+func render(t *testing.T, set ...string) *rendered {
+	t.Helper()
+	out, err := helmTemplate(t, set...)
+	if err != nil {
+		t.Fatalf("helm template %v: %v", set, err)
+	}
+	docs, err := manifests.Split(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rendered{docs: docs, daemonSets: map[string]*appsv1.DaemonSet{}, deployments: map[string]*appsv1.Deployment{},
+		jobs: map[string]*batchv1.Job{}, configMaps: map[string]*corev1.ConfigMap{}, secrets: map[string]*corev1.Secret{}}
+	for _, d := range docs {
+		u := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal([]byte(d.Body), &u.Object); err != nil {
+			t.Fatalf("%s: %v", d.Source, err)
+		}
+		r.objects = append(r.objects, u)
+		var into any
+		switch u.GetKind() {
+		case "DaemonSet":
+			ds := &appsv1.DaemonSet{}
+			r.daemonSets[u.GetName()], into = ds, ds
+		case "Deployment":
+			dep := &appsv1.Deployment{}
+			r.deployments[u.GetName()], into = dep, dep
+		case "Job":
+			j := &batchv1.Job{}
+			r.jobs[u.GetName()], into = j, j
+		case "ConfigMap":
+			cm := &corev1.ConfigMap{}
+			r.configMaps[u.GetName()], into = cm, cm
+		case "Secret":
+			s := &corev1.Secret{}
+			r.secrets[u.GetName()], into = s, s
+		case "ServiceAccount":
+			into = &corev1.ServiceAccount{}
+		case "Service":
+			into = &corev1.Service{}
+		case "ClusterRole":
+			into = &rbacv1.ClusterRole{}
+		case "ClusterRoleBinding":
+			into = &rbacv1.ClusterRoleBinding{}
+		case "Role":
+			into = &rbacv1.Role{}
+		case "RoleBinding":
+			into = &rbacv1.RoleBinding{}
+		case "ValidatingAdmissionPolicy":
+			into = &admissionv1.ValidatingAdmissionPolicy{}
+		case "ValidatingAdmissionPolicyBinding":
+			into = &admissionv1.ValidatingAdmissionPolicyBinding{}
+		case "PodMonitor", "ServiceMonitor", "PrometheusRule":
+			// The Prometheus Operator's kinds: no Go types here.
+		default:
+			t.Fatalf("%s: unexpected kind %q", d.Source, u.GetKind())
+		}
+		if into != nil {
+			if err := yaml.UnmarshalStrict([]byte(d.Body), into); err != nil {
+				t.Fatalf("%s (%s %s): %v", d.Source, u.GetKind(), u.GetName(), err)
+			}
+		}
+	}
+	return r
+}
+
+// TestChartLint: helm lint, and helm lint --strict, find nothing wrong
+// with the defaults or with every optional feature on.
+func TestChartLint(t *testing.T) {
+	t.Parallel()
+	helm := services.RequireHelm(t)
+	env := helmEnv(t)
+	var set []string
+	for _, s := range everything {
+		set = append(set, "--set", s)
+	}
+	for _, args := range [][]string{
+		{"lint", chart},
+		{"lint", "--strict", chart},
+		append([]string{"lint", "--strict", chart}, set...),
+	} {
+		cmd := exec.CommandContext(t.Context(), helm, args...)
+		cmd.Env = env
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Errorf("helm %s: %v\n%s", strings.Join(args[:2], " "), err, out)
+			continue
+		}
+		if strings.Contains(string(out), "[WARNING]") || strings.Contains(string(out), "[ERROR]") {
+			t.Errorf("helm %s:\n%s", strings.Join(args[:2], " "), out)
+		}
+	}
+}
+
+// TestChartDefaults renders the chart as `helm install` with no values
+// would: the agent and its objects, a gossip Secret, the post-delete hook;
+// no extender, no Prometheus Operator objects (a cluster without their
+// CRDs installs it).
+func TestChartDefaults(t *testing.T) {
+	t.Parallel()
+	r := render(t)
+	kinds := map[string]int{}
+	for _, o := range r.objects {
+		kinds[o.GetKind()]++
+		if ns := o.GetNamespace(); ns != "" && ns != manifests.Namespace {
+			t.Errorf("%s %s in namespace %q, want the release's", o.GetKind(), o.GetName(), ns)
+		}
+		if o.GetLabels()["app.kubernetes.io/managed-by"] != "Helm" || o.GetLabels()["app.kubernetes.io/instance"] != manifests.Release {
+			t.Errorf("%s %s labels %v lack Helm's", o.GetKind(), o.GetName(), o.GetLabels())
+		}
+	}
+	for _, k := range []string{"PodMonitor", "ServiceMonitor", "PrometheusRule", "Deployment"} {
+		if kinds[k] > 0 {
+			t.Errorf("%d %s by default", kinds[k], k)
+		}
+	}
+	ds := r.daemonSets["weightd"]
+	if ds == nil {
+		t.Fatalf("no DaemonSet weightd: %v", kinds)
+	}
+	c := ds.Spec.Template.Spec.Containers[0]
+	if c.Image != "ghcr.io/weightd/weightd:0.1.0" || c.ImagePullPolicy != corev1.PullIfNotPresent {
+		t.Errorf("image %s (%s), want the chart's appVersion", c.Image, c.ImagePullPolicy)
+	}
+	if !slices.Contains(c.Args, "--join-dns=weightd-gossip.weightd-system.svc.cluster.local") {
+		t.Errorf("args %v: want --join-dns of the headless Service in the release's namespace", c.Args)
+	}
+	s := r.secrets["weightd-gossip"]
+	if s == nil || s.Annotations["helm.sh/resource-policy"] != "keep" || len(s.Data["keys"]) < 32 {
+		t.Errorf("gossip Secret %+v: want one kept across uninstall, with a key", s)
+	}
+	if err := checkLinkLayout(ds.Spec.Template.Spec, agentConfig(t, r.configMaps["weightd-config"]), "/var/lib/containerd"); err != nil {
+		t.Error(err)
+	}
+	checkCleanupHook(t, r, ds, "/etc/containerd/certs.d", "docker.io,ghcr.io,nvcr.io,registry.k8s.io")
+}
+
+// TestChartEverything renders every optional feature, with the values the
+// end-to-end test gives (an image imported into containerd, containerd's
+// paths under a test directory, explicit gossip peers, loopback
+// registries), and checks that each one lands where it should.
+func TestChartEverything(t *testing.T) {
+	t.Parallel()
+	r := render(t, everything...)
+	ds := r.daemonSets["weightd"]
+	if ds == nil {
+		t.Fatal("no DaemonSet weightd")
+	}
+	spec := ds.Spec.Template.Spec
+	c := spec.Containers[0]
+
+	// Every container of weightd's image, the hook's included, takes the
+	// image values.
+	for _, o := range r.objects {
+		for _, path := range [][]string{{"spec", "template", "spec", "containers"}, {"spec", "template", "spec", "initContainers"}} {
+			cs, _, _ := unstructured.NestedSlice(o.Object, path...)
+			for _, x := range cs {
+				m := x.(map[string]any)
+				if strings.HasPrefix(m["image"].(string), "registry.k8s.io/kube-scheduler:") {
+					continue
+				}
+				if m["image"] != "registry.example:5000/weightd:e2e" || m["imagePullPolicy"] != "Never" {
+					t.Errorf("%s %s container %s: image %v (%v)", o.GetKind(), o.GetName(), m["name"], m["image"], m["imagePullPolicy"])
+				}
+			}
+			if len(cs) > 0 && path[len(path)-1] == "containers" {
+				secrets, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "imagePullSecrets")
+				if len(secrets) != 1 && !strings.HasSuffix(o.GetName(), "-scheduler") {
+					t.Errorf("%s %s: imagePullSecrets %v", o.GetKind(), o.GetName(), secrets)
+				}
+			}
+		}
+	}
+
+	cfg := agentConfig(t, r.configMaps["weightd-config"])
+	if err := checkLinkLayout(spec, cfg, "/tmp/e2e/containerd/root"); err != nil {
+		t.Error(err)
+	}
+	for k, want := range map[string]any{
+		"root":               "/tmp/e2e/containerd/root/weightd",
+		"containerd-address": "/tmp/e2e/containerd/containerd.sock",
+		"hosts-dir":          "/tmp/e2e/containerd/certs.d",
+		"mirror-addr":        "127.0.0.1:15001",
+		"mirror-registries":  "docker.io,127.0.0.1:5000,registry.example:5000",
+		"budget-percent":     float64(50),
+		"budget-bytes":       "500GiB",
+		"gossip-addr":        "0.0.0.0:17946",
+		"chunk-addr":         "0.0.0.0:17947",
+		"metrics-addr":       "0.0.0.0:19464",
+		"api":                "unix:///tmp/e2e/run/weightd/weightd.sock",
+		"upload-limit":       "500MiB",
+	} {
+		if cfg[k] != want {
+			t.Errorf("config %s = %#v, want %#v", k, cfg[k], want)
+		}
+	}
+	if !slices.Contains(c.Args, "--join=10.0.0.1:17946,10.0.0.2:17946") || slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--join-dns") }) {
+		t.Errorf("args %v: want --join with the explicit peers and no --join-dns", c.Args)
+	}
+	if !slices.Contains(c.Args, "--fast-gossip") {
+		t.Errorf("args %v lack the extra one", c.Args)
+	}
+	env := map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+	}
+	for k, want := range map[string]string{
+		"WEIGHTD_WARM_DRAM_BUDGET": "200GiB",
+		"WEIGHTD_WARM_STAGE_DIR":   "/tmp/e2e/containerd/root/weightd/stage",
+		"WEIGHTD_LOAD_TRACE":       "false",
+		"WEIGHTD_UPLOAD_TCP":       "",
+		"WEIGHTD_API":              "unix:///tmp/e2e/run/weightd/weightd.sock",
+	} {
+		if v, ok := env[k]; !ok || v != want {
+			t.Errorf("env %s = %q (set: %v), want %q", k, v, ok, want)
+		}
+	}
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.HostPort
+	}
+	if ports["gossip-tcp"] != 17946 || ports["gossip-udp"] != 17946 || ports["chunks"] != 17947 || ports["metrics"] != 19464 {
+		t.Errorf("host ports %v", ports)
+	}
+	if spec.NodeSelector["pool"] != "gpu" || spec.PriorityClassName != "" {
+		t.Errorf("nodeSelector %v priorityClassName %q", spec.NodeSelector, spec.PriorityClassName)
+	}
+	checkCleanupHook(t, r, ds, "/tmp/e2e/containerd/certs.d", "docker.io,127.0.0.1:5000,registry.example:5000")
+	job := r.jobs["weightd-cleanup-wait"]
+	if job == nil || !slices.Contains(job.Spec.Template.Spec.Containers[0].Env, corev1.EnvVar{Name: "KUBERNETES_SERVICE_HOST", Value: "10.0.0.9"}) {
+		t.Errorf("the cleanup Job lacks cleanup.extraEnv")
+	}
+
+	// The extender and a second scheduler that calls it.
+	for _, name := range []string{"weightd-extender", "weightd-scheduler"} {
+		if r.deployments[name] == nil {
+			t.Errorf("no Deployment %s", name)
+		}
+	}
+	if cm := r.configMaps["weightd-scheduler-config"]; cm == nil || !strings.Contains(cm.Data["config.yaml"], "urlPrefix: http://weightd-extender.weightd-system.svc:8888") {
+		t.Errorf("the second scheduler's config does not call the extender: %v", cm)
+	}
+	// The Prometheus Operator's objects and the dashboard, with the
+	// release label kube-prometheus-stack selects by.
+	kinds := map[string]*unstructured.Unstructured{}
+	for _, o := range r.objects {
+		kinds[o.GetKind()] = o
+	}
+	for _, k := range []string{"PodMonitor", "ServiceMonitor", "PrometheusRule"} {
+		if o := kinds[k]; o == nil || o.GetLabels()["release"] != "prom" {
+			t.Errorf("%s: %v, want one labelled release=prom", k, o)
+		}
+	}
+	dash := r.configMaps["weightd-dashboards"]
+	if dash == nil || dash.Namespace != "grafana" || dash.Labels["grafana_dashboard"] != "1" || dash.Labels["release"] != "prom" {
+		t.Errorf("dashboards ConfigMap %v: want it in grafana, labelled grafana_dashboard=1", dash)
+	} else {
+		want, err := os.ReadFile(filepath.Join(chart, "dashboards", "weightd-cold-start.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if dash.Data["weightd-cold-start.json"] != string(want) {
+			t.Error("the dashboards ConfigMap does not hold dashboards/weightd-cold-start.json as it is")
+		}
+	}
+}
+
+// TestChartClusterScheduler: extender.scheduler=cluster renders the
+// extender entry for the control plane's scheduler, and no second one.
+func TestChartClusterScheduler(t *testing.T) {
+	t.Parallel()
+	r := render(t, "extender.enabled=true", "extender.scheduler=cluster")
+	if r.deployments["weightd-extender"] == nil || r.deployments["weightd-scheduler"] != nil {
+		t.Errorf("Deployments %v: want the extender alone", r.deployments)
+	}
+	cm := r.configMaps["weightd-scheduler-extender"]
+	if cm == nil || !strings.Contains(cm.Data["scheduler-config.yaml"], "kind: KubeSchedulerConfiguration") {
+		t.Errorf("no scheduler configuration to merge: %v", cm)
+	}
+}
+
+// TestChartBadValues: a value that makes no sense fails helm template with
+// a message that names it.
+func TestChartBadValues(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		set  []string
+		want string
+	}{
+		{[]string{"cache.budgetPercent=0"}, "at '/cache/budgetPercent': minimum: got 0, want 1"},
+		{[]string{"cache.budgetPercent=120"}, "at '/cache/budgetPercent': maximum: got 120, want 100"},
+		{[]string{"cache.budgetBytes=lots"}, `cache.budgetBytes "lots" is not a size`},
+		{[]string{"warm.dramBudget=2 parsecs"}, `warm.dramBudget "2 parsecs" is not a size`},
+		{[]string{"image.pullPolicy=Sometimes"}, "at '/image/pullPolicy': value must be one of 'Always', 'IfNotPresent', 'Never'"},
+		{[]string{"image.repository="}, "at '/image/repository'"},
+		{[]string{"mirror.registries={docker.io,https://ghcr.io}"}, `mirror.registries: "https://ghcr.io" is not a registry host[:port]`},
+		{[]string{"mirror.registries={ghcr.io/org}"}, `mirror.registries: "ghcr.io/org" is not a registry host[:port]`},
+		{[]string{"mirror.registries={Docker.IO}"}, `mirror.registries: "Docker.IO" is not a registry host[:port]`},
+		{[]string{"mirror.registries=null"}, "mirror.enabled with no mirror.registries"},
+		{[]string{"mirror.addr=localhost"}, `mirror.addr "localhost" is not a host:port`},
+		{[]string{"mirror.registeries={docker.io}"}, "additional properties 'registeries' not allowed"},
+		{[]string{"gossip.join={10.0.0.1}"}, `gossip.join: "10.0.0.1" is not a host:port`},
+		{[]string{"gossip.port=70000"}, "at '/gossip/port': maximum"},
+		{[]string{"gossip.chunkPort=9464"}, "gossip.chunkPort and agent.metricsPort are both port 9464"},
+		{[]string{"mirror.addr=127.0.0.1:7946"}, "gossip.port and mirror.addr are both port 7946"},
+		{[]string{"gossip.existingSecret=My_Secret"}, `gossip.existingSecret "My_Secret" is not a Secret name`},
+		{[]string{"containerd.root=var/lib/containerd"}, `containerd.root "var/lib/containerd" is not an absolute path`},
+		{[]string{"containerd.root=/"}, "containerd.root is /"},
+		{[]string{"containerd.socket=/run/../containerd.sock"}, "containerd.socket \"/run/../containerd.sock\": give a clean absolute path"},
+		{[]string{"warm.stageDir=/var/lib/weightd/adapters"}, `warm.stageDir "/var/lib/weightd/adapters" is not inside containerd.root`},
+		{[]string{"loadTrace.mount=models"}, `loadTrace.mount "models" is not an absolute path`},
+		{[]string{"agent.logFormat=xml"}, "at '/agent/logFormat': value must be one of 'text', 'json'"},
+		{[]string{"agent.config.root=/data"}, "agent.config.root is set by the chart"},
+		{[]string{"extender.enabled=true"}, "extender.enabled needs a scheduler that calls it: set extender.scheduler=cluster"},
+		{[]string{"extender.enabled=true", "extender.scheduler=both"}, "at '/extender/scheduler': value must be one of"},
+		{[]string{"monitoring.podMonitor.interval=30"}, "at '/monitoring/podMonitor/interval'"},
+	} {
+		_, err := helmTemplate(t, tc.set...)
+		if err == nil {
+			t.Errorf("helm template --set %v: no error, want %q", tc.set, tc.want)
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("helm template --set %v:\n%v\nwant %q", tc.set, err, tc.want)
+		}
+	}
+}
+
+// TestManifestsUpToDate: deploy/ is what the chart renders (make
+// manifests), so the kustomize deployment and the chart cannot drift.
+func TestManifestsUpToDate(t *testing.T) {
+	t.Parallel()
+	helm := services.RequireHelm(t)
+	files, err := manifests.Render(t.Context(), helm, repoRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := manifests.Check(repoRoot, files); err != nil {
+		t.Errorf("%v\nrun `make manifests`", err)
+	}
+	// Check finds a file that differs, and one rendered from nothing.
+	root := t.TempDir()
+	if err := manifests.Write(root, files); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range manifests.HandWritten {
+		if err := os.WriteFile(filepath.Join(root, f), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := manifests.Check(root, files); err != nil {
+		t.Fatalf("a fresh rendering: %v", err)
+	}
+	ds := filepath.Join(root, "deploy", "daemonset", "daemonset.yaml")
+	b, _ := os.ReadFile(ds)
+	if err := os.WriteFile(ds, bytes.Replace(b, []byte("maxSurge: 0"), []byte("maxSurge: 1"), 1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "deploy", "scheduler", "extra.yaml"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err = manifests.Check(root, files)
+	for _, want := range []string{"deploy/daemonset/daemonset.yaml differs", "deploy/scheduler/extra.yaml is rendered from nothing"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Check on an edited copy: %v, want %q", err, want)
+		}
+	}
+	if !errors.Is(err, manifests.ErrStale) {
+		t.Errorf("%v is not ErrStale", err)
+	}
+}
+
+// TestKustomizeLinkLayout: the kustomize DaemonSet (deploy/daemonset, as
+// the chart renders it with default values) mounts containerd's root at its
+// host path, with the cache inside it.
+func TestKustomizeLinkLayout(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile(filepath.Join(kustomize, "daemonset.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds appsv1.DaemonSet
+	if err := yaml.UnmarshalStrict(b, &ds); err != nil {
+		t.Fatal(err)
+	}
+	b, err = os.ReadFile(filepath.Join(kustomize, "config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := checkLinkLayout(ds.Spec.Template.Spec, parseAgentConfig(t, b), "/var/lib/containerd"); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestLinkLayoutCheck: the check refuses the layouts in which no blob could
+// be linked.
+func TestLinkLayoutCheck(t *testing.T) {
+	t.Parallel()
+	hostPath := func(name, path string) corev1.Volume {
+		return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: path}}}
+	}
+	good := corev1.PodSpec{
+		Containers: []corev1.Container{{Name: "agent", VolumeMounts: []corev1.VolumeMount{{Name: "root", MountPath: "/var/lib/containerd"}}}},
+		Volumes:    []corev1.Volume{hostPath("root", "/var/lib/containerd")},
+	}
+	cfg := map[string]any{"root": "/var/lib/containerd/weightd"}
+	if err := checkLinkLayout(good, cfg, "/var/lib/containerd"); err != nil {
+		t.Fatalf("the good layout: %v", err)
+	}
+	for name, tc := range map[string]struct {
+		mutate func(*corev1.PodSpec, map[string]any)
+		want   string
+	}{
+		"the old layout": {func(s *corev1.PodSpec, c map[string]any) {
+			s.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "cache", MountPath: "/var/lib/weightd"}}
+			s.Volumes = []corev1.Volume{hostPath("cache", "/var/lib/weightd")}
+			c["root"] = "/var/lib/weightd"
+		}, "content store /var/lib/containerd/io.containerd.content.v1.content is on no volumeMount"},
+		"a mount over the cache": {func(s *corev1.PodSpec, c map[string]any) {
+			s.Containers[0].VolumeMounts = append(s.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "cache", MountPath: "/var/lib/containerd/weightd"})
+			s.Volumes = append(s.Volumes, hostPath("cache", "/var/lib/containerd/weightd"))
+		}, "not under one volumeMount"},
+		"another path in the container": {func(s *corev1.PodSpec, c map[string]any) {
+			s.Containers[0].VolumeMounts[0].MountPath = "/host/containerd"
+			c["root"] = "/host/containerd/weightd"
+		}, "containerd's content store"},
+		"a sub-path": {func(s *corev1.PodSpec, c map[string]any) {
+			s.Containers[0].VolumeMounts[0].SubPath = "x"
+		}, "subPath"},
+		"not a hostPath": {func(s *corev1.PodSpec, c map[string]any) {
+			s.Volumes[0] = corev1.Volume{Name: "root", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}
+		}, "not a hostPath"},
+	} {
+		s := good.DeepCopy()
+		c := map[string]any{"root": cfg["root"]}
+		tc.mutate(s, c)
+		if err := checkLinkLayout(*s, c, "/var/lib/containerd"); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", name, err, tc.want)
+		}
+	}
+}
+
+// checkLinkLayout says why the agent's container in spec could not
+// hard-link its cache's blobs into containerd's content store, or nil: the
+// cache root (the config's root, unless WEIGHTD_ROOT or --root says
+// otherwise) and containerd's content root
+// (<containerdRoot>/io.containerd.content.v1.content, the path containerd
+// names) must resolve under the same volumeMount, that mount must be a
+// hostPath of containerd's root at the same path (containerd names the
+// path as the host sees it), and the warm pool's stage directory must be
+// on it too.
+func checkLinkLayout(spec corev1.PodSpec, cfg map[string]any, containerdRoot string) error {
+	c := spec.Containers[0]
+	root, _ := cfg["root"].(string)
+	for _, e := range c.Env {
+		if e.Name == "WEIGHTD_ROOT" {
+			root = e.Value
+		}
+	}
+	for _, a := range c.Args {
+		if v, ok := strings.CutPrefix(a, "--root="); ok {
+			root = v
+		}
+	}
+	if root == "" {
+		return errors.New("no cache root in the config")
+	}
+	content := containerdRoot + "/io.containerd.content.v1.content"
+	mc, mr := mountFor(c, content), mountFor(c, root)
+	if mc == nil {
+		return fmt.Errorf("containerd's content store %s is on no volumeMount", content)
+	}
+	if mr == nil || mr.MountPath != mc.MountPath {
+		return fmt.Errorf("the cache %s and containerd's content store %s are not under one volumeMount (%v, %v): a hard link cannot cross mounts", root, content, mr, mc)
+	}
+	if mc.SubPath != "" || mc.SubPathExpr != "" {
+		return fmt.Errorf("volumeMount %s has a subPath", mc.Name)
+	}
+	var vol *corev1.Volume
+	for i := range spec.Volumes {
+		if spec.Volumes[i].Name == mc.Name {
+			vol = &spec.Volumes[i]
+		}
+	}
+	if vol == nil || vol.HostPath == nil {
+		return fmt.Errorf("volume %s is not a hostPath", mc.Name)
+	}
+	if filepath.Clean(vol.HostPath.Path) != containerdRoot || filepath.Clean(mc.MountPath) != containerdRoot {
+		return fmt.Errorf("volume %s mounts host path %s at %s: want containerd's root %s at its own path", mc.Name, vol.HostPath.Path, mc.MountPath, containerdRoot)
+	}
+	for _, e := range c.Env {
+		if e.Name == "WEIGHTD_WARM_STAGE_DIR" {
+			if m := mountFor(c, e.Value); m == nil || m.MountPath != mc.MountPath {
+				return fmt.Errorf("the warm stage directory %s is not on the cache's mount %s", e.Value, mc.MountPath)
+			}
+		}
+	}
+	return nil
+}
+
+// mountFor returns the volumeMount that path is under in the container:
+// the deepest one whose mountPath is path or a parent of it.
+func mountFor(c corev1.Container, path string) *corev1.VolumeMount {
+	path = filepath.Clean(path)
+	var best *corev1.VolumeMount
+	for i := range c.VolumeMounts {
+		m := &c.VolumeMounts[i]
+		mp := filepath.Clean(m.MountPath)
+		if path == mp || strings.HasPrefix(path, strings.TrimSuffix(mp, "/")+"/") {
+			if best == nil || len(mp) > len(filepath.Clean(best.MountPath)) {
+				best = m
+			}
+		}
+	}
+	return best
+}
+
+// agentConfig returns the agent: section of the config.yaml in cm.
+func agentConfig(t *testing.T, cm *corev1.ConfigMap) map[string]any {
+	t.Helper()
+	if cm == nil {
+		t.Fatal("no agent ConfigMap")
+	}
+	return parseAgentConfig(t, []byte(cm.Data["config.yaml"]))
+}
+
+func parseAgentConfig(t *testing.T, b []byte) map[string]any {
+	t.Helper()
+	var doc struct {
+		Agent map[string]any `json:"agent"`
+	}
+	if err := yaml.UnmarshalStrict(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	return doc.Agent
+}
+
+// checkCleanupHook checks the post-delete hook: a DaemonSet on the agent's
+// nodes that restores the hosts dir of containerd for the registries, and a
+// Job that waits for it; each a post-delete hook, in that order, deleted
+// once it succeeds.
+func checkCleanupHook(t *testing.T, r *rendered, agent *appsv1.DaemonSet, hostsDir, registries string) {
+	t.Helper()
+	ds, job := r.daemonSets["weightd-cleanup"], r.jobs["weightd-cleanup-wait"]
+	if ds == nil || job == nil {
+		t.Fatalf("the cleanup DaemonSet %v and Job %v", ds != nil, job != nil)
+	}
+	weights := map[string]string{}
+	for _, o := range r.objects {
+		if !strings.HasPrefix(o.GetName(), "weightd-cleanup") {
+			continue
+		}
+		a := o.GetAnnotations()
+		if a["helm.sh/hook"] != "post-delete" || a["helm.sh/hook-delete-policy"] != "before-hook-creation,hook-succeeded" {
+			t.Errorf("%s %s annotations %v: want a post-delete hook deleted once it succeeds", o.GetKind(), o.GetName(), a)
+		}
+		weights[o.GetKind()] = a["helm.sh/hook-weight"]
+	}
+	if weights["ServiceAccount"] != "-1" || weights["Role"] != "-1" || weights["RoleBinding"] != "-1" || weights["DaemonSet"] != "0" || weights["Job"] != "1" {
+		t.Errorf("hook weights %v: the account first, the DaemonSet, then the Job that waits for it", weights)
+	}
+	as, cs := agent.Spec.Template.Spec, ds.Spec.Template.Spec
+	if !equalJSON(t, as.NodeSelector, cs.NodeSelector) || !equalJSON(t, as.Tolerations, cs.Tolerations) || !equalJSON(t, as.Affinity, cs.Affinity) {
+		t.Error("the cleanup DaemonSet is not scheduled to the agent's nodes (nodeSelector, tolerations, affinity)")
+	}
+	if len(cs.InitContainers) != 1 || len(cs.Containers) != 1 {
+		t.Fatalf("cleanup pod: %d init containers, %d containers", len(cs.InitContainers), len(cs.Containers))
+	}
+	restore := cs.InitContainers[0]
+	for _, a := range []string{"restore-hosts", "--hosts-dir=" + hostsDir, "--registries=" + registries} {
+		if !slices.Contains(restore.Args, a) {
+			t.Errorf("restore args %v lack %s", restore.Args, a)
+		}
+	}
+	if len(restore.VolumeMounts) != 1 || restore.VolumeMounts[0].MountPath != hostsDir {
+		t.Errorf("restore mounts %v, want the hosts dir at its path", restore.VolumeMounts)
+	}
+	for _, v := range cs.Volumes {
+		if v.HostPath == nil || v.HostPath.Path != hostsDir {
+			t.Errorf("cleanup volume %v, want only the hosts dir", v)
+		}
+	}
+	if got := cs.Containers[0].Args; !slices.Equal(got, []string{"restore-hosts", "--hold"}) {
+		t.Errorf("cleanup container args %v", got)
+	}
+	wait := job.Spec.Template.Spec
+	if !slices.Contains(wait.Containers[0].Args, "--wait-daemonset="+ds.Name) || wait.ServiceAccountName != "weightd-cleanup" || wait.RestartPolicy != corev1.RestartPolicyNever {
+		t.Errorf("cleanup Job %+v: want it to wait for %s as weightd-cleanup", wait, ds.Name)
+	}
+	if job.Spec.ActiveDeadlineSeconds == nil {
+		t.Error("the cleanup Job has no deadline")
+	}
+}
+
+func equalJSON(t *testing.T, a, b any) bool {
+	t.Helper()
+	ja, err := yaml.Marshal(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jb, err := yaml.Marshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bytes.Equal(ja, jb)
+}
