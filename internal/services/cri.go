@@ -107,7 +107,7 @@ func ImageStatusCRI(ctx context.Context, address, ref string) (*CRIImage, error)
 }
 
 // imageSpecRequest encodes a request whose field 1 is ImageSpec{image: ref}
-// (PullImageRequest and ImageStatusRequest alike).
+// (PullImageRequest, ImageStatusRequest and RemoveImageRequest alike).
 func imageSpecRequest(ref string) *[]byte {
 	spec := protowire.AppendTag(nil, 1, protowire.BytesType)
 	spec = protowire.AppendString(spec, ref)
@@ -213,4 +213,21 @@ func RemovePodSandboxesCRI(ctx context.Context, address string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// RemoveImageCRI removes ref and every other name of its image from the
+// CRI plugin listening on address, as the kubelet's image garbage
+// collection does (RemoveImageRequest{image: ImageSpec{image: ref}});
+// containerd then collects the image's content that nothing else holds.
+func RemoveImageCRI(ctx context.Context, address, ref string) error {
+	conn, err := grpc.NewClient("unix://"+address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	var resp []byte
+	if err := conn.Invoke(ctx, "/runtime.v1.ImageService/RemoveImage", imageSpecRequest(ref), &resp, grpc.ForceCodecV2(rawCodec{})); err != nil {
+		return fmt.Errorf("CRI RemoveImage %s: %w", ref, err)
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package kube
 
 import (
 	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -68,10 +69,13 @@ func TestExamplePod(t *testing.T) {
 		return m.MountPath == "/run/weightd" && hostPath(m) == "/run/weightd"
 	}), "the agent's socket directory")
 	server := pod.Spec.Containers[0]
+	// The node's cache is under containerd's root (the chart's default);
+	// models/ and blobs/ stay siblings in the pod, as the snapshots' links
+	// are relative.
 	for _, dir := range []string{"/var/lib/weightd/models", "/var/lib/weightd/blobs"} {
 		assert.True(t, slices.ContainsFunc(server.VolumeMounts, func(m corev1.VolumeMount) bool {
-			return m.MountPath == dir && hostPath(m) == dir && m.ReadOnly
-		}), "%s read-only at the node's path (model directories link into blobs/)", dir)
+			return m.MountPath == dir && hostPath(m) == "/var/lib/containerd/weightd/"+filepath.Base(dir) && m.ReadOnly
+		}), "%s read-only, from the node's cache (model directories link into blobs/)", dir)
 	}
 }
 

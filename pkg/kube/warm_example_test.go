@@ -55,9 +55,10 @@ func stageDir(t *testing.T) string {
 	assert.Equal(t, "true", env["WEIGHTD_WARM"], "the warm pool is on")
 	dir := env["WEIGHTD_WARM_STAGE_DIR"]
 	require.NotEmpty(t, dir)
-	// Inside the cache's mount: staging from the cache is a hard link.
+	// Inside the cache's mount (containerd's root, which holds the cache):
+	// staging from the cache is a hard link.
 	assert.True(t, slices.ContainsFunc(agent.VolumeMounts, func(m corev1.VolumeMount) bool {
-		return strings.HasPrefix(dir, m.MountPath+"/") && m.Name == "cache"
+		return strings.HasPrefix(dir, m.MountPath+"/") && m.Name == "containerd-root"
 	}), "stage dir %s under the cache mount", dir)
 	return dir
 }
