@@ -26,6 +26,14 @@ TOOLS := $(CURDIR)/.tools
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/weightd
 
+## image: the container image without a Docker daemon (internal/imagebuild): weightd built as by make build, glibc, CA certificates; for amd64 and arm64 where Debian's cross toolchain is installed (apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross), else the host's alone; writes the OCI layout tarball bin/weightd-image.tar (ctr -n k8s.io images import bin/weightd-image.tar) and prints its reference: IMAGE=ref names it (default ghcr.io/weightd/weightd:$(VERSION)), IMAGE_ARCH=amd64 picks the platforms, PUSH=1 pushes it too
+image:
+	$(GO) run ./internal/imagebuild/cmd/image -go '$(GO)' -version '$(VERSION)' -commit '$(COMMIT)' -image '$(IMAGE)' -arch '$(IMAGE_ARCH)' -o bin/weightd-image.tar $(if $(filter 1 true yes,$(PUSH)),-push) $(if $(filter 1 true yes,$(INSECURE)),-insecure)
+
+## image-push: make image, then push it to the registry of IMAGE with the credentials of ~/.docker/config.json (plain HTTP to loopback and private addresses, to any with INSECURE=1)
+image-push:
+	$(MAKE) image PUSH=1
+
 ## demo: an embedded origin and three in-process agents share a generated 1 GiB model peer-to-peer, then fetch it again from the cache
 demo: build
 	./$(BIN) demo $(DEMO_FLAGS)
