@@ -20,7 +20,7 @@ FUZZTIME ?= 20s
 GOLANGCI_LINT_VERSION ?= v2.15.0
 TOOLS := $(CURDIR)/.tools
 
-.PHONY: build demo test test-deps kube-assets containerd2 helm manifests lint bench fuzz metrics-doc clean
+.PHONY: build demo test test-deps kube-assets containerd2 helm manifests lint bench fuzz metrics-doc clean image image-push
 
 ## build: bin/weightd, with the version and commit stamped in
 build:
