@@ -1,0 +1,46 @@
+// Command e2e prints the line of the real-kubelet end-to-end test
+// (test/e2e, TestKubelet) for dashboards to watch:
+//
+//	{"bench":"kubelet-e2e","nodes":1,"image_via_mirror":true,"model_by_name":true,"pod_ready_s":…,"image_pull_s":…}
+//
+// image_via_mirror: the kubelet's CRI pull of a pod's image went through
+// weightd's mirror (its bytes counted there, one copy from the registry);
+// model_by_name: the example pod's container found its model by name and
+// revision in the node's Hugging Face cache, offline, with every byte right;
+// pod_ready_s: that pod's creation to its container's success (the init
+// container waiting on the agent's download included); image_pull_s: the
+// first pod's creation to Running, its 16 MiB image pulled through the
+// mirror. The test does the work, so that the line is only printed when
+// every check passes; it needs what the test needs (root, `make test-deps`).
+//
+//	go run ./bench/e2e
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+)
+
+func main() {
+	cmd := exec.Command("go", "test", "-v", "-count=1", "-run", "^TestKubelet$", "./test/e2e")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	sc := bufio.NewScanner(&out)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if line := sc.Text(); strings.HasPrefix(line, `{"bench":"kubelet-e2e"`) {
+			fmt.Println(line)
+			if err == nil {
+				return
+			}
+		}
+	}
+	os.Stderr.Write(out.Bytes())
+	fmt.Fprintln(os.Stderr, "e2e: the test failed:", err)
+	os.Exit(1)
+}
