@@ -76,6 +76,14 @@ test-deps: kube-assets containerd2 helm
 	    echo "the image and kubelet tests need root, containerd, docker-registry, runc and the CNI plugins (apt-get install containerd docker-registry runc containernetworking-plugins); without them they skip, or fail under CI=true" >&2; \
 	  fi; \
 	fi
+	@if [ "$$(uname -m)" = x86_64 ] && ! command -v aarch64-linux-gnu-gcc >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's arm64 cross compiler for the arm64 image (internal/imagebuild)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc-aarch64-linux-gnu libc6-dev-arm64-cross >/dev/null; \
+	  else \
+	    echo "the arm64 image needs gcc-aarch64-linux-gnu and libc6-dev-arm64-cross; without them its test skips, or fails under CI=true" >&2; \
+	  fi; \
+	fi
 
 ## test: go vet and every test with the race detector
 test: test-deps
