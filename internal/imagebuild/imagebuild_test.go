@@ -430,14 +430,7 @@ func TestPush(t *testing.T) {
 // containerd 2.x, as a kubelet pulls the DaemonSet's image, and runs it.
 func TestContainerd2CRI(t *testing.T) {
 	t.Parallel()
-	bins, err := services.CachedContainerd(services.Containerd2Version)
-	if errors.Is(err, services.ErrContainerdNotBuilt) {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI=true but %v: make test-deps builds it", err)
-		}
-		t.Skip(err)
-	}
-	require.NoError(t, err)
+	bins := services.RequireContainerd2(t)
 	reg := services.NewRegistryT(t, services.RegistryConfig{})
 	ctd := services.NewContainerdT(t, services.ContainerdConfig{Binaries: bins})
 	ctx := t.Context()
@@ -447,7 +440,7 @@ func TestContainerd2CRI(t *testing.T) {
 	require.NoError(t, os.MkdirAll(filepath.Dir(hosts), 0o755))
 	require.NoError(t, os.WriteFile(hosts, []byte(`server = "http://`+reg.Addr+`"`+"\n"), 0o644))
 
-	_, err = ctd.PullImageCRI(ctx, ref)
+	_, err := ctd.PullImageCRI(ctx, ref)
 	require.NoError(t, err)
 	out, err := ctd.Ctr(ctx, "run", "--rm", "--read-only", "--net-host", ref, "imagebuild-cri-test", "weightd", "version")
 	require.NoError(t, err, "%s", out)

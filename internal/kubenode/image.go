@@ -23,8 +23,9 @@ import (
 // that serves registry.k8s.io/pause is reachable.
 const PauseImage = "kubenode.test/pause:1"
 
-// pauseSource holds a pod's namespaces open until it is told to stop.
-const pauseSource = `package main
+// PauseSource holds a pod's namespaces open until it is told to stop:
+// the sandbox's program, and any test container that only needs to run.
+const PauseSource = `package main
 
 import (
 	"os"
@@ -41,7 +42,7 @@ func main() {
 
 // importPause builds the pause program and imports its image.
 func importPause(ctx context.Context, n *Node) error {
-	bin, err := BuildStatic(ctx, filepath.Join(n.Dir, "pause-build"), "pause", pauseSource)
+	bin, err := BuildStatic(ctx, filepath.Join(n.Dir, "pause-build"), "pause", PauseSource)
 	if err != nil {
 		return err
 	}

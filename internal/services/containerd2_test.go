@@ -1,7 +1,6 @@
 package services_test
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,14 +19,7 @@ import (
 // CI=true.
 func TestContainerd2PullCRI(t *testing.T) {
 	t.Parallel()
-	bins, err := services.CachedContainerd(services.Containerd2Version)
-	if errors.Is(err, services.ErrContainerdNotBuilt) {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI=true but %v: make test-deps builds it", err)
-		}
-		t.Skip(err)
-	}
-	require.NoError(t, err)
+	bins := services.RequireContainerd2(t)
 	reg := services.NewRegistryT(t, services.RegistryConfig{})
 	ctd := services.NewContainerdT(t, services.ContainerdConfig{Binaries: bins})
 	ctx := t.Context()

@@ -45,6 +45,19 @@ func RequireContainerd(tb testing.TB) {
 	require(tb, ContainerdAvailable())
 }
 
+// RequireContainerd2 returns the containerd 2.x that `make test-deps`
+// builds (Containerd2Version); without it the test skips, except under
+// CI=true, where it fails.
+func RequireContainerd2(tb testing.TB) ContainerdBinaries {
+	tb.Helper()
+	bins, err := CachedContainerd(Containerd2Version)
+	if err != nil && !errors.Is(err, ErrContainerdNotBuilt) {
+		tb.Fatal(err)
+	}
+	require(tb, err)
+	return bins
+}
+
 func require(tb testing.TB, err error) {
 	tb.Helper()
 	if err == nil {

@@ -85,23 +85,6 @@ func run() error {
 }
 `
 
-// sleeperSource runs until it is stopped: a pod's container that only
-// needs to be there.
-const sleeperSource = `package main
-
-import (
-	"os"
-	"os/signal"
-	"syscall"
-)
-
-func main() {
-	c := make(chan os.Signal, 1)
-	signal.Notify(c, syscall.SIGTERM, syscall.SIGINT)
-	<-c
-}
-`
-
 // benchLine is the JSON line the test prints for dashboards (issue 19).
 type benchLine struct {
 	Bench          string  `json:"bench"`
@@ -121,7 +104,7 @@ func TestKubelet(t *testing.T) {
 	c := newCluster(t, ctx)
 	line := benchLine{Bench: "kubelet-e2e", Nodes: 1}
 
-	sleeper, err := kubenode.BuildStatic(ctx, filepath.Join(c.dir, "sleeper"), "sleeper", sleeperSource)
+	sleeper, err := kubenode.BuildStatic(ctx, filepath.Join(c.dir, "sleeper"), "sleeper", kubenode.PauseSource)
 	require.NoError(t, err)
 	reader, err := kubenode.BuildStatic(ctx, filepath.Join(c.dir, "reader"), "reader", readerSource)
 	require.NoError(t, err)
