@@ -38,6 +38,15 @@ type ContainerdConfig struct {
 	// 2.x only): more plugin tables, such as the CRI runtime's for a node
 	// that runs pods.
 	ExtraConfig string
+	// ConfigPath, when set, is the CRI registry's config_path in place of
+	// HostsDir: another directory, or a list separated by ':'.
+	ConfigPath string
+	// NoConfigPath leaves the CRI registry's config_path out of the config,
+	// as on a node whose containerd was never told where hosts.toml files
+	// are: 1.6 then reads none, 2.x its default
+	// (/etc/containerd/certs.d:/etc/docker/certs.d). HostsDir is made all
+	// the same.
+	NoConfigPath bool
 }
 
 // Containerd is a containerd daemon with all of its state in one directory,
@@ -51,7 +60,9 @@ type Containerd struct {
 	// metadata).
 	Root string
 	// HostsDir is the CRI plugin's registry config_path: a certs.d-style
-	// directory of <host>/hosts.toml files, read on each pull.
+	// directory of <host>/hosts.toml files, read on each pull. Under
+	// ContainerdConfig.ConfigPath or NoConfigPath it is made all the same,
+	// but containerd is not told of it.
 	HostsDir string
 	// Namespace is the CRI plugin's namespace, "k8s.io".
 	Namespace string
@@ -61,6 +72,7 @@ type Containerd struct {
 	bins    ContainerdBinaries
 	host    *testbed.Host
 	extra   string
+	path    string // the registry config_path written; "" for none
 	sockDir string // a short directory for the sockets when Dir is too long; removed on Close
 
 	mu     sync.Mutex
@@ -93,6 +105,15 @@ func StartContainerd(ctx context.Context, cfg ContainerdConfig) (*Containerd, er
 		bins:      cfg.Binaries,
 		host:      cfg.Host,
 		extra:     cfg.ExtraConfig,
+	}
+	switch {
+	case cfg.NoConfigPath && cfg.ConfigPath != "":
+		return nil, errors.New("containerd: ConfigPath and NoConfigPath both set")
+	case cfg.NoConfigPath:
+	case cfg.ConfigPath != "":
+		c.path = cfg.ConfigPath
+	default:
+		c.path = c.HostsDir
 	}
 	if cfg.ExtraConfig != "" && cfg.Binaries.Containerd == "" {
 		return nil, errors.New("containerd: ExtraConfig is for containerd 2.x")
@@ -159,9 +180,17 @@ disabled_plugins = [
     [plugins."io.containerd.grpc.v1.cri".containerd]
       snapshotter = "overlayfs"
       discard_unpacked_layers = false
-    [plugins."io.containerd.grpc.v1.cri".registry]
-      config_path = %q
-`, c.Root, filepath.Join(c.Dir, "state"), c.Address, c.Address+".ttrpc", filepath.Join(c.Dir, "opt"), c.HostsDir)
+`, c.Root, filepath.Join(c.Dir, "state"), c.Address, c.Address+".ttrpc", filepath.Join(c.Dir, "opt")) +
+		c.registryConfig(`plugins."io.containerd.grpc.v1.cri".registry`)
+}
+
+// registryConfig is the CRI registry table named table with its
+// config_path, or nothing under NoConfigPath.
+func (c *Containerd) registryConfig(table string) string {
+	if c.path == "" {
+		return ""
+	}
+	return fmt.Sprintf("    [%s]\n      config_path = %q\n", table, c.path)
 }
 
 // Start starts the daemon again after Stop, with the same directories. It

@@ -174,7 +174,6 @@ disabled_plugins = [
   [plugins."io.containerd.cri.v1.images"]
     snapshotter = "overlayfs"
     discard_unpacked_layers = false
-    [plugins."io.containerd.cri.v1.images".registry]
-      config_path = %q
-`, c.Root, filepath.Join(c.Dir, "state"), c.Address, c.Address+".ttrpc", filepath.Join(c.Dir, "opt"), c.HostsDir)
+`, c.Root, filepath.Join(c.Dir, "state"), c.Address, c.Address+".ttrpc", filepath.Join(c.Dir, "opt")) +
+		c.registryConfig(`plugins."io.containerd.cri.v1.images".registry`)
 }
