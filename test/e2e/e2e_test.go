@@ -119,7 +119,7 @@ func TestKubelet(t *testing.T) {
 		line.ModelByName, line.PodReadyS = c.modelPod(t, ctx, reader)
 	})
 	t.Run("StatusLabelAndPolicy", func(t *testing.T) {
-		c.statusLabelAndPolicy(t, ctx)
+		c.statusLabelAndPolicy(t, ctx, sleeper)
 	})
 	t.Run("RollingUpdateKeepsCacheAndDownloads", func(t *testing.T) {
 		c.survives(t, ctx, sleeper, "org/rolled", 7, func() {
@@ -319,14 +319,21 @@ func (c *cluster) modelPod(t *testing.T, ctx context.Context, reader string) (bo
 }
 
 // statusLabelAndPolicy checks what the cluster sees of the model of
-// modelPod: the pod's status annotation, the node's label, and a
-// PrefetchPolicy naming it counting the node as ready.
-func (c *cluster) statusLabelAndPolicy(t *testing.T, ctx context.Context) {
+// modelPod: a running pod's status annotation (modelPod's pod may have
+// ended before the agent saw it), the node's label, and a PrefetchPolicy
+// naming it counting the node as ready.
+func (c *cluster) statusLabelAndPolicy(t *testing.T, ctx context.Context, sleeper string) {
 	const model = "hf://org/e2e-model@main"
-	require.Eventually(t, func() bool {
-		p, err := c.client.CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, "llm", metav1.GetOptions{})
-		return err == nil && p.Annotations[podrequest.Status] == "ready"
-	}, time.Minute, 250*time.Millisecond, "the pod's %s never became ready", podrequest.Status)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "wants-model", Annotations: map[string]string{podrequest.Models: model}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: c.push(t, ctx, "sleeper", "v1", mustImage(t, sleeper, "/sleeper"))}}},
+	}
+	_, err := c.client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, pod, metav1.CreateOptions{})
+	require.NoError(t, err)
+	c.waitPod(t, ctx, metav1.NamespaceDefault, pod.Name, 2*time.Minute, func(p *corev1.Pod) bool {
+		return p.Annotations[podrequest.Status] == "ready"
+	})
+	c.deletePod(t, ctx, pod.Name)
 	require.Eventually(t, func() bool {
 		n, err := c.client.CoreV1().Nodes().Get(ctx, c.node.Name, metav1.GetOptions{})
 		return err == nil && n.Labels[nodestate.Label(model)] == nodestate.LabelReady
