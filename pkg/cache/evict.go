@@ -9,22 +9,31 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// budget returns the bytes the store may occupy and the bytes free on its
-// filesystem.
-func (s *Store) budget() (budget, free int64, err error) {
+// space is what the store may use and what its filesystem has.
+type space struct {
+	budget int64 // the most bytes the store may occupy
+	total  int64 // the filesystem's size
+	free   int64 // bytes free on it
+	floor  int64 // bytes the store leaves free (WithMinFree)
+}
+
+// space reads the filesystem and returns the store's budget and floor on it.
+func (s *Store) space() (space, error) {
 	total, free, err := fsSpace(s.root)
 	if err != nil {
-		return 0, 0, err
+		return space{}, err
 	}
-	budget = total
+	sp := space{budget: total, total: total, free: free}
 	if s.opts.budgetPercent > 0 {
-		budget = int64(float64(total) * s.opts.budgetPercent / 100)
+		sp.budget = int64(float64(total) * s.opts.budgetPercent / 100)
 	}
 	if s.opts.budgetBytes > 0 {
-		budget = min(budget, s.opts.budgetBytes)
+		sp.budget = min(sp.budget, s.opts.budgetBytes)
 	}
-	s.m.budgetBytes.Set(float64(budget))
-	return budget, free, nil
+	sp.floor = max(s.opts.minFreeBytes, int64(float64(total)*s.opts.minFreePercent/100))
+	s.m.budgetBytes.Set(float64(sp.budget))
+	s.m.minFreeBytes.Set(float64(sp.floor))
+	return sp, nil
 }
 
 // reserve makes room for desc under the budget, evicting least recently used
@@ -70,30 +79,79 @@ func (s *Store) reserve(desc Descriptor) (*os.File, error) {
 	return file, nil
 }
 
-// makeRoom evicts until need more bytes fit under the budget and on the disk.
-// evictMu must be held. The blob being reserved (self) is never a candidate.
+// makeRoom evicts until need more bytes fit under the budget and on the
+// disk above the free-space floor; the bytes of the reservation asking for
+// them are already counted as used (s.reserved). evictMu must be held. The
+// blob being reserved (self; "" for none) is never a candidate. What could
+// not fit even with every candidate evicted is refused before any is.
 func (s *Store) makeRoom(need int64, self digest.Digest) error {
+	sp, err := s.space()
+	if err != nil {
+		return err
+	}
+	if err := s.canFit(need, self, sp); err != nil {
+		return err
+	}
 	for {
-		budget, free, err := s.budget()
-		if err != nil {
-			return err
-		}
 		s.mu.RLock()
 		stored, partial := s.bytesLocked()
 		s.mu.RUnlock()
 		used := stored + partial
-		if used <= budget && need <= free {
+		if used <= sp.budget && (need == 0 || need <= sp.free-sp.floor) {
 			return nil
 		}
 		victim, isPartial, ok := s.lruCandidate(self)
 		if !ok {
-			return fmt.Errorf("%w: need %d bytes for %s: budget %d, in use %d (pinned or downloading), %d free on disk",
-				ErrDiskFull, need, self, budget, used, free)
+			return fmt.Errorf("%w: need %d bytes for %s: budget %d, in use %d (pinned or downloading), %d free on disk, %d kept free",
+				ErrDiskFull, need, what(self), sp.budget, used, sp.free, sp.floor)
 		}
 		if err := s.evict(victim, isPartial); err != nil {
 			return err
 		}
+		if sp, err = s.space(); err != nil {
+			return err
+		}
 	}
+}
+
+// canFit refuses need more bytes for self that could not fit even with every
+// blob that is neither pinned nor held, and every idle partial download,
+// evicted: over the budget with what is left, or more than the free space
+// above the floor plus what eviction could give back. A size claimed by a
+// manifest, an origin or a registry (2^55 bytes, say) is refused so before
+// it costs the cache anything. evictMu must be held.
+func (s *Store) canFit(need int64, self digest.Digest, sp space) error {
+	var evictable int64
+	s.mu.RLock()
+	stored, partial := s.bytesLocked()
+	for d, r := range s.blobs {
+		if len(r.Pins) == 0 && s.holds[d] == 0 {
+			evictable += r.Size
+		}
+	}
+	for d, n := range s.partials {
+		if d != self {
+			evictable += n
+		}
+	}
+	s.mu.RUnlock()
+	if kept := stored + partial - evictable; kept > sp.budget {
+		return fmt.Errorf("%w: %d bytes for %s cannot fit: the budget is %d and %d of it is pinned, held or reserved by downloads (this one included)",
+			ErrDiskFull, need, what(self), sp.budget, kept)
+	}
+	if need > 0 && need > sp.free+evictable-sp.floor {
+		return fmt.Errorf("%w: %d bytes for %s cannot fit: %d free on disk, %d more if every unpinned blob were evicted, %d kept free (filesystem of %d)",
+			ErrDiskFull, need, what(self), sp.free, evictable, sp.floor, sp.total)
+	}
+	return nil
+}
+
+// what names the content a reservation is for in messages.
+func what(d digest.Digest) string {
+	if d == "" {
+		return "content being stored"
+	}
+	return d.String()
 }
 
 // lruCandidate picks the least recently used blob that is neither pinned nor

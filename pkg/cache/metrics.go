@@ -7,6 +7,7 @@ type metrics struct {
 	storedBlobs          prometheus.Gauge
 	partialBytes         prometheus.Gauge
 	budgetBytes          prometheus.Gauge
+	minFreeBytes         prometheus.Gauge
 	hits                 prometheus.Counter
 	misses               prometheus.Counter
 	evictions            prometheus.Counter
@@ -31,6 +32,10 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 		}),
 		budgetBytes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "weightd_cache_budget_bytes", Help: "Disk budget of the cache in bytes.",
+		}),
+		minFreeBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "weightd_cache_min_free_bytes",
+			Help: "Free space the cache leaves on its filesystem: it evicts, or refuses a download, rather than go below it.",
 		}),
 		hits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "weightd_cache_hits_total", Help: "Fetches answered by a blob already in the cache.",
@@ -65,7 +70,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{
-		m.storedBytes, m.storedBlobs, m.partialBytes, m.budgetBytes, m.hits, m.misses, m.evictions,
+		m.storedBytes, m.storedBlobs, m.partialBytes, m.budgetBytes, m.minFreeBytes, m.hits, m.misses, m.evictions,
 		m.evictedBytes, m.ingestBytes, m.ingestSeconds, m.verificationFailures, m.diskFull, m.retries,
 	} {
 		if err := r.Register(c); err != nil {

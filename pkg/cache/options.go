@@ -25,6 +25,11 @@ type options struct {
 	// accessGranularity is how far the last access recorded in the index
 	// may trail the one in memory (see touchAll).
 	accessGranularity time.Duration
+
+	// minFreeBytes and minFreePercent are the floor of free space the
+	// store leaves on its filesystem (the larger of the two).
+	minFreeBytes   int64
+	minFreePercent float64
 }
 
 func defaultOptions() options {
@@ -79,6 +84,38 @@ func WithBudget(maxBytes int64, maxPercent float64) Option {
 			return fmt.Errorf("%w: budget %d bytes, %v%%", ErrInvalid, maxBytes, maxPercent)
 		}
 		o.budgetBytes, o.budgetPercent = maxBytes, maxPercent
+		return nil
+	}
+}
+
+// The free-space floor the agent keeps by default (cmd/weightd's
+// --min-free-percent): the kubelet evicts pods once less than
+// KubeletNodefsAvailablePercent of the node's filesystem is free (its
+// default hard eviction threshold nodefs.available<10%), and the cache
+// stops MinFreeMarginPercent points above that. The margin also keeps it
+// above imagefs.available<15% (and image garbage collection at 85% use)
+// where containerd's images share the filesystem, as they do when the
+// cache hard-links image layers into containerd.
+const (
+	KubeletNodefsAvailablePercent = 10
+	MinFreeMarginPercent          = 10
+	DefaultMinFreePercent         = KubeletNodefsAvailablePercent + MinFreeMarginPercent
+)
+
+// WithMinFree sets a floor of free space on the store's filesystem: the
+// larger of minBytes and minPercent of the filesystem's size. A download
+// that would bring free space below it evicts least recently used blobs
+// first, and one that cannot fit above it even so is refused (ErrDiskFull)
+// before anything is evicted. Others' writes can still take free space
+// below it; the store then evicts to restore it with its next download.
+// The store keeps no floor by default; the agent keeps
+// DefaultMinFreePercent.
+func WithMinFree(minBytes int64, minPercent float64) Option {
+	return func(o *options) error {
+		if minBytes < 0 || minPercent < 0 || minPercent >= 100 {
+			return fmt.Errorf("%w: free-space floor %d bytes, %v%%", ErrInvalid, minBytes, minPercent)
+		}
+		o.minFreeBytes, o.minFreePercent = minBytes, minPercent
 		return nil
 	}
 }

@@ -80,6 +80,7 @@ type Usage struct {
 	PartialBytes int64    `json:"partialBytes"`
 	BudgetBytes  int64    `json:"budgetBytes"`
 	DiskFree     int64    `json:"diskFree"`
+	MinFree      int64    `json:"minFree"` // the floor of free space the store keeps (WithMinFree)
 	InFlight     []Flight `json:"inFlight,omitempty"`
 }
 
@@ -317,10 +318,10 @@ func (s *Store) List() []Info {
 
 // Usage reports what the store holds and the downloads in flight.
 func (s *Store) Usage() Usage {
-	budget, free, _ := s.budget()
+	sp, _ := s.space()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	u := Usage{Root: s.root, BudgetBytes: budget, DiskFree: free, Blobs: len(s.blobs)}
+	u := Usage{Root: s.root, BudgetBytes: sp.budget, DiskFree: sp.free, MinFree: sp.floor, Blobs: len(s.blobs)}
 	u.Bytes, u.PartialBytes = s.bytesLocked()
 	for d, f := range s.flights {
 		u.InFlight = append(u.InFlight, Flight{

@@ -67,7 +67,7 @@ func ExampleOCISource_Resolve() {
 	}
 	for _, l := range res.Packed {
 		r, _ := res.Blobs[l.Digest].OpenRange(context.Background(), 0)
-		files, err := prefetch.Unpack(context.Background(), r, l, func(_ string, r io.Reader) (cache.Descriptor, error) {
+		files, err := prefetch.Unpack(context.Background(), r, l, func(_ string, r io.Reader, _ int64) (cache.Descriptor, error) {
 			data, err := io.ReadAll(r)
 			return cache.Descriptor{Digest: digest.FromBytes(data), Size: int64(len(data))}, err
 		})

@@ -433,8 +433,8 @@ func TestOCIModelIntoCache(t *testing.T) {
 		require.NoError(t, err)
 		f, err := store.Open(l.Digest)
 		require.NoError(t, err)
-		files, err := prefetch.Unpack(t.Context(), f, l, func(_ string, r io.Reader) (cache.Descriptor, error) {
-			info, err := store.Put(t.Context(), r)
+		files, err := prefetch.Unpack(t.Context(), f, l, func(_ string, r io.Reader, size int64) (cache.Descriptor, error) {
+			info, err := store.Put(t.Context(), r, size)
 			return info.Descriptor, err
 		})
 		f.Close()

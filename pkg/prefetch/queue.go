@@ -39,8 +39,10 @@ type Store interface {
 	// Open opens a complete blob: a packed layer to unpack.
 	Open(d digest.Digest) (*os.File, error)
 	// Put stores content whose digest is known only once it is read: the
-	// files unpacked from a packed layer.
-	Put(ctx context.Context, r io.Reader) (cache.Info, error)
+	// files unpacked from a packed layer. size is the size the content
+	// declares (a tar entry's), negative for none; what Put writes is
+	// bounded by it and by what the store can hold.
+	Put(ctx context.Context, r io.Reader, size int64) (cache.Info, error)
 }
 
 // Importer puts an image whose blobs are all in the store where the
@@ -533,15 +535,22 @@ func (q *Queue) run(ctx context.Context, j *Job) (string, error) {
 		return "", err
 	}
 	m := res.Model
+	// Unpacked files are held as each lands, so that a layer's later files
+	// cannot evict its first ones, and together they cannot pass what the
+	// store can hold.
+	var releases []func()
+	defer func() {
+		for _, release := range releases {
+			release()
+		}
+	}()
+	hold := func(d digest.Digest) { releases = append(releases, q.store.Hold(d)) }
 	for _, l := range res.Packed {
 		uctx, span := q.cfg.tracer.Start(ctx, "unpack", trace.WithAttributes(AttrLayerDigest.String(l.Digest.String())))
-		files, err := q.unpack(uctx, l)
+		files, err := q.unpack(uctx, l, hold)
 		endSpan(span, err)
 		if err != nil {
 			return "", fmt.Errorf("unpacking layer %s of %s: %w", l.Digest, j.ref.Redacted(), err)
-		}
-		for _, f := range files {
-			defer q.store.Hold(f.Digest)()
 		}
 		m.Files = append(slices.Clip(m.Files), files...)
 	}
@@ -654,18 +663,20 @@ func fetchList(res *Resolution) ([]fetchBlob, error) {
 	return blobs, nil
 }
 
-// unpack stores the files of a fetched packed layer in the store.
-func (q *Queue) unpack(ctx context.Context, l PackedLayer) ([]cache.File, error) {
+// unpack stores the files of a fetched packed layer in the store, each
+// bounded by its declared size, and holds each (hold) as it is stored.
+func (q *Queue) unpack(ctx context.Context, l PackedLayer, hold func(digest.Digest)) ([]cache.File, error) {
 	f, err := q.store.Open(l.Digest)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	return Unpack(ctx, f, l, func(path string, r io.Reader) (cache.Descriptor, error) {
-		info, err := q.store.Put(ctx, r)
+	return Unpack(ctx, f, l, func(path string, r io.Reader, size int64) (cache.Descriptor, error) {
+		info, err := q.store.Put(ctx, r, size)
 		if err != nil {
 			return cache.Descriptor{}, fmt.Errorf("storing %s: %w", path, err)
 		}
+		hold(info.Digest)
 		return info.Descriptor, nil
 	})
 }

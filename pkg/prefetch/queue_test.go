@@ -309,7 +309,7 @@ func (s *fakeStore) Open(d digest.Digest) (*os.File, error) {
 	return nil, fmt.Errorf("open %s: %w", d, cache.ErrNotFound)
 }
 
-func (s *fakeStore) Put(context.Context, io.Reader) (cache.Info, error) {
+func (s *fakeStore) Put(context.Context, io.Reader, int64) (cache.Info, error) {
 	return cache.Info{}, errors.New("fakeStore: Put is not supported")
 }
 

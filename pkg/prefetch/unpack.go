@@ -28,7 +28,9 @@ const (
 
 // Unpack reads a packed layer's blob from r and stores the files it holds
 // through put, which stores one file's bytes (in the cache) and returns its
-// descriptor. It returns the files, with their paths in the model.
+// descriptor. It returns the files, with their paths in the model. put is
+// given each file's declared size: a tar entry's, or -1 for a layer that is
+// one file (it declares none).
 //
 // The blob is decompressed as layer.Compression says. A layer that is not an
 // Archive is one file: its decompressed bytes are the file at layer.Path. An
@@ -43,9 +45,11 @@ const (
 // again cannot help. Errors from put are returned as they are, with the
 // file's path.
 //
-// Decompressed sizes are not bounded here: what put stores is what the disk
-// budget of the cache sees.
-func Unpack(ctx context.Context, r io.Reader, layer PackedLayer, put func(path string, r io.Reader) (cache.Descriptor, error)) ([]cache.File, error) {
+// Decompressed bytes are bounded by put: a tar entry's reader ends at its
+// declared size, and cache.Store.Put stores no more than that, nor more
+// than the cache can hold, so that a small layer that decompresses to
+// terabytes (a decompression bomb) cannot fill the disk.
+func Unpack(ctx context.Context, r io.Reader, layer PackedLayer, put func(path string, r io.Reader, size int64) (cache.Descriptor, error)) ([]cache.File, error) {
 	files, err := unpack(ctx, r, layer, put)
 	if err != nil {
 		return nil, fmt.Errorf("unpacking layer %s (%s): %w", layer.Digest, layer.MediaType, err)
@@ -53,7 +57,7 @@ func Unpack(ctx context.Context, r io.Reader, layer PackedLayer, put func(path s
 	return files, nil
 }
 
-func unpack(ctx context.Context, r io.Reader, layer PackedLayer, put func(string, io.Reader) (cache.Descriptor, error)) ([]cache.File, error) {
+func unpack(ctx context.Context, r io.Reader, layer PackedLayer, put func(string, io.Reader, int64) (cache.Descriptor, error)) ([]cache.File, error) {
 	switch {
 	case layer.Archive && layer.Path != "":
 		if err := cache.ValidatePath(layer.Path); err != nil {
@@ -71,7 +75,7 @@ func unpack(ctx context.Context, r io.Reader, layer PackedLayer, put func(string
 	}
 	defer dr.Close()
 	if !layer.Archive {
-		desc, err := put(layer.Path, invalidOnError{dr})
+		desc, err := put(layer.Path, invalidOnError{dr}, -1)
 		if err != nil {
 			return nil, fmt.Errorf("storing %s: %w", layer.Path, classifyStreamErr(err))
 		}
@@ -81,7 +85,7 @@ func unpack(ctx context.Context, r io.Reader, layer PackedLayer, put func(string
 }
 
 // untar stores the regular files of the tar stream r under dir.
-func untar(ctx context.Context, r io.Reader, dir string, put func(string, io.Reader) (cache.Descriptor, error)) ([]cache.File, error) {
+func untar(ctx context.Context, r io.Reader, dir string, put func(string, io.Reader, int64) (cache.Descriptor, error)) ([]cache.File, error) {
 	tr := tar.NewReader(r)
 	var (
 		files []cache.File
@@ -124,7 +128,7 @@ func untar(ctx context.Context, r io.Reader, dir string, put func(string, io.Rea
 			return nil, invalid("tar entry %q: duplicate file %q", truncate(hdr.Name), p)
 		}
 		seen[p] = true
-		desc, err := put(p, tr)
+		desc, err := put(p, tr, hdr.Size)
 		if err != nil {
 			return nil, fmt.Errorf("storing %s: %w", p, classifyStreamErr(err))
 		}

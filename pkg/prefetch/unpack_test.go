@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"path"
 	"strings"
@@ -78,10 +79,13 @@ type memPut struct {
 	files map[string][]byte
 }
 
-func (m *memPut) put(p string, r io.Reader) (cache.Descriptor, error) {
+func (m *memPut) put(p string, r io.Reader, size int64) (cache.Descriptor, error) {
 	data, err := io.ReadAll(r)
 	if err != nil {
 		return cache.Descriptor{}, err
+	}
+	if size >= 0 && int64(len(data)) != size {
+		return cache.Descriptor{}, fmt.Errorf("%s: %d bytes, %d declared", p, len(data), size)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -253,7 +257,7 @@ func TestUnpackPutAndSourceErrors(t *testing.T) {
 		t.Parallel()
 		errFull := errors.New("disk full")
 		_, err := prefetch.Unpack(t.Context(), bytes.NewReader(blob), prefetch.PackedLayer{Archive: true},
-			func(string, io.Reader) (cache.Descriptor, error) { return cache.Descriptor{}, errFull })
+			func(string, io.Reader, int64) (cache.Descriptor, error) { return cache.Descriptor{}, errFull })
 		assert.ErrorIs(t, err, errFull)
 		assert.NotErrorIs(t, err, cache.ErrPermanent)
 		assert.ErrorContains(t, err, "storing a")
@@ -310,7 +314,7 @@ func FuzzUnpack(f *testing.F) {
 			layer.Path = "model/file"
 		}
 		var stored []string
-		files, err := prefetch.Unpack(t.Context(), bytes.NewReader(data), layer, func(p string, r io.Reader) (cache.Descriptor, error) {
+		files, err := prefetch.Unpack(t.Context(), bytes.NewReader(data), layer, func(p string, r io.Reader, _ int64) (cache.Descriptor, error) {
 			stored = append(stored, p)
 			// Stop at 1 MiB: a tiny zstd input may decompress to gigabytes.
 			n, err := io.Copy(io.Discard, io.LimitReader(r, 1<<20+1))
@@ -356,7 +360,7 @@ func BenchmarkUnpack(b *testing.B) {
 			b.SetBytes(size)
 			for b.Loop() {
 				_, err := prefetch.Unpack(b.Context(), bytes.NewReader(blob), prefetch.PackedLayer{Compression: c, Archive: true},
-					func(_ string, r io.Reader) (cache.Descriptor, error) {
+					func(_ string, r io.Reader, _ int64) (cache.Descriptor, error) {
 						n, err := io.Copy(io.Discard, r)
 						return cache.Descriptor{Size: n}, err
 					})
