@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/weightd/weightd/pkg/cache"
 )
 
 // parseArgs parses args like main does and returns the filled command line.
@@ -51,7 +53,7 @@ agent:
 	typo := writeFile(t, "typo.yaml", "agent:\n  budget_percent: 50\n")
 	defaults := agentCmd{agentConfig: agentConfig{
 		Root: "/var/lib/weightd", API: defaultAPI, MetricsAddr: "127.0.0.1:9464", ChunkSize: 16 << 20,
-		BudgetPercent: 80, MaxJobs: 2, ShutdownTimeout: 15 * time.Second, ModelLabels: 50, ProcRoot: "/proc",
+		BudgetPercent: 80, MinFreePercent: cache.DefaultMinFreePercent, MaxJobs: 2, ShutdownTimeout: 15 * time.Second, ModelLabels: 50, ProcRoot: "/proc",
 		p2pConfig:       p2pConfig{GossipAddr: ":7946", ChunkAddr: ":7947", OriginFetchers: 2, MaxUploads: 6, UploadTCP: "cubic"},
 		sourcesConfig:   sourcesConfig{HFEndpoint: "https://huggingface.co"},
 		importConfig:    importConfig{ContainerdNamespace: "k8s.io", Snapshotter: "overlayfs"},
@@ -71,10 +73,11 @@ agent:
 			name: "flags",
 			args: []string{"--root", "/r", "--api", "tcp://127.0.0.1:9000", "--metrics-addr=", "--chunk-size", "4MiB",
 				"--budget-bytes", "100GB", "--budget-percent", "70.5", "--max-jobs", "8", "--log-level", "warn", "--log-format", "json",
-				"--shutdown-timeout", "3s"},
+				"--shutdown-timeout", "3s", "--min-free-bytes", "50GiB", "--min-free-percent", "12.5"},
 			want: func(c *agentCmd) {
 				c.Root, c.API, c.MetricsAddr, c.ChunkSize = "/r", "tcp://127.0.0.1:9000", "", 4<<20
 				c.BudgetBytes, c.BudgetPercent, c.MaxJobs = 100e9, 70.5, 8
+				c.MinFreeBytes, c.MinFreePercent = 50<<30, 12.5
 				c.LogLevel, c.LogFormat, c.ShutdownTimeout = slog.LevelWarn, "json", 3*time.Second
 			},
 		},

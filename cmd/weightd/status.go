@@ -105,7 +105,11 @@ func renderStatus(w io.Writer, st api.Status, v statusView) {
 		row(t, "root", clip(u.Root, 86))
 		row(t, "used", used)
 		row(t, "budget", budget)
-		row(t, "disk free", formatBytes(u.DiskFree))
+		diskFree := formatBytes(u.DiskFree)
+		if u.MinFree > 0 {
+			diskFree += fmt.Sprintf(", keeps %s free", formatBytes(u.MinFree))
+		}
+		row(t, "disk free", diskFree)
 		row(t, "partial", fmt.Sprintf("%s in %d downloads", formatBytes(u.PartialBytes), len(u.InFlight)))
 	})
 
