@@ -110,6 +110,7 @@ type agent struct {
 	peers   *peering     // nil when sharing with peers is disabled
 	peerRun []func(context.Context) error
 	mirror  *nodeMirror          // nil when the registry mirror is disabled
+	hosts   *mirrorCheck         // nil when the mirror writes no hosts.toml
 	imports *containerd.Importer // nil when images are not imported
 	kube    *kubeSide            // nil when Kubernetes features are off
 	gpus    *nvml.Inventory      // nil without an NVIDIA driver
@@ -235,6 +236,13 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 	if a.kube, err = newKube(cfg.kubeConfig, cfg.NodeName, a.queue, a.store, a.warm, log, reg); err != nil {
 		return nil, err
 	}
+	var nodeEvent func(eventType, reason, message string) bool
+	if a.kube != nil {
+		nodeEvent = a.kube.nodeEvent
+	}
+	if a.hosts, err = newMirrorCheck(a.mirror, cfg.ContainerdAddress, nodeEvent, log.With("component", "mirror"), reg); err != nil {
+		return nil, err
+	}
 	apiOpts := []api.Option{
 		api.WithVersion(version),
 		api.WithReadiness(a.ready),
@@ -254,6 +262,9 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 	}
 	if a.loads != nil {
 		apiOpts = append(apiOpts, api.WithModelLoads(a.loads.Loads))
+	}
+	if a.mirror != nil {
+		apiOpts = append(apiOpts, api.WithMirror(func() api.MirrorStatus { return a.mirror.status(a.hosts) }))
 	}
 	if a.api, err = api.NewServer(api.QueueJobs(a.queue), a.store, apiOpts...); err != nil {
 		return nil, err
@@ -342,6 +353,9 @@ func (a *agent) Run(ctx context.Context) error {
 	if a.mirror != nil {
 		if err := a.mirror.configureHosts(a.cfg.InsecureRegistries); err != nil {
 			a.log.Error("writing containerd hosts.toml for the mirror; the kubelet's pulls bypass it", "err", err)
+		}
+		if a.hosts != nil {
+			g.Go(func() error { return a.hosts.Run(gctx) })
 		}
 		g.Go(func() error {
 			return a.mirror.run(gctx, func(ctx context.Context, ln net.Listener, h http.Handler) error {

@@ -38,6 +38,7 @@ type kubeSide struct {
 	publisher *kube.NodePublisher
 	policy    *policy.Controller
 	warm      *kube.WarmPods // nil without a warm pool
+	events    *kube.NodeEvents
 }
 
 // newKube builds the Kubernetes side for node, or returns nil when no
@@ -78,6 +79,9 @@ func newKube(cfg kubeConfig, node string, queue *prefetch.Queue, store *cache.St
 		interval = kube.DefaultNodeInterval
 	}
 	k := &kubeSide{}
+	if k.events, err = kube.NewNodeEvents(client, node); err != nil {
+		return nil, err
+	}
 	if k.intake, err = kube.NewPodIntake(client, node, queue, kube.WithIntakeLogger(kl), kube.WithIntakeRegisterer(reg)); err != nil {
 		return nil, err
 	}
@@ -110,9 +114,14 @@ func (k *kubeSide) runs() []func(context.Context) error {
 	if k == nil {
 		return nil
 	}
-	runs := []func(context.Context) error{k.intake.Run, k.publisher.Run, k.policy.Run}
+	runs := []func(context.Context) error{k.intake.Run, k.publisher.Run, k.policy.Run, k.events.Run}
 	if k.warm != nil {
 		runs = append(runs, k.warm.Run)
 	}
 	return runs
+}
+
+// nodeEvent records an Event on the agent's Node; false when it was dropped.
+func (k *kubeSide) nodeEvent(eventType, reason, message string) bool {
+	return k.events.Event(eventType, reason, message)
 }

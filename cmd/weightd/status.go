@@ -16,8 +16,8 @@ import (
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
-// statusCmd shows the agent's state: cache, downloads, peers, jobs, GPUs,
-// warm servers and their adapters, recent model loads.
+// statusCmd shows the agent's state: cache, downloads, peers, the registry
+// mirror, jobs, GPUs, warm servers and their adapters, recent model loads.
 type statusCmd struct {
 	API   string        `name:"api" help:"Agent API address." default:"${default_api}" env:"WEIGHTD_API"`
 	JSON  bool          `name:"json" help:"Print the agent's status as JSON."`
@@ -130,6 +130,10 @@ func renderStatus(w io.Writer, st api.Status, v statusView) {
 		}
 	})
 
+	if st.Mirror != nil {
+		renderMirror(w, *st.Mirror, v)
+	}
+
 	jobs, hidden := shownJobs(st.Jobs)
 	v.table(w, "JOBS", len(jobs), []string{"ID", "STATE", "MODEL", "PROGRESS", "BYTES"}, func(t *tabwriter.Writer) {
 		for _, j := range jobs {
@@ -207,6 +211,54 @@ func renderStatus(w io.Writer, st api.Status, v statusView) {
 			row(t, ago(v.now, l.Started), clip(cmp.Or(l.Pod, "-"), 28), clip(l.Model, 30), fmt.Sprintf("%.1f", l.Seconds), files)
 		}
 	})
+}
+
+// renderMirror writes the registry mirror's section: where it listens, what
+// it mirrors, and whether containerd reads its hosts.toml files, with
+// what is wrong and the fix, wrapped, when it does not.
+func renderMirror(w io.Writer, m api.MirrorStatus, v statusView) {
+	v.section(w, "MIRROR", func(t *tabwriter.Writer) {
+		row(t, "address", clip(m.Addr, 80))
+		row(t, "registries", clip(cmp.Or(strings.Join(m.Registries, ", "), "-"), 80))
+		if m.HostsDir == "" {
+			row(t, "hosts dir", "- (no hosts.toml written)")
+			return
+		}
+		row(t, "hosts dir", clip(m.HostsDir, 80))
+		row(t, "containerd", cmp.Or(m.ConfigPathState, "not asked yet"))
+		if m.ConfigPath != "" {
+			row(t, "config_path", clip(m.ConfigPath, 80))
+		}
+		if m.ContainerdVersion != "" {
+			row(t, "version", clip(m.ContainerdVersion, 80))
+		}
+	})
+	for _, line := range wrapWords(oneLine(m.Problem), statusWidth-2) {
+		fmt.Fprintln(w, "  "+line)
+	}
+}
+
+// wrapWords cuts s into lines of at most width columns at spaces; a word
+// longer than width is clipped.
+func wrapWords(s string, width int) []string {
+	var lines []string
+	var line strings.Builder
+	for _, word := range strings.Fields(s) {
+		word = clip(word, width)
+		n := utf8.RuneCountInString(line.String())
+		if n > 0 && n+1+utf8.RuneCountInString(word) > width {
+			lines = append(lines, line.String())
+			line.Reset()
+		}
+		if line.Len() > 0 {
+			line.WriteByte(' ')
+		}
+		line.WriteString(word)
+	}
+	if line.Len() > 0 {
+		lines = append(lines, line.String())
+	}
+	return lines
 }
 
 // section writes a heading and the tab-separated rows fill writes.

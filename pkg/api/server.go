@@ -68,6 +68,7 @@ type Status struct {
 	GPUs    []GPU                `json:"gpus,omitempty"`
 	Warm    []WarmServer         `json:"warmServers,omitempty"`
 	Loads   []ModelLoad          `json:"modelLoads,omitempty"`
+	Mirror  *MirrorStatus        `json:"mirror,omitempty"`
 }
 
 // Peer is another agent this one shares chunks with.
@@ -100,6 +101,7 @@ type Server struct {
 	gpus     func() []GPU
 	warm     func() []WarmServer
 	loads    func() []ModelLoad
+	mirror   func() MirrorStatus
 	adapters Adapters
 	log      *slog.Logger
 	reqs     *prometheus.CounterVec
@@ -292,6 +294,10 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 	}
 	if s.loads != nil {
 		st.Loads = s.loads()
+	}
+	if s.mirror != nil {
+		m := s.mirror()
+		st.Mirror = &m
 	}
 	writeJSON(w, http.StatusOK, st)
 }

@@ -80,12 +80,16 @@ func finalStatus(s string) bool {
 
 // bound cuts s to at most MaxStatusLen bytes, on a rune boundary, marking the
 // cut with an ellipsis.
-func bound(s string) string {
-	if len(s) <= MaxStatusLen {
+func bound(s string) string { return boundTo(s, MaxStatusLen) }
+
+// boundTo cuts s to at most n bytes, on a rune boundary, marking the cut
+// with an ellipsis.
+func boundTo(s string, n int) string {
+	if len(s) <= n {
 		return s
 	}
 	const ellipsis = "…"
-	cut := MaxStatusLen - len(ellipsis)
+	cut := n - len(ellipsis)
 	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}
