@@ -136,7 +136,7 @@ func (s *Store) canFit(need int64, self digest.Digest, sp space) error {
 	}
 	s.mu.RUnlock()
 	if kept := stored + partial - evictable; kept > sp.budget {
-		return fmt.Errorf("%w: %d bytes for %s cannot fit: the budget is %d and %d of it is pinned, held or reserved by downloads (this one included)",
+		return fmt.Errorf("%w: %d bytes for %s cannot fit in the budget of %d: %d would stay pinned, held or reserved by downloads, this one included",
 			ErrDiskFull, need, what(self), sp.budget, kept)
 	}
 	if need > 0 && need > sp.free+evictable-sp.floor {

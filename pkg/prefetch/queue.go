@@ -671,10 +671,10 @@ func (q *Queue) unpack(ctx context.Context, l PackedLayer, hold func(digest.Dige
 		return nil, err
 	}
 	defer f.Close()
-	return Unpack(ctx, f, l, func(path string, r io.Reader, size int64) (cache.Descriptor, error) {
+	return Unpack(ctx, f, l, func(_ string, r io.Reader, size int64) (cache.Descriptor, error) {
 		info, err := q.store.Put(ctx, r, size)
 		if err != nil {
-			return cache.Descriptor{}, fmt.Errorf("storing %s: %w", path, err)
+			return cache.Descriptor{}, err // Unpack names the file
 		}
 		hold(info.Digest)
 		return info.Descriptor, nil
