@@ -191,3 +191,18 @@ func (l *liveChunks) receiving(d digest.Digest) []byte {
 	}
 	return b
 }
+
+// countReceiving is how many of d's chunks on their way are not in have
+// (nor past its end): the bits of notHeld(receiving(d), have), without
+// their copies.
+func (l *liveChunks) countReceiving(d digest.Digest, have []byte) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for k := range l.m {
+		if k.d == d && k.i/8 < len(have) && !bitSet(have, k.i) {
+			n++
+		}
+	}
+	return n
+}

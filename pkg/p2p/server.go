@@ -33,6 +33,15 @@ type ChunkStore interface {
 	OpenChunk(d digest.Digest, i int) (f *os.File, off, n int64, err error)
 }
 
+// chunkMapper is a ChunkStore that can say which chunks of a blob it has
+// without copying their hashes (*cache.Store can): while a state request
+// waits for news, the server looks every statePoll, and ChunkState copies
+// the whole hash list, 32 bytes a chunk, 512 MiB for the largest blob.
+// The answer still comes from ChunkState, once.
+type chunkMapper interface {
+	ChunkMap(d digest.Digest, buf []byte) (have []byte, complete bool, err error)
+}
+
 // The chunk server's routes.
 const (
 	statePath = "/v1/blobs/%s/state"
@@ -42,6 +51,19 @@ const (
 // sendPiece is how much the server sends per limiter wait: small enough to
 // pace smoothly, large enough for sendfile to pay off.
 const sendPiece = 256 << 10
+
+// writeStall bounds each write to a peer: a sendPiece of a chunk, a state,
+// an error. A peer that does not take a sendPiece within it (25 KiB/s; an
+// honest one gives up below 256 KiB/s) or never reads at all would hold an
+// upload slot for as long as it likes: six such readers held every slot
+// of an agent, and no honest peer got a chunk from it. Its connection is
+// reset instead, which also frees the kernel's buffers of it at once.
+const writeStall = 10 * time.Second
+
+// maxStateWaitsPerPeer bounds the state requests of one peer address that
+// wait for news at once; beyond it they are answered at once. An honest
+// peer has one in flight per blob it downloads.
+const maxStateWaitsPerPeer = 32
 
 // ChunkServer serves verified chunks to peers over HTTP:
 //
@@ -61,7 +83,11 @@ type ChunkServer struct {
 	store       ChunkStore
 	swarm       *Swarm        // nil: no origin role told, no chunk relayed
 	slots       chan struct{} // chunk uploads at once; nil for no limit
-	resolutions *Resolutions  // nil: none served
+	perPeer     int           // chunk uploads at once to one peer address, with slots
+	peersMu     sync.Mutex
+	peerSlots   map[string]int // peer address → upload slots it holds
+	peerWaits   map[string]int // peer address → state requests waiting for news
+	resolutions *Resolutions   // nil: none served
 	sent        sentLog
 	repeating   atomic.Bool // an origin fetcher is sending a chunk again
 	upload      *rate.Limiter
@@ -85,13 +111,23 @@ func WithUploadLimit(bytesPerSecond int64) ServerOption {
 
 // WithMaxUploads caps the chunk uploads served at once; a request beyond it
 // gets 503 at once and its client asks another peer. Fewer, faster uploads
-// pass each chunk on sooner. 0 means no limit.
+// pass each chunk on sooner. 0 means no limit. One peer address may hold
+// at most half of them, rounded up (see WithMaxUploadsPerPeer), so that a
+// peer that hogs them, slow or hostile, leaves the others theirs.
 func WithMaxUploads(n int) ServerOption {
 	return func(s *ChunkServer) {
+		s.slots = nil
 		if n > 0 {
 			s.slots = make(chan struct{}, n)
 		}
 	}
+}
+
+// WithMaxUploadsPerPeer caps the upload slots (WithMaxUploads) one peer
+// address holds at once; beyond it, its requests get 503 at once. 0 means
+// half the slots, rounded up.
+func WithMaxUploadsPerPeer(n int) ServerOption {
+	return func(s *ChunkServer) { s.perPeer = max(0, n) }
 }
 
 // WithSwarm serves what sw, this node's swarm downloader, is doing: in each
@@ -117,6 +153,14 @@ func (s *ChunkServer) receiving(d digest.Digest) []byte {
 	return s.swarm.live.receiving(d)
 }
 
+// countReceiving is how many of d's chunks on their way here have lacks.
+func (s *ChunkServer) countReceiving(d digest.Digest, have []byte) int {
+	if s.swarm == nil {
+		return 0
+	}
+	return s.swarm.live.countReceiving(d, have)
+}
+
 // WithResolutions serves r to peers that cannot reach an origin to resolve
 // a reference themselves (GET /v1/resolutions/{sha256 of the reference}).
 func WithResolutions(r *Resolutions) ServerOption {
@@ -140,6 +184,9 @@ func NewChunkServer(store ChunkStore, reg prometheus.Registerer, opts ...ServerO
 	for _, o := range opts {
 		o(s)
 	}
+	if s.slots != nil && s.perPeer == 0 {
+		s.perPeer = (cap(s.slots) + 1) / 2
+	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{s.m.servedBytes, s.m.requests} {
 			if err := reg.Register(c); err != nil {
@@ -150,7 +197,8 @@ func NewChunkServer(store ChunkStore, reg prometheus.Registerer, opts ...ServerO
 	return s, nil
 }
 
-// Handler returns the server's routes.
+// Handler returns the server's routes. Every answer's writes are bounded
+// by writeStall, and so is the end of the answer once the route is done.
 func (s *ChunkServer) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/blobs/{digest}/state", s.serveState)
@@ -158,12 +206,99 @@ func (s *ChunkServer) Handler() http.Handler {
 	if s.resolutions != nil {
 		mux.HandleFunc("GET "+resolutionPrefix+"{key}", s.serveResolution)
 	}
-	return mux
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		extendWrite(w)
+		defer extendWrite(w) // the rest of the answer leaves after the route returns
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// extendWrite gives the writes of w writeStall from now. Its error is
+// ignored: a writer without deadlines (a test's recorder) has none to set.
+func extendWrite(w http.ResponseWriter) {
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(writeStall))
+}
+
+// connKey carries a request's connection in its context (Run), so that a
+// peer too slow to read is cut off.
+type connKey struct{}
+
+// cut resets the connection of r, a peer that took no sendPiece within
+// writeStall: its upload slot is free already, and the kernel drops the
+// bytes queued for it now rather than trickle them out for hours.
+func (s *ChunkServer) cut(r *http.Request) {
+	if c, ok := r.Context().Value(connKey{}).(*net.TCPConn); ok {
+		_ = c.SetLinger(0)
+		_ = c.Close()
+	}
+}
+
+// peerOf is the address of the peer that sent r, without its port.
+func peerOf(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// takeSlot takes an upload slot for peer: none while it holds its share
+// or all are taken. "" when it got one, else why not.
+func (s *ChunkServer) takeSlot(peer string) string {
+	s.peersMu.Lock()
+	defer s.peersMu.Unlock()
+	if s.peerSlots[peer] >= s.perPeer {
+		return "this peer holds its share of the upload slots"
+	}
+	select {
+	case s.slots <- struct{}{}:
+	default:
+		return "all upload slots busy"
+	}
+	if s.peerSlots == nil {
+		s.peerSlots = map[string]int{}
+	}
+	s.peerSlots[peer]++
+	return ""
+}
+
+func (s *ChunkServer) releaseSlot(peer string) {
+	s.peersMu.Lock()
+	defer s.peersMu.Unlock()
+	<-s.slots
+	if s.peerSlots[peer]--; s.peerSlots[peer] <= 0 {
+		delete(s.peerSlots, peer)
+	}
+}
+
+// mayWait reports whether a state request of peer may wait for news,
+// and counts it until done is called.
+func (s *ChunkServer) mayWait(peer string) (ok bool, done func()) {
+	s.peersMu.Lock()
+	defer s.peersMu.Unlock()
+	if s.peerWaits[peer] >= maxStateWaitsPerPeer {
+		return false, func() {}
+	}
+	if s.peerWaits == nil {
+		s.peerWaits = map[string]int{}
+	}
+	s.peerWaits[peer]++
+	return true, func() {
+		s.peersMu.Lock()
+		defer s.peersMu.Unlock()
+		if s.peerWaits[peer]--; s.peerWaits[peer] <= 0 {
+			delete(s.peerWaits, peer)
+		}
+	}
 }
 
 // Run serves on ln until ctx is done, then shuts down gracefully.
 func (s *ChunkServer) Run(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		MaxHeaderBytes: 64 << 10, // a state request's known bitmap takes 3 KiB
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, connKey{}, c)
+		}}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -237,49 +372,101 @@ func (s *ChunkServer) serveState(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	deadline := time.Now().Add(min(wait, maxStateWait))
-	for {
-		st, err := s.store.ChunkState(d)
-		origin := s.originRole(d)
-		sent := s.sent.get(d, st.Have)
-		var fetching []byte
-		if knownFetching >= 0 {
-			// Only to those who ask: agents that predate the fetching
-			// bitmap reject a state that has one.
-			fetching = notHeld(s.receiving(d), st.Have)
+	q := stateQuery{since: since, sent: knownSent, fetching: knownFetching, origin: knownOrigin}
+	if wait > 0 {
+		ok, done := s.mayWait(peerOf(r))
+		defer done()
+		if !ok {
+			wait = 0 // it has enough requests waiting: this one is answered now
 		}
-		news := err == nil && (st.Complete || countBits(st.Have) > since ||
-			(knownSent >= 0 && countBits(sent) != knownSent) ||
-			(knownFetching >= 0 && countBits(fetching) != knownFetching) ||
-			(knownOrigin != "" && (knownOrigin == "1") != origin))
-		if news || time.Now().After(deadline) {
-			if err != nil {
-				s.fail(w, "state", statusOf(err), err)
-				return
-			}
-			var known []byte
-			if knownHashes != nil {
-				if len(knownHashes) != len(st.Have) {
-					s.fail(w, "state", http.StatusBadRequest, fmt.Errorf("known: %d bytes for %d chunks", len(knownHashes), chunksOf(st.Size, st.ChunkSize)))
-					return
-				}
-				known = intersect(knownHashes, st.Have)
-			}
-			b := EncodePeerState(PeerState{ChunkState: st, Origin: origin, Sent: sent, Fetching: fetching, Known: known})
-			w.Header().Set("Content-Type", "application/octet-stream")
-			w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-			s.m.requests.WithLabelValues("state", "200").Inc()
-			if _, err := w.Write(b); err != nil {
-				s.log.Debug("sending a chunk state", "digest", d, "err", err)
-			}
-			return
+	}
+	deadline := time.Now().Add(min(wait, maxStateWait))
+	var have []byte // each look's bitmap, the next one's buffer
+	var tick *time.Ticker
+	for time.Now().Before(deadline) {
+		var news bool
+		if news, have = s.news(d, q, have); news {
+			break
+		}
+		if tick == nil {
+			tick = time.NewTicker(statePoll)
+			defer tick.Stop()
 		}
 		select {
 		case <-r.Context().Done():
 			return
-		case <-time.After(statePoll):
+		case <-tick.C:
 		}
 	}
+	st, err := s.store.ChunkState(d)
+	if err != nil {
+		s.fail(w, "state", statusOf(err), err)
+		return
+	}
+	origin := s.originRole(d)
+	sent := s.sent.get(d, st.Have)
+	var fetching []byte
+	if knownFetching >= 0 {
+		// Only to those who ask: agents that predate the fetching
+		// bitmap reject a state that has one.
+		fetching = notHeld(s.receiving(d), st.Have)
+	}
+	var known []byte
+	if knownHashes != nil {
+		if len(knownHashes) != len(st.Have) {
+			s.fail(w, "state", http.StatusBadRequest, fmt.Errorf("known: %d bytes for %d chunks", len(knownHashes), chunksOf(st.Size, st.ChunkSize)))
+			return
+		}
+		known = intersect(knownHashes, st.Have)
+	}
+	b := EncodePeerState(PeerState{ChunkState: st, Origin: origin, Sent: sent, Fetching: fetching, Known: known})
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	s.m.requests.WithLabelValues("state", "200").Inc()
+	extendWrite(w) // it may have waited
+	if _, err := w.Write(b); err != nil {
+		s.log.Debug("sending a chunk state", "digest", d, "err", err)
+	}
+}
+
+// stateQuery is what a state request knows of a blob already; it waits
+// for news beyond it. -1 (or "" for origin) where it did not say.
+type stateQuery struct {
+	since, sent, fetching int
+	origin                string
+}
+
+// news reports whether this node's state of d differs from what q knows:
+// more chunks, the blob complete, other chunks sent (sent) or on their
+// way here (fetching), the origin role taken or given up. It copies no
+// hash where the store can tell without (chunkMapper), which the server
+// asks every statePoll while a request waits; buf is scratch for the
+// bitmap, returned for the next look. An error is no news: the blob may
+// yet come.
+func (s *ChunkServer) news(d digest.Digest, q stateQuery, buf []byte) (bool, []byte) {
+	var have []byte
+	var complete bool
+	var err error
+	if m, ok := s.store.(chunkMapper); ok {
+		if have, complete, err = m.ChunkMap(d, buf); have != nil {
+			buf = have
+		}
+	} else {
+		var st cache.ChunkState
+		st, err = s.store.ChunkState(d)
+		have, complete = st.Have, st.Complete
+	}
+	switch {
+	case err != nil:
+		return false, buf
+	case complete || countBits(have) > q.since:
+		return true, buf
+	case q.sent >= 0 && s.sent.count(d, have) != q.sent:
+		return true, buf
+	case q.fetching >= 0 && s.countReceiving(d, have) != q.fetching:
+		return true, buf
+	}
+	return q.origin != "" && (q.origin == "1") != s.originRole(d), buf
 }
 
 func countBits(b []byte) int {
@@ -302,14 +489,13 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if s.slots != nil {
-		select {
-		case s.slots <- struct{}{}:
-			defer func() { <-s.slots }()
-		default:
+		peer := peerOf(r)
+		if busy := s.takeSlot(peer); busy != "" {
 			w.Header().Set(busyHeader, "server")
-			s.fail(w, "chunk", http.StatusServiceUnavailable, errors.New("all upload slots busy"))
+			s.fail(w, "chunk", http.StatusServiceUnavailable, errors.New(busy))
 			return
 		}
+		defer s.releaseSlot(peer)
 	}
 	// A chunk not verified here yet is relayed if it is on its way (whole
 	// chunks only). It stops being on its way once verified and written:
@@ -378,10 +564,20 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	err = s.send(r.Context(), n, func(_, k int64) (int64, error) {
 		// io.CopyN wraps f in an io.LimitedReader, which net/http hands to
 		// sendfile: the bytes go from the page cache to the socket.
+		extendWrite(w)
 		return io.CopyN(w, f, k)
 	})
 	if err != nil {
-		s.log.Debug("chunk upload ended early", "digest", d, "chunk", i, "err", err)
+		s.uploadEnded(r, "chunk upload ended early", d, i, err)
+	}
+}
+
+// uploadEnded logs an upload that ended early, and cuts off a peer that
+// stopped reading it.
+func (s *ChunkServer) uploadEnded(r *http.Request, msg string, d digest.Digest, i int, err error) {
+	s.log.Debug(msg, "digest", d, "chunk", i, "peer", r.RemoteAddr, "err", err)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		s.cut(r)
 	}
 }
 
@@ -410,6 +606,7 @@ func (s *ChunkServer) relay(w http.ResponseWriter, r *http.Request, c *liveChunk
 		if sum != nil {
 			w.Header().Set(hashHeader, hex.EncodeToString(sum))
 		}
+		extendWrite(w) // from when the bytes are here to send
 		sent, err := w.Write(c.data()[off:min(end, off+k)])
 		if f, ok := w.(http.Flusher); ok && err == nil {
 			f.Flush()
@@ -417,7 +614,7 @@ func (s *ChunkServer) relay(w http.ResponseWriter, r *http.Request, c *liveChunk
 		return int64(sent), err
 	})
 	if err != nil {
-		s.log.Debug("chunk relay ended early", "digest", d, "chunk", i, "err", err)
+		s.uploadEnded(r, "chunk relay ended early", d, i, err)
 	}
 }
 
@@ -499,6 +696,18 @@ func (l *sentLog) mark(d digest.Digest, i int, once bool) bool {
 	}
 	l.m[d] = setBit(b, i, true)
 	return true
+}
+
+// count is how many chunks of have were sent: the bits of get, without
+// its copy.
+func (l *sentLog) count(d digest.Digest, have []byte) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b, n := l.m[d], 0
+	for i := range min(len(b), len(have)) {
+		n += bits.OnesCount8(b[i] & have[i])
+	}
+	return n
 }
 
 // get returns the sent bitmap of d shaped like have (and a subset of it),

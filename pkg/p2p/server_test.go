@@ -160,6 +160,45 @@ func TestChunkServerUploadSlots(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 }
 
+// One peer address holds at most its share of the upload slots, half of
+// them rounded up; another peer still gets one.
+func TestChunkServerUploadSlotsPerPeer(t *testing.T) {
+	t.Parallel()
+	data := randomBlob(5, testChunk)
+	srv, ts := serveStore(t, storeHolding(t, data), WithMaxUploads(4))
+	for range 2 {
+		require.Empty(t, srv.takeSlot("127.0.0.1"))
+	}
+	url := ts.URL + fmt.Sprintf(chunkPath, descOf(data).Digest, 0)
+	resp, body := get(t, url)
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "the test's address holds its share")
+	require.Equal(t, "server", resp.Header.Get(busyHeader))
+	require.Contains(t, string(body), "its share of the upload slots")
+	require.Empty(t, srv.takeSlot("192.0.2.1"), "another peer gets a slot")
+	srv.releaseSlot("127.0.0.1")
+	resp, _ = get(t, url)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Empty(t, srv.takeSlot("127.0.0.1"), "its share again")
+	require.Empty(t, srv.takeSlot("192.0.2.2"), "the last slot")
+	require.Equal(t, "all upload slots busy", srv.takeSlot("192.0.2.3"))
+}
+
+// maxPeerStateBytes bounds every state of a blob of n chunks: every chunk
+// present, every bitmap sent.
+func TestMaxPeerStateBytes(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{1, 7, 8, 9, 1000} {
+		all := make([]byte, (n+7)/8)
+		for i := range n {
+			all = setBit(all, i, true)
+		}
+		st := cache.ChunkState{Size: int64(n) * testChunk, ChunkSize: testChunk, Have: all, Hashes: make([]byte, n*32)}
+		b := EncodePeerState(PeerState{ChunkState: st, Sent: all, Fetching: make([]byte, len(all)), Known: make([]byte, len(all))})
+		require.Len(t, b, int(maxPeerStateBytes(n)), "%d chunks", n)
+	}
+	require.Equal(t, int64(maxChunkStateBytes), maxPeerStateBytes(maxChunkStateChunks+1), "never over any state's bound")
+}
+
 // storeHolding returns a test store that holds data whole.
 func storeHolding(t *testing.T, data []byte) *cache.Store {
 	t.Helper()

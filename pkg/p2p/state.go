@@ -120,6 +120,13 @@ const (
 	maxChunkStateBytes = chunkStateHeaderSize + 4*maxChunkStateChunks/8 + maxChunkStateChunks*32
 )
 
+// maxPeerStateBytes is the most an encoded state of a blob of n chunks
+// takes: its header, four bitmaps and a hash per chunk.
+func maxPeerStateBytes(n int) int64 {
+	n = min(max(n, 0), maxChunkStateChunks)
+	return chunkStateHeaderSize + 4*int64((n+7)/8) + 32*int64(n)
+}
+
 // EncodePeerState encodes p for the wire.
 func EncodePeerState(p PeerState) []byte {
 	n := chunksOf(p.Size, p.ChunkSize)

@@ -116,7 +116,10 @@ type swarmMetrics struct {
 // requests (nil for a default one). Metrics are registered on reg (nil for none).
 func NewSwarm(dir Directory, client *http.Client, cfg SwarmConfig, log *slog.Logger, reg prometheus.Registerer) (*Swarm, error) {
 	if client == nil {
-		client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8, IdleConnTimeout: time.Minute}}
+		// A peer's headers are a few lines; a hostile one's are not read
+		// past 64 KiB (net/http's default reads up to 10 MiB).
+		client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8, IdleConnTimeout: time.Minute,
+			MaxResponseHeaderBytes: 64 << 10}}
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -465,7 +468,7 @@ func (f *fill) refresh(ctx context.Context) {
 		f.wg.Add(1)
 		go func(name, addr string) {
 			defer f.wg.Done()
-			st, err := f.s.readState(ctx, addr, f.d, pv.known, known)
+			st, err := f.s.readState(ctx, addr, f.d, f.p.Chunks(), pv.known, known)
 			select {
 			case f.states <- stateResult{peer: name, state: st, err: err}:
 			case <-ctx.Done():
@@ -507,6 +510,11 @@ func (f *fill) updateState(r stateResult) {
 	if errors.Is(r.err, errNotHeld) && pv.inflight == 0 {
 		delete(f.peers, r.peer)
 		f.absent[r.peer] = time.Now()
+		return
+	}
+	if errors.Is(r.err, errStateTooBig) {
+		f.s.log.Warn("peer's chunk state is too big for the blob", "peer", r.peer, "digest", f.d, "err", r.err)
+		f.s.ban(r.peer, "bad_state")
 		return
 	}
 	if r.err != nil {
@@ -1297,11 +1305,18 @@ func (f *fill) holdoff() time.Duration {
 // stateWait is how long a state request may wait for news at the peer.
 const stateWait = time.Second
 
-// readState asks a peer's chunk server for its state of d. Once a state is
-// known, the server answers when it differs (more chunks, or the origin role
-// taken or given up) or after stateWait, so a chunk is known to its
-// requesters within milliseconds of being verified.
-func (s *Swarm) readState(ctx context.Context, addr string, d digest.Digest, known bool, last PeerState) (PeerState, error) {
+// errStateTooBig is a peer's chunk state longer than any state of the
+// blob: it is not read further, and the peer is banned.
+var errStateTooBig = errors.New("chunk state too big for the blob")
+
+// readState asks a peer's chunk server for its state of d, a blob of
+// chunks chunks. Once a state is known, the server answers when it differs
+// (more chunks, or the origin role taken or given up) or after stateWait,
+// so a chunk is known to its requesters within milliseconds of being
+// verified. An answer longer than a state of the blob can be is refused
+// before it is read past that (errStateTooBig): a peer could otherwise make
+// it read and decode up to maxChunkStateBytes, 520 MiB, at every news.
+func (s *Swarm) readState(ctx context.Context, addr string, d digest.Digest, chunks int, known bool, last PeerState) (PeerState, error) {
 	ctx, cancel := context.WithTimeout(ctx, stateWait+5*time.Second)
 	defer cancel()
 	url := "http://" + addr + fmt.Sprintf(statePath, d)
@@ -1322,7 +1337,11 @@ func (s *Swarm) readState(ctx context.Context, addr string, d digest.Digest, kno
 			url += "&known=" + base64.RawURLEncoding.EncodeToString(last.Have)
 		}
 	}
-	b, err := s.getSmall(ctx, url, maxChunkStateBytes)
+	limit := maxPeerStateBytes(chunks)
+	b, err := s.getSmall(ctx, url, limit)
+	if errors.Is(err, errAnswerTooBig) {
+		return PeerState{}, fmt.Errorf("chunk state from %s: %w of %d chunks, at most %d bytes: %w", addr, errStateTooBig, chunks, limit, err)
+	}
 	if err != nil {
 		return PeerState{}, fmt.Errorf("chunk state from %s: %w", addr, err)
 	}
@@ -1338,7 +1357,12 @@ func (s *Swarm) readState(ctx context.Context, addr string, d digest.Digest, kno
 // all their hashes.
 const maxKnownParam = 2 << 10
 
+// errAnswerTooBig is a peer's answer longer than its limit.
+var errAnswerTooBig = errors.New("answer too big")
+
 // getSmall GETs a small answer from a peer: 200 and at most limit bytes.
+// An answer that says it is longer is not read at all, and one that does
+// not say is read only to limit+1 bytes (errAnswerTooBig).
 func (s *Swarm) getSmall(ctx context.Context, url string, limit int64) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -1356,9 +1380,12 @@ func (s *Swarm) getSmall(ctx context.Context, url string, limit int64) ([]byte, 
 		}
 		return nil, errors.New(resp.Status)
 	}
+	if resp.ContentLength > limit {
+		return nil, fmt.Errorf("%w: %d bytes said, over %d", errAnswerTooBig, resp.ContentLength, limit)
+	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err == nil && int64(len(b)) > limit {
-		err = fmt.Errorf("answer over %d bytes", limit)
+		err = fmt.Errorf("%w: over %d bytes", errAnswerTooBig, limit)
 	}
 	return b, err
 }
