@@ -43,7 +43,7 @@ type agentConfig struct {
 	BudgetBytes     byteSize      `help:"Most bytes the cache may use; 0 for no byte limit." default:"0" env:"WEIGHTD_BUDGET_BYTES"`
 	BudgetPercent   float64       `help:"Most the cache may use, in percent of its filesystem; 0 for no limit." default:"80" env:"WEIGHTD_BUDGET_PERCENT"`
 	MinFreeBytes    byteSize      `help:"Least free space the cache leaves on its filesystem, in bytes; the larger of this and --min-free-percent applies." default:"0" env:"WEIGHTD_MIN_FREE_BYTES"`
-	MinFreePercent  float64       `help:"Least free space the cache leaves on its filesystem, in percent of its size: by default the kubelet's eviction threshold (nodefs.available 10%) plus 10 points; 0 for no floor." default:"20" env:"WEIGHTD_MIN_FREE_PERCENT"`
+	MinFreePercent  float64       `help:"Least free space the cache leaves on its filesystem, in percent of its size: by default the kubelet's eviction threshold (nodefs.available 10%) plus 5 points; 0 for no floor." default:"15" env:"WEIGHTD_MIN_FREE_PERCENT"`
 	MaxJobs         int           `help:"Prefetch jobs run at once." default:"2" env:"WEIGHTD_MAX_JOBS"`
 	ShutdownTimeout time.Duration `help:"How long open API and metrics requests may take to finish at shutdown." default:"15s" env:"WEIGHTD_SHUTDOWN_TIMEOUT"`
 	ModelLabels     int           `help:"How many models keep their name in the model label of weightd_prefetch_ready_seconds; later ones count as \"other\"." default:"50" env:"WEIGHTD_MODEL_LABELS"`

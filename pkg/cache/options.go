@@ -92,13 +92,14 @@ func WithBudget(maxBytes int64, maxPercent float64) Option {
 // --min-free-percent): the kubelet evicts pods once less than
 // KubeletNodefsAvailablePercent of the node's filesystem is free (its
 // default hard eviction threshold nodefs.available<10%), and the cache
-// stops MinFreeMarginPercent points above that. The margin also keeps it
-// above imagefs.available<15% (and image garbage collection at 85% use)
-// where containerd's images share the filesystem, as they do when the
-// cache hard-links image layers into containerd.
+// stops MinFreeMarginPercent points above that: at the kubelet's image
+// garbage collection threshold (85% used) where containerd's images share
+// the filesystem, as they do when the cache hard-links image layers into
+// containerd. A larger margin would refuse fetches on nodes whose disks
+// images already fill to 80%, which the kubelet itself tolerates.
 const (
 	KubeletNodefsAvailablePercent = 10
-	MinFreeMarginPercent          = 10
+	MinFreeMarginPercent          = 5
 	DefaultMinFreePercent         = KubeletNodefsAvailablePercent + MinFreeMarginPercent
 )
 
