@@ -73,7 +73,8 @@ type Partial struct {
 
 	mu      sync.Mutex
 	st      *partialState
-	present int64 // bytes in present chunks
+	present int64                 // bytes in present chunks
+	writing map[int]chan struct{} // chunk → closed when its one writer is done
 
 	hashMu sync.Mutex // serialises advancing the whole-blob hash
 	whole  hashState  // covers [0, st.Hashed); guarded by hashMu
@@ -143,6 +144,13 @@ func (p *Partial) state() (have, hashes []byte) {
 // nil (a trusted origin) the hash is computed and recorded as the chunk's.
 // A chunk already present is left as it is. The whole blob is still checked
 // against its digest before it is committed.
+//
+// One writer at a time writes a chunk that is not present, and marks it
+// present with the hash of what it wrote; the others wait for it and, once
+// it is present, return without writing. So writers of one chunk with
+// different bytes (an endgame duplicate from a peer whose chunk map lies,
+// checked against the lie) never mix: the bytes in the file are those whose
+// hash is recorded, and those the whole-blob hash is fed.
 func (p *Partial) WriteChunk(i int, data []byte, want []byte) error {
 	if i < 0 || i >= p.n {
 		return fmt.Errorf("%w: chunk %d of %d", ErrInvalid, i, p.n)
@@ -154,28 +162,59 @@ func (p *Partial) WriteChunk(i int, data []byte, want []byte) error {
 	if want != nil && !bytes.Equal(sum[:], want) {
 		return fmt.Errorf("%w: chunk %d", ErrDigestMismatch, i)
 	}
-	if p.Has(i) {
-		return nil
+	done := p.claim(i)
+	if done == nil {
+		return nil // present
 	}
-	// Concurrent writers of one chunk (endgame duplicates) write identical,
-	// verified bytes, so their writes may overlap harmlessly.
 	if _, err := p.file.WriteAt(data, int64(i)*p.cs); err != nil {
+		p.mu.Lock()
+		delete(p.writing, i)
+		p.mu.Unlock()
+		close(done)
 		return fmt.Errorf("writing chunk %d of %s: %w", i, p.desc.Digest, diskErr(err))
 	}
 	p.s.m.ingestBytes.Add(float64(len(data)))
 	p.mu.Lock()
-	if !p.st.has(i) {
-		p.st.set(i, sum[:])
-		p.present += int64(len(data))
-	}
+	p.st.set(i, sum[:]) // only the claimant marks it: it is not present
+	p.present += int64(len(data))
 	present := p.present
+	delete(p.writing, i)
 	p.mu.Unlock()
+	close(done)
 	p.f.report(present)
 	p.s.emit(Event{Kind: EventChunk, Digest: p.desc.Digest, Chunk: i})
-	if err := p.advanceHash(i, data); err != nil {
+	if err := p.advanceHash(i, data, sum[:]); err != nil {
 		return err
 	}
 	return p.checkpoint(false)
+}
+
+// claim makes the caller the one writer of chunk i, waiting while another
+// writer has it, and returns nil if the chunk is (or became) present. Else
+// the caller writes the chunk, then, with p.mu held, marks it present (if
+// the write succeeded) and deletes i from p.writing, then closes the
+// channel claim returned, which wakes the writers waiting for it.
+func (p *Partial) claim(i int) chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for {
+		if p.st.has(i) {
+			return nil
+		}
+		busy, ok := p.writing[i]
+		if !ok {
+			break
+		}
+		p.mu.Unlock()
+		<-busy
+		p.mu.Lock()
+	}
+	if p.writing == nil {
+		p.writing = make(map[int]chan struct{})
+	}
+	done := make(chan struct{})
+	p.writing[i] = done
+	return done
 }
 
 // Invalidate forgets chunk i: its recorded hash was wrong (a lying chunk map)
@@ -197,16 +236,16 @@ func (p *Partial) Invalidate(i int) {
 }
 
 // advanceHash feeds the whole-blob hash with the present chunks that extend
-// its prefix: chunk i from data, which the caller just wrote, the others read
-// back from the data file (usually the page cache). Whoever holds hashMu does
-// the work; the others return at once, and the holder re-checks before it
-// lets go, so no chunk is left behind.
-func (p *Partial) advanceHash(i int, data []byte) error {
+// its prefix: chunk i from data, which the caller just wrote and whose hash
+// is sum, the others read back from the data file (usually the page cache).
+// Whoever holds hashMu does the work; the others return at once, and the
+// holder re-checks before it lets go, so no chunk is left behind.
+func (p *Partial) advanceHash(i int, data, sum []byte) error {
 	for {
 		if !p.hashMu.TryLock() {
 			return nil
 		}
-		err := p.hashPrefix(i, data)
+		err := p.hashPrefix(i, data, sum)
 		p.hashMu.Unlock()
 		if err != nil {
 			return err
@@ -221,19 +260,24 @@ func (p *Partial) advanceHash(i int, data []byte) error {
 	}
 }
 
-// hashPrefix runs with hashMu held; chunk known, if not -1, is data.
-func (p *Partial) hashPrefix(known int, data []byte) error {
+// hashPrefix runs with hashMu held. Chunk known, if not -1, was written as
+// data, whose hash is sum: data is hashed instead of the file's bytes only
+// while the chunk is present with that hash recorded, which its bytes in
+// the file have (a present chunk is never written; one invalidated and
+// written again since may hold other bytes, and is read back).
+func (p *Partial) hashPrefix(known int, data, sum []byte) error {
 	var buf []byte
 	for {
 		p.mu.Lock()
 		off := p.st.Hashed
-		ok := off < p.desc.Size && p.st.has(int(off/p.cs))
+		i := int(off / p.cs)
+		ok := off < p.desc.Size && p.st.has(i)
+		inMemory := ok && i == known && bytes.Equal(p.st.Chunks[i*sha256.Size:(i+1)*sha256.Size], sum)
 		p.mu.Unlock()
 		if !ok {
 			return nil
 		}
-		i := int(off / p.cs)
-		if i == known {
+		if inMemory {
 			p.whole.Write(data)
 		} else {
 			if buf == nil {
@@ -258,7 +302,7 @@ func (p *Partial) Verify() error {
 	}
 	p.hashMu.Lock()
 	defer p.hashMu.Unlock()
-	if err := p.hashPrefix(-1, nil); err != nil {
+	if err := p.hashPrefix(-1, nil, nil); err != nil {
 		return err
 	}
 	if got := digest.NewDigest(digest.SHA256, p.whole); got != p.desc.Digest {
