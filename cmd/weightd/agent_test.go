@@ -117,14 +117,19 @@ func TestFetchWait(t *testing.T) {
 		t.Fatalf("exit %d; stderr:\n%s", code, stderr)
 	}
 	dir := strings.TrimSpace(stdout)
-	if !strings.Contains(dir, "models--test--model/snapshots/") {
+	parsed, err := prefetch.ParseRef(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := parsed.ModelName() // its URL's, not the manifest's "test/model"
+	if !strings.Contains(dir, "models--"+strings.ReplaceAll(name, "/", "--")+"/snapshots/") {
 		t.Fatalf("stdout %q, want the model directory", stdout)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
 		t.Fatal(err)
 	}
 	// Not a terminal: plain progress lines.
-	if !strings.Contains(stderr, "ready test/model@") {
+	if !strings.Contains(stderr, "ready "+name+"@") {
 		t.Errorf("stderr %q, want a final progress line", stderr)
 	}
 

@@ -517,7 +517,7 @@ func printDemoSummary(w io.Writer, r *demoResult, agents []*demoAgent) {
 		fmt.Fprintf(w, "%s(%s's; every agent's holds the same files, linked to the same blobs)\n", cont, agents[0].name)
 	}
 	fmt.Fprintf(w, "  use it         HF_HUB_CACHE=%s finds %s at revision %s (hub layout, no copy)\n",
-		filepath.Join(agents[0].cacheDir(), "models"), r.manifest.Name, r.manifest.Revision)
+		filepath.Join(agents[0].cacheDir(), "models"), r.first[0].status.Model, r.first[0].status.Revision)
 	label := func(i int, first string) string {
 		if i == 0 {
 			return first

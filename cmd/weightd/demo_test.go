@@ -39,7 +39,8 @@ func TestDemoAgentsShare(t *testing.T) {
 		"second fetch   demo-a ",
 		"cache hit",
 		"bytes of model fetched 4 times",
-		"/demo-a/cache/models/models--weightd--demo-model/snapshots/",
+		"/demo-a/cache/models/models--127.0.0.1-", // named after the manifest's URL
+		"--model.json--",
 		"-> ../../../../blobs/sha256/",
 		"every agent's holds the same files",
 		"demo-c  weightd status --api unix://" + dir + "/demo-c/weightd.sock",

@@ -230,12 +230,16 @@ func throughSwarm(res *prefetch.Resolution, wrap func(cache.Descriptor, cache.Ra
 
 // resolveFromPeers is the fallback when the origin fails to resolve ref:
 // peers that resolved it before say what it is; the blobs can then come only
-// from peers. A digest-pinned reference must resolve to its digest.
+// from peers. The model must have the name the reference gives
+// (Ref.ModelName), and a digest-pinned reference must resolve to its digest.
 func (s swarmSource) resolveFromPeers(ctx context.Context, ref prefetch.Ref, originErr error) (*prefetch.Resolution, error) {
 	if errors.Is(originErr, cache.ErrPermanent) {
 		return nil, originErr // the origin answered: the reference is wrong
 	}
 	m, err := s.p.swarm.ResolveFromPeers(ctx, ref.String(), func(m cache.Model) error {
+		if want := ref.ModelName(); m.Name != want {
+			return fmt.Errorf("resolution names the model %q, not %q", m.Name, want)
+		}
 		if ref.Digest == "" {
 			return nil
 		}

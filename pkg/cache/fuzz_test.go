@@ -44,7 +44,7 @@ func FuzzParseDigest(f *testing.F) {
 }
 
 func FuzzValidateModelName(f *testing.F) {
-	for _, s := range []string{"org/name", "name", "a/b/c", "../x", "org--x/y", "org/x.", "Qwen/Qwen2.5-7B-Instruct"} {
+	for _, s := range []string{"org/name", "name", "a/b/c", "a/b/c/d", "a-/-b", "../x", "org--x/y", "org/x.", "Qwen/Qwen2.5-7B-Instruct"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, name string) {
@@ -52,7 +52,9 @@ func FuzzValidateModelName(f *testing.F) {
 			return
 		}
 		dir := "models--" + strings.ReplaceAll(name, "/", "--")
-		if !filepath.IsLocal(dir) || strings.Contains(dir, "/") || strings.Count(dir, "--") > 2 {
+		parts := strings.Split(dir, "--")
+		if !filepath.IsLocal(dir) || strings.Contains(dir, "/") || len(parts) > 4 ||
+			strings.Join(parts[1:], "/") != name { // distinct names are distinct directories
 			t.Fatalf("accepted %q", name)
 		}
 	})

@@ -36,7 +36,14 @@ func (s *Store) repoDir(name string) string {
 // Materialize lays out model m as a directory of relative symlinks into
 // blobs/ and returns the directory. Every blob must already be in the store.
 // It copies no bytes: its cost is O(files). The directory appears whole or not
-// at all; materialising again replaces it atomically.
+// at all.
+//
+// A name and revision name one set of files for good: a snapshot that holds
+// other files than m's is never replaced, and Materialize fails with
+// ErrSnapshotConflict (a source whose content moves on names it with a new
+// revision, and moves a ref). Only a snapshot of m itself is laid out again,
+// atomically: one damaged since (what the index recorded there is m), or
+// one whose index record was lost (it holds exactly m's files).
 //
 // Then it writes m's refs as huggingface_hub does
 // (_cache_commit_hash_for_specific_revision): refs/<m.Ref> holding the
@@ -70,9 +77,10 @@ func (s *Store) Materialize(m Model) (string, error) {
 	snapshots := filepath.Join(s.repoDir(m.Name), "snapshots")
 	final := filepath.Join(snapshots, m.Revision)
 	key := m.Name + "@" + m.Revision
-	rec := modelRecord{Dir: mustRel(s.root, final)}
+	rec := snapshotRecord{modelRecord: modelRecord{Dir: mustRel(s.root, final)}, Paths: make([]string, 0, len(m.Files))}
 	for _, f := range m.Files {
 		rec.Digest = append(rec.Digest, f.Digest)
+		rec.Paths = append(rec.Paths, f.Path)
 	}
 	recJSON, err := json.Marshal(rec)
 	if err != nil {
@@ -92,6 +100,9 @@ func (s *Store) Materialize(m Model) (string, error) {
 		}
 		s.touchAll(rec.Digest)
 		return final, nil
+	}
+	if err := s.mayLayOut(m, final, key); err != nil {
+		return "", fmt.Errorf("materialising %s@%s: %w", m.Name, m.Revision, err)
 	}
 	delete(s.synced, key)
 
@@ -130,6 +141,70 @@ func (s *Store) Materialize(m Model) (string, error) {
 	s.synced[key] = true
 	s.touchAll(rec.Digest)
 	return final, nil
+}
+
+// snapshotRecord is the index record of a snapshot (under "name@revision"):
+// the modelRecord that pruning reads, and the path of each file, so that
+// what the snapshot holds is known whole. Records written before paths were
+// kept have none.
+type snapshotRecord struct {
+	modelRecord
+	Paths []string `json:"paths,omitempty"`
+}
+
+// mayLayOut checks that laying model m out at final replaces nothing but a
+// snapshot of m: there is none, or it holds exactly m's files (its index
+// record was lost), or the index records m there (it was damaged since).
+// Anything else there is another model's snapshot under m's name and
+// revision: ErrSnapshotConflict. modelsMu is held.
+func (s *Store) mayLayOut(m Model, final, key string) error {
+	if _, err := os.Lstat(final); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return diskErr(err)
+	}
+	if s.snapshotHolds(m, final, false) || s.recorded(m, key) {
+		return nil
+	}
+	return fmt.Errorf("%w: %s holds other files", ErrSnapshotConflict, mustRel(s.root, final))
+}
+
+// recorded reports whether the index record under key is of model m: the
+// same file at each path, or, in a record from before paths were kept, the
+// same blobs in the same order.
+func (s *Store) recorded(m Model, key string) bool {
+	var rec snapshotRecord
+	var found bool
+	_ = s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketModels).Get([]byte(key))
+		found = v != nil && json.Unmarshal(v, &rec) == nil
+		return nil
+	})
+	if !found || len(rec.Digest) != len(m.Files) {
+		return false
+	}
+	if rec.Paths == nil {
+		for i, f := range m.Files {
+			if rec.Digest[i] != f.Digest {
+				return false
+			}
+		}
+		return true
+	}
+	if len(rec.Paths) != len(rec.Digest) {
+		return false
+	}
+	want := make(map[string]digest.Digest, len(m.Files))
+	for _, f := range m.Files {
+		want[f.Path] = f.Digest
+	}
+	for i, p := range rec.Paths {
+		if d, ok := want[p]; !ok || d != rec.Digest[i] {
+			return false
+		}
+		delete(want, p) // a path recorded twice does not count twice
+	}
+	return len(want) == 0
 }
 
 // Modes of what Materialize writes, which snapshotIntact and refIntact
@@ -225,17 +300,23 @@ func mkdirSynced(base, dir string, perm os.FileMode) error {
 // and nothing else: no other file, link or directory, no directory that is
 // a link, every directory with the mode Materialize gives it. Anything else
 // (a half-written snapshot, a retargeted link, an extra or missing file) is
-// not intact, and is laid out again. Refs are no part of it: writeRefs
-// checks and mends them on their own. modelsMu is held.
+// not intact, and is laid out again if it is m's (mayLayOut). Refs are no
+// part of it: writeRefs checks and mends them on their own. modelsMu is
+// held.
 func (s *Store) snapshotIntact(m Model, final, key string, recJSON []byte) bool {
 	var indexed bool
 	_ = s.db.View(func(tx *bolt.Tx) error {
 		indexed = bytes.Equal(tx.Bucket(bucketModels).Get([]byte(key)), recJSON)
 		return nil
 	})
-	if !indexed {
-		return false
-	}
+	return indexed && s.snapshotHolds(m, final, true)
+}
+
+// snapshotHolds reports whether the directory final holds exactly the
+// links Materialize makes for model m, one per file to its blob, and the
+// directories they are in, nothing else; with modes, every directory also
+// has the mode Materialize gives it.
+func (s *Store) snapshotHolds(m Model, final string, modes bool) bool {
 	want := make(map[string]string, len(m.Files)) // path under final → link target
 	dirs := map[string]bool{".": true}
 	for _, f := range m.Files {
@@ -250,7 +331,7 @@ func (s *Store) snapshotIntact(m Model, final, key string, recJSON []byte) bool 
 		}
 	}
 	info, err := os.Lstat(final)
-	if err != nil || !info.IsDir() || info.Mode().Perm() != snapshotDirPerm {
+	if err != nil || !info.IsDir() || modes && info.Mode().Perm() != snapshotDirPerm {
 		return false
 	}
 	links := 0
@@ -276,7 +357,7 @@ func (s *Store) snapshotIntact(m Model, final, key string, recJSON []byte) bool 
 				if !dirs[rel] {
 					return false
 				}
-				if info, err := e.Info(); err != nil || info.Mode().Perm() != snapshotDirPerm || !walk(rel) {
+				if info, err := e.Info(); err != nil || modes && info.Mode().Perm() != snapshotDirPerm || !walk(rel) {
 					return false
 				}
 			default:

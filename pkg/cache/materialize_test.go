@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -358,9 +359,12 @@ func TestMaterializeRebuildsTamperedSnapshot(t *testing.T) {
 			require.NoError(t, err)
 			tamper(t, f, dir)
 			key := f.m.Name + "@" + f.m.Revision
-			rec, err := json.Marshal(modelRecord{Dir: mustRel(f.s.Root(), dir), Digest: []digest.Digest{
-				f.m.Files[0].Digest, f.m.Files[1].Digest, f.m.Files[2].Digest,
-			}})
+			rec, err := json.Marshal(snapshotRecord{
+				modelRecord: modelRecord{Dir: mustRel(f.s.Root(), dir), Digest: []digest.Digest{
+					f.m.Files[0].Digest, f.m.Files[1].Digest, f.m.Files[2].Digest,
+				}},
+				Paths: []string{f.m.Files[0].Path, f.m.Files[1].Path, f.m.Files[2].Path},
+			})
 			require.NoError(t, err)
 			require.False(t, f.s.snapshotIntact(f.m, dir, key, rec), "tampered snapshot taken for intact")
 
@@ -375,37 +379,79 @@ func TestMaterializeRebuildsTamperedSnapshot(t *testing.T) {
 	}
 }
 
-// A different file list for the same revision is not the snapshot on disk:
-// it is laid out again, whole.
-func TestMaterializeChangedModelReplacesSnapshot(t *testing.T) {
+// A name and revision name one set of files for good: materialising other
+// files under them is refused, and the snapshot, its refs and its index
+// record stay as they were (a source whose content moves on names it with a
+// new revision). Attack 1 of issue 21, at the store.
+func TestMaterializeNeverReplacesSnapshotWithOtherFiles(t *testing.T) {
 	t.Parallel()
 	f := newSnapshotFixture(t)
 	dir, err := f.s.Materialize(f.m)
 	require.NoError(t, err)
+	key := f.m.Name + "@" + f.m.Revision
+	record := func() []byte {
+		var rec []byte
+		require.NoError(t, f.s.db.View(func(tx *bolt.Tx) error {
+			rec = bytes.Clone(tx.Bucket(bucketModels).Get([]byte(key)))
+			return nil
+		}))
+		return rec
+	}
+	before, rec := idOf(t, dir), record()
 	for name, files := range map[string][]File{
-		"fewer files":   f.m.Files[:2],
-		"renamed file":  {f.m.Files[0], {Path: "weights.safetensors", Descriptor: f.m.Files[1].Descriptor}, f.m.Files[2]},
-		"other content": {{Path: "config.json", Descriptor: f.spare}, f.m.Files[1], f.m.Files[2]},
+		"fewer files":       f.m.Files[:2],
+		"one more file":     append(slices.Clone(f.m.Files), File{Path: "modeling_evil.py", Descriptor: f.spare}),
+		"renamed file":      {f.m.Files[0], {Path: "weights.safetensors", Descriptor: f.m.Files[1].Descriptor}, f.m.Files[2]},
+		"other content":     {{Path: "config.json", Descriptor: f.spare}, f.m.Files[1], f.m.Files[2]},
+		"paths swapped":     {{Path: f.m.Files[0].Path, Descriptor: f.m.Files[2].Descriptor}, f.m.Files[1], {Path: f.m.Files[2].Path, Descriptor: f.m.Files[0].Descriptor}},
+		"other, with a ref": {{Path: "config.json", Descriptor: f.spare}, f.m.Files[1], f.m.Files[2]},
 	} {
 		m := f.m
 		m.Files = files
-		before := idOf(t, dir)
+		if name == "other, with a ref" {
+			m.Ref = "v2"
+		}
 		_, err := f.s.Materialize(m)
-		require.NoError(t, err, name)
-		require.NotEqual(t, before, idOf(t, dir), "%s: snapshot not replaced", name)
-		entries := 0
-		require.NoError(t, filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-			if d.Type() == os.ModeSymlink {
-				entries++
-			}
-			return err
-		}))
-		require.Equal(t, len(files), entries, name)
-
-		_, err = f.s.Materialize(f.m) // back to the original
-		require.NoError(t, err)
+		require.ErrorIs(t, err, ErrSnapshotConflict, name)
+		require.Equal(t, before, idOf(t, dir), "%s: snapshot replaced", name)
 		f.requireSnapshot(t, dir)
+		require.Equal(t, rec, record(), "%s: index record changed", name)
+		_, err = os.Lstat(filepath.Join(f.s.repoDir(f.m.Name), "refs", "v2"))
+		require.ErrorIs(t, err, os.ErrNotExist, "%s: a refused model moves no ref", name)
 	}
+
+	// After a restart, and with the index record lost, the snapshot on disk
+	// is what counts: still refused.
+	require.NoError(t, f.s.Close())
+	s2 := openStore(t, f.s.Root())
+	require.NoError(t, s2.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketModels).Delete([]byte(key)) }))
+	m := f.m
+	m.Files = []File{{Path: "config.json", Descriptor: f.spare}, f.m.Files[1], f.m.Files[2]}
+	_, err = s2.Materialize(m)
+	require.ErrorIs(t, err, ErrSnapshotConflict)
+	require.Equal(t, before, idOf(t, dir))
+
+	// The same files are laid out again under a new record, as before.
+	dir2, err := s2.Materialize(f.m)
+	require.NoError(t, err)
+	require.Equal(t, dir, dir2)
+	f.s = s2
+	f.requireSnapshot(t, dir)
+
+	// A record written before paths were kept (the blobs in order) still
+	// lets a damaged snapshot of the same files be mended, and nothing else
+	// replace it.
+	legacy, err := json.Marshal(modelRecord{Dir: mustRel(s2.Root(), dir), Digest: []digest.Digest{
+		f.m.Files[0].Digest, f.m.Files[1].Digest, f.m.Files[2].Digest,
+	}})
+	require.NoError(t, err)
+	require.NoError(t, s2.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketModels).Put([]byte(key), legacy) }))
+	require.NoError(t, os.Remove(filepath.Join(dir, "config.json")))
+	_, err = s2.Materialize(m)
+	require.ErrorIs(t, err, ErrSnapshotConflict)
+	_, err = s2.Materialize(f.m)
+	require.NoError(t, err)
+	f.requireSnapshot(t, dir)
 }
 
 func TestTouchWritesIndexAtGranularity(t *testing.T) {

@@ -346,12 +346,14 @@ func TestMaterializeLinksWithoutCopy(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "main", string(ref))
 
-	// Materialising again with fewer files replaces the snapshot whole.
-	m.Files = m.Files[:1]
-	dir2, err := s.Materialize(m)
-	require.NoError(t, err)
-	entries, _ := os.ReadDir(dir2)
-	require.Len(t, entries, 1)
+	// Materialising fewer files at the same revision is refused: the
+	// snapshot stays whole.
+	fewer := m
+	fewer.Files = m.Files[:1]
+	_, err = s.Materialize(fewer)
+	require.ErrorIs(t, err, ErrSnapshotConflict)
+	entries, _ := os.ReadDir(dir)
+	require.Len(t, entries, 4, "three links and the tokenizer directory")
 	leftovers, _ := filepath.Glob(filepath.Join(filepath.Dir(dir), ".tmp-*"))
 	require.Empty(t, leftovers)
 
@@ -373,7 +375,7 @@ func TestMaterializeRejectsMissingBlobsAndBadPaths(t *testing.T) {
 		_, err := s.Materialize(Model{Name: "org/m", Revision: "main", Files: []File{{Path: p, Descriptor: descOf(data)}}})
 		require.ErrorIs(t, err, ErrInvalid, "path %q", p)
 	}
-	for _, name := range []string{"", "a/b/c", "../x", "org/.hidden", "org--x/y", "org/x y"} {
+	for _, name := range []string{"", "a/b/c/d", "../x", "org/.hidden", "org--x/y", "org/x y"} {
 		_, err := s.Materialize(Model{Name: name, Revision: "main"})
 		require.ErrorIs(t, err, ErrInvalid, "name %q", name)
 	}

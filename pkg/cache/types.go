@@ -8,7 +8,8 @@
 //	models/              models materialised as links into blobs/, in the
 //	                     Hugging Face hub cache layout
 //	                     (models--org--name/snapshots/<rev>/<path>, and
-//	                     models--org--name/refs/<branch> holding <rev>)
+//	                     models--org--name/refs/<branch> holding <rev>; a
+//	                     name of three parts, a/b/c, is models--a--b--c)
 //	index.db             sizes, last access, pins and chunk maps (bbolt)
 //
 // Every blob is written to partial/, fsynced, checked against its size and
@@ -42,6 +43,9 @@ var (
 	ErrSizeMismatch   = errors.New("size mismatch")
 	ErrDiskFull       = errors.New("cache disk full")
 	ErrClosed         = errors.New("cache closed")
+	// ErrSnapshotConflict is Materialize's refusal to replace a snapshot
+	// that holds other files under the same name and revision.
+	ErrSnapshotConflict = errors.New("a snapshot of that name and revision holds other files")
 	// ErrPermanent marks a source error that retrying cannot fix (404, 403,
 	// a size the origin disagrees with). Wrap it with Permanent.
 	ErrPermanent = errors.New("permanent source error")
@@ -185,16 +189,19 @@ var (
 
 const maxRefLength = 255
 
-// ValidateModelName accepts "name" or "org/name" where each part is letters,
-// digits, '.', '_' or '-', not starting with punctuation and not containing
-// "--" (which the hub layout uses as a separator).
+// ValidateModelName accepts "name" or "org/name", as hubs name models, or
+// "a/b/c", a name no hub gives (models fetched by URL: pkg/prefetch), where
+// each part is letters, digits, '.', '_' or '-', not starting with
+// punctuation, not ending with '.' or '-' and not containing "--" (which the
+// hub layout uses as a separator: so a directory's name splits back into
+// the one name it is of).
 func ValidateModelName(name string) error {
 	parts := strings.Split(name, "/")
-	if len(parts) > 2 {
-		return fmt.Errorf("%w: model name %q: at most one '/'", ErrInvalid, truncate(name))
+	if len(parts) > 3 {
+		return fmt.Errorf("%w: model name %q: at most two '/'", ErrInvalid, truncate(name))
 	}
 	for _, p := range parts {
-		if !nameSegmentRE.MatchString(p) || strings.Contains(p, "--") || strings.HasSuffix(p, ".") {
+		if !nameSegmentRE.MatchString(p) || strings.Contains(p, "--") || strings.HasSuffix(p, ".") || strings.HasSuffix(p, "-") {
 			return fmt.Errorf("%w: model name %q", ErrInvalid, truncate(name))
 		}
 	}

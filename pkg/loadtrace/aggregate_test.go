@@ -155,7 +155,8 @@ func TestClassify(t *testing.T) {
 		{"/c/models/models--a--b/refs/main", "", "", false, false},
 		{"/c/models/models--a--b/snapshots/r", "", "", false, false},
 		{"/c/models/datasets--a/snapshots/r/f", "", "", false, false},
-		{"/c/models/models--a--b--c/snapshots/r/f", "", "", false, false},
+		{"/c/models/models--a--b--c/snapshots/r/f", "a/b/c@r", "f", false, true}, // a model fetched by URL
+		{"/c/models/models--a--b--c--d/snapshots/r/f", "", "", false, false},
 		{"/c/models/../etc/passwd", "", "", false, false},
 		{"/c/modelsX/models--a/snapshots/r/f", "", "", false, false},
 		{"/etc/passwd", "", "", false, false},

@@ -9,7 +9,8 @@ import (
 
 // classify maps an opened path to its model and file: under a models
 // directory (models--org--name/snapshots/<rev>/<file>) the model is
-// "org/name@rev" and the file the path below the snapshot; under a blobs
+// "org/name@rev" (of a model fetched by URL, models--a--b--c, "a/b/c@rev")
+// and the file the path below the snapshot; under a blobs
 // directory (<hex>) both are "sha256:<hex>" and blob is true. Prefixes end
 // in "/". Anything else, a temporary snapshot or a path that ".." takes
 // out of the directory included, is not ok.

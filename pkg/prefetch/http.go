@@ -2,6 +2,8 @@ package prefetch
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -19,16 +21,25 @@ import (
 // HTTPSource resolves KindHTTP references: model manifests (see Manifest) and
 // single files pinned by digest. Its blobs are read with ranged GETs.
 //
-// A single-file reference becomes a one-file model named after its URL:
-// the organisation is the host (and port), the name is the URL path, each
-// sanitised to letters, digits, '.', '_' and '-' (other runs of bytes become
-// one '-'); the revision is the first 12 hex digits of the digest, and the
-// file keeps the last segment of the URL path as its name. So
+// Either is laid out under the name of its URL (Ref.ModelName), never under
+// a name the document gives: a manifest naming another model (a hub's, or
+// another URL's) cannot put its files where that model's users load it.
+//
+// A manifest's snapshot is its revision when that is a commit (40 lowercase
+// hex digits); any other revision is a branch or tag: the snapshot is then
+// named by a commit-like id of the files (40 hex digits of the sha256 of
+// their paths and digests), and the revision is written as a ref to it, so
+// that new files behind the same branch make a new snapshot and move the
+// ref, as a hub's branch does.
+//
+// A single-file reference becomes a one-file model whose revision is the
+// first 12 hex digits of the digest and whose file keeps the last segment
+// of the URL path as its name. So
 // "https://example.com:8443/v1/llama/model.bin#sha256:0123456789ab…" is the
-// model "example.com-8443/v1-llama-model.bin" at revision "0123456789ab" with
-// the one file "model.bin". Its size is learned with a HEAD request, or with a
-// GET of its first byte where HEAD is refused (presigned URLs are signed for
-// one method) or reports no length.
+// model "example.com-8443/v1-llama-model.bin/<key>" at revision
+// "0123456789ab" with the one file "model.bin". Its size is learned with a
+// HEAD request, or with a GET of its first byte where HEAD is refused
+// (presigned URLs are signed for one method) or reports no length.
 type HTTPSource struct {
 	client    *http.Client
 	userAgent string
@@ -99,7 +110,7 @@ func (s *HTTPSource) resolveManifest(ctx context.Context, u *url.URL) (*Resoluti
 		}
 		return nil, err
 	}
-	res := &Resolution{Model: m.Model(), Blobs: make(map[digest.Digest]cache.RangeOpener, len(m.Files))}
+	res := &Resolution{Model: m.layout(u), Blobs: make(map[digest.Digest]cache.RangeOpener, len(m.Files))}
 	for _, f := range m.Files {
 		fu, err := f.fileURL(u)
 		if err != nil {
@@ -399,14 +410,27 @@ func redact(u *url.URL) string {
 	return c.String()
 }
 
+// urlModelName is the name of the model a URL names (Ref.ModelName):
+// "<host>/<path>/<key>", three parts where hubs' names have at most two, so
+// that no hub model is ever laid out in its place. Host (and "-<port>") and
+// path are sanitised for people to read, which loses bytes ('/' and ':'
+// become '-'); key, the first 16 hex digits of the sha256 of the URL's
+// scheme, host, port and escaped path, tells URLs apart, so that no other
+// URL's model is laid out in its place either. The query (presigned URLs'
+// credentials) and fragment are no part of it.
+func urlModelName(u *url.URL) string {
+	host := sanitize(u.Host, 96, "host")
+	name := sanitize(strings.TrimPrefix(u.Path, "/"), 96, "file")
+	sum := sha256.Sum256([]byte(u.Scheme + "://" + strings.ToLower(u.Host) + u.EscapedPath()))
+	return host + "/" + name + "/" + hex.EncodeToString(sum[:8])
+}
+
 // singleFileModel names the one-file model of a digest-pinned URL; see
 // HTTPSource.
 func singleFileModel(u *url.URL, d digest.Digest, size int64) cache.Model {
-	org := sanitize(u.Host, 96, "host")
-	name := sanitize(strings.TrimPrefix(u.Path, "/"), 96, "file")
 	file := sanitize(path.Base(u.Path), 255, "blob")
 	return cache.Model{
-		Name:     org + "/" + name,
+		Name:     urlModelName(u),
 		Revision: d.Encoded()[:12],
 		Files:    []cache.File{{Path: file, Descriptor: cache.Descriptor{Digest: d, Size: size}}},
 	}

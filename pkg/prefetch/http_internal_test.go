@@ -2,6 +2,7 @@ package prefetch
 
 import (
 	"net/url"
+	"strings"
 	"testing"
 
 	"github.com/opencontainers/go-digest"
@@ -68,8 +69,50 @@ func TestSingleFileModel(t *testing.T) {
 			require.NoError(t, m.Validate())
 			assert.Equal(t, "0123456789ab", m.Revision)
 			assert.Equal(t, []cache.File{{Path: tt.file, Descriptor: cache.Descriptor{Digest: d, Size: 42}}}, m.Files)
-			assert.Equal(t, tt.name, m.Name)
+			assert.Equal(t, urlModelName(u), m.Name)
+			prefix, key, _ := strings.Cut(m.Name[len(tt.name):], "/")
+			assert.Empty(t, prefix, "%s: want %s/<key>", m.Name, tt.name)
+			assert.Regexp(t, `^[0-9a-f]{16}$`, key)
 		})
+	}
+}
+
+// urlModelName names a URL in three parts, which no hub model's name has,
+// readable for people, and tells apart URLs that read alike.
+func TestURLModelName(t *testing.T) {
+	t.Parallel()
+	long := "https://" + strings.Repeat("h", 200) + ".example/" + strings.Repeat("p/", 300) + "model.json"
+	names := map[string]string{}
+	for _, s := range []string{
+		"https://models.example.com/llama-3-8b/model.json",
+		"http://models.example.com/llama-3-8b/model.json",
+		"https://models.example.com:443/llama-3-8b/model.json",
+		"https://models.example.com/llama-3-8b-model.json",
+		"https://models.example.com/llama--3-8b/model.json",
+		"https://models.example.com-443/llama-3-8b/model.json",
+		"https://models.example.com/Llama-3-8b/model.json",
+		"https://models.example.com/llama-3-8b/model%2Ejson",
+		"https://models.example.com/llama 3 8b/model.json",
+		"http://[::1]:8080/a/model.json",
+		"http://1:8080/a/model.json",
+		long,
+	} {
+		u, err := parseHTTPURL(s)
+		require.NoError(t, err, s)
+		name := urlModelName(u)
+		require.NoError(t, cache.ValidateModelName(name), s)
+		assert.Len(t, strings.Split(name, "/"), 3, s)
+		assert.LessOrEqual(t, len("models--"+strings.ReplaceAll(name, "/", "--")), 255, "a directory name")
+		if other, ok := names[name]; ok {
+			t.Errorf("%s and %s are both named %s", s, other, name)
+		}
+		names[name] = s
+	}
+	u, _ := parseHTTPURL("https://models.example.com/llama-3-8b/model.json")
+	assert.True(t, strings.HasPrefix(urlModelName(u), "models.example.com/llama-3-8b-model.json/"), urlModelName(u))
+	for _, s := range []string{"https://models.example.com/llama-3-8b/model.json?sig=1", "https://MODELS.example.com/llama-3-8b/model.json"} {
+		v, _ := parseHTTPURL(s)
+		assert.Equal(t, urlModelName(u), urlModelName(v), "%s: the query and the host's case are no part of the name", s)
 	}
 }
 

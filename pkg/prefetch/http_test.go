@@ -267,9 +267,12 @@ func TestHTTPSourceResolveFile(t *testing.T) {
 			}))
 			defer srv.Close()
 			res, _ := resolveFile(t, prefetch.NewHTTPSource(srv.Client()), srv.URL+"/models/llama/w.bin", d)
+			ref, err := prefetch.ParseRef(srv.URL + "/models/llama/w.bin#" + d.String())
+			require.NoError(t, err)
 			host := strings.ReplaceAll(strings.TrimPrefix(srv.URL, "http://"), ":", "-")
+			require.True(t, strings.HasPrefix(ref.ModelName(), host+"/models-llama-w.bin/"), ref.ModelName())
 			assert.Equal(t, cache.Model{
-				Name:     host + "/models-llama-w.bin",
+				Name:     ref.ModelName(),
 				Revision: d.Encoded()[:12],
 				Files:    []cache.File{{Path: "w.bin", Descriptor: cache.Descriptor{Digest: d, Size: int64(len(tt.data))}}},
 			}, res.Model)
@@ -332,8 +335,9 @@ func TestHTTPSourceResolveManifest(t *testing.T) {
 	res, err := prefetch.NewHTTPSource(nil).Resolve(t.Context(), ref)
 	require.NoError(t, err)
 
-	assert.Equal(t, m.Name, res.Model.Name)
-	assert.Equal(t, m.Revision, res.Model.Revision)
+	assert.Equal(t, ref.ModelName(), res.Model.Name, "named after its URL, not as the manifest names itself")
+	assert.Equal(t, m.Revision, res.Model.Revision, "a commit names the snapshot")
+	assert.Empty(t, res.Model.Ref)
 	require.Len(t, res.Model.Files, len(m.Files))
 	for i, f := range m.Files {
 		assert.Equal(t, cache.File{Path: f.Path, Descriptor: cache.Descriptor{Digest: f.Digest(), Size: f.Size}}, res.Model.Files[i])
@@ -346,6 +350,60 @@ func TestHTTPSourceResolveManifest(t *testing.T) {
 		assert.Equal(t, f.Size, n)
 		assert.Equal(t, f.Digest(), digest.NewDigest(digest.SHA256, h), f.Path)
 	}
+}
+
+// A manifest is laid out under the name of its URL whatever name it gives,
+// so it cannot take a hub model's place or another URL's (attack 1 of issue
+// 21); a revision that is not a commit is a branch: a ref to a snapshot
+// named by the files, so that other files behind it make another snapshot.
+func TestHTTPSourceLaysManifestOutUnderItsURL(t *testing.T) {
+	t.Parallel()
+	docs := map[string]string{
+		"/a/model.json":        `{"name":"Qwen/Qwen2.5-0.5B-Instruct","revision":"main","files":[` + fileJSON("config.json", 1, hexA) + `,` + fileJSON("w.bin", 2, hexB) + `]}`,
+		"/a/reordered.json":    `{"name":"org/other","revision":"v1","files":[` + fileJSON("w.bin", 2, hexB) + `,` + fileJSON("config.json", 1, hexA) + `]}`,
+		"/a/changed.json":      `{"name":"Qwen/Qwen2.5-0.5B-Instruct","revision":"main","files":[` + fileJSON("config.json", 1, strings.Repeat("c", 64)) + `,` + fileJSON("w.bin", 2, hexB) + `]}`,
+		"/a-model.json":        `{"name":"Qwen/Qwen2.5-0.5B-Instruct","revision":"main","files":[` + fileJSON("config.json", 1, hexA) + `]}`,
+		"/a/commit/model.json": `{"name":"Qwen/Qwen2.5-0.5B-Instruct","revision":"0123456789abcdef0123456789abcdef01234567","files":[` + fileJSON("config.json", 1, hexA) + `]}`,
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, docs[r.URL.Path])
+	}))
+	defer srv.Close()
+	src := prefetch.NewHTTPSource(srv.Client())
+	resolve := func(path string) (prefetch.Ref, cache.Model) {
+		ref, err := prefetch.ParseRef(srv.URL + path + "?X-Amz-Signature=1")
+		require.NoError(t, err)
+		res, err := src.Resolve(t.Context(), ref)
+		require.NoError(t, err, path)
+		return ref, res.Model
+	}
+
+	ref, m := resolve("/a/model.json")
+	assert.Equal(t, ref.ModelName(), m.Name)
+	assert.Len(t, strings.Split(m.Name, "/"), 3, "three parts: no hub names a model so")
+	assert.Equal(t, "main", m.Ref)
+	assert.Regexp(t, `^[0-9a-f]{40}$`, m.Revision)
+	require.NoError(t, m.Validate())
+
+	_, reordered := resolve("/a/reordered.json")
+	assert.NotEqual(t, m.Name, reordered.Name, "another URL")
+	assert.Equal(t, m.Revision, reordered.Revision, "the same files, listed in another order: the same snapshot")
+	_, changed := resolve("/a/changed.json")
+	assert.NotEqual(t, m.Revision, changed.Revision, "other files: another snapshot")
+	_, flat := resolve("/a-model.json")
+	assert.NotEqual(t, m.Name, flat.Name, "paths alike once sanitised are still other URLs")
+	_, commit := resolve("/a/commit/model.json")
+	assert.Equal(t, "0123456789abcdef0123456789abcdef01234567", commit.Revision)
+	assert.Empty(t, commit.Ref)
+
+	// The query (a presigned URL's signature) is no part of the name; the
+	// scheme is.
+	again, err := prefetch.ParseRef(srv.URL + "/a/model.json?X-Amz-Signature=2")
+	require.NoError(t, err)
+	assert.Equal(t, ref.ModelName(), again.ModelName())
+	https, err := prefetch.ParseRef(strings.Replace(srv.URL, "http://", "https://", 1) + "/a/model.json")
+	require.NoError(t, err)
+	assert.NotEqual(t, ref.ModelName(), https.ModelName())
 }
 
 func TestHTTPSourceResolveManifestFileURLs(t *testing.T) {

@@ -2,12 +2,15 @@ package prefetch
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -47,6 +50,10 @@ const (
 // files can live in an object store under presigned URLs while the manifest
 // lives elsewhere; integrity comes from the sha256, not from the host. A
 // manifest fetched over https may not send its files over plain http.
+//
+// The name and revision are the manifest's word, not where its files are
+// laid out: HTTPSource lays them out under the name of the manifest's URL,
+// at a snapshot its revision names only when it is a commit.
 type Manifest struct {
 	Name     string         `json:"name"`
 	Revision string         `json:"revision"`
@@ -66,13 +73,40 @@ func (f ManifestFile) Digest() digest.Digest {
 	return digest.NewDigestFromEncoded(digest.SHA256, f.SHA256)
 }
 
-// Model returns the manifest as a cache.Model.
+// Model returns the manifest as a cache.Model, named as it names itself.
 func (m *Manifest) Model() cache.Model {
 	model := cache.Model{Name: m.Name, Revision: m.Revision, Files: make([]cache.File, len(m.Files))}
 	for i, f := range m.Files {
 		model.Files[i] = cache.File{Path: f.Path, Descriptor: cache.Descriptor{Digest: f.Digest(), Size: f.Size}}
 	}
 	return model
+}
+
+// layout is the model a manifest fetched from u is laid out as (see
+// HTTPSource): named after u, never as the manifest names itself; at the
+// manifest's revision if it is a commit, else at the files' own commit-like
+// id, with the revision as a ref to it.
+func (m *Manifest) layout(u *url.URL) cache.Model {
+	model := m.Model()
+	model.Name = urlModelName(u)
+	if !isCommit(m.Revision) {
+		model.Ref, model.Revision = m.Revision, filesRevision(model.Files)
+	}
+	return model
+}
+
+// filesRevision is a commit-like id of a set of files: the first 40 hex
+// digits of the sha256 of each file's path and digest, in path order.
+func filesRevision(files []cache.File) string {
+	sorted := slices.SortedFunc(slices.Values(files), func(a, b cache.File) int { return strings.Compare(a.Path, b.Path) })
+	h := sha256.New()
+	for _, f := range sorted {
+		h.Write([]byte(f.Path))
+		h.Write([]byte{0})
+		h.Write([]byte(f.Digest))
+		h.Write([]byte{'\n'})
+	}
+	return hex.EncodeToString(h.Sum(nil))[:40]
 }
 
 // ReadManifest reads and parses a manifest of at most MaxManifestSize bytes

@@ -187,6 +187,26 @@ func (r Ref) String() string {
 	return s
 }
 
+// ModelName is the name the reference's model is laid out under in the
+// cache, derived from the reference alone, never from what its source
+// answers: the repository for a hub model ("org/name"), the repository's
+// last component under the ones before it for a registry model, and for a
+// URL "<host>/<path>/<key>" (see HTTPSource), which no hub or registry
+// model and no other URL is named.
+func (r Ref) ModelName() string {
+	switch r.Kind {
+	case KindHF:
+		return r.Repository
+	case KindOCI:
+		return modelName(r.Repository)
+	case KindHTTP:
+		if r.URL != nil {
+			return urlModelName(r.URL)
+		}
+	}
+	return ""
+}
+
 // Redacted is like String but replaces the query, which in presigned URLs
 // carries credentials, with "REDACTED". Use it in logs and status.
 func (r Ref) Redacted() string {
