@@ -174,6 +174,8 @@ func (c *cluster) imageThroughMirror(t *testing.T, ctx context.Context, sleeper 
 	hosts, err := os.ReadFile(filepath.Join(c.node.Containerd.HostsDir, c.registry.Addr, "hosts.toml"))
 	require.NoError(t, err, "the agent wrote no hosts.toml for the registry")
 	require.Contains(t, string(hosts), "Written by weightd")
+	// The agent asked containerd whether it reads that directory.
+	require.Equal(t, 1.0, c.metric(t, `weightd_mirror_containerd_config_path{state="configured"}`))
 
 	data := make([]byte, 16<<20)
 	_, _ = rand.Read(data)
