@@ -219,6 +219,7 @@ func (c *demoCmd) newDemoAgent(dir string, i int, join []string, log *slog.Logge
 			NodeName:       d.name,
 			OriginFetchers: 2,
 			MaxUploads:     4,
+			MaxPeerUploads: 4, // every agent comes from 127.0.0.1: one address is every peer
 		}
 	}
 	var err error

@@ -36,6 +36,7 @@ type p2pConfig struct {
 	DownloadLimit  byteSize `help:"Most bytes per second downloaded from peers and the origin by the swarm; 0 for no limit." default:"0" env:"WEIGHTD_DOWNLOAD_LIMIT"`
 	OriginFetchers int      `help:"Nodes that fetch one blob from its origin for the whole cluster, each a share of its chunks." default:"2" env:"WEIGHTD_ORIGIN_FETCHERS"`
 	MaxUploads     int      `help:"Chunk uploads served at once; more requests are sent to other peers." default:"6" env:"WEIGHTD_MAX_UPLOADS"`
+	MaxPeerUploads int      `help:"Chunk uploads served at once to one peer address, so that slow or hostile clients cannot hold them all; 0 for half of --max-uploads, rounded up." default:"0" env:"WEIGHTD_MAX_PEER_UPLOADS"`
 	UploadTCP      string   `help:"TCP congestion control of uploads to peers (cubic shares switch ports among many flows; BBRv1 floods them); empty for the node's default." default:"cubic" env:"WEIGHTD_UPLOAD_TCP"`
 	FastGossip     bool     `help:"Short gossip intervals, for small clusters on one LAN and tests." env:"WEIGHTD_FAST_GOSSIP"`
 }
@@ -110,6 +111,7 @@ func (p *peering) serve(store *cache.Store, cfg p2pConfig, log *slog.Logger, reg
 		p2p.WithSwarm(p.swarm),
 		p2p.WithUploadLimit(int64(cfg.UploadLimit)),
 		p2p.WithMaxUploads(cfg.MaxUploads),
+		p2p.WithMaxUploadsPerPeer(cfg.MaxPeerUploads),
 		p2p.WithResolutions(p.resolutions),
 		p2p.WithServerLogger(log.With("component", "chunkserver")))
 	if err != nil {
