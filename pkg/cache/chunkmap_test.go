@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"testing"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 	"github.com/stretchr/testify/require"
@@ -55,6 +56,11 @@ func TestChunkMap(t *testing.T) {
 	require.Equal(t, st.Have, have)
 	cancel()
 	<-done
+	// Once the download has stopped, its chunks are not served.
+	require.Eventually(t, func() bool {
+		_, _, err := s.ChunkMap(desc.Digest, buf)
+		return errors.Is(err, ErrNotFound)
+	}, 10*time.Second, time.Millisecond)
 
 	_, err = s.Fetch(context.Background(), desc, Bytes(data), nil)
 	require.NoError(t, err)
