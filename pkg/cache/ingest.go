@@ -113,11 +113,11 @@ func (s *Store) Fetch(ctx context.Context, desc Descriptor, src RangeOpener, pro
 		return Info{}, fmt.Errorf("blob %s is being fetched as %d bytes, not %d: %w", d, f.desc.Size, desc.Size, ErrSizeMismatch)
 	}
 	if f == nil || f.abandoned {
-		next := s.startFlight(desc, src)
+		var after <-chan struct{}
 		if f != nil {
-			next.after = f.finished
+			after = f.finished
 		}
-		f = next
+		f = s.startFlight(desc, src, after)
 	} else {
 		s.log.Debug("joining download in flight", "digest", d, "heldFor", time.Since(f.started))
 	}
@@ -141,12 +141,13 @@ func (s *Store) Fetch(ctx context.Context, desc Descriptor, src RangeOpener, pro
 	}
 }
 
-// startFlight registers and starts a download; s.mu must be held.
-func (s *Store) startFlight(desc Descriptor, src RangeOpener) *flight {
+// startFlight registers and starts a download, once after (an abandoned
+// download of the same blob) has finished, if not nil; s.mu must be held.
+func (s *Store) startFlight(desc Descriptor, src RangeOpener, after <-chan struct{}) *flight {
 	ctx, cancel := context.WithCancel(s.ctx)
 	f := &flight{
 		desc: desc, started: time.Now(), finished: make(chan struct{}),
-		cancel: cancel, subs: make(map[int]Progress),
+		cancel: cancel, subs: make(map[int]Progress), after: after,
 	}
 	s.flights[desc.Digest] = f
 	s.m.misses.Inc()
