@@ -67,6 +67,8 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(final.State, final.Model, final.FilesDone, "files,", final.BytesDone, "bytes")
-	// Output: ready org/model 2 files, 1048576 bytes
+	// final.Model names the model after its URL (host, path and a key of
+	// them), never as its manifest names itself.
+	fmt.Println(final.State, final.FilesDone, "files,", final.BytesDone, "bytes")
+	// Output: ready 2 files, 1048576 bytes
 }

@@ -22,7 +22,7 @@ func TestDiskPressureFreeFloor(t *testing.T) {
 	disk := diskTmpfs(t, 64<<20)
 	store, reg := diskStore(t, filepath.Join(disk, "cache"), cache.WithMinFree(0, cache.DefaultMinFreePercent))
 	total, _ := diskSpace(t, disk)
-	floor := total * 20 / 100 // the agent's default: kubelet's nodefs.available 10%, plus 10 points
+	floor := total * cache.DefaultMinFreePercent / 100 // the agent's default: kubelet's nodefs.available 10%, plus a margin
 	require.Equal(t, floor, store.Usage().MinFree, "the floor is reported")
 	require.Equal(t, float64(floor), diskMetric(t, reg, "weightd_cache_min_free_bytes"))
 	q := diskQueue(t, store)
