@@ -236,7 +236,10 @@ func (c *cluster) prefetchLinks(t *testing.T, ctx context.Context, sleeper strin
 	ref := c.push(t, ctx, "linked", "v1", img)
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "prefetch-image", Annotations: map[string]string{podrequest.Models: "oci://" + ref}},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: ref}}},
+		// Not the prefetched image itself: the kubelet's own pull of it
+		// through the CRI would race the agent's import and write the
+		// layer first.
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: kubenode.PauseImage, ImagePullPolicy: corev1.PullNever}}},
 	}
 	_, err = c.client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, pod, metav1.CreateOptions{})
 	require.NoError(t, err)
