@@ -657,8 +657,12 @@ func TestPolicyLeastPrivilege(t *testing.T) {
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: sa,
 		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}}
 	kc, dc := kubernetes.NewForConfigOrDie(cfg), dynamic.NewForConfigOrDie(cfg)
-	_, err = kc.CoreV1().Nodes().Get(t.Context(), "nobody", metav1.GetOptions{})
-	require.True(t, apierrors.IsNotFound(err), "impersonating %s: %v", sa, err)
+	// The API server's RBAC authorizer sees the new binding through its
+	// informer, a moment after the apply.
+	require.Eventually(t, func() bool {
+		_, err = kc.CoreV1().Nodes().Get(t.Context(), "nobody", metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	}, 10*time.Second, 50*time.Millisecond, "impersonating %s", sa)
 	_, err = dc.Resource(policy.GVR).Create(t.Context(), &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": policy.APIVersion, "kind": policy.Kind, "metadata": map[string]any{"name": uniq("forbidden")},
 		"spec": map[string]any{"nodeSelector": map[string]any{}, "models": []any{"hf://a/b@main"}},
