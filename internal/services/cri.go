@@ -7,8 +7,9 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/weightd/weightd/pkg/containerd"
 )
 
 // PullImageCRI pulls ref the way the kubelet does: through the CRI plugin's
@@ -25,7 +26,7 @@ func (c *Containerd) PullImageCRI(ctx context.Context, ref string) (string, erro
 	}
 	defer conn.Close()
 	var resp []byte
-	if err := conn.Invoke(ctx, "/runtime.v1.ImageService/PullImage", imageSpecRequest(ref), &resp, grpc.ForceCodecV2(rawCodec{})); err != nil {
+	if err := conn.Invoke(ctx, "/runtime.v1.ImageService/PullImage", imageSpecRequest(ref), &resp, grpc.ForceCodecV2(containerd.RawCodec{})); err != nil {
 		return "", fmt.Errorf("CRI PullImage %s: %w", ref, err)
 	}
 	id, err := field(resp, 1)
@@ -59,7 +60,7 @@ func ImageStatusCRI(ctx context.Context, address, ref string) (*CRIImage, error)
 	}
 	defer conn.Close()
 	var resp []byte
-	if err := conn.Invoke(ctx, "/runtime.v1.ImageService/ImageStatus", imageSpecRequest(ref), &resp, grpc.ForceCodecV2(rawCodec{})); err != nil {
+	if err := conn.Invoke(ctx, "/runtime.v1.ImageService/ImageStatus", imageSpecRequest(ref), &resp, grpc.ForceCodecV2(containerd.RawCodec{})); err != nil {
 		return nil, fmt.Errorf("CRI ImageStatus %s: %w", ref, err)
 	}
 	img, err := field(resp, 1)
@@ -140,28 +141,6 @@ func field(b []byte, num protowire.Number) ([]byte, error) {
 	return nil, nil
 }
 
-// rawCodec passes already-encoded protobuf messages through gRPC.
-type rawCodec struct{}
-
-func (rawCodec) Name() string { return "proto" }
-
-func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
-	b, ok := v.(*[]byte)
-	if !ok {
-		return nil, fmt.Errorf("rawCodec: cannot marshal %T", v)
-	}
-	return mem.BufferSlice{mem.SliceBuffer(*b)}, nil
-}
-
-func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	b, ok := v.(*[]byte)
-	if !ok {
-		return fmt.Errorf("rawCodec: cannot unmarshal into %T", v)
-	}
-	*b = data.Materialize()
-	return nil
-}
-
 // RemovePodSandboxesCRI stops and removes every pod sandbox of the CRI
 // plugin listening on address, as the kubelet does for a deleted pod: the
 // containers are killed, the CNI plugin releases the pod's network and its
@@ -176,7 +155,7 @@ func RemovePodSandboxesCRI(ctx context.Context, address string) error {
 	}
 	defer conn.Close()
 	empty, resp := []byte{}, []byte{}
-	if err := conn.Invoke(ctx, "/runtime.v1.RuntimeService/ListPodSandbox", &empty, &resp, grpc.ForceCodecV2(rawCodec{})); err != nil {
+	if err := conn.Invoke(ctx, "/runtime.v1.RuntimeService/ListPodSandbox", &empty, &resp, grpc.ForceCodecV2(containerd.RawCodec{})); err != nil {
 		return fmt.Errorf("CRI ListPodSandbox: %w", err)
 	}
 	var ids []string
@@ -206,7 +185,7 @@ func RemovePodSandboxesCRI(ctx context.Context, address string) error {
 		req = protowire.AppendString(req, id)
 		for _, method := range []string{"StopPodSandbox", "RemovePodSandbox"} {
 			var out []byte
-			if err := conn.Invoke(ctx, "/runtime.v1.RuntimeService/"+method, &req, &out, grpc.ForceCodecV2(rawCodec{})); err != nil {
+			if err := conn.Invoke(ctx, "/runtime.v1.RuntimeService/"+method, &req, &out, grpc.ForceCodecV2(containerd.RawCodec{})); err != nil {
 				errs = append(errs, fmt.Errorf("CRI %s %s: %w", method, id, err))
 				break
 			}
@@ -226,7 +205,7 @@ func RemoveImageCRI(ctx context.Context, address, ref string) error {
 	}
 	defer conn.Close()
 	var resp []byte
-	if err := conn.Invoke(ctx, "/runtime.v1.ImageService/RemoveImage", imageSpecRequest(ref), &resp, grpc.ForceCodecV2(rawCodec{})); err != nil {
+	if err := conn.Invoke(ctx, "/runtime.v1.ImageService/RemoveImage", imageSpecRequest(ref), &resp, grpc.ForceCodecV2(containerd.RawCodec{})); err != nil {
 		return fmt.Errorf("CRI RemoveImage %s: %w", ref, err)
 	}
 	return nil

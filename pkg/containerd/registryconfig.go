@@ -179,7 +179,7 @@ func ReadRegistryConfig(ctx context.Context, address string) (RegistryConfig, er
 	}
 	req := criStatusRequest()
 	var out []byte
-	if err := conn.Invoke(ctx, criStatusMethod, &req, &out, grpc.ForceCodecV2(rawCodec{})); err != nil {
+	if err := conn.Invoke(ctx, criStatusMethod, &req, &out, grpc.ForceCodecV2(RawCodec{})); err != nil {
 		if status.Code(err) == codes.Unimplemented {
 			return rc, fmt.Errorf("%w: containerd %s serves no CRI: %w", ErrRegistryConfigUnreported, rc.Version, err)
 		}
@@ -306,23 +306,24 @@ func parseCRIConfig(s string) (configPath string, mirrors []string, ok bool, err
 	return cfg.Registry.ConfigPath, mirrors, true, nil
 }
 
-// rawCodec passes already-encoded protobuf messages (*[]byte) through gRPC.
-type rawCodec struct{}
+// RawCodec passes already-encoded protobuf messages (*[]byte) through
+// gRPC, for the few CRI calls made without k8s.io/cri-api's types.
+type RawCodec struct{}
 
-func (rawCodec) Name() string { return "proto" }
+func (RawCodec) Name() string { return "proto" }
 
-func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+func (RawCodec) Marshal(v any) (mem.BufferSlice, error) {
 	b, ok := v.(*[]byte)
 	if !ok {
-		return nil, fmt.Errorf("rawCodec: cannot marshal %T", v)
+		return nil, fmt.Errorf("RawCodec: cannot marshal %T", v)
 	}
 	return mem.BufferSlice{mem.SliceBuffer(*b)}, nil
 }
 
-func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+func (RawCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	b, ok := v.(*[]byte)
 	if !ok {
-		return fmt.Errorf("rawCodec: cannot unmarshal into %T", v)
+		return fmt.Errorf("RawCodec: cannot unmarshal into %T", v)
 	}
 	*b = data.Materialize()
 	return nil
