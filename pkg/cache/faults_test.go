@@ -21,34 +21,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
+
+	"github.com/weightd/weightd/internal/testdisk"
 )
 
-// requireRoot skips a test that needs root (mounts), except under CI where
-// skipping would hide a missing capability: there it fails.
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("this test needs root (it mounts a small tmpfs); CI runs as root")
-	}
-	t.Skip("needs root to mount a small tmpfs")
-}
-
-// smallDisk mounts a tmpfs of the given size for the test.
-func smallDisk(t *testing.T, size int64) string {
-	t.Helper()
-	requireRoot(t)
-	dir := t.TempDir()
-	require.NoError(t, unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d,mode=0755", size)))
-	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
-	return dir
-}
-
 func TestDiskFull(t *testing.T) {
-	disk := smallDisk(t, 8<<20)
+	disk := testdisk.Tmpfs(t, 8<<20)
 	reg := prometheus.NewRegistry()
 	s := openStore(t, filepath.Join(disk, "cache"), WithRegisterer(reg))
 

@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
+
+	"github.com/weightd/weightd/internal/testdisk"
 )
 
 // TestNeverFitsEvictsNothing: a size that cannot fit even with every
@@ -52,7 +54,7 @@ func TestNeverFitsEvictsNothing(t *testing.T) {
 // fill too, evicting to keep it, refusing what cannot fit above it, and
 // reports it.
 func TestMinFree(t *testing.T) {
-	disk := smallDisk(t, 32<<20)
+	disk := testdisk.Tmpfs(t, 32<<20)
 	_, err := Open(filepath.Join(disk, "bad"), WithMinFree(0, 100))
 	require.ErrorIs(t, err, ErrInvalid)
 	reg := prometheus.NewRegistry()

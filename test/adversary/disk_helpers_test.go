@@ -222,29 +222,6 @@ func diskRequireIntact(t *testing.T, s *cache.Store, want []cache.Info) {
 	}
 }
 
-// diskRequireRoot skips a test that mounts a tmpfs where it cannot, except
-// under CI=true, which runs as root: there it fails.
-func diskRequireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("this test needs root (it mounts a small tmpfs); CI runs as root")
-	}
-	t.Skip("needs root to mount a small tmpfs")
-}
-
-// diskTmpfs mounts a tmpfs of size bytes for the test: a small disk.
-func diskTmpfs(t *testing.T, size int64) string {
-	t.Helper()
-	diskRequireRoot(t)
-	dir := t.TempDir()
-	require.NoError(t, unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d,mode=0755", size)))
-	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
-	return dir
-}
-
 // diskSpace is the size of the filesystem holding dir and its free bytes.
 func diskSpace(t *testing.T, dir string) (total, free int64) {
 	t.Helper()

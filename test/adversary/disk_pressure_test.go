@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/weightd/weightd/internal/testdisk"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
@@ -19,7 +20,7 @@ import (
 // what cannot fit above it, and reports it.
 func TestDiskPressureFreeFloor(t *testing.T) {
 	t.Parallel()
-	disk := diskTmpfs(t, 64<<20)
+	disk := testdisk.Tmpfs(t, 64<<20)
 	store, reg := diskStore(t, filepath.Join(disk, "cache"), cache.WithMinFree(0, cache.DefaultMinFreePercent))
 	total, _ := diskSpace(t, disk)
 	floor := total * cache.DefaultMinFreePercent / 100 // the agent's default: kubelet's nodefs.available 10%, plus a margin
