@@ -50,7 +50,7 @@ containerd2:
 helm:
 	$(GO) run ./internal/services/cmd/helm
 
-## test-deps: install what the tests need on a fresh Debian machine (a C toolchain for the race detector, iproute2 for the multi-host tests, containerd and docker-registry for the image tests, kube-apiserver and etcd built by kube-assets, containerd 2.x built by containerd2, Helm built by helm: about 18 minutes the first time)
+## test-deps: install what the tests need on a fresh Debian machine (a C toolchain for the race detector, iproute2 for the multi-host tests, containerd, docker-registry, runc and the CNI plugins for the image and kubelet tests, the arm64 cross compiler for the arm64 image; kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and etcd built by kube-assets, containerd 2.x by containerd2, Helm by helm: about 25 minutes the first time)
 test-deps: kube-assets containerd2 helm
 	@if ! command -v gcc >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
