@@ -127,7 +127,8 @@ func runSize(ctx context.Context, work, originDir, originURL, bin string, size i
 	defer os.RemoveAll(root)
 	sock := "unix://" + filepath.Join(work, "weightd.sock")
 	agent := exec.CommandContext(ctx, bin, "agent", "--root", root, "--api", sock, "--metrics-addr", "", "--log-level", "warn",
-		"--gossip-addr", "", "--chunk-addr", "") // one node: the ingest path alone
+		"--gossip-addr", "", "--chunk-addr", "", // one node: the ingest path alone
+		"--fetch-allow-cidrs", "127.0.0.1/32") // the origin listens on loopback
 	agent.Stderr = os.Stderr
 	if err := agent.Start(); err != nil {
 		return result{}, err

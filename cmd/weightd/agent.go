@@ -181,7 +181,7 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 	if a.peers != nil {
 		shared = a.peers.sharedResolve
 	}
-	sources, oci, err := cfg.sources(shared)
+	sources, oci, err := cfg.sources(shared, cfg.MirrorRegistries)
 	if err != nil {
 		return nil, err
 	}

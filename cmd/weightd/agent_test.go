@@ -46,6 +46,8 @@ func startAgentWith(t *testing.T, edit func(*agentConfig)) string {
 	cfg := agentConfig{
 		Root: filepath.Join(dir, "cache"), API: addr, ChunkSize: 1 << 20,
 		MaxJobs: 2, ShutdownTimeout: 5 * time.Second,
+		// The tests' origins listen on loopback.
+		sourcesConfig: sourcesConfig{FetchAllowCIDRs: []string{"127.0.0.0/8"}},
 	}
 	if edit != nil {
 		edit(&cfg)

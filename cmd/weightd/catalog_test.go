@@ -44,6 +44,8 @@ func TestMetricsInCatalogue(t *testing.T) {
 		Root: filepath.Join(dir, "cache"), API: addr, ChunkSize: 1 << 20, MaxJobs: 2, ShutdownTimeout: 5 * time.Second,
 		p2pConfig:    p2pConfig{GossipAddr: "127.0.0.1:0", ChunkAddr: "127.0.0.1:0", OriginFetchers: 1, MaxUploads: 4, FastGossip: true},
 		mirrorConfig: mirrorConfig{MirrorAddr: "127.0.0.1:0", MirrorRegistries: []string{"registry.invalid"}},
+		// The origin listens on loopback.
+		sourcesConfig: sourcesConfig{FetchAllowCIDRs: []string{"127.0.0.0/8"}},
 		// Every optional part on: the warm pool with its DRAM tier, the load
 		// tracer (attached as root, else its metrics say unavailable), GPUs on
 		// a fake DGX H100.

@@ -205,6 +205,9 @@ func (c *demoCmd) newDemoAgent(dir string, i int, join []string, log *slog.Logge
 		BudgetPercent:   90,
 		MaxJobs:         prefetch.DefaultJobConcurrency,
 		ShutdownTimeout: 5 * time.Second,
+		// The embedded origin listens on loopback, which agents refuse to
+		// fetch from unless told.
+		sourcesConfig: sourcesConfig{FetchAllowCIDRs: []string{"127.0.0.1/32"}},
 	}
 	if c.Agents > 1 {
 		// memberlist's LAN timings, not FastGossip's: on a loaded machine

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -28,6 +29,7 @@ type sourcesConfig struct {
 	DockerConfig       string   `help:"Docker config.json with registry credentials for oci:// references and the mirror." env:"WEIGHTD_DOCKER_CONFIG"`
 	InsecureRegistries []string `help:"Registries spoken to over plain HTTP, host[:port], comma-separated (loopback ones always may)." env:"WEIGHTD_INSECURE_REGISTRIES" sep:","`
 	Platform           string   `help:"Platform whose image is picked from multi-platform indexes, os/arch[/variant] (default: this node's)." env:"WEIGHTD_PLATFORM"`
+	FetchAllowCIDRs    []string `name:"fetch-allow-cidrs" help:"CIDRs or addresses that references may make the agent fetch from although they are loopback, link-local, cloud metadata or this node's own addresses (refused by default), comma-separated." env:"WEIGHTD_FETCH_ALLOW_CIDRS" sep:","`
 }
 
 // importConfig says which containerd prefetched images go into.
@@ -48,9 +50,31 @@ type mirrorConfig struct {
 
 // sources builds the origin sources: HTTP(S), OCI registries and the hub.
 // The OCI source is also the mirror's upstream. shared, when not nil,
-// resolves hub listings once for the cluster.
-func (c sourcesConfig) sources(shared prefetch.SharedResolver) (prefetch.Sources, *prefetch.OCISource, error) {
-	ociOpts := []prefetch.OCIOption{prefetch.WithOCIVersion(version), prefetch.WithInsecureRegistries(c.InsecureRegistries...)}
+// resolves hub listings once for the cluster. Every connection goes through
+// one DialGuard: pods name the references, so they must not reach the
+// node's own services or the cloud metadata service through the agent; the
+// hub endpoint and the mirrored registries are the operator's choice and
+// are trusted wherever they are.
+func (c sourcesConfig) sources(shared prefetch.SharedResolver, mirrored []string) (prefetch.Sources, *prefetch.OCISource, error) {
+	allow, err := prefetch.ParseAllowList(c.FetchAllowCIDRs)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--fetch-allow-cidrs: %w", err)
+	}
+	trusted := slices.Clone(mirrored)
+	if c.HFEndpoint != "" {
+		u, err := url.Parse(c.HFEndpoint)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--hf-endpoint %q: %w", c.HFEndpoint, err)
+		}
+		trusted = append(trusted, u.Host)
+	}
+	transport := prefetch.NewDialGuard(allow, trusted...).Transport()
+	client := &http.Client{Transport: transport}
+
+	ociOpts := []prefetch.OCIOption{
+		prefetch.WithOCIVersion(version), prefetch.WithInsecureRegistries(c.InsecureRegistries...),
+		prefetch.WithOCITransport(transport),
+	}
 	if c.DockerConfig != "" {
 		ociOpts = append(ociOpts, prefetch.WithDockerConfig(c.DockerConfig))
 	}
@@ -81,12 +105,12 @@ func (c sourcesConfig) sources(shared prefetch.SharedResolver) (prefetch.Sources
 	if shared != nil {
 		hfOpts = append(hfOpts, prefetch.WithHFShared(shared))
 	}
-	hf, err := prefetch.NewHFSource(nil, hfOpts...)
+	hf, err := prefetch.NewHFSource(client, hfOpts...)
 	if err != nil {
 		return nil, nil, err
 	}
 	return prefetch.Sources{
-		prefetch.KindHTTP: prefetch.NewHTTPSource(nil, prefetch.WithVersion(version)),
+		prefetch.KindHTTP: prefetch.NewHTTPSource(client, prefetch.WithVersion(version)),
 		prefetch.KindOCI:  oci,
 		prefetch.KindHF:   hf,
 	}, oci, nil

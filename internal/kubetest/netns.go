@@ -1,15 +1,11 @@
 package kubetest
 
 import (
-	"fmt"
 	"io"
 	"net"
-	"os"
-	"path/filepath"
-	"runtime"
 	"sync"
 
-	"golang.org/x/sys/unix"
+	"github.com/weightd/weightd/internal/testbed"
 )
 
 // forwarder accepts TCP connections on a listener made inside a network
@@ -29,7 +25,7 @@ type forwarder struct {
 // forwards every connection to target (an address in this process's own
 // namespace).
 func listenForward(netns, addr, target string) (*forwarder, error) {
-	l, err := listenInNetns(netns, addr)
+	l, err := testbed.ListenIn(netns, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
@@ -109,51 +105,4 @@ func (f *forwarder) close() {
 	}
 	f.mu.Unlock()
 	f.wg.Wait()
-}
-
-// listenInNetns makes a TCP listener inside the named network namespace. A
-// socket belongs to the namespace of the thread that created it, so the
-// thread enters the namespace, listens and comes back; the listener keeps
-// working from any thread afterwards.
-func listenInNetns(name, addr string) (net.Listener, error) {
-	target, err := os.Open(filepath.Join("/run/netns", name))
-	if err != nil {
-		return nil, fmt.Errorf("opening network namespace %s: %w", name, err)
-	}
-	defer target.Close()
-
-	type result struct {
-		l   net.Listener
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		self, err := os.Open(fmt.Sprintf("/proc/%d/task/%d/ns/net", os.Getpid(), unix.Gettid()))
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{err: err}
-			return
-		}
-		defer self.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{err: fmt.Errorf("entering network namespace %s: %w", name, err)}
-			return
-		}
-		l, lerr := net.Listen("tcp", addr)
-		if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
-			// The thread stays locked and dies with this goroutine,
-			// rather than run other goroutines in the wrong namespace.
-			if l != nil {
-				l.Close()
-			}
-			ch <- result{err: fmt.Errorf("leaving network namespace %s: %w", name, err)}
-			return
-		}
-		runtime.UnlockOSThread()
-		ch <- result{l: l, err: lerr}
-	}()
-	r := <-ch
-	return r.l, r.err
 }
