@@ -253,13 +253,16 @@ func testOwnNodeOnly(t *testing.T, env *kubetest.Env) {
 		}
 	}
 
-	annotate := []byte(`{"metadata":{"annotations":{"weightd.io/test":"x"}}}`)
+	// Annotations the agent writes (the policy refuses any other key; the
+	// adversary suite tests that).
 	patchNode := func(c *kubernetes.Clientset, name string) error {
-		_, err := c.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, annotate, metav1.PatchOptions{})
+		_, err := c.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType,
+			[]byte(`{"metadata":{"annotations":{"weightd.io/cache":"x"}}}`), metav1.PatchOptions{})
 		return err
 	}
 	patchPod := func(c *kubernetes.Clientset, name string) error {
-		_, err := c.CoreV1().Pods("default").Patch(ctx, name, types.MergePatchType, annotate, metav1.PatchOptions{})
+		_, err := c.CoreV1().Pods("default").Patch(ctx, name, types.MergePatchType,
+			[]byte(`{"metadata":{"annotations":{"weightd.io/status":"x"}}}`), metav1.PatchOptions{})
 		return err
 	}
 
