@@ -220,7 +220,7 @@ func run(ctx context.Context, work, bin, agentLog, profile string, agentArgs []s
 type agent struct {
 	cmd         *exec.Cmd
 	client      *api.Client
-	metricsAddr string // with --pprof, or ""
+	pprofAddr   string // with --pprof-addr, or ""
 }
 
 // startProfile starts a 20-second CPU profile of the agent; wait waits for
@@ -229,7 +229,7 @@ func (a *agent) startProfile(ctx context.Context, path string) (wait func() erro
 	done := make(chan error, 1)
 	go func() {
 		done <- func() error {
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+a.metricsAddr+"/debug/pprof/profile?seconds=20", nil)
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+a.pprofAddr+"/debug/pprof/profile?seconds=20", nil)
 			if err != nil {
 				return err
 			}
@@ -250,17 +250,14 @@ func (a *agent) startProfile(ctx context.Context, path string) (wait func() erro
 
 func startAgent(ctx context.Context, bin, logLevel string, pprof bool, extra []string, root string, ctrd *services.Containerd, registry, mirrorAddr string) (*agent, error) {
 	sock := "unix://" + root + ".sock"
-	metricsAddr := ""
+	pprofAddr := ""
 	if pprof {
 		var err error
-		if metricsAddr, err = freeAddr(); err != nil {
+		if pprofAddr, err = freeAddr(); err != nil {
 			return nil, err
 		}
 	}
-	args := []string{"agent", "--root", root, "--api", sock, "--metrics-addr", metricsAddr, "--log-level", logLevel}
-	if pprof {
-		args = append(args, "--pprof")
-	}
+	args := []string{"agent", "--root", root, "--api", sock, "--metrics-addr", "", "--pprof-addr", pprofAddr, "--log-level", logLevel}
 	cmd := exec.CommandContext(ctx, bin, append(args,
 		"--gossip-addr", "", "--chunk-addr", "",
 		"--containerd-address", ctrd.Address, "--insecure-registries", registry,
@@ -281,7 +278,7 @@ func startAgent(ctx context.Context, bin, logLevel string, pprof bool, extra []s
 		_ = cmd.Wait()
 		return nil, fmt.Errorf("starting the agent: %w", err)
 	}
-	return &agent{cmd: cmd, client: client, metricsAddr: metricsAddr}, nil
+	return &agent{cmd: cmd, client: client, pprofAddr: pprofAddr}, nil
 }
 
 // fetch prefetches ref and waits until it is ready: in the cache and, for an

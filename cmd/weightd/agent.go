@@ -36,9 +36,10 @@ import (
 // directly.
 type agentConfig struct {
 	Root            string        `help:"Cache root directory." default:"/var/lib/weightd" env:"WEIGHTD_ROOT" type:"path"`
-	API             string        `name:"api" help:"Local API address: unix:///path.sock or tcp://127.0.0.1:PORT." default:"${default_api}" env:"WEIGHTD_API"`
+	API             string        `name:"api" help:"Local API address: unix:///path.sock or tcp://127.0.0.1:PORT (a loopback address unless --api-allow-remote)." default:"${default_api}" env:"WEIGHTD_API"`
+	APIAllowRemote  bool          `name:"api-allow-remote" help:"Allow a tcp:// API address that is not loopback. The API has no authentication: whatever reaches the address can fetch, cancel and read every job." env:"WEIGHTD_API_ALLOW_REMOTE"`
 	MetricsAddr     string        `help:"Address of the Prometheus /metrics server; empty disables it." default:"127.0.0.1:9464" env:"WEIGHTD_METRICS_ADDR"`
-	Pprof           bool          `help:"Also serve Go's profiles under /debug/pprof/ on the metrics address." env:"WEIGHTD_PPROF"`
+	PprofAddr       string        `help:"Loopback address (such as 127.0.0.1:6060) of Go's profiles under /debug/pprof/, never served on the metrics address, which Prometheus reaches from the network; empty disables them." env:"WEIGHTD_PPROF_ADDR"`
 	ChunkSize       byteSize      `help:"Chunk size: the unit of transfer, verification and resume (a multiple of 64KiB)." default:"16MiB" env:"WEIGHTD_CHUNK_SIZE"`
 	BudgetBytes     byteSize      `help:"Most bytes the cache may use; 0 for no byte limit." default:"0" env:"WEIGHTD_BUDGET_BYTES"`
 	BudgetPercent   float64       `help:"Most the cache may use, in percent of its filesystem; 0 for no limit." default:"80" env:"WEIGHTD_BUDGET_PERCENT"`
@@ -107,6 +108,7 @@ type agent struct {
 	apiLn   net.Listener
 	metrics http.Handler
 	metLn   net.Listener // nil when metrics are disabled
+	pprofLn net.Listener // nil when profiles are not served
 	peers   *peering     // nil when sharing with peers is disabled
 	peerRun []func(context.Context) error
 	mirror  *nodeMirror          // nil when the registry mirror is disabled
@@ -181,7 +183,7 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 	if a.peers != nil {
 		shared = a.peers.sharedResolve
 	}
-	sources, oci, err := cfg.sources(shared, cfg.MirrorRegistries)
+	sources, oci, err := cfg.sources(shared, cfg.MirrorRegistries, log.With("component", "prefetch"))
 	if err != nil {
 		return nil, err
 	}
@@ -269,6 +271,9 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 	if a.api, err = api.NewServer(api.QueueJobs(a.queue), a.store, apiOpts...); err != nil {
 		return nil, err
 	}
+	if network, address, err := api.ParseAddr(cfg.API); err == nil && network == "tcp" && !cfg.APIAllowRemote && !isLoopbackHost(address) {
+		return nil, fmt.Errorf("--api %s is not a loopback address: the API has no authentication, so anything that reaches it could fetch and cancel; use a unix socket or 127.0.0.1, or pass --api-allow-remote", cfg.API)
+	}
 	if a.apiLn, err = api.Listen(cfg.API); err != nil {
 		return nil, fmt.Errorf("listening for the API: %w", err)
 	}
@@ -278,13 +283,30 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		if cfg.Pprof {
-			mux.HandleFunc("/debug/pprof/", pprof.Index)
-			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		}
 		a.metrics = mux
 	}
+	if cfg.PprofAddr != "" {
+		// Profiles show memory and stacks, and a CPU profile costs CPU:
+		// only the node itself may ask.
+		if !isLoopbackHost(cfg.PprofAddr) {
+			return nil, fmt.Errorf("--pprof-addr %s is not a loopback address: profiles are served on loopback only", cfg.PprofAddr)
+		}
+		if a.pprofLn, err = net.Listen("tcp", cfg.PprofAddr); err != nil {
+			return nil, fmt.Errorf("listening for profiles: %w", err)
+		}
+	}
 	return a, nil
+}
+
+// pprofHandler serves Go's profiles under /debug/pprof/.
+func pprofHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
 }
 
 // buildInfo is weightd_build_info{version, commit, goversion} = 1.
@@ -328,6 +350,9 @@ func (a *agent) Run(ctx context.Context) error {
 	g.Go(func() error { return serveHTTP(gctx, a.apiLn, a.api, a.cfg.ShutdownTimeout, a.log) })
 	if a.metLn != nil {
 		g.Go(func() error { return serveHTTP(gctx, a.metLn, a.metrics, a.cfg.ShutdownTimeout, a.log) })
+	}
+	if a.pprofLn != nil {
+		g.Go(func() error { return serveHTTP(gctx, a.pprofLn, pprofHandler(), a.cfg.ShutdownTimeout, a.log) })
 	}
 	for _, run := range a.peerRun {
 		g.Go(func() error { return run(gctx) })
@@ -386,7 +411,7 @@ func (a *agent) Run(ctx context.Context) error {
 }
 
 func (a *agent) closeListeners() {
-	lns := []net.Listener{a.apiLn, a.metLn}
+	lns := []net.Listener{a.apiLn, a.metLn, a.pprofLn}
 	if a.peers != nil {
 		lns = append(lns, a.peers.chunkLn)
 	}

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/containerd/platforms"
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,6 +28,7 @@ type sourcesConfig struct {
 	HFEndpoint         string   `name:"hf-endpoint" help:"Hugging Face style hub that hf:// references resolve on (a mirror or private hub)." default:"https://huggingface.co" env:"HF_ENDPOINT"`
 	HFTokenFile        string   `name:"hf-token-file" help:"File holding the hub token; without it the HF_TOKEN environment variable is used, if set." env:"WEIGHTD_HF_TOKEN_FILE"`
 	DockerConfig       string   `help:"Docker config.json with registry credentials for oci:// references and the mirror." env:"WEIGHTD_DOCKER_CONFIG"`
+	AgentCredentials   []string `name:"agent-credentials" help:"Who besides the operator (CLI, local API, PrefetchPolicies) may have the agent's own credentials (hub token, Docker config) used for them: HOST=NAMESPACE[;NAMESPACE…] per registry or hub host, comma-separated; * as a namespace is every pod, the mirror's clients included. Default: the operator only." env:"WEIGHTD_AGENT_CREDENTIALS" sep:","`
 	InsecureRegistries []string `help:"Registries spoken to over plain HTTP, host[:port], comma-separated (loopback ones always may)." env:"WEIGHTD_INSECURE_REGISTRIES" sep:","`
 	Platform           string   `help:"Platform whose image is picked from multi-platform indexes, os/arch[/variant] (default: this node's)." env:"WEIGHTD_PLATFORM"`
 	FetchAllowCIDRs    []string `name:"fetch-allow-cidrs" help:"CIDRs or addresses that references may make the agent fetch from although they are loopback, link-local, cloud metadata or this node's own addresses (refused by default), comma-separated." env:"WEIGHTD_FETCH_ALLOW_CIDRS" sep:","`
@@ -54,11 +56,16 @@ type mirrorConfig struct {
 // one DialGuard: pods name the references, so they must not reach the
 // node's own services or the cloud metadata service through the agent; the
 // hub endpoint and the mirrored registries are the operator's choice and
-// are trusted wherever they are.
-func (c sourcesConfig) sources(shared prefetch.SharedResolver, mirrored []string) (prefetch.Sources, *prefetch.OCISource, error) {
+// are trusted wherever they are. Credentials sent over plain HTTP are
+// logged (see plainCredentials).
+func (c sourcesConfig) sources(shared prefetch.SharedResolver, mirrored []string, log *slog.Logger) (prefetch.Sources, *prefetch.OCISource, error) {
 	allow, err := prefetch.ParseAllowList(c.FetchAllowCIDRs)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--fetch-allow-cidrs: %w", err)
+	}
+	creds, err := prefetch.ParseAgentCredentials(c.AgentCredentials)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--agent-credentials: %w", err)
 	}
 	trusted := slices.Clone(mirrored)
 	if c.HFEndpoint != "" {
@@ -68,12 +75,12 @@ func (c sourcesConfig) sources(shared prefetch.SharedResolver, mirrored []string
 		}
 		trusted = append(trusted, u.Host)
 	}
-	transport := prefetch.NewDialGuard(allow, trusted...).Transport()
+	transport := &plainCredentials{base: prefetch.NewDialGuard(allow, trusted...).Transport(), log: log}
 	client := &http.Client{Transport: transport}
 
 	ociOpts := []prefetch.OCIOption{
 		prefetch.WithOCIVersion(version), prefetch.WithInsecureRegistries(c.InsecureRegistries...),
-		prefetch.WithOCITransport(transport),
+		prefetch.WithOCITransport(transport), prefetch.WithOCIAgentCredentials(creds),
 	}
 	if c.DockerConfig != "" {
 		ociOpts = append(ociOpts, prefetch.WithDockerConfig(c.DockerConfig))
@@ -95,7 +102,7 @@ func (c sourcesConfig) sources(shared prefetch.SharedResolver, mirrored []string
 		}
 		token = strings.TrimSpace(string(b))
 	}
-	hfOpts := []prefetch.HFOption{prefetch.WithHFVersion(version)}
+	hfOpts := []prefetch.HFOption{prefetch.WithHFVersion(version), prefetch.WithHFAgentCredentials(creds)}
 	if c.HFEndpoint != "" {
 		hfOpts = append(hfOpts, prefetch.WithHFEndpoint(c.HFEndpoint))
 	}
@@ -114,6 +121,36 @@ func (c sourcesConfig) sources(shared prefetch.SharedResolver, mirrored []string
 		prefetch.KindOCI:  oci,
 		prefetch.KindHF:   hf,
 	}, oci, nil
+}
+
+// plainCredentials warns, once per host, when a request carrying
+// credentials (a hub token, a registry login or token) goes over plain HTTP
+// to a host off this node, where anyone on the path can read them. It warns
+// rather than refuses: in-cluster hubs and registries behind plain HTTP are
+// common, and the operator chose them (--hf-endpoint,
+// --insecure-registries); the log makes the exposure visible.
+type plainCredentials struct {
+	base   http.RoundTripper
+	log    *slog.Logger
+	warned sync.Map // host -> struct{}
+}
+
+// RoundTrip warns if req exposes credentials, then sends it.
+func (p *plainCredentials) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL.Scheme == "http" && req.Header.Get("Authorization") != "" && !isLoopbackHost(req.URL.Host) {
+		if _, seen := p.warned.LoadOrStore(req.URL.Host, struct{}{}); !seen {
+			p.log.Warn("credentials are sent over plain HTTP: anyone on the network path can read them; use https",
+				"host", req.URL.Host, "scheme", req.URL.Scheme)
+		}
+	}
+	return p.base.RoundTrip(req)
+}
+
+// CloseIdleConnections closes the idle connections of the transport below.
+func (p *plainCredentials) CloseIdleConnections() {
+	if c, ok := p.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
 }
 
 // importer connects the queue to containerd, or returns nil when no
@@ -158,7 +195,7 @@ func (s imageSink) learn(img *prefetch.Image) {
 		return
 	}
 	if registry, repository, tag, ok := splitImageName(img.Name); ok {
-		if err := s.mirror.Learn(registry, repository, tag, img.Target.Digest); err != nil {
+		if err := s.mirror.Learn(registry, repository, tag, img.Target.Digest, img.Public); err != nil {
 			s.log.Warn("the mirror could not learn a prefetched tag", "image", img.Name, "err", err)
 		}
 	}
@@ -230,6 +267,7 @@ func newMirror(cfg mirrorConfig, store *cache.Store, upstream *prefetch.OCISourc
 		mirror.WithRegistries(cfg.MirrorRegistries...),
 		mirror.WithStateDir(filepath.Join(store.Root(), "mirror")),
 		mirror.WithLogger(log), mirror.WithRegisterer(reg),
+		mirror.WithAgentCredentials(upstream.AgentCredentials()),
 	}
 	if blobSource != nil {
 		opts = append(opts, mirror.WithBlobSource(blobSource))
