@@ -50,6 +50,7 @@ var everything = []string{
 	"loadTrace.enabled=false",
 	"agent.metricsPort=19464",
 	"agent.runDir=/tmp/e2e/run/weightd",
+	"agent.fetchAllowCIDRs={127.0.0.1/32,fd00::/8}",
 	"agent.extraArgs={--fast-gossip}",
 	"agent.extraEnv[0].name=WEIGHTD_UPLOAD_TCP",
 	"agent.extraEnv[0].value=",
@@ -300,6 +301,7 @@ func TestChartEverything(t *testing.T) {
 		"metrics-addr":       "0.0.0.0:19464",
 		"api":                "unix:///tmp/e2e/run/weightd/weightd.sock",
 		"upload-limit":       "500MiB",
+		"fetch-allow-cidrs":  "127.0.0.1/32,fd00::/8",
 	} {
 		if cfg[k] != want {
 			t.Errorf("config %s = %#v, want %#v", k, cfg[k], want)
@@ -422,6 +424,7 @@ func TestChartBadValues(t *testing.T) {
 		{[]string{"loadTrace.mount=models"}, `loadTrace.mount "models" is not an absolute path`},
 		{[]string{"agent.logFormat=xml"}, "at '/agent/logFormat': value must be one of 'text', 'json'"},
 		{[]string{"agent.config.root=/data"}, "agent.config.root is set by the chart"},
+		{[]string{"agent.fetchAllowCIDRs={metadata.internal}"}, "at '/agent/fetchAllowCIDRs/0'"},
 		{[]string{"extender.enabled=true"}, "extender.enabled needs a scheduler that calls it: set extender.scheduler=cluster"},
 		{[]string{"extender.enabled=true", "extender.scheduler=both"}, "at '/extender/scheduler': value must be one of"},
 		{[]string{"monitoring.podMonitor.interval=30"}, "at '/monitoring/podMonitor/interval'"},
