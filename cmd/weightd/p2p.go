@@ -189,9 +189,12 @@ type swarmSource struct {
 
 func (s swarmSource) Resolve(ctx context.Context, ref prefetch.Ref) (*prefetch.Resolution, error) {
 	res, err := s.inner.Resolve(ctx, ref)
-	if err == nil {
+	switch {
+	case err == nil && res.Verify == nil:
 		s.p.resolutions.Put(ref.String(), res.Model)
-	} else {
+	case err == nil:
+		// Not verified yet (a peer's listing): not remembered, nor served.
+	default:
 		if res, err = s.resolveFromPeers(ctx, ref, err); err != nil {
 			return nil, err
 		}
@@ -231,31 +234,26 @@ func throughSwarm(res *prefetch.Resolution, wrap func(cache.Descriptor, cache.Ra
 }
 
 // resolveFromPeers is the fallback when the origin fails to resolve ref:
-// peers that resolved it before say what it is; the blobs can then come only
-// from peers. The model must have the name the reference gives
-// (Ref.ModelName), and a digest-pinned reference must resolve to its digest.
+// what this node itself resolved ref to before, or, for a file pinned by
+// digest, what a peer says (prefetch.CheckWithoutOrigin). Any other
+// reference fails: a peer's file list for it is unverifiable without the
+// origin. The blobs can then come only from peers.
 func (s swarmSource) resolveFromPeers(ctx context.Context, ref prefetch.Ref, originErr error) (*prefetch.Resolution, error) {
 	if errors.Is(originErr, cache.ErrPermanent) {
 		return nil, originErr // the origin answered: the reference is wrong
 	}
-	m, err := s.p.swarm.ResolveFromPeers(ctx, ref.String(), func(m cache.Model) error {
-		if want := ref.ModelName(); m.Name != want {
-			return fmt.Errorf("resolution names the model %q, not %q", m.Name, want)
+	m, ok := s.p.resolutions.Get(ref.String())
+	if !ok {
+		if err := prefetch.NeedsOrigin(ref); err != nil {
+			return nil, fmt.Errorf("%w (and it was not resolved here before: %v)", originErr, err)
 		}
-		if ref.Digest == "" {
-			return nil
+		var err error
+		m, err = s.p.swarm.ResolveFromPeers(ctx, ref.String(), func(m cache.Model) error { return prefetch.CheckWithoutOrigin(ref, m) })
+		if err != nil {
+			return nil, fmt.Errorf("%w (and no peer could resolve it: %v)", originErr, err)
 		}
-		for _, f := range m.Files {
-			if f.Digest == ref.Digest {
-				return nil
-			}
-		}
-		return fmt.Errorf("resolution does not name %s", ref.Digest)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("%w (and no peer could resolve it: %v)", originErr, err)
 	}
-	s.log.Warn("origin unreachable; resolved through a peer, fetching from peers only", "ref", ref.Redacted(), "err", originErr)
+	s.log.Warn("origin unreachable; resolved as before or through a peer, fetching from peers only", "ref", ref.Redacted(), "err", originErr)
 	res := &prefetch.Resolution{Model: m, Blobs: make(map[digest.Digest]cache.RangeOpener, len(m.Files))}
 	for _, f := range m.Files {
 		res.Blobs[f.Digest] = unreachable{originErr}

@@ -49,6 +49,11 @@ func (r *Resolutions) Put(ref string, m cache.Model) {
 	}
 }
 
+// Get returns what ref resolved to, if it is remembered.
+func (r *Resolutions) Get(ref string) (cache.Model, bool) {
+	return r.get(resolutionKey(ref))
+}
+
 func (r *Resolutions) get(key string) (cache.Model, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

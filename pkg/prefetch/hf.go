@@ -79,6 +79,8 @@ type HFSource struct {
 	version  string
 	http     *HTTPSource // makes the requests; its client adds the token
 	shared   SharedResolver
+	// untrusted holds repo@commit listings another node gave wrongly.
+	untrusted commitSet
 }
 
 // HFOption configures an HFSource.
@@ -130,6 +132,10 @@ func WithHFToken(token string) HFOption {
 // WithHFShared resolves each listing at a commit through shared: once for
 // the cluster, the other nodes taking the model from the node that asked the
 // hub (see p2p.Swarm.SharedResolve). Without it every resolve asks the hub.
+// A listing taken from another node is used only as the hub confirms it:
+// its paths, sizes and LFS digests against the hub's listing, its other
+// files' bytes against their git blob ids (see HFSource.confirm); what
+// sharing saves is reading every small file on every node.
 func WithHFShared(shared SharedResolver) HFOption {
 	return func(s *HFSource) error {
 		s.shared = shared
@@ -248,7 +254,7 @@ func (s *HFSource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 			return nil, err
 		}
 	}
-	if s.shared == nil {
+	if s.shared == nil || s.distrusted(ref.Repository, commit) {
 		return s.resolveAt(ctx, ref.Repository, commit)
 	}
 	// The listing at a commit never changes: resolve it once for the cluster.
@@ -267,16 +273,9 @@ func (s *HFSource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 	case own != nil:
 		return own, nil
 	case m.Name != ref.Repository || m.Revision != commit || m.Validate() != nil:
-		return nil, fmt.Errorf("%w: resolved elsewhere as %s@%s, not %s@%s", cache.ErrInvalid, m.Name, m.Revision, ref.Repository, commit)
+		return s.resolveAt(ctx, ref.Repository, commit) // another model: not used
 	}
-	// Every file, small ones too, is then read with ranged GETs at the commit.
-	res := &Resolution{Model: m, Blobs: make(map[digest.Digest]cache.RangeOpener, len(m.Files))}
-	for _, f := range m.Files {
-		if _, ok := res.Blobs[f.Digest]; !ok {
-			res.Blobs[f.Digest] = s.blob(s.fileURL(ref.Repository, commit, f.Path), f.Size)
-		}
-	}
-	return res, nil
+	return s.confirm(ctx, m)
 }
 
 // resolveAt lists the repository's files at a commit, reads the small ones
@@ -286,6 +285,11 @@ func (s *HFSource) resolveAt(ctx context.Context, repo, commit string) (*Resolut
 	if err != nil {
 		return nil, err
 	}
+	return s.resolveListing(ctx, repo, commit, entries)
+}
+
+// resolveListing is resolveAt once the listing is read.
+func (s *HFSource) resolveListing(ctx context.Context, repo, commit string, entries []hfTreeEntry) (*Resolution, error) {
 	if len(entries) == 0 {
 		return nil, cache.Permanent(fmt.Errorf("%w: repository has no files at commit %s", cache.ErrNotFound, commit))
 	}
@@ -508,10 +512,22 @@ func (s *HFSource) fetchSmall(ctx context.Context, u *url.URL, commit string, e 
 
 // gitBlobID is git's object id of a blob holding data.
 func gitBlobID(data []byte) string {
+	id, _ := readGitBlobID(bytes.NewReader(data), int64(len(data))) // reading bytes never fails
+	return id
+}
+
+// readGitBlobID is git's object id of a blob of size bytes read from r.
+func readGitBlobID(r io.Reader, size int64) (string, error) {
 	h := sha1.New()
-	h.Write([]byte("blob " + strconv.Itoa(len(data)) + "\x00"))
-	h.Write(data)
-	return hex.EncodeToString(h.Sum(nil))
+	h.Write([]byte("blob " + strconv.FormatInt(size, 10) + "\x00"))
+	n, err := io.Copy(h, r)
+	if err != nil {
+		return "", err
+	}
+	if n != size {
+		return "", fmt.Errorf("%w: %d bytes, want %d", cache.ErrSizeMismatch, n, size)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // fileURL is /{repo}/resolve/{commit}/{path} on the hub, each path segment

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/opencontainers/go-digest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -13,8 +14,10 @@ import (
 )
 
 // TestHFSharedResolve: a node that takes the listing from the node that
-// resolved it asks the hub only which commit "main" is, then reads every
-// file, small ones too, with ranged GETs at that commit.
+// resolved it asks the hub which commit "main" is and for the listing at
+// that commit, to check the one it took, but reads no file while
+// resolving; it then reads every file, small ones too, with ranged GETs at
+// that commit, and checks the small ones against the hub's git blob ids.
 func TestHFSharedResolve(t *testing.T) {
 	t.Parallel()
 	hub := hubtest.New()
@@ -33,7 +36,7 @@ func TestHFSharedResolve(t *testing.T) {
 	}))
 	_, err := hfResolve(t, first, "hf://org/model@main")
 	require.NoError(t, err)
-	treeCalls := hub.Stats().Requests[hubtest.RouteTree]
+	treeCalls, fileReads := hub.Stats().Requests[hubtest.RouteTree], hub.Stats().Requests[hubtest.RouteResolve]
 
 	// The second takes its answer.
 	second := hfSource(t, hub.URL, prefetch.WithHFShared(func(context.Context, prefetch.Ref, func(context.Context) (cache.Model, error)) (cache.Model, error) {
@@ -41,17 +44,68 @@ func TestHFSharedResolve(t *testing.T) {
 	}))
 	res, err := hfResolve(t, second, "hf://org/model@main")
 	require.NoError(t, err)
-	assert.Equal(t, treeCalls, hub.Stats().Requests[hubtest.RouteTree], "no listing asked of the hub")
+	assert.Equal(t, treeCalls+1, hub.Stats().Requests[hubtest.RouteTree], "the listing is asked of the hub once, to check")
+	assert.Equal(t, fileReads, hub.Stats().Requests[hubtest.RouteResolve], "no file read while resolving")
 	dir, err := hfFetch(t, hfStore(t), res)
 	require.NoError(t, err)
 	checkDir(t, dir, files)
 
-	// An answer for another commit is refused.
-	wrong := shared
-	wrong.Revision = "0123456789012345678901234567890123456789"
-	third := hfSource(t, hub.URL, prefetch.WithHFShared(func(context.Context, prefetch.Ref, func(context.Context) (cache.Model, error)) (cache.Model, error) {
-		return wrong, nil
+	// An answer for another commit, or with other files, is not used: the
+	// node resolves from the hub.
+	wrongCommit := shared
+	wrongCommit.Revision = "0123456789012345678901234567890123456789"
+	wrongFiles := shared
+	wrongFiles.Files = shared.Files[1:]
+	for _, wrong := range []cache.Model{wrongCommit, wrongFiles} {
+		third := hfSource(t, hub.URL, prefetch.WithHFShared(func(context.Context, prefetch.Ref, func(context.Context) (cache.Model, error)) (cache.Model, error) {
+			return wrong, nil
+		}))
+		res, err = hfResolve(t, third, "hf://org/model@main")
+		require.NoError(t, err)
+		assert.Equal(t, shared.Files, res.Model.Files)
+		assert.Nil(t, res.Verify, "the hub's own listing needs no check")
+	}
+}
+
+// TestHFSharedResolveSmallFileLie: another node's listing has the hub's
+// paths and sizes, but its own bytes for a file stored in git, which the hub
+// names only by its git blob id. Verify refuses them once they are in the
+// store, and the source then resolves that commit from the hub alone.
+func TestHFSharedResolveSmallFileLie(t *testing.T) {
+	t.Parallel()
+	hub := hubtest.New()
+	t.Cleanup(hub.Close)
+	honest := `{"hidden_size": 1024}`
+	evil := `{"auto_map": "evil!"}`
+	require.Len(t, evil, len(honest))
+	hub.AddRepo("org/model", map[string]hubtest.Content{"config.json": hubtest.String(honest)})
+
+	var shared cache.Model
+	_, err := hfResolve(t, hfSource(t, hub.URL, prefetch.WithHFShared(func(ctx context.Context, _ prefetch.Ref, resolve func(context.Context) (cache.Model, error)) (cache.Model, error) {
+		m, err := resolve(ctx)
+		shared = m
+		return m, err
+	})), "hf://org/model@main")
+	require.NoError(t, err)
+	lie := shared
+	lie.Files = []cache.File{{Path: "config.json", Descriptor: cache.Descriptor{Digest: digest.FromString(evil), Size: int64(len(evil))}}}
+
+	src := hfSource(t, hub.URL, prefetch.WithHFShared(func(context.Context, prefetch.Ref, func(context.Context) (cache.Model, error)) (cache.Model, error) {
+		return lie, nil
 	}))
-	_, err = hfResolve(t, third, "hf://org/model@main")
-	require.ErrorIs(t, err, cache.ErrInvalid)
+	store := hfStore(t)
+	_, err = store.Fetch(t.Context(), lie.Files[0].Descriptor, cache.Bytes([]byte(evil)), nil) // there from another fetch
+	require.NoError(t, err)
+	res, err := hfResolve(t, src, "hf://org/model@main")
+	require.NoError(t, err)
+	require.NotNil(t, res.Verify)
+	_, err = hfFetch(t, store, res)
+	require.ErrorIs(t, err, prefetch.ErrUnverified)
+
+	res, err = hfResolve(t, src, "hf://org/model@main")
+	require.NoError(t, err)
+	assert.Nil(t, res.Verify, "resolved from the hub alone")
+	dir, err := hfFetch(t, store, res)
+	require.NoError(t, err)
+	checkDir(t, dir, map[string]hubtest.Content{"config.json": hubtest.String(honest)})
 }

@@ -56,6 +56,11 @@ func hfFetch(t *testing.T, store *cache.Store, res *prefetch.Resolution) (string
 			return "", err
 		}
 	}
+	if res.Verify != nil {
+		if err := res.Verify(store.Open); err != nil {
+			return "", err
+		}
+	}
 	return store.Materialize(res.Model)
 }
 

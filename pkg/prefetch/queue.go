@@ -452,6 +452,11 @@ func (q *Queue) work(ctx context.Context) {
 		}
 		sctx, span := q.startJobSpan(jctx, j)
 		dir, err := q.run(sctx, j)
+		if errors.Is(err, ErrUnverified) && jctx.Err() == nil {
+			// The source no longer gives what failed: resolve anew.
+			q.cfg.logger.Warn("resolution did not match its content; resolving again", "job", j.id, "ref", j.ref.Redacted(), "err", err)
+			dir, err = q.run(sctx, j)
+		}
 		if context.Cause(jctx) == ErrCanceled {
 			err = ErrCanceled
 		}
@@ -527,6 +532,11 @@ func (q *Queue) run(ctx context.Context, j *Job) (string, error) {
 	}
 	if err := g.Wait(); err != nil {
 		return "", err
+	}
+	if res.Verify != nil {
+		if err := res.Verify(q.store.Open); err != nil {
+			return "", fmt.Errorf("verifying %s: %w", j.ref.Redacted(), err)
+		}
 	}
 	if res.Image != nil {
 		ictx, span := q.cfg.tracer.Start(ctx, "import", trace.WithAttributes(AttrImage.String(res.Image.Name)))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/opencontainers/go-digest"
 
@@ -36,7 +37,18 @@ type Resolution struct {
 	// fetched and imported into the container runtime instead of being
 	// materialised as a model directory.
 	Image *Image
+	// Verify, when set, checks what resolving could not (a digest another
+	// node gave for a file the origin names otherwise): the queue calls it
+	// once every blob is in the store, before the model is laid out, with
+	// open reading a blob from the store. An error wrapping ErrUnverified
+	// says the resolution was wrong and that the source will not give it
+	// again, so the queue resolves once more.
+	Verify func(open func(digest.Digest) (*os.File, error)) error
 }
+
+// ErrUnverified is Resolution.Verify's error for a resolution that does
+// not match the content it names.
+var ErrUnverified = errors.New("resolution does not match the content")
 
 // Compression is how a packed layer is compressed.
 type Compression string
@@ -73,6 +85,9 @@ type Image struct {
 	// Blobs is every blob of the image for this platform, each once: the
 	// index (if any), the manifest, the config and the layers, in that order.
 	Blobs []ImageBlob
+	// Public says the image was fetched without credentials: anyone may
+	// have it.
+	Public bool
 }
 
 // ImageBlob is one blob of an image, with its OCI or Docker media type.

@@ -1,0 +1,141 @@
+package prefetch
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/weightd/weightd/pkg/cache"
+)
+
+// maxDistrusted bounds the commits an HFSource remembers as wrongly
+// resolved by another node.
+const maxDistrusted = 1024
+
+// confirm checks a listing another node resolved (m, already of the right
+// repository and commit) against the hub's own listing at that commit: the
+// same paths, an LFS file's sha256 and size as the hub lists them, a file
+// stored in git of the size listed. The hub names a file stored in git only
+// by its git blob id, so its sha256 from the other node is checked by the
+// resolution's Verify, once its bytes are in the store. A listing that does
+// not match is not used: the model is resolved from the hub's listing.
+// Reading the listing is one request (a page per thousand files); what
+// sharing saves is reading the small files of every model on every node.
+func (s *HFSource) confirm(ctx context.Context, m cache.Model) (*Resolution, error) {
+	entries, err := s.list(ctx, m.Name, m.Revision)
+	if err != nil {
+		return nil, err
+	}
+	inGit, err := matchListing(m, entries)
+	if err != nil {
+		return s.resolveListing(ctx, m.Name, m.Revision, entries)
+	}
+	res := &Resolution{Model: m, Blobs: make(map[digest.Digest]cache.RangeOpener, len(m.Files))}
+	for _, f := range m.Files {
+		if _, ok := res.Blobs[f.Digest]; !ok {
+			res.Blobs[f.Digest] = s.blob(s.fileURL(m.Name, m.Revision, f.Path), f.Size)
+		}
+	}
+	if len(inGit) > 0 {
+		res.Verify = func(open func(digest.Digest) (*os.File, error)) error {
+			if err := verifyGitBlobs(m, inGit, open); err != nil {
+				s.untrusted.add(m.Name + "@" + m.Revision)
+				return err
+			}
+			return nil
+		}
+	}
+	return res, nil
+}
+
+// distrusted says whether a listing of repo at commit from another node
+// failed Verify here: it is then resolved from the hub alone.
+func (s *HFSource) distrusted(repo, commit string) bool {
+	return s.untrusted.has(repo + "@" + commit)
+}
+
+// matchListing checks m's files against the hub's listing and returns the
+// git blob id of each file stored in git, by path.
+func matchListing(m cache.Model, entries []hfTreeEntry) (map[string]string, error) {
+	if len(m.Files) != len(entries) {
+		return nil, fmt.Errorf("%w: %d files, the hub lists %d", cache.ErrInvalid, len(m.Files), len(entries))
+	}
+	files := make(map[string]cache.Descriptor, len(m.Files))
+	for _, f := range m.Files {
+		files[f.Path] = f.Descriptor
+	}
+	inGit := make(map[string]string)
+	for _, e := range entries {
+		d, ok := files[e.Path]
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("%w: %q is not listed", cache.ErrInvalid, truncate(e.Path))
+		case d.Size != e.Size:
+			return nil, fmt.Errorf("%w: %q: %d bytes, the hub lists %d", cache.ErrInvalid, truncate(e.Path), d.Size, e.Size)
+		case e.LFS != nil && d.Digest != digest.NewDigestFromEncoded(digest.SHA256, e.LFS.OID):
+			return nil, fmt.Errorf("%w: %q: %s, the hub lists sha256:%s", cache.ErrInvalid, truncate(e.Path), d.Digest, e.LFS.OID)
+		case e.LFS == nil:
+			inGit[e.Path] = e.OID
+		}
+	}
+	return inGit, nil
+}
+
+// verifyGitBlobs checks that the blob of each file of m stored in git has
+// the git blob id the hub lists (inGit, by path).
+func verifyGitBlobs(m cache.Model, inGit map[string]string, open func(digest.Digest) (*os.File, error)) error {
+	for _, f := range m.Files {
+		want, ok := inGit[f.Path]
+		if !ok {
+			continue
+		}
+		r, err := open(f.Digest)
+		if err != nil {
+			return fmt.Errorf("%q: %w", f.Path, err)
+		}
+		got, err := readGitBlobID(r, f.Size)
+		r.Close()
+		if err != nil {
+			return fmt.Errorf("%q: %w", f.Path, err)
+		}
+		if got != want {
+			return fmt.Errorf("%w: %s@%s: %q (%s) has git blob id %s, the hub lists %s",
+				ErrUnverified, m.Name, m.Revision, f.Path, f.Digest, got, want)
+		}
+	}
+	return nil
+}
+
+// commitSet is a bounded set of strings, oldest forgotten first, safe for
+// concurrent use.
+type commitSet struct {
+	mu    sync.Mutex
+	m     map[string]bool
+	order []string
+}
+
+func (c *commitSet) add(k string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m[k] {
+		return
+	}
+	if c.m == nil {
+		c.m = make(map[string]bool)
+	}
+	c.m[k] = true
+	c.order = append(c.order, k)
+	if len(c.order) > maxDistrusted {
+		delete(c.m, c.order[0])
+		c.order = c.order[1:]
+	}
+}
+
+func (c *commitSet) has(k string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m[k]
+}
