@@ -28,6 +28,10 @@ type kubeConfig struct {
 	KubeQPS            float32       `name:"kube-qps" help:"Most requests per second to the Kubernetes API server, on average (0: 5)." env:"WEIGHTD_KUBE_QPS"`
 	KubeBurst          int           `name:"kube-burst" help:"Most requests to the Kubernetes API server in a burst (0: 10)." env:"WEIGHTD_KUBE_BURST"`
 	NodeUpdateInterval time.Duration `help:"Least time between two writes of this node's cache labels and summary (0: 5s); progress alone is written at most every 6 intervals." env:"WEIGHTD_NODE_UPDATE_INTERVAL"`
+	// A warm server receives other pods' adapters and pins its base in the
+	// node's cache: which pods may be one is the operator's to say.
+	WarmServerNamespaces []string `help:"With --warm: namespaces whose pods labelled weightd.io/warm-server are warm servers for the pods of their own namespace (a labelled pod elsewhere is ignored, with a Warning Event)." env:"WEIGHTD_WARM_SERVER_NAMESPACES"`
+	WarmSharedNamespaces []string `help:"With --warm: namespaces whose warm servers serve the pods of every namespace (a shared inference namespace)." env:"WEIGHTD_WARM_SHARED_NAMESPACES"`
 }
 
 // kubeSide is the agent's Kubernetes side: the pod intake, the node
@@ -87,7 +91,11 @@ func newKube(cfg kubeConfig, node string, queue *prefetch.Queue, store *cache.St
 	}
 	pubOpts := []kube.PublisherOption{kube.WithNodeInterval(interval, 6*interval), kube.WithPublisherLogger(kl)}
 	if pool != nil {
-		if k.warm, err = kube.NewWarmPods(client, node, pool, kube.WithWarmLogger(kl.With("part", "warm"))); err != nil {
+		if len(cfg.WarmServerNamespaces)+len(cfg.WarmSharedNamespaces) == 0 {
+			log.Warn("warm pool on, but no namespace may hold warm servers: set --warm-server-namespaces or --warm-shared-namespaces")
+		}
+		if k.warm, err = kube.NewWarmPods(client, node, pool, kube.WithWarmLogger(kl.With("part", "warm")),
+			kube.WithWarmServerNamespaces(cfg.WarmServerNamespaces...), kube.WithWarmSharedNamespaces(cfg.WarmSharedNamespaces...)); err != nil {
 			return nil, err
 		}
 		pubOpts = append(pubOpts, kube.WithWarmBases(k.warm.Bases))

@@ -7,8 +7,11 @@ import (
 	"log/slog"
 	"path/filepath"
 	"slices"
+	"strings"
+	"sync"
 	"time"
 
+	"github.com/opencontainers/go-digest"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/weightd/weightd/pkg/api"
@@ -21,12 +24,17 @@ import (
 // warmConfig is the warm pool's part of the agent's configuration. Zero
 // values mean the defaults (and the pool off).
 type warmConfig struct {
-	Warm               bool          `help:"Hot-swap LoRA adapters into the warm servers (vLLM, SGLang) of this node, and keep their base models pinned in the cache." env:"WEIGHTD_WARM"`
-	WarmStageDir       string        `help:"Host directory where adapters are staged for the warm servers, which mount it as a hostPath; on the cache's filesystem, staging is a hard link (empty: <root>/adapters)." env:"WEIGHTD_WARM_STAGE_DIR" type:"path"`
-	WarmServerStageDir string        `help:"The stage directory as the warm servers see it, the path their load requests name (empty: --warm-stage-dir)." env:"WEIGHTD_WARM_SERVER_STAGE_DIR"`
-	WarmHealthInterval time.Duration `help:"How often each warm server's health and loaded adapters are checked (0: 10s)." env:"WEIGHTD_WARM_HEALTH_INTERVAL"`
-	WarmDRAMBudget     byteSize      `name:"warm-dram-budget" help:"Memory for the DRAM tier: the files of warm servers' bases are kept in the page cache (locked where CAP_IPC_LOCK allows) up to this many bytes, so a crashed server reloads at memory speed; the agent's memory limit must leave room for it. 0 turns it off." default:"0" env:"WEIGHTD_WARM_DRAM_BUDGET"`
+	Warm                 bool          `help:"Hot-swap LoRA adapters into the warm servers (vLLM, SGLang) of this node, and keep their base models pinned in the cache." env:"WEIGHTD_WARM"`
+	WarmStageDir         string        `help:"Host directory where adapters are staged for the warm servers, which mount it as a hostPath; on the cache's filesystem, staging is a hard link (empty: <root>/adapters)." env:"WEIGHTD_WARM_STAGE_DIR" type:"path"`
+	WarmServerStageDir   string        `help:"The stage directory as the warm servers see it, the path their load requests name (empty: --warm-stage-dir)." env:"WEIGHTD_WARM_SERVER_STAGE_DIR"`
+	WarmHealthInterval   time.Duration `help:"How often each warm server's health and loaded adapters are checked (0: 10s)." env:"WEIGHTD_WARM_HEALTH_INTERVAL"`
+	WarmDRAMBudget       byteSize      `name:"warm-dram-budget" help:"Memory for the DRAM tier: the files of warm servers' bases are kept in the page cache (locked where CAP_IPC_LOCK allows) up to this many bytes, so a crashed server reloads at memory speed; the agent's memory limit must leave room for it. 0 turns it off." default:"0" env:"WEIGHTD_WARM_DRAM_BUDGET"`
+	WarmPinBudgetPercent int           `help:"Most of the cache budget the bases of warm servers may hold pinned, in percent (1 to 100); a base that would go over is fetched but not pinned (0: 50)." env:"WEIGHTD_WARM_PIN_BUDGET_PERCENT"`
 }
+
+// defaultWarmPinBudgetPercent leaves half the cache evictable whatever
+// warm servers claim, for the node's other pods.
+const defaultWarmPinBudgetPercent = 50
 
 // warmPinPrefix starts the pin owner of a warm server's base blobs:
 // "warm:<namespace>/<pod>".
@@ -59,6 +67,13 @@ func newWarmPool(cfg warmConfig, root string, queue *prefetch.Queue, store *cach
 	if cfg.WarmHealthInterval < 0 {
 		return nil, fmt.Errorf("--warm-health-interval must not be negative, not %v", cfg.WarmHealthInterval)
 	}
+	share := cfg.WarmPinBudgetPercent
+	if share == 0 {
+		share = defaultWarmPinBudgetPercent
+	}
+	if share < 1 || share > 100 {
+		return nil, fmt.Errorf("--warm-pin-budget-percent must be from 1 to 100, not %d", cfg.WarmPinBudgetPercent)
+	}
 	stage := cfg.WarmStageDir
 	if stage == "" {
 		stage = filepath.Join(root, "adapters")
@@ -67,7 +82,7 @@ func newWarmPool(cfg warmConfig, root string, queue *prefetch.Queue, store *cach
 		StageDir:       stage,
 		ServerStageDir: cfg.WarmServerStageDir,
 		Fetcher:        adapterFetcher{queue},
-		Bases:          basePinner{queue: queue, store: store, dram: dram, log: log},
+		Bases:          &basePinner{queue: queue, store: store, dram: dram, log: log, share: share},
 		GPUUse:         gpuUse,
 		HealthInterval: cfg.WarmHealthInterval,
 		Logger:         log,
@@ -109,29 +124,28 @@ func submitAndWait(ctx context.Context, q *prefetch.Queue, ref string, p prefetc
 }
 
 // basePinner keeps the base model of each warm server fetched and its blobs
-// pinned in the cache under the owner "warm:<pod>", and, with a DRAM tier,
-// their files in memory under the same owner.
+// pinned in the cache under the owner "warm:<pod>", as long as all warm
+// pins stay within share percent of the cache budget, and, with a DRAM
+// tier, their files in memory under the same owner.
 type basePinner struct {
 	queue *prefetch.Queue
 	store *cache.Store
 	dram  *pagecache.Tier // nil: no DRAM tier
 	log   *slog.Logger
+	share int // percent of the cache budget
+	// mu orders the share check and the pins of concurrent Keeps.
+	mu sync.Mutex
 }
 
-func (b basePinner) Keep(ctx context.Context, s warmpool.ServerSpec) error {
+func (b *basePinner) Keep(ctx context.Context, s warmpool.ServerSpec) error {
 	j, err := submitAndWait(ctx, b.queue, s.Base, prefetch.PriorityNormal)
 	if err != nil {
 		return fmt.Errorf("fetching base %s: %w", s.Base, err)
 	}
 	owner := warmPinPrefix + s.Pod
-	var paths []string
-	for _, d := range j.Blobs() {
-		if err := b.store.Pin(d.Digest, owner); err != nil {
-			return fmt.Errorf("pinning base %s: %w", s.Base, err)
-		}
-		if p, err := b.store.BlobPath(d.Digest); err == nil {
-			paths = append(paths, p)
-		}
+	paths, err := b.pin(s.Base, owner, j.Blobs())
+	if err != nil {
+		return err
 	}
 	if b.dram != nil {
 		// Over the budget or not, the base is served: the tier says which
@@ -143,8 +157,45 @@ func (b basePinner) Keep(ctx context.Context, s warmpool.ServerSpec) error {
 	return nil
 }
 
+// pin pins blobs for owner, unless the blobs pinned for every warm server
+// would then exceed the share of the cache budget; it returns the blobs'
+// paths.
+func (b *basePinner) pin(base, owner string, blobs []cache.Descriptor) ([]string, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	limit := b.store.Usage().BudgetBytes / 100 * int64(b.share)
+	counted := make(map[digest.Digest]bool)
+	var total int64
+	for _, info := range b.store.List() {
+		if slices.ContainsFunc(info.Pins, func(p string) bool { return strings.HasPrefix(p, warmPinPrefix) && p != owner }) {
+			counted[info.Digest] = true
+			total += info.Size
+		}
+	}
+	for _, d := range blobs {
+		if !counted[d.Digest] {
+			counted[d.Digest] = true
+			total += d.Size
+		}
+	}
+	if total > limit {
+		return nil, fmt.Errorf("not pinning base %s: warm servers' bases would pin %d bytes, over --warm-pin-budget-percent (%d%% of the cache budget: %d bytes)",
+			base, total, b.share, limit)
+	}
+	var paths []string
+	for _, d := range blobs {
+		if err := b.store.Pin(d.Digest, owner); err != nil {
+			return nil, fmt.Errorf("pinning base %s: %w", base, err)
+		}
+		if p, err := b.store.BlobPath(d.Digest); err == nil {
+			paths = append(paths, p)
+		}
+	}
+	return paths, nil
+}
+
 // Drop unpins every blob pinned for s, including pins an earlier agent left.
-func (b basePinner) Drop(s warmpool.ServerSpec) {
+func (b *basePinner) Drop(s warmpool.ServerSpec) {
 	owner := warmPinPrefix + s.Pod
 	if b.dram != nil {
 		b.dram.Release(owner)

@@ -182,3 +182,93 @@ func TestWarmPoolOff(t *testing.T) {
 		t.Fatal("negative interval accepted")
 	}
 }
+
+// The bases of warm servers are pinned within --warm-pin-budget-percent of
+// the cache budget: with room for one base in the share, the second
+// server's base is fetched but not pinned, until the first server goes.
+func TestWarmPinBudget(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for i, name := range []string{"base-a", "base-b"} {
+		if _, err := origin.Generate(filepath.Join(dir, name), origin.Spec{Name: "test/" + name, Files: 2, TotalBytes: 1 << 20, Seed: uint64(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig := origin.NewServer(ln, dir)
+	root := t.TempDir()
+	// 3 MiB of budget, half of it for warm pins: one base of 1 MiB fits,
+	// two do not.
+	store, err := cache.Open(filepath.Join(root, "cache"), cache.WithChunkSize(1<<20), cache.WithBudget(3<<20, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	queue := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
+	cfg := warmConfig{Warm: true, WarmHealthInterval: 20 * time.Millisecond, WarmPinBudgetPercent: 50}
+	pool, err := newWarmPool(cfg, root, queue, store, nil, nil, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return orig.Run(gctx) })
+	g.Go(func() error { return queue.Run(gctx) })
+	g.Go(func() error { return pool.Run(gctx) })
+	defer func() {
+		cancel()
+		if err := g.Wait(); err != nil {
+			t.Error(err)
+		}
+	}()
+
+	var specs []warmpool.ServerSpec
+	for _, name := range []string{"base-a", "base-b"} {
+		srv, err := loratest.NewVLLM(loratest.Options{Slots: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer srv.Close()
+		specs = append(specs, warmpool.ServerSpec{Pod: "ai/" + name, UID: name, Base: orig.URL() + "/" + name + "/" + origin.ManifestName,
+			Runtime: engine.VLLM, Endpoint: srv.URL(), Slots: 1})
+	}
+	pinned := func(pod string) int {
+		n := 0
+		for _, info := range store.List() {
+			if slices.Contains(info.Pins, warmPinPrefix+pod) {
+				n++
+			}
+		}
+		return n
+	}
+	pool.SetServers(specs)
+	var first, second string
+	waitUntil(t, pool, func() bool {
+		a, b := pinned("ai/base-a"), pinned("ai/base-b")
+		switch {
+		case a == 2 && b == 0:
+			first, second = "ai/base-a", "ai/base-b"
+		case b == 2 && a == 0:
+			first, second = "ai/base-b", "ai/base-a"
+		}
+		return first != "" && len(store.List()) == 4 // both bases fetched
+	})
+	// Several more checks retry the second Keep: still over the share.
+	for range 5 {
+		<-pool.Changed()
+		if n := pinned(second); n != 0 {
+			t.Fatalf("%d blobs of %s's base pinned over the share", n, second)
+		}
+	}
+	var rest []warmpool.ServerSpec
+	for _, s := range specs {
+		if s.Pod == second {
+			rest = append(rest, s)
+		}
+	}
+	pool.SetServers(rest)
+	waitUntil(t, pool, func() bool { return pinned(first) == 0 && pinned(second) == 2 })
+}

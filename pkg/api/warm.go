@@ -67,6 +67,11 @@ type AdapterRequest struct {
 	Name string `json:"name,omitempty"`
 	// Pin keeps the adapter from eviction until it is unpinned.
 	Pin bool `json:"pin,omitempty"`
+	// Namespace, when set, is the namespace of the pod that asks: only warm
+	// servers of that namespace, or shared ones, serve it. The agent's
+	// Kubernetes side sets it; it is never read from a request body (a
+	// caller of the node's local API may use any server).
+	Namespace string `json:"-"`
 }
 
 // AdapterAnswer says where an ensured adapter is served.

@@ -72,6 +72,33 @@ type warmConfig struct {
 	ensureTimeout       time.Duration
 	retryBase, retryMax time.Duration
 	logger              *slog.Logger
+	serverNamespaces    map[string]bool // may hold warm servers for their own pods
+	sharedNamespaces    map[string]bool // may hold warm servers for every namespace's pods
+}
+
+// WithWarmServerNamespaces names the namespaces whose pods may be warm
+// servers; each such server takes adapters only for pods of its own
+// namespace. A pod labelled a warm server in a namespace named neither here
+// nor by WithWarmSharedNamespaces is ignored, with a Warning Event saying
+// why. Default: none, as a warm server receives other pods' adapters and
+// pins its base in the node's cache.
+func WithWarmServerNamespaces(namespaces ...string) WarmOption {
+	return func(c *warmConfig) {
+		for _, ns := range namespaces {
+			c.serverNamespaces[ns] = true
+		}
+	}
+}
+
+// WithWarmSharedNamespaces names the namespaces whose warm servers take
+// adapters for pods of every namespace: a shared inference namespace
+// serving many teams. Default: none.
+func WithWarmSharedNamespaces(namespaces ...string) WarmOption {
+	return func(c *warmConfig) {
+		for _, ns := range namespaces {
+			c.sharedNamespaces[ns] = true
+		}
+	}
 }
 
 // WithWarmInterval sets how long WarmPods lets changes settle before it
@@ -134,19 +161,26 @@ func WithWarmLogger(l *slog.Logger) WarmOption {
 const (
 	ReasonAdapterReady  = "AdapterReady"
 	ReasonAdapterFailed = "AdapterFailed"
+	// ReasonWarmServerNotAllowed (Warning) is on a pod labelled a warm
+	// server in a namespace the operator did not allow to hold them.
+	ReasonWarmServerNotAllowed = "WarmServerNotAllowed"
 )
 
 // WarmPods is the warm pool's Kubernetes side on one node. Build it with
 // NewWarmPods and call Run once. It watches the pods bound to the node (a
 // field selector on spec.nodeName, each pod kept slim) and:
 //
-//   - finds the warm servers: pods labelled podrequest.WarmServerLabel, whose
-//     annotations podrequest.ParseWarmServer reads (a malformed one gets one
-//     Warning InvalidAnnotation Event and is left out); those running with
-//     an IP are given to the pool (SetServers) whenever the set changes, once
-//     changes have settled for the interval;
+//   - finds the warm servers: pods labelled podrequest.WarmServerLabel in
+//     the namespaces the operator allows (WithWarmServerNamespaces,
+//     WithWarmSharedNamespaces; one elsewhere gets one Warning
+//     WarmServerNotAllowed Event and is left out), whose annotations
+//     podrequest.ParseWarmServer reads (a malformed one gets one Warning
+//     InvalidAnnotation Event and is left out); those running with an IP are
+//     given to the pool (SetServers) whenever the set changes, once changes
+//     have settled for the interval;
 //   - serves the pods that ask for an adapter (podrequest.ParseAdapterRequest):
-//     EnsureFor on behalf of the pod's UID, then the answer on the pod
+//     EnsureFor on behalf of the pod's UID, for the pod's namespace (only
+//     servers of that namespace or shared ones serve it), then the answer on the pod
 //     (podrequest.LoraEndpoint and LoraModel, or LoraError), with an Event
 //     (AdapterReady, AdapterFailed, InvalidAnnotation) each time the answer
 //     on the pod changes. Failures that may pass are retried with backoff;
@@ -233,12 +267,14 @@ func NewWarmPods(client kubernetes.Interface, node string, pool WarmPool, opts .
 		return nil, errors.New("warm pods: nil pool")
 	}
 	cfg := warmConfig{
-		interval:      DefaultWarmInterval,
-		workers:       DefaultWarmWorkers,
-		ensureTimeout: DefaultEnsureTimeout,
-		retryBase:     time.Second,
-		retryMax:      2 * time.Minute,
-		logger:        slog.New(slog.DiscardHandler),
+		interval:         DefaultWarmInterval,
+		workers:          DefaultWarmWorkers,
+		ensureTimeout:    DefaultEnsureTimeout,
+		retryBase:        time.Second,
+		retryMax:         2 * time.Minute,
+		logger:           slog.New(slog.DiscardHandler),
+		serverNamespaces: make(map[string]bool),
+		sharedNamespaces: make(map[string]bool),
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -308,7 +344,7 @@ func (w *WarmPods) Run(ctx context.Context) error {
 
 	s := &warmSyncer{
 		w: w, indexer: informer.GetIndexer(), recorder: recorder, queue: queue,
-		invalid: make(map[types.UID]string), published: make(map[string]published),
+		invalid: make(map[types.UID]string), refused: make(map[types.UID]bool), published: make(map[string]published),
 	}
 	s.discover()
 	var wg sync.WaitGroup
@@ -344,6 +380,7 @@ type warmSyncer struct {
 
 	servers   []warmpool.ServerSpec // last given to the pool; nil before
 	invalid   map[types.UID]string  // warm server pods reported invalid → their annotations' fingerprint
+	refused   map[types.UID]bool    // warm server pods reported as in a namespace not allowed
 	published map[string]published  // namespace/name → loaded-adapters written, until the informer shows it
 }
 
@@ -402,9 +439,22 @@ func (s *warmSyncer) loop(ctx context.Context, dirty <-chan struct{}) {
 func (s *warmSyncer) discover() {
 	specs := []warmpool.ServerSpec{}
 	bad := make(map[types.UID]bool)
+	notAllowed := make(map[types.UID]bool)
 	for _, obj := range s.indexer.List() {
 		pod, ok := obj.(*corev1.Pod)
 		if !ok || !podrequest.IsWarmServer(pod.Labels) || pod.DeletionTimestamp != nil || podFinished(pod) {
+			continue
+		}
+		shared := s.w.cfg.sharedNamespaces[pod.Namespace]
+		if !shared && !s.w.cfg.serverNamespaces[pod.Namespace] {
+			notAllowed[pod.UID] = true
+			if !s.refused[pod.UID] {
+				s.refused[pod.UID] = true
+				msg := fmt.Sprintf("namespace %s may not hold warm servers on this node (the agent's --warm-server-namespaces and --warm-shared-namespaces): this pod gets no adapters and no base pin", pod.Namespace)
+				s.w.cfg.logger.Warn("ignoring a warm server in a namespace not allowed", "pod", pod.Namespace+"/"+pod.Name)
+				ref := podRef(pod)
+				s.recorder.Event(&ref, corev1.EventTypeWarning, ReasonWarmServerNotAllowed, msg)
+			}
 			continue
 		}
 		srv, err := podrequest.ParseWarmServer(pod.Annotations)
@@ -425,12 +475,17 @@ func (s *warmSyncer) discover() {
 			Pod: pod.Namespace + "/" + pod.Name, UID: string(pod.UID),
 			Base: srv.Base.String(), Runtime: srv.Runtime,
 			Endpoint: "http://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(srv.Port)),
-			Slots:    srv.Slots, MaxRank: srv.MaxRank,
+			Slots:    srv.Slots, MaxRank: srv.MaxRank, Shared: shared,
 		})
 	}
 	for uid := range s.invalid {
 		if !bad[uid] {
 			delete(s.invalid, uid) // fixed or gone: reported again if it breaks again
+		}
+	}
+	for uid := range s.refused {
+		if !notAllowed[uid] {
+			delete(s.refused, uid)
 		}
 	}
 	slices.SortFunc(specs, func(a, b warmpool.ServerSpec) int { return cmp.Compare(a.Pod, b.Pod) })
@@ -579,7 +634,9 @@ func (s *warmSyncer) sync(ctx context.Context, key string) error {
 	w.mu.Unlock()
 	if ensure {
 		ectx, cancel := context.WithTimeout(ctx, w.cfg.ensureTimeout)
-		ans, err := w.pool.EnsureFor(ectx, string(pod.UID), api.AdapterRequest{Base: req.Base.String(), Ref: req.Adapter.String(), Name: req.Name})
+		ans, err := w.pool.EnsureFor(ectx, string(pod.UID), api.AdapterRequest{
+			Base: req.Base.String(), Ref: req.Adapter.String(), Name: req.Name, Namespace: pod.Namespace,
+		})
 		cancel()
 		if ctx.Err() != nil {
 			return ctx.Err() // stopping: nothing to answer

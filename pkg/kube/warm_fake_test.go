@@ -30,7 +30,8 @@ func TestWarmPodsFakeAPI(t *testing.T) {
 	srv.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.1.2.3"}
 	client := fake.NewClientset(srv)
 	pool := newFakePool()
-	w, err := NewWarmPods(client, "n1", pool, WithWarmInterval(20*time.Millisecond), WithWarmRetry(10*time.Millisecond, 50*time.Millisecond))
+	w, err := NewWarmPods(client, "n1", pool, WithWarmInterval(20*time.Millisecond), WithWarmRetry(10*time.Millisecond, 50*time.Millisecond),
+		WithWarmServerNamespaces("default"))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg sync.WaitGroup

@@ -178,7 +178,8 @@ func runWarm(t *testing.T, env *kubetest.Env, node string, pool WarmPool) (stop 
 	t.Helper()
 	client, writes := countingClient(t, env)
 	w, err := NewWarmPods(client, node, pool, WithWarmInterval(100*time.Millisecond),
-		WithWarmRetry(50*time.Millisecond, 200*time.Millisecond), WithWarmLogger(testLogger(t)))
+		WithWarmRetry(50*time.Millisecond, 200*time.Millisecond), WithWarmLogger(testLogger(t)),
+		WithWarmServerNamespaces("default"))
 	require.NoError(t, err)
 	pub, err := NewNodePublisher(client, node, noJobs{}, nil, WithNodeInterval(100*time.Millisecond, time.Second),
 		WithWarmBases(w.Bases), WithPublisherLogger(testLogger(t)))

@@ -18,7 +18,9 @@ import (
 // adapters it lists that the pool did not know are adopted (after a restart
 // of the agent), and adapters the pool loaded that it no longer lists (the
 // server restarted) are loaded again when pinned or in use, forgotten
-// otherwise. Run also keeps each server's base model through Bases.
+// otherwise. Run also keeps the base model of each healthy server through
+// Bases, and drops it when the server stops answering: a pod that only
+// claims to be a warm server pins nothing in the node's cache.
 func (p *Pool) Run(ctx context.Context) error {
 	var keeps sync.WaitGroup
 	defer keeps.Wait()
@@ -36,25 +38,27 @@ func (p *Pool) Run(ctx context.Context) error {
 	}
 }
 
-// startKeeps calls Bases.Keep, in the background, for each server whose
-// base is not kept yet.
+// startKeeps calls Bases.Keep, in the background, for each healthy server
+// whose base is not kept yet.
 func (p *Pool) startKeeps(ctx context.Context, wg *sync.WaitGroup) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, s := range p.servers {
-		if s.kept || s.keeping {
+		if s.kept || s.keeping || !s.healthy {
 			continue
 		}
 		s.keeping = true
 		wg.Go(func() {
 			err := p.cfg.Bases.Keep(ctx, s.spec)
 			p.mu.Lock()
-			s.keeping, s.kept = false, err == nil
+			s.keeping, s.kept = false, err == nil && s.healthy
 			gone := p.servers[s.spec.Pod] == nil
+			unhealthy := err == nil && !s.healthy
 			p.mu.Unlock()
-			if gone {
-				// Removed while its base was being kept: undo what Keep
-				// did after SetServers dropped it.
+			if gone || unhealthy {
+				// Removed, or found unhealthy, while its base was being
+				// kept: undo what Keep did after SetServers or check
+				// dropped it.
 				p.cfg.Bases.Drop(s.spec)
 				return
 			}
@@ -110,12 +114,18 @@ func (p *Pool) check(ctx context.Context, s *server) {
 			p.log.Warn("warm server unhealthy", "pod", s.spec.Pod, "err", err)
 		}
 		s.healthy, s.err = false, err.Error()
+		drop := s.kept
+		s.kept = false
 		p.notifyLocked()
 		p.mu.Unlock()
+		if drop {
+			p.cfg.Bases.Drop(s.spec)
+		}
 		return
 	}
 	if !s.healthy {
 		p.log.Info("warm server healthy", "pod", s.spec.Pod, "adapters", len(list))
+		p.kick() // keep its base now, not at the next interval
 	}
 	s.healthy, s.err = true, ""
 	listed := make(map[string]bool, len(list))

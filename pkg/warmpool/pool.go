@@ -320,6 +320,8 @@ func (p *Pool) Ensure(ctx context.Context, req api.AdapterRequest) (api.AdapterA
 
 // EnsureFor is Ensure on behalf of owner (a pod's UID, say): the adapter is
 // in use, never evicted, until Release(owner). An empty owner marks no use.
+// With req.Namespace set, only servers that serve that namespace
+// (ServerSpec.Shared, or of that namespace) are used or named.
 //
 // Errors wrap api.ErrNotFound when no warm server serves the base,
 // api.ErrBadRequest for an invalid request or adapter (bad name or
@@ -364,7 +366,7 @@ func (p *Pool) EnsureFor(ctx context.Context, owner string, req api.AdapterReque
 			}
 			continue
 		}
-		if err := p.baseServedLocked(req.Base); err != nil {
+		if err := p.baseServedLocked(req.Base, req.Namespace); err != nil {
 			p.mu.Unlock()
 			return api.AdapterAnswer{}, err
 		}
@@ -388,7 +390,7 @@ func (p *Pool) EnsureFor(ctx context.Context, owner string, req api.AdapterReque
 // the base, marking it used.
 func (p *Pool) hitLocked(owner string, req api.AdapterRequest, name string) (api.AdapterAnswer, bool, error) {
 	for _, s := range p.sortedLocked() {
-		if s.spec.Base != req.Base || !s.healthy || !s.synced {
+		if s.spec.Base != req.Base || !s.healthy || !s.synced || !s.spec.serves(req.Namespace) {
 			continue
 		}
 		a := s.adapters[name]
@@ -419,12 +421,16 @@ func (p *Pool) useLocked(a *adapter, owner string, pin bool) {
 	}
 }
 
-// baseServedLocked fails with api.ErrNotFound when no server serves base.
-func (p *Pool) baseServedLocked(base string) error {
+// baseServedLocked fails with api.ErrNotFound when no server of base serves
+// namespace.
+func (p *Pool) baseServedLocked(base, namespace string) error {
 	for _, s := range p.servers {
-		if s.spec.Base == base {
+		if s.spec.Base == base && s.spec.serves(namespace) {
 			return nil
 		}
+	}
+	if namespace != "" {
+		return fmt.Errorf("%w: no warm server of base %s on this node serves namespace %s", api.ErrNotFound, base, namespace)
 	}
 	return fmt.Errorf("%w: no warm server of base %s on this node", api.ErrNotFound, base)
 }
@@ -456,7 +462,7 @@ func (p *Pool) load(ctx context.Context, owner string, req api.AdapterRequest, n
 		p.mu.Unlock()
 		return api.AdapterAnswer{}, fmt.Errorf("%w: adapter name %s already serves %s", api.ErrBadRequest, name, ref)
 	}
-	s, victim, err := p.reserveLocked(req.Base, name, info.Rank)
+	s, victim, err := p.reserveLocked(req.Base, req.Namespace, name, info.Rank)
 	if err != nil {
 		p.mu.Unlock()
 		return api.AdapterAnswer{}, err
@@ -516,14 +522,15 @@ func victimName(a *adapter) string {
 	return a.name
 }
 
-// reserveLocked chooses a server of base for the adapter: a healthy one
-// whose maximum rank allows it, with a free slot (the most free first), else
-// the one holding the least recently used evictable adapter (the victim).
-func (p *Pool) reserveLocked(base, name string, rank int) (*server, *adapter, error) {
+// reserveLocked chooses a server of base that serves namespace for the
+// adapter: a healthy one whose maximum rank allows it, with a free slot (the
+// most free first), else the one holding the least recently used evictable
+// adapter (the victim).
+func (p *Pool) reserveLocked(base, namespace, name string, rank int) (*server, *adapter, error) {
 	var cands []*server
 	maxRank := 0
 	for _, s := range p.sortedLocked() {
-		if s.spec.Base != base || !s.healthy || !s.synced || s.adapters[name] != nil {
+		if s.spec.Base != base || !s.healthy || !s.synced || s.adapters[name] != nil || !s.spec.serves(namespace) {
 			continue
 		}
 		if s.spec.MaxRank > 0 && rank > s.spec.MaxRank {
@@ -536,7 +543,7 @@ func (p *Pool) reserveLocked(base, name string, rank int) (*server, *adapter, er
 		if maxRank > 0 {
 			return nil, nil, fmt.Errorf("%w: adapter %s has rank %d, over the maximum of the servers of %s (%d)", api.ErrBadRequest, name, rank, base, maxRank)
 		}
-		if err := p.baseServedLocked(base); err != nil {
+		if err := p.baseServedLocked(base, namespace); err != nil {
 			return nil, nil, err
 		}
 		return nil, nil, fmt.Errorf("%w: no healthy warm server of base %s", api.ErrBusy, base)

@@ -29,7 +29,11 @@
 // node's warm servers).
 package warmpool
 
-import "github.com/weightd/weightd/pkg/warmpool/engine"
+import (
+	"strings"
+
+	"github.com/weightd/weightd/pkg/warmpool/engine"
+)
 
 // ServerSpec is a warm server as discovery (pod labels and annotations)
 // describes it.
@@ -49,4 +53,17 @@ type ServerSpec struct {
 	// MaxRank is the largest LoRA rank the server takes (vLLM
 	// --max-lora-rank); 0 when unknown.
 	MaxRank int
+	// Shared servers take adapters for pods of every namespace; the others
+	// only for pods of their own (api.AdapterRequest.Namespace).
+	Shared bool
+}
+
+// serves reports whether s may take adapters for pods of namespace ("":
+// the node's operator, who may use any server).
+func (s ServerSpec) serves(namespace string) bool {
+	if namespace == "" || s.Shared {
+		return true
+	}
+	ns, _, _ := strings.Cut(s.Pod, "/")
+	return ns == namespace
 }
