@@ -263,6 +263,12 @@ func testOwnNodeOnly(t *testing.T, env *kubetest.Env) {
 	patchPod := func(c *kubernetes.Clientset, name string) error {
 		_, err := c.CoreV1().Pods("default").Patch(ctx, name, types.MergePatchType,
 			[]byte(`{"metadata":{"annotations":{"weightd.io/status":"x"}}}`), metav1.PatchOptions{})
+		if err != nil {
+			return err
+		}
+		// Removed again: testAgent waits for the agent's own status.
+		_, err = c.CoreV1().Pods("default").Patch(ctx, name, types.MergePatchType,
+			[]byte(`{"metadata":{"annotations":{"weightd.io/status":null}}}`), metav1.PatchOptions{})
 		return err
 	}
 
