@@ -103,3 +103,15 @@ func TestDialGuardRedirect(t *testing.T) {
 	resp.Body.Close()
 	require.EqualValues(t, 1, hits.Load())
 }
+
+// BenchmarkDialGuardCheck is the guard's cost per new connection to an
+// acceptable address: it lists the node's addresses each time.
+func BenchmarkDialGuardCheck(b *testing.B) {
+	g := prefetch.NewDialGuard(nil)
+	ip := netip.MustParseAddr("10.1.2.3")
+	for b.Loop() {
+		if err := g.Check(ip); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
