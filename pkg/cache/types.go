@@ -46,6 +46,9 @@ var (
 	// ErrSnapshotConflict is Materialize's refusal to replace a snapshot
 	// that holds other files under the same name and revision.
 	ErrSnapshotConflict = errors.New("a snapshot of that name and revision holds other files")
+	// ErrDenied is an origin's refusal of the credentials a request
+	// carried, or of their absence (HTTP 401 or 403): not an outage.
+	ErrDenied = errors.New("access denied")
 	// ErrPermanent marks a source error that retrying cannot fix (404, 403,
 	// a size the origin disagrees with). Wrap it with Permanent.
 	ErrPermanent = errors.New("permanent source error")

@@ -33,9 +33,10 @@ import (
 const FieldManager = "weightd"
 
 // Submitter queues prefetch jobs; *prefetch.Queue is one. Submit returns the
-// unfinished job already queued for the same reference, if any.
+// unfinished job already queued for the same reference and requester, if
+// any.
 type Submitter interface {
-	Submit(ref string, p prefetch.Priority) (*prefetch.Job, error)
+	Submit(ref string, p prefetch.Priority, opts ...prefetch.SubmitOption) (*prefetch.Job, error)
 }
 
 // Intake defaults.
@@ -352,7 +353,9 @@ func (s *syncer) sync(ctx context.Context, key string) error {
 		st = &podState{uid: pod.UID, obj: ref, fingerprint: fp, started: now, notBefore: now.Add(in.cfg.firstDelay)}
 		var refs []string
 		for _, r := range req.Refs() {
-			j, err := in.queue.Submit(r.String(), prefetch.PriorityPod)
+			// On the pod's behalf: the agent's credentials only where the
+			// operator allows its namespace them.
+			j, err := in.queue.Submit(r.String(), prefetch.PriorityPod, prefetch.ForNamespace(pod.Namespace))
 			if err != nil {
 				return fmt.Errorf("submitting %s: %w", r.Redacted(), err)
 			}

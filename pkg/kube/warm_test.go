@@ -147,7 +147,7 @@ func (f *fakePool) wasReleased(owner types.UID) bool {
 // noJobs is a prefetch queue with no job, for a publisher of warm bases only.
 type noJobs struct{}
 
-func (noJobs) Submit(string, prefetch.Priority) (*prefetch.Job, error) {
+func (noJobs) Submit(string, prefetch.Priority, ...prefetch.SubmitOption) (*prefetch.Job, error) {
 	return nil, errors.New("no jobs here")
 }
 func (noJobs) Jobs() []prefetch.JobStatus       { return nil }

@@ -15,12 +15,21 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/prefetch"
 )
 
-// serveBlob serves a blob: from the cache when it is complete, otherwise
-// streamed while the cache fetches it.
+// serveBlob serves a blob to a client the registry lets have it: from the
+// cache when it is complete, otherwise streamed while the cache fetches it.
 func (m *Mirror) serveBlob(w http.ResponseWriter, r *http.Request, registry string, rt route) {
 	d := rt.digest
+	auth := m.requestAuth(r, registry)
+	if aerr := m.authorize(r.Context(), auth, registry, rt.repository, d, false); aerr != nil {
+		m.m.request(routeBlob, outcomeOf(aerr))
+		if r.Context().Err() == nil {
+			aerr.write(w, r)
+		}
+		return
+	}
 	setBlobHeaders(w, d)
 	if f, err := m.store.Open(d); err == nil {
 		defer f.Close()
@@ -34,13 +43,9 @@ func (m *Mirror) serveBlob(w http.ResponseWriter, r *http.Request, registry stri
 	} else if !errors.Is(err, cache.ErrNotFound) {
 		m.log.Warn("opening a blob in the cache", "digest", d, "err", err)
 	}
-	size, aerr := m.blobSize(r.Context(), registry, rt.repository, d)
+	size, aerr := m.blobSize(r.Context(), auth, registry, rt.repository, d)
 	if aerr != nil {
-		if aerr == errBlobUnknown {
-			m.m.request(routeBlob, outcomeNotFound)
-		} else {
-			m.m.request(routeBlob, outcomeError)
-		}
+		m.m.request(routeBlob, outcomeOf(aerr))
 		if r.Context().Err() == nil {
 			aerr.write(w, r)
 		}
@@ -67,7 +72,7 @@ func (m *Mirror) serveBlob(w http.ResponseWriter, r *http.Request, registry stri
 		w.WriteHeader(code)
 		return
 	}
-	dl, err := m.download(registry, rt.repository, desc)
+	dl, err := m.download(auth, registry, rt.repository, desc)
 	if err != nil {
 		// containerd goes on to the next host: the upstream itself.
 		m.log.Info("not fetching a blob for the mirror; the client goes to the registry", "digest", d, "err", err)
@@ -88,7 +93,7 @@ func setBlobHeaders(w http.ResponseWriter, d digest.Digest) {
 
 // blobSize learns the size of a blob the cache does not hold whole: from a
 // download in flight, from a manifest seen before, or from the upstream.
-func (m *Mirror) blobSize(ctx context.Context, registry, repository string, d digest.Digest) (int64, *apiError) {
+func (m *Mirror) blobSize(ctx context.Context, auth prefetch.RegistryAuth, registry, repository string, d digest.Digest) (int64, *apiError) {
 	if st, err := m.store.ChunkState(d); err == nil {
 		return st.Size, nil
 	}
@@ -97,7 +102,7 @@ func (m *Mirror) blobSize(ctx context.Context, registry, repository string, d di
 	}
 	ctx, cancel := context.WithTimeout(ctx, m.opts.manifestTimeout)
 	defer cancel()
-	size, err := m.upstream.BlobSize(ctx, registry, repository, d)
+	size, err := m.upstream.BlobSize(ctx, auth, registry, repository, d)
 	if err == nil && size < 0 {
 		err = fmt.Errorf("upstream says blob %s has %d bytes", d, size)
 	}
@@ -105,7 +110,7 @@ func (m *Mirror) blobSize(ctx context.Context, registry, repository string, d di
 		if !errors.Is(err, cache.ErrNotFound) && ctx.Err() == nil {
 			m.log.Warn("asking the upstream for a blob's size", "registry", registry, "repository", repository, "digest", d, "err", err)
 		}
-		return 0, upstreamErr(err, errBlobUnknown)
+		return 0, upstreamErr(err, auth, errBlobUnknown)
 	}
 	m.known.put(d, knownBlob{Size: size})
 	return size, nil
@@ -165,11 +170,11 @@ func (dl *download) want(off int64) {
 	}
 }
 
-// download returns the fetch of desc that requests share, starting it if
-// none runs. The fetch runs detached from the request, bounded by the fetch
+// download returns the fetch of desc that requests share, starting it with
+// auth if none runs (every request is authorised before it joins one). The fetch runs detached from the request, bounded by the fetch
 // timeout, so that it completes into the cache even when every client has
 // gone; the cache coalesces it with any other fetch of the blob.
-func (m *Mirror) download(registry, repository string, desc cache.Descriptor) (*download, error) {
+func (m *Mirror) download(auth prefetch.RegistryAuth, registry, repository string, desc cache.Descriptor) (*download, error) {
 	running := func() (*download, error) {
 		if m.closed {
 			return nil, cache.ErrClosed
@@ -196,7 +201,7 @@ func (m *Mirror) download(registry, repository string, desc cache.Descriptor) (*
 	}
 	// The sources are made outside the lock: the blob source is the
 	// agent's, and may take its time.
-	src := m.opts.blobSource(desc, m.upstream.BlobOpener(registry, repository, desc))
+	src := m.opts.blobSource(desc, m.upstream.BlobOpener(auth, registry, repository, desc))
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if dl, err := running(); dl != nil || err != nil {

@@ -12,20 +12,23 @@ import (
 
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/mirror"
+	"github.com/weightd/weightd/pkg/prefetch"
 )
 
 // noUpstream is an upstream registry that has nothing.
 type noUpstream struct{}
 
-func (noUpstream) Manifest(context.Context, string, string, string) (string, []byte, digest.Digest, error) {
+func (noUpstream) Manifest(context.Context, prefetch.RegistryAuth, string, string, string) (string, []byte, digest.Digest, error) {
 	return "", nil, "", cache.ErrNotFound
 }
 
-func (noUpstream) BlobSize(context.Context, string, string, digest.Digest) (int64, error) {
+func (noUpstream) BlobSize(context.Context, prefetch.RegistryAuth, string, string, digest.Digest) (int64, error) {
 	return 0, cache.ErrNotFound
 }
 
-func (noUpstream) BlobOpener(string, string, cache.Descriptor) cache.RangeOpener { return nil }
+func (noUpstream) BlobOpener(prefetch.RegistryAuth, string, string, cache.Descriptor) cache.RangeOpener {
+	return nil
+}
 
 // The agent serves the mirror on loopback and points containerd's pulls
 // from docker.io at it.

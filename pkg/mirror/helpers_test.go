@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/prefetch"
 )
 
 // testChunk is the cache's chunk size in tests: small, so that a blob of a
@@ -69,7 +70,7 @@ func (u *fakeUpstream) setDown(down bool) {
 
 var errDown = fmt.Errorf("connection refused")
 
-func (u *fakeUpstream) Manifest(ctx context.Context, registry, repository, reference string) (string, []byte, digest.Digest, error) {
+func (u *fakeUpstream) Manifest(ctx context.Context, _ prefetch.RegistryAuth, registry, repository, reference string) (string, []byte, digest.Digest, error) {
 	u.manifestCalls.Add(1)
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -83,7 +84,7 @@ func (u *fakeUpstream) Manifest(ctx context.Context, registry, repository, refer
 	return m.mediaType, m.body, digest.FromBytes(m.body), nil
 }
 
-func (u *fakeUpstream) BlobSize(ctx context.Context, registry, repository string, d digest.Digest) (int64, error) {
+func (u *fakeUpstream) BlobSize(ctx context.Context, _ prefetch.RegistryAuth, registry, repository string, d digest.Digest) (int64, error) {
 	u.sizeCalls.Add(1)
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -97,7 +98,7 @@ func (u *fakeUpstream) BlobSize(ctx context.Context, registry, repository string
 	return int64(len(b)), nil
 }
 
-func (u *fakeUpstream) BlobOpener(registry, repository string, desc cache.Descriptor) cache.RangeOpener {
+func (u *fakeUpstream) BlobOpener(_ prefetch.RegistryAuth, registry, repository string, desc cache.Descriptor) cache.RangeOpener {
 	return openerFunc(func(ctx context.Context, off int64) (io.ReadCloser, error) {
 		u.opens.Add(1)
 		u.mu.Lock()

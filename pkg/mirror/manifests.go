@@ -15,6 +15,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/prefetch"
 )
 
 // maxManifest bounds a manifest's size: manifests are read into memory.
@@ -89,58 +90,98 @@ func (m *Mirror) serveManifest(w http.ResponseWriter, r *http.Request, registry 
 }
 
 // manifestByTag asks the upstream (tags move), stores the manifest and
-// remembers the tag; when the upstream fails for any reason but "no such
-// manifest", it serves the tag's last known manifest from the cache.
+// remembers the tag. A registry that refuses the client is its answer; when
+// the upstream fails otherwise (but "no such manifest"), the tag's last
+// known manifest is served from the cache if it is public or the registry
+// let this client have it moments ago, else the client is refused.
 func (m *Mirror) manifestByTag(w http.ResponseWriter, r *http.Request, registry string, rt route) {
 	key := tagKey(registry, rt.repository, rt.tag)
-	mt, body, d, err := m.upstreamManifest(r.Context(), registry, rt.repository, rt.tag, "")
+	auth := m.requestAuth(r, registry)
+	mt, body, d, err := m.upstreamManifest(r.Context(), auth, registry, rt.repository, rt.tag, "")
 	if err == nil {
+		m.allowed(auth, registry, rt.repository, d)
 		if err := m.storeManifest(r.Context(), d, body); err != nil {
 			m.log.Warn("storing a manifest in the cache", "registry", registry, "repository", rt.repository, "tag", rt.tag, "err", err)
-		} else if err := m.tags.put(key, tagEntry{Digest: d, MediaType: mt, Updated: time.Now()}); err != nil {
+		} else if err := m.tags.put(key, tagEntry{Digest: d, MediaType: mt, Updated: time.Now(), Public: m.public.has(d)}); err != nil {
 			m.log.Warn("saving a tag", "registry", registry, "repository", rt.repository, "tag", rt.tag, "err", err)
 		}
 		m.m.request(routeManifest, outcomeMiss)
-		m.writeManifest(w, r, registry, rt.repository, d, mt, body, "fetch")
+		m.writeManifest(w, r, auth, registry, rt.repository, d, mt, body, "fetch")
 		return
 	}
-	if errors.Is(err, cache.ErrNotFound) {
-		m.m.request(routeManifest, outcomeNotFound)
-		errManifestUnknown.write(w, r)
+	if errors.Is(err, cache.ErrNotFound) || errors.Is(err, cache.ErrDenied) {
+		aerr := upstreamErr(err, auth, errManifestUnknown)
+		m.m.request(routeManifest, outcomeOf(aerr))
+		aerr.write(w, r)
 		return
 	}
 	if r.Context().Err() != nil {
 		return // the client is gone
 	}
-	if e, ok := m.tags.get(key); ok {
+	e, ok := m.tags.get(key)
+	switch {
+	case !ok:
+		m.log.Warn("upstream failed for a tag never seen", "registry", registry, "repository", rt.repository, "tag", rt.tag, "err", err)
+	case !e.Public && !m.public.has(e.Digest) && !m.grants.has(grantKey(auth, registry, rt.repository, e.Digest)):
+		m.log.Warn("upstream failed and the tag's last known manifest is private: not serving it unconfirmed", "registry", registry,
+			"repository", rt.repository, "tag", rt.tag, "digest", e.Digest, "err", err)
+	default:
 		body, mt, cerr := m.cachedManifest(e.Digest)
 		if cerr == nil {
 			if mediaTypeRE.MatchString(e.MediaType) {
 				mt = e.MediaType
 			}
+			if e.Public {
+				m.publishChildren(e.Digest, body)
+			}
 			m.log.Info("upstream failed; serving the tag's last known manifest", "registry", registry,
 				"repository", rt.repository, "tag", rt.tag, "digest", e.Digest, "since", e.Updated, "err", err)
 			m.m.request(routeManifest, outcomeFallback)
-			m.writeManifest(w, r, registry, rt.repository, e.Digest, mt, body, "cache")
+			m.writeManifest(w, r, auth, registry, rt.repository, e.Digest, mt, body, "cache")
 			return
 		}
 		m.log.Warn("upstream failed and the tag's last known manifest is not in the cache", "registry", registry,
 			"repository", rt.repository, "tag", rt.tag, "digest", e.Digest, "err", err, "cacheErr", cerr)
-	} else {
-		m.log.Warn("upstream failed for a tag never seen", "registry", registry, "repository", rt.repository, "tag", rt.tag, "err", err)
 	}
 	m.m.request(routeManifest, outcomeError)
 	errUnavailable.write(w, r)
 }
 
-// manifestByDigest serves a manifest from the cache, or else fetches it
-// upstream, checks it against its digest and stores it.
+// publishChildren marks the manifest d of a public tag, and what it names,
+// public: the registry gave it without credentials, and a registry keeps
+// the blobs of a manifest in its repository. Only the outage fallback does
+// this, so that a restarted agent still serves a public image's layers
+// while the registry is down.
+func (m *Mirror) publishChildren(d digest.Digest, body []byte) {
+	m.public.add(d)
+	_, children, err := parseManifest(body)
+	if err != nil {
+		return
+	}
+	for _, c := range children {
+		if cache.ValidateDigest(c.Digest) == nil {
+			m.public.add(c.Digest)
+		}
+	}
+}
+
+// manifestByDigest serves a manifest from the cache to a client the
+// registry lets have it, or else fetches it upstream, checks it against its
+// digest and stores it.
 func (m *Mirror) manifestByDigest(w http.ResponseWriter, r *http.Request, registry string, rt route) {
+	auth := m.requestAuth(r, registry)
 	body, mt, err := m.cachedManifest(rt.digest)
 	switch {
 	case err == nil:
+		if aerr := m.authorize(r.Context(), auth, registry, rt.repository, rt.digest, true); aerr != nil {
+			m.m.request(routeManifest, outcomeOf(aerr))
+			if r.Context().Err() == nil {
+				aerr.write(w, r)
+			}
+			return
+		}
 		m.m.request(routeManifest, outcomeHit)
-		m.writeManifest(w, r, registry, rt.repository, rt.digest, mt, body, "cache")
+		m.writeManifest(w, r, auth, registry, rt.repository, rt.digest, mt, body, "cache")
 		return
 	case errors.Is(err, errNotManifest):
 		m.m.request(routeManifest, outcomeNotFound)
@@ -149,34 +190,31 @@ func (m *Mirror) manifestByDigest(w http.ResponseWriter, r *http.Request, regist
 	case !errors.Is(err, cache.ErrNotFound):
 		m.log.Warn("reading a manifest from the cache", "digest", rt.digest, "err", err)
 	}
-	mt, body, _, err = m.upstreamManifest(r.Context(), registry, rt.repository, rt.digest.String(), rt.digest)
-	switch {
-	case errors.Is(err, cache.ErrNotFound):
-		m.m.request(routeManifest, outcomeNotFound)
-		errManifestUnknown.write(w, r)
-		return
-	case err != nil:
-		if r.Context().Err() == nil {
+	mt, body, _, err = m.upstreamManifest(r.Context(), auth, registry, rt.repository, rt.digest.String(), rt.digest)
+	if err != nil {
+		aerr := upstreamErr(err, auth, errManifestUnknown)
+		if aerr == errUnavailable && r.Context().Err() == nil {
 			m.log.Warn("fetching a manifest upstream", "registry", registry, "repository", rt.repository, "digest", rt.digest, "err", err)
 		}
-		m.m.request(routeManifest, outcomeError)
-		errUnavailable.write(w, r)
+		m.m.request(routeManifest, outcomeOf(aerr))
+		aerr.write(w, r)
 		return
 	}
+	m.allowed(auth, registry, rt.repository, rt.digest)
 	if err := m.storeManifest(r.Context(), rt.digest, body); err != nil {
 		m.log.Warn("storing a manifest in the cache", "digest", rt.digest, "err", err)
 	}
 	m.m.request(routeManifest, outcomeMiss)
-	m.writeManifest(w, r, registry, rt.repository, rt.digest, mt, body, "fetch")
+	m.writeManifest(w, r, auth, registry, rt.repository, rt.digest, mt, body, "fetch")
 }
 
 // upstreamManifest fetches a manifest upstream and checks it: its size, its
 // digest (against want where it is set, and against what the upstream
 // says), and its media type. It remembers the manifest's children.
-func (m *Mirror) upstreamManifest(ctx context.Context, registry, repository, reference string, want digest.Digest) (string, []byte, digest.Digest, error) {
+func (m *Mirror) upstreamManifest(ctx context.Context, auth prefetch.RegistryAuth, registry, repository, reference string, want digest.Digest) (string, []byte, digest.Digest, error) {
 	ctx, cancel := context.WithTimeout(ctx, m.opts.manifestTimeout)
 	defer cancel()
-	mt, body, said, err := m.upstream.Manifest(ctx, registry, repository, reference)
+	mt, body, said, err := m.upstream.Manifest(ctx, auth, registry, repository, reference)
 	if err != nil {
 		return "", nil, "", err
 	}
@@ -206,10 +244,11 @@ func (m *Mirror) upstreamManifest(ctx context.Context, registry, repository, ref
 
 // Learn records that tag names the manifest or index d, as a prefetch that
 // resolved the tag learned it, so that a pull of the tag through the mirror
-// is served even while the upstream is down. The manifest must be in the
-// cache already (a prefetched image's is). Tags of registries the mirror
-// does not serve are ignored.
-func (m *Mirror) Learn(registry, repository, tag string, d digest.Digest) error {
+// is served even while the upstream is down, if the image is public (the
+// prefetch fetched it without credentials; see prefetch.Image.Public). The
+// manifest must be in the cache already (a prefetched image's is). Tags of
+// registries the mirror does not serve are ignored.
+func (m *Mirror) Learn(registry, repository, tag string, d digest.Digest, public bool) error {
 	h, ok := canonicalHost(registry)
 	if !ok || !slices.Contains(m.opts.registries, h) {
 		return nil
@@ -218,7 +257,7 @@ func (m *Mirror) Learn(registry, repository, tag string, d digest.Digest) error 
 	if err != nil {
 		return fmt.Errorf("learning %s/%s:%s: %w", registry, repository, tag, err)
 	}
-	return m.tags.put(tagKey(h, repository, tag), tagEntry{Digest: d, MediaType: mt, Updated: time.Now()})
+	return m.tags.put(tagKey(h, repository, tag), tagEntry{Digest: d, MediaType: mt, Updated: time.Now(), Public: public})
 }
 
 // remember records a manifest's size and media type and its children's, so
@@ -286,9 +325,9 @@ func (m *Mirror) cachedManifest(d digest.Digest) ([]byte, string, error) {
 // writeManifest sends a manifest (GET) or its headers (HEAD), with Range and
 // conditional requests handled by http.ServeContent. A GET of an image
 // manifest starts the fetches of its config and layers.
-func (m *Mirror) writeManifest(w http.ResponseWriter, r *http.Request, registry, repository string, d digest.Digest, mediaType string, body []byte, source string) {
+func (m *Mirror) writeManifest(w http.ResponseWriter, r *http.Request, auth prefetch.RegistryAuth, registry, repository string, d digest.Digest, mediaType string, body []byte, source string) {
 	if r.Method == http.MethodGet && m.opts.prefetchLayers {
-		m.prefetchLayers(registry, repository, body)
+		m.prefetchLayers(auth, registry, repository, body)
 	}
 	h := w.Header()
 	h.Set("Content-Type", mediaType)
@@ -303,8 +342,9 @@ func (m *Mirror) writeManifest(w http.ResponseWriter, r *http.Request, registry,
 // the cache lacks: containerd fetches at most three layers at a time
 // (max_concurrent_downloads), and a layer it asks for late would start
 // through the swarm late, where all of them can cross the cluster at once.
-// An index's manifests are left alone: only one platform's is wanted.
-func (m *Mirror) prefetchLayers(registry, repository string, body []byte) {
+// An index's manifests are left alone: only one platform's is wanted. They
+// are fetched with the credentials the manifest was served for.
+func (m *Mirror) prefetchLayers(auth prefetch.RegistryAuth, registry, repository string, body []byte) {
 	var mf manifestJSON
 	if json.Unmarshal(body, &mf) != nil || mf.Config == nil {
 		return
@@ -317,7 +357,7 @@ func (m *Mirror) prefetchLayers(registry, repository string, body []byte) {
 		if _, err := m.store.Stat(desc.Digest); err == nil {
 			continue
 		}
-		if _, err := m.download(registry, repository, desc); err != nil {
+		if _, err := m.download(auth, registry, repository, desc); err != nil {
 			m.log.Debug("not prefetching a layer", "digest", desc.Digest, "err", err)
 		}
 	}

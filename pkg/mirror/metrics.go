@@ -10,6 +10,7 @@ const (
 	outcomeMiss     = "miss"              // fetched upstream (or from peers)
 	outcomeFallback = "upstream_fallback" // the upstream failed; a tag served from its last known manifest
 	outcomeNotFound = "not_found"
+	outcomeDenied   = "denied" // the registry refused the client
 	outcomeError    = "error"
 )
 
@@ -22,7 +23,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weightd_mirror_requests_total",
-			Help: "Registry mirror requests by kind (manifest, blob) and outcome (hit, miss, upstream_fallback, not_found, error).",
+			Help: "Registry mirror requests by kind (manifest, blob) and outcome (hit, miss, upstream_fallback, not_found, denied, error).",
 		}, []string{"kind", "outcome"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weightd_mirror_bytes_total",
@@ -30,7 +31,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 		}, []string{"source"}),
 	}
 	for _, k := range []string{"manifest", "blob"} {
-		for _, o := range []string{outcomeHit, outcomeMiss, outcomeFallback, outcomeNotFound, outcomeError} {
+		for _, o := range []string{outcomeHit, outcomeMiss, outcomeFallback, outcomeNotFound, outcomeDenied, outcomeError} {
 			m.requests.WithLabelValues(k, o)
 		}
 	}

@@ -4,7 +4,10 @@
 // the peer swarm, with the upstream registry as the last resort.
 //
 // Manifests by tag are resolved upstream (tags move) and remembered, so that
-// a pull still succeeds from the cache while the upstream is down. Manifests
+// a pull of public content still succeeds from the cache while the upstream
+// is down. Requests go upstream with the client's own credentials (see
+// auth.go): the cache is shared, so private content goes only to clients the
+// registry lets have it. Manifests
 // by digest and blobs are served from the cache; a missing blob is fetched
 // into the cache and streamed to the client as its chunks arrive, never
 // buffered whole. Nothing is ever served as a complete response before the
@@ -20,7 +23,6 @@ package mirror
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -33,6 +35,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/prefetch"
 )
 
 // Store is what the mirror needs of the cache. *cache.Store implements it.
@@ -47,16 +50,18 @@ type Store interface {
 var _ Store = (*cache.Store)(nil)
 
 // Upstream is the registry the mirror falls back to (prefetch.OCISource).
-// Its methods are called concurrently.
+// Each request carries auth: the client's credentials, the agent's, or
+// none. A registry's refusal (401, 403) is an error wrapping
+// cache.ErrDenied. Its methods are called concurrently.
 type Upstream interface {
 	// Manifest fetches a manifest by tag or digest. A manifest the registry
 	// does not have is an error wrapping cache.ErrNotFound.
-	Manifest(ctx context.Context, registry, repository, reference string) (mediaType string, body []byte, d digest.Digest, err error)
+	Manifest(ctx context.Context, auth prefetch.RegistryAuth, registry, repository, reference string) (mediaType string, body []byte, d digest.Digest, err error)
 	// BlobSize asks the registry for a blob's size (cache.ErrNotFound if it
 	// has none).
-	BlobSize(ctx context.Context, registry, repository string, d digest.Digest) (int64, error)
+	BlobSize(ctx context.Context, auth prefetch.RegistryAuth, registry, repository string, d digest.Digest) (int64, error)
 	// BlobOpener reads a blob from the registry.
-	BlobOpener(registry, repository string, desc cache.Descriptor) cache.RangeOpener
+	BlobOpener(auth prefetch.RegistryAuth, registry, repository string, desc cache.Descriptor) cache.RangeOpener
 }
 
 // BlobSource turns the upstream reader of a blob into the reader the cache
@@ -68,6 +73,7 @@ type Option func(*options) error
 
 type options struct {
 	registries      []string
+	agentCreds      prefetch.AgentCredentials
 	blobSource      BlobSource
 	logger          *slog.Logger
 	registerer      prometheus.Registerer
@@ -95,6 +101,15 @@ func WithRegistries(hosts ...string) Option {
 		}
 		return nil
 	}
+}
+
+// WithAgentCredentials says for which registries a client that sends no
+// credentials of its own has the agent's used for it: those with an
+// AnyNamespace rule (the mirror cannot tell a client's namespace). The
+// default is none: such a client gets what an anonymous one gets, and is
+// asked for its own.
+func WithAgentCredentials(a prefetch.AgentCredentials) Option {
+	return func(o *options) error { o.agentCreds = a; return nil }
 }
 
 // WithBlobSource sets how blobs are fetched: fn wraps the upstream reader of
@@ -189,6 +204,8 @@ type Mirror struct {
 	m        *metrics
 	tags     *tagStore
 	known    *knownBlobs
+	public   *digestSet // content the registry gave without credentials
+	grants   *grants    // the registry's recent yeses to clients with credentials
 
 	ctx    context.Context // parent of the fetches requests start; cancelled by Close
 	cancel context.CancelFunc
@@ -231,6 +248,7 @@ func New(store Store, upstream Upstream, opts ...Option) (*Mirror, error) {
 	return &Mirror{
 		store: store, upstream: upstream, opts: o, log: o.logger, m: met,
 		tags: tags, known: newKnownBlobs(maxKnownBlobs),
+		public: newDigestSet(maxKnownBlobs), grants: newGrants(),
 		ctx: ctx, cancel: cancel,
 		downloads: make(map[digest.Digest]*download),
 		failed:    make(map[digest.Digest]time.Time),
@@ -302,12 +320,4 @@ func (m *Mirror) registry(r *http.Request) (string, bool) {
 		return "", false
 	}
 	return h, true
-}
-
-// upstreamErr maps an upstream failure to the error the client sees.
-func upstreamErr(err error, notFound *apiError) *apiError {
-	if errors.Is(err, cache.ErrNotFound) {
-		return notFound
-	}
-	return errUnavailable
 }

@@ -179,6 +179,18 @@ func TestBlobFromCache(t *testing.T) {
 	_, err := tm.store.Fetch(t.Context(), cache.Descriptor{Digest: d, Size: int64(len(data))}, cache.Bytes(data), nil)
 	require.NoError(t, err)
 	path := "/v2/library/app/blobs/" + d.String() + "?ns=docker.io"
+	// The registry confirms once that it gives the blob to anyone; an
+	// unconfirmed blob is not served from the cache.
+	resp, _, err := tm.do(t, http.MethodHead, path)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusNotFound, resp.StatusCode, "the registry does not have it")
+	up.mu.Lock()
+	up.blobs[d] = data
+	up.mu.Unlock()
+	resp, _, err = tm.do(t, http.MethodHead, path)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, int32(2), up.sizeCalls.Load())
 
 	tests := []struct {
 		name, method, rng string
@@ -215,7 +227,8 @@ func TestBlobFromCache(t *testing.T) {
 			}
 		})
 	}
-	assert.Zero(t, up.opens.Load()+up.sizeCalls.Load(), "nothing asked upstream")
+	assert.Zero(t, up.opens.Load(), "nothing fetched upstream")
+	assert.Equal(t, int32(2), up.sizeCalls.Load(), "nothing asked upstream once the blob is public")
 }
 
 func TestBlobMissing(t *testing.T) {
@@ -234,7 +247,8 @@ func TestBlobMissing(t *testing.T) {
 	assert.Zero(t, up.opens.Load())
 	assert.Equal(t, int32(1), up.sizeCalls.Load())
 
-	// After the manifest, sizes are known without asking the upstream.
+	// A manifest does not make its layers public: each is asked about once
+	// (a registry may hold a manifest naming blobs it does not give).
 	_, _, err = tm.do(t, http.MethodGet, "/v2/library/app/manifests/v1")
 	require.NoError(t, err)
 	d1 := digest.FromBytes(img.layers[1])
@@ -242,7 +256,7 @@ func TestBlobMissing(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Equal(t, img.layers[1], body)
-	assert.Equal(t, int32(1), up.sizeCalls.Load())
+	assert.Equal(t, int32(2), up.sizeCalls.Load())
 	// A blob of one verified chunk is sent before its commit completes.
 	require.Eventually(t, func() bool { _, err := tm.store.Stat(d1); return err == nil }, 5*time.Second, 5*time.Millisecond,
 		"the blob is in the cache")
@@ -253,6 +267,7 @@ func TestBlobMissing(t *testing.T) {
 	require.Equal(t, http.StatusPartialContent, resp.StatusCode)
 	assert.Equal(t, img.layers[0][70000:70010], body)
 	assert.Equal(t, "bytes 70000-70009/200000", resp.Header.Get("Content-Range"))
+	assert.Equal(t, int32(2), up.sizeCalls.Load(), "a blob the registry gave anonymously is public from then on")
 
 	// Unknown blob: 404.
 	resp, body, err = tm.do(t, http.MethodGet, "/v2/library/app/blobs/sha256:"+hex64)
@@ -541,12 +556,12 @@ func TestLearnTagFromPrefetch(t *testing.T) {
 	up.setDown(true)
 
 	// Not in the cache yet: nothing to learn.
-	require.ErrorIs(t, tm.Learn("docker.io", "library/app", "v1", img.digest), cache.ErrNotFound)
+	require.ErrorIs(t, tm.Learn("docker.io", "library/app", "v1", img.digest, true), cache.ErrNotFound)
 	// A prefetch stored the manifest and tells the mirror what the tag named.
 	_, err := tm.store.Fetch(t.Context(), cache.Descriptor{Digest: img.digest, Size: int64(len(img.manifest))}, cache.Bytes(img.manifest), nil)
 	require.NoError(t, err)
-	require.NoError(t, tm.Learn("index.docker.io", "library/app", "v1", img.digest))
-	require.NoError(t, tm.Learn("ghcr.io", "org/other", "v1", img.digest), "registries not mirrored are ignored")
+	require.NoError(t, tm.Learn("index.docker.io", "library/app", "v1", img.digest, true))
+	require.NoError(t, tm.Learn("ghcr.io", "org/other", "v1", img.digest, true), "registries not mirrored are ignored")
 
 	resp, body, err := tm.do(t, http.MethodGet, "/v2/library/app/manifests/v1?ns=docker.io")
 	require.NoError(t, err)

@@ -29,6 +29,9 @@ type tagEntry struct {
 	Digest    digest.Digest `json:"digest"`
 	MediaType string        `json:"mediaType"`
 	Updated   time.Time     `json:"updated"`
+	// Public says the registry gave the manifest without credentials: it
+	// may be served from the cache to anyone while the registry is down.
+	Public bool `json:"public,omitempty"`
 }
 
 // tagKey names a tag: registry/repository:tag, every part validated.
@@ -115,7 +118,7 @@ func (t *tagStore) put(key string, e tagEntry) error {
 	defer t.mu.Unlock()
 	old, ok := t.m[key]
 	t.m[key] = e
-	if ok && old.Digest == e.Digest && old.MediaType == e.MediaType {
+	if ok && old.Digest == e.Digest && old.MediaType == e.MediaType && old.Public == e.Public {
 		return nil
 	}
 	for len(t.m) > maxTags {

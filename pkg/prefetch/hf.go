@@ -69,7 +69,8 @@ const (
 // own clients write it: offline, a loader finds the model by name and
 // branch only through it. A reference pinned to a commit writes no ref.
 //
-// The token, if any, is sent as "Authorization: Bearer …" only to the
+// The token, if any, is sent only for the requesters WithHFAgentCredentials
+// allows, as "Authorization: Bearer …" and only to the
 // endpoint's own scheme, host and port: never to the CDN a download is
 // redirected to, whatever the client's redirect policy.
 type HFSource struct {
@@ -79,6 +80,10 @@ type HFSource struct {
 	version  string
 	http     *HTTPSource // makes the requests; its client adds the token
 	shared   SharedResolver
+	// creds says which requesters the token is sent for; anon resolves
+	// for the others (nil without a token).
+	creds AgentCredentials
+	anon  *HFSource
 	// untrusted holds repo@commit listings another node gave wrongly.
 	untrusted commitSet
 }
@@ -129,6 +134,19 @@ func WithHFToken(token string) HFOption {
 	}
 }
 
+// WithHFAgentCredentials says for which requesters (see WithRequester) the
+// token is sent: always for the operator, for a pod's namespace only where a
+// rule names the hub's host (host[:port] of the endpoint) and the namespace.
+// The default sends it for the operator alone. A pod's fetch without the
+// token asks the hub as an anonymous client would, and takes no listing
+// from peers, which may have resolved it with the token.
+func WithHFAgentCredentials(a AgentCredentials) HFOption {
+	return func(s *HFSource) error {
+		s.creds = a
+		return nil
+	}
+}
+
 // WithHFShared resolves each listing at a commit through shared: once for
 // the cluster, the other nodes taking the model from the node that asked the
 // hub (see p2p.Swarm.SharedResolve). Without it every resolve asks the hub.
@@ -171,16 +189,17 @@ func NewHFSource(client *http.Client, opts ...HFOption) (*HFSource, error) {
 	if client == nil {
 		client = &http.Client{Transport: http.DefaultTransport}
 	}
+	s.http = NewHTTPSource(client, WithVersion(s.version))
 	if s.token != "" {
+		s.anon = &HFSource{endpoint: s.endpoint, base: s.base, version: s.version, http: s.http}
 		c := *client
 		base := c.Transport
 		if base == nil {
 			base = http.DefaultTransport
 		}
 		c.Transport = &hfAuthTransport{base: base, origin: origin(s.endpoint), auth: "Bearer " + s.token}
-		client = &c
+		s.http = NewHTTPSource(&c, WithVersion(s.version))
 	}
-	s.http = NewHTTPSource(client, WithVersion(s.version))
 	return s, nil
 }
 
@@ -228,6 +247,13 @@ func origin(u *url.URL) string {
 func (s *HFSource) Resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 	if ref.Kind != KindHF || ref.Repository == "" || ref.Revision == "" {
 		return nil, cache.Permanent(fmt.Errorf("resolving %s: kind %q: %w", ref.Redacted(), ref.Kind, errors.ErrUnsupported))
+	}
+	if ns := Requester(ctx); s.anon != nil && !s.creds.Allow(s.endpoint.Host, ns) {
+		res, err := s.anon.Resolve(ctx, ref)
+		if err != nil {
+			return nil, fmt.Errorf("%w (the agent's hub token is not used for namespace %q)", err, ns)
+		}
+		return res, nil
 	}
 	res, err := s.resolve(ctx, ref)
 	if err != nil {

@@ -55,6 +55,8 @@ type JobStatus struct {
 type Job struct {
 	id  string
 	ref Ref
+	// namespace is the requester's, "" for the operator (ForNamespace).
+	namespace string
 
 	mu       sync.Mutex
 	st       JobStatus

@@ -78,12 +78,13 @@ type OCISource struct {
 	userAgent   string
 	insecure    map[string]bool
 	keychain    *dockerKeychain
+	creds       AgentCredentials
 	platform    Platform
 	maxManifest int64
 
 	handshakes singleflight.Group
 	mu         sync.Mutex
-	transports map[string]cachedTransport // by registry/repository
+	transports map[string]cachedTransport // by registry/repository and RegistryAuth.Key
 }
 
 type cachedTransport struct {
@@ -144,6 +145,19 @@ func WithPullSecret(dockerConfigJSON []byte) OCIOption {
 	}
 }
 
+// WithOCIAgentCredentials says for which requesters (see WithRequester)
+// resolutions use the agent's credentials (pull secrets, Docker config):
+// always for the operator, for a pod's namespace only where a rule names the
+// registry and the namespace. The default uses them for the operator alone;
+// other resolutions are anonymous.
+func WithOCIAgentCredentials(a AgentCredentials) OCIOption {
+	return func(s *OCISource) { s.creds = a }
+}
+
+// AgentCredentials returns what WithOCIAgentCredentials set: the registry
+// mirror, which sends its requests through this source, follows it too.
+func (s *OCISource) AgentCredentials() AgentCredentials { return s.creds }
+
 // WithPlatform sets the platform picked from indexes (default: the agent's
 // own, see DefaultPlatform). Architecture aliases (x86_64, aarch64) are
 // understood; arm64 means arm64/v8.
@@ -197,11 +211,16 @@ func (s *OCISource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 	if err != nil {
 		return nil, err
 	}
+	auth := RegistryAuth{Agent: s.creds.Allow(ref.Registry, Requester(ctx))}
+	public, err := s.anonymous(auth, repo)
+	if err != nil {
+		return nil, err
+	}
 	reference := ref.Tag
 	if ref.Digest != "" {
 		reference = ref.Digest.String()
 	}
-	ct, body, top, err := s.fetchManifest(ctx, repo, reference, nil)
+	ct, body, top, err := s.fetchManifest(ctx, repo, auth, reference, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -224,7 +243,7 @@ func (s *OCISource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 			return nil, cache.Permanent(fmt.Errorf("%w: index %s: the entry for %s (%s) is itself an index, which is not supported", cache.ErrInvalid, top, s.platform, entry.Digest))
 		}
 		want := entry.descriptor()
-		ct, body, _, err = s.fetchManifest(ctx, repo, entry.Digest.String(), &want)
+		ct, body, _, err = s.fetchManifest(ctx, repo, auth, entry.Digest.String(), &want)
 		if err != nil {
 			return nil, err
 		}
@@ -248,10 +267,10 @@ func (s *OCISource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 		res.Packed = packed
 		clear(res.Blobs) // the manifest and index are not part of the model
 		for _, f := range files {
-			res.Blobs[f.Digest] = s.blob(repo, f.Descriptor)
+			res.Blobs[f.Digest] = s.blob(repo, auth, f.Descriptor)
 		}
 		for _, l := range packed {
-			res.Blobs[l.Digest] = s.blob(repo, l.Descriptor)
+			res.Blobs[l.Digest] = s.blob(repo, auth, l.Descriptor)
 		}
 		if err := res.Model.Validate(); err != nil {
 			return nil, cache.Permanent(fmt.Errorf("model manifest %s: %w", manifest.Digest, err))
@@ -265,13 +284,13 @@ func (s *OCISource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 	}
 	for _, b := range blobs {
 		if _, ok := res.Blobs[b.Digest]; !ok {
-			res.Blobs[b.Digest] = s.blob(repo, b.Descriptor)
+			res.Blobs[b.Digest] = s.blob(repo, auth, b.Descriptor)
 		}
 		if !slices.ContainsFunc(imageBlobs, func(ib ImageBlob) bool { return ib.Digest == b.Digest }) {
 			imageBlobs = append(imageBlobs, b)
 		}
 	}
-	res.Image = &Image{Name: imageName(repo, ref), Target: target, Blobs: imageBlobs}
+	res.Image = &Image{Name: imageName(repo, ref), Target: target, Blobs: imageBlobs, Public: public}
 	rev := top.Encoded()
 	if ref.Tag != "" {
 		rev = sanitize(ref.Tag, 128, rev)
@@ -295,12 +314,14 @@ func imageName(repo name.Repository, ref Ref) string {
 }
 
 // Manifest fetches the manifest or index reference (a tag or a digest)
-// names in registry/repository, for the node's registry mirror. It returns
+// names in registry/repository with auth, for the node's registry mirror.
+// It returns
 // the media type (the document's own, else the one it was served with), the
 // bytes as served and their digest, verified when reference is a digest. A
 // document larger than the size limit is a permanent error; one the
-// registry does not have is an error wrapping cache.ErrNotFound.
-func (s *OCISource) Manifest(ctx context.Context, registry, repository, reference string) (mediaType string, body []byte, d digest.Digest, err error) {
+// registry does not have is an error wrapping cache.ErrNotFound, one it
+// refuses (401, 403) an error wrapping cache.ErrDenied.
+func (s *OCISource) Manifest(ctx context.Context, auth RegistryAuth, registry, repository, reference string) (mediaType string, body []byte, d digest.Digest, err error) {
 	defer func() {
 		if err != nil {
 			err = fmt.Errorf("fetching manifest %s/%s:%s: %w", truncate(registry), truncate(repository), truncate(reference), err)
@@ -317,26 +338,28 @@ func (s *OCISource) Manifest(ctx context.Context, registry, repository, referenc
 	} else if !ociTagRE.MatchString(reference) {
 		return "", nil, "", cache.Permanent(fmt.Errorf("%w: tag %q", cache.ErrInvalid, truncate(reference)))
 	}
-	ct, body, d, err := s.fetchManifest(ctx, repo, reference, nil)
+	ct, body, d, err := s.fetchManifest(ctx, repo, auth, reference, nil)
 	if err != nil {
 		return "", nil, "", err
 	}
 	return docMediaType(ct, body), body, d, nil
 }
 
-// BlobSize asks the registry for the size of blob d of registry/repository:
-// HEAD, or a GET of its first byte where HEAD is refused (as object stores
-// that registries redirect to may, their URLs signed for GET only). A blob
-// the registry does not have is an error wrapping cache.ErrNotFound.
-func (s *OCISource) BlobSize(ctx context.Context, registry, repository string, d digest.Digest) (int64, error) {
-	size, err := s.blobSize(ctx, registry, repository, d)
+// BlobSize asks the registry, with auth, for the size of blob d of
+// registry/repository: HEAD, or a GET of its first byte where HEAD is
+// refused (as object stores that registries redirect to may, their URLs
+// signed for GET only). A blob the registry does not have is an error
+// wrapping cache.ErrNotFound, one it refuses an error wrapping
+// cache.ErrDenied.
+func (s *OCISource) BlobSize(ctx context.Context, auth RegistryAuth, registry, repository string, d digest.Digest) (int64, error) {
+	size, err := s.blobSize(ctx, auth, registry, repository, d)
 	if err != nil {
 		return 0, fmt.Errorf("stat blob %s in %s/%s: %w", d, truncate(registry), truncate(repository), err)
 	}
 	return size, nil
 }
 
-func (s *OCISource) blobSize(ctx context.Context, registry, repository string, d digest.Digest) (int64, error) {
+func (s *OCISource) blobSize(ctx context.Context, auth RegistryAuth, registry, repository string, d digest.Digest) (int64, error) {
 	if err := cache.ValidateDigest(d); err != nil {
 		return 0, cache.Permanent(err)
 	}
@@ -344,7 +367,7 @@ func (s *OCISource) blobSize(ctx context.Context, registry, repository string, d
 	if err != nil {
 		return 0, err
 	}
-	resp, err := s.do(ctx, repo, http.MethodHead, "blobs/"+d.String(), nil)
+	resp, err := s.do(ctx, repo, auth, http.MethodHead, "blobs/"+d.String(), nil)
 	if err != nil {
 		return 0, err
 	}
@@ -362,7 +385,7 @@ func (s *OCISource) blobSize(ctx context.Context, registry, repository string, d
 	default:
 		return 0, registryError(resp)
 	}
-	resp, err = s.do(ctx, repo, http.MethodGet, "blobs/"+d.String(), func(h http.Header) {
+	resp, err = s.do(ctx, repo, auth, http.MethodGet, "blobs/"+d.String(), func(h http.Header) {
 		h.Set("Range", "bytes=0-0")
 		h.Set("Accept-Encoding", "identity")
 	})
@@ -393,14 +416,14 @@ func (s *OCISource) blobSize(ctx context.Context, registry, repository string, d
 }
 
 // BlobOpener returns an opener of blob desc of registry/repository that
-// reads it with ranged GETs (see Resolve). Nothing is checked until it is
-// opened.
-func (s *OCISource) BlobOpener(registry, repository string, desc cache.Descriptor) cache.RangeOpener {
+// reads it with ranged GETs with auth (see Resolve). Nothing is checked
+// until it is opened.
+func (s *OCISource) BlobOpener(auth RegistryAuth, registry, repository string, desc cache.Descriptor) cache.RangeOpener {
 	repo, err := s.repository(registry, repository)
 	if err != nil {
 		return failedOpener{fmt.Errorf("blob %s: %w", desc.Digest, err)}
 	}
-	return s.blob(repo, desc)
+	return s.blob(repo, auth, desc)
 }
 
 // repository validates registry and repository and names them for
@@ -441,11 +464,38 @@ func isLoopbackHost(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// transport returns the authenticated transport for repo, doing the
-// registry's authentication handshake (ping, token) on first use and again
-// after ociTransportTTL.
-func (s *OCISource) transport(ctx context.Context, repo name.Repository) (http.RoundTripper, error) {
-	key := repo.RegistryStr() + "/" + repo.RepositoryStr()
+// anonymous reports whether requests with auth for repo carry no
+// credentials at all: what they fetch, anyone may.
+func (s *OCISource) anonymous(auth RegistryAuth, repo name.Repository) (bool, error) {
+	if auth.Own() {
+		return false, nil
+	}
+	if !auth.Agent {
+		return true, nil
+	}
+	a, err := s.keychain.Resolve(repo)
+	if err != nil {
+		return false, cache.Permanent(fmt.Errorf("looking up credentials for %s: %w", repo, err))
+	}
+	return a == authn.Anonymous, nil
+}
+
+// authenticator is what requests with auth for repo authenticate with.
+func (s *OCISource) authenticator(auth RegistryAuth, repo name.Repository) (authn.Authenticator, error) {
+	switch {
+	case auth.Own():
+		return authn.FromConfig(authn.AuthConfig{Username: auth.Username, Password: auth.Password}), nil
+	case auth.Agent:
+		return s.keychain.Resolve(repo)
+	}
+	return authn.Anonymous, nil
+}
+
+// transport returns the authenticated transport for repo and auth, doing
+// the registry's authentication handshake (ping, token) on first use and
+// again after ociTransportTTL.
+func (s *OCISource) transport(ctx context.Context, repo name.Repository, auth RegistryAuth) (http.RoundTripper, error) {
+	key := repo.RegistryStr() + "/" + repo.RepositoryStr() + "\x00" + auth.Key()
 	s.mu.Lock()
 	ct, ok := s.transports[key]
 	s.mu.Unlock()
@@ -455,12 +505,12 @@ func (s *OCISource) transport(ctx context.Context, repo name.Repository) (http.R
 	// One handshake per repository at a time: blobs opened together after
 	// the transport expired share it.
 	v, err, _ := s.handshakes.Do(key, func() (any, error) {
-		auth, err := s.keychain.Resolve(repo)
+		authr, err := s.authenticator(auth, repo)
 		if err != nil {
 			return nil, cache.Permanent(fmt.Errorf("looking up credentials for %s: %w", repo, err))
 		}
 		base := transport.NewUserAgent(s.base, s.userAgent)
-		rt, err := transport.NewWithContext(ctx, repo.Registry, auth, base, []string{repo.Scope(transport.PullScope)})
+		rt, err := transport.NewWithContext(ctx, repo.Registry, authr, base, []string{repo.Scope(transport.PullScope)})
 		if err != nil {
 			return nil, fmt.Errorf("authenticating to %s: %w", repo.RegistryStr(), classifyRegistryErr(err))
 		}
@@ -497,6 +547,8 @@ func classifyRegistryErr(err error) error {
 		case c == http.StatusRequestTimeout, c == http.StatusTooEarly, c == http.StatusTooManyRequests:
 		case c == http.StatusNotFound:
 			return cache.Permanent(also{err, cache.ErrNotFound})
+		case c == http.StatusUnauthorized, c == http.StatusForbidden:
+			return cache.Permanent(also{err, cache.ErrDenied})
 		case c >= 400 && c < 500:
 			return cache.Permanent(err)
 		}
@@ -507,8 +559,8 @@ func classifyRegistryErr(err error) error {
 // do sends a request for /v2/<repo>/<what> to repo's registry with its
 // credentials, following redirects (without the credentials when they leave
 // the registry's host).
-func (s *OCISource) do(ctx context.Context, repo name.Repository, method, what string, header func(http.Header)) (*http.Response, error) {
-	rt, err := s.transport(ctx, repo)
+func (s *OCISource) do(ctx context.Context, repo name.Repository, auth RegistryAuth, method, what string, header func(http.Header)) (*http.Response, error) {
+	rt, err := s.transport(ctx, repo, auth)
 	if err != nil {
 		return nil, err
 	}
@@ -545,8 +597,8 @@ func (s *OCISource) do(ctx context.Context, repo name.Repository, method, what s
 // fetchManifest GETs a manifest or index by tag or digest, within the size
 // limit, and returns its Content-Type, bytes and digest. A reference that is
 // a digest is verified; so is want, when given, in digest and size.
-func (s *OCISource) fetchManifest(ctx context.Context, repo name.Repository, reference string, want *cache.Descriptor) (string, []byte, digest.Digest, error) {
-	resp, err := s.do(ctx, repo, http.MethodGet, "manifests/"+reference, func(h http.Header) {
+func (s *OCISource) fetchManifest(ctx context.Context, repo name.Repository, auth RegistryAuth, reference string, want *cache.Descriptor) (string, []byte, digest.Digest, error) {
+	resp, err := s.do(ctx, repo, auth, http.MethodGet, "manifests/"+reference, func(h http.Header) {
 		h.Set("Accept", manifestAccept)
 	})
 	if err != nil {
@@ -582,7 +634,8 @@ func (s *OCISource) fetchManifest(ctx context.Context, repo name.Repository, ref
 
 // registryError describes an unexpected response, with the registry's own
 // error codes when its body has them; see statusError for which are
-// permanent. A 404 also wraps cache.ErrNotFound.
+// permanent. A 404 also wraps cache.ErrNotFound, a 401 or 403
+// cache.ErrDenied.
 func registryError(resp *http.Response) error {
 	var detail string
 	if resp.Request.Method != http.MethodHead {
@@ -593,8 +646,11 @@ func registryError(resp *http.Response) error {
 	if detail != "" {
 		err = fmt.Errorf("%w: %s", err, detail)
 	}
-	if resp.StatusCode == http.StatusNotFound {
+	switch resp.StatusCode {
+	case http.StatusNotFound:
 		err = also{err, cache.ErrNotFound}
+	case http.StatusUnauthorized, http.StatusForbidden:
+		err = also{err, cache.ErrDenied}
 	}
 	return err
 }
@@ -637,12 +693,12 @@ func (a also) Unwrap() []error { return []error{a.error, a.target} }
 // offset 0, with the expected length. A total other than the blob's size is
 // a permanent cache.ErrSizeMismatch. The bytes are not checked here: the
 // cache verifies the digest.
-func (s *OCISource) blob(repo name.Repository, desc cache.Descriptor) rangedBlob {
+func (s *OCISource) blob(repo name.Repository, auth RegistryAuth, desc cache.Descriptor) rangedBlob {
 	return rangedBlob{size: desc.Size, fetch: func(ctx context.Context, off, end int64) (io.ReadCloser, error) {
 		if err := cache.ValidateDigest(desc.Digest); err != nil {
 			return nil, cache.Permanent(err)
 		}
-		resp, err := s.do(ctx, repo, http.MethodGet, "blobs/"+desc.Digest.String(), rangeHeader(off, end, desc.Size, true))
+		resp, err := s.do(ctx, repo, auth, http.MethodGet, "blobs/"+desc.Digest.String(), rangeHeader(off, end, desc.Size, true))
 		if err != nil {
 			return nil, fmt.Errorf("blob %s: %w", desc.Digest, err)
 		}

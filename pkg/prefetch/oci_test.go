@@ -28,6 +28,10 @@ import (
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
+// agentAuth is how the mirror asks for what the agent's own credentials may
+// fetch.
+var agentAuth = prefetch.RegistryAuth{Agent: true}
+
 // ociFault intercepts the source's requests (those with weightd's
 // User-Agent); it calls next to let one through.
 type ociFault func(w http.ResponseWriter, r *http.Request, next http.Handler)
@@ -469,7 +473,7 @@ func TestOCIBlobRanges(t *testing.T) {
 	}
 	d := rg.pushBlob(t, "blobs", "application/octet-stream", data)
 	src := prefetch.NewOCISource()
-	o := src.BlobOpener(rg.host, "blobs", d.desc())
+	o := src.BlobOpener(agentAuth, rg.host, "blobs", d.desc())
 	for _, off := range []int64{0, 1, 4096, 99_999, 100_000} {
 		assert.Equal(t, data[off:], readAll(t, o, off), "offset %d", off)
 	}
@@ -490,12 +494,12 @@ func TestOCIBlobRanges(t *testing.T) {
 	_, err = b.OpenBoundedRange(t.Context(), 99_999, 2)
 	assert.ErrorIs(t, err, cache.ErrPermanent)
 
-	size, err := src.BlobSize(t.Context(), rg.host, "blobs", d.Digest)
+	size, err := src.BlobSize(t.Context(), agentAuth, rg.host, "blobs", d.Digest)
 	require.NoError(t, err)
 	assert.Equal(t, int64(len(data)), size)
-	_, err = src.BlobSize(t.Context(), rg.host, "blobs", digest.FromString("absent"))
+	_, err = src.BlobSize(t.Context(), agentAuth, rg.host, "blobs", digest.FromString("absent"))
 	assert.ErrorIs(t, err, cache.ErrNotFound)
-	_, err = src.BlobOpener(rg.host, "blobs", cache.Descriptor{Digest: digest.FromString("absent"), Size: 6}).OpenRange(t.Context(), 0)
+	_, err = src.BlobOpener(agentAuth, rg.host, "blobs", cache.Descriptor{Digest: digest.FromString("absent"), Size: 6}).OpenRange(t.Context(), 0)
 	assert.ErrorIs(t, err, cache.ErrNotFound)
 	assert.ErrorIs(t, err, cache.ErrPermanent)
 }
@@ -506,18 +510,18 @@ func TestOCIManifestForMirror(t *testing.T) {
 	img := rg.pushImage(t, "mirror/app", "v2", prefetch.MediaTypeDockerManifest, "amd64")
 	src := prefetch.NewOCISource()
 	for _, ref := range []string{"v2", img.manifest.Digest.String()} {
-		mt, body, d, err := src.Manifest(t.Context(), rg.host, "mirror/app", ref)
+		mt, body, d, err := src.Manifest(t.Context(), agentAuth, rg.host, "mirror/app", ref)
 		require.NoError(t, err)
 		assert.Equal(t, prefetch.MediaTypeDockerManifest, mt)
 		assert.Equal(t, img.body, body)
 		assert.Equal(t, img.manifest.Digest, d)
 	}
-	_, _, _, err := src.Manifest(t.Context(), rg.host, "mirror/app", "nope")
+	_, _, _, err := src.Manifest(t.Context(), agentAuth, rg.host, "mirror/app", "nope")
 	assert.ErrorIs(t, err, cache.ErrNotFound)
-	_, _, _, err = src.Manifest(t.Context(), rg.host, "mirror/absent", "v2")
+	_, _, _, err = src.Manifest(t.Context(), agentAuth, rg.host, "mirror/absent", "v2")
 	assert.ErrorIs(t, err, cache.ErrNotFound)
 	for _, bad := range [][2]string{{"mirror/app", "sha256:zz"}, {"Mirror/App", "v2"}, {"mirror/app", "-x"}} {
-		_, _, _, err = src.Manifest(t.Context(), rg.host, bad[0], bad[1])
+		_, _, _, err = src.Manifest(t.Context(), agentAuth, rg.host, bad[0], bad[1])
 		assert.ErrorIs(t, err, cache.ErrInvalid, "%v", bad)
 	}
 }

@@ -127,9 +127,9 @@ func TestOCIBlobFaults(t *testing.T) {
 			rg := newOCIRegistry(t)
 			d := rg.pushBlob(t, "blobs", "application/octet-stream", bytes.Repeat([]byte("x"), 5000))
 			src := prefetch.NewOCISource()
-			o := src.BlobOpener(rg.host, "blobs", d.desc())
+			o := src.BlobOpener(agentAuth, rg.host, "blobs", d.desc())
 			// Authenticate (ping) before the fault, so it hits the blob.
-			_, err := src.BlobSize(t.Context(), rg.host, "blobs", d.Digest)
+			_, err := src.BlobSize(t.Context(), agentAuth, rg.host, "blobs", d.Digest)
 			require.NoError(t, err)
 			rg.setFault(onPath("/blobs/", tc.fault))
 			ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
@@ -236,7 +236,7 @@ func TestOCIManifestSizeLimit(t *testing.T) {
 			require.Error(t, err)
 			assert.ErrorIs(t, err, cache.ErrPermanent)
 			assert.ErrorContains(t, err, "larger than the limit")
-			_, _, _, err = src.Manifest(t.Context(), rg.host, "big", "v1")
+			_, _, _, err = src.Manifest(t.Context(), agentAuth, rg.host, "big", "v1")
 			assert.ErrorIs(t, err, cache.ErrPermanent)
 		})
 	}
@@ -272,7 +272,7 @@ func TestOCIDigestMismatch(t *testing.T) {
 	require.Error(t, err)
 	assert.ErrorIs(t, err, cache.ErrDigestMismatch)
 	assert.ErrorIs(t, err, cache.ErrPermanent)
-	_, _, _, err = src.Manifest(t.Context(), rg.host, "app", img.manifest.Digest.String())
+	_, _, _, err = src.Manifest(t.Context(), agentAuth, rg.host, "app", img.manifest.Digest.String())
 	assert.ErrorIs(t, err, cache.ErrDigestMismatch)
 
 	t.Run("header", func(t *testing.T) {
@@ -469,13 +469,13 @@ func TestOCIRedirect(t *testing.T) {
 		(*auth)(w, r, next)
 	})
 	src := prefetch.NewOCISource(prefetch.WithPullSecret(dockerConfigJSON(rg.host, "alice", "s3cret")))
-	o := src.BlobOpener(rg.host, "private/app", d.desc())
+	o := src.BlobOpener(agentAuth, rg.host, "private/app", d.desc())
 	for _, off := range []int64{0, 1234} {
 		assert.Equal(t, data[off:], readAll(t, o, off))
 	}
 	assert.EqualValues(t, 2, served.Load())
 	assert.Zero(t, leaked.Load(), "credentials sent to the object store")
-	size, err := src.BlobSize(t.Context(), rg.host, "private/app", d.Digest)
+	size, err := src.BlobSize(t.Context(), agentAuth, rg.host, "private/app", d.Digest)
 	require.NoError(t, err)
 	assert.Equal(t, d.Size, size)
 	assert.Zero(t, leaked.Load(), "credentials sent to the object store")
@@ -548,7 +548,7 @@ func TestOCIHandshakeShared(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
-			r, err := src.BlobOpener(rg.host, "private/app", d.desc()).OpenRange(t.Context(), 100)
+			r, err := src.BlobOpener(agentAuth, rg.host, "private/app", d.desc()).OpenRange(t.Context(), 100)
 			if assert.NoError(t, err) {
 				n, err := io.Copy(io.Discard, r)
 				r.Close()

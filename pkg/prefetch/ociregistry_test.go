@@ -84,18 +84,18 @@ func TestOCIRealRegistry(t *testing.T) {
 			}
 
 			// The mirror's calls.
-			mt, body, d, err := src.Manifest(t.Context(), reg.Addr, "team/app", "v1")
+			mt, body, d, err := src.Manifest(t.Context(), agentAuth, reg.Addr, "team/app", "v1")
 			require.NoError(t, err)
 			assert.Equal(t, img.Digest, d)
 			assert.Equal(t, digest.FromBytes(body), d)
 			assert.True(t, strings.HasPrefix(mt, "application/vnd."), mt)
-			_, _, _, err = src.Manifest(t.Context(), reg.Addr, "team/app", "absent")
+			_, _, _, err = src.Manifest(t.Context(), agentAuth, reg.Addr, "team/app", "absent")
 			assert.ErrorIs(t, err, cache.ErrNotFound)
 			raw := layers[0].blob
-			size, err := src.BlobSize(t.Context(), reg.Addr, "team/model", digest.FromBytes(raw))
+			size, err := src.BlobSize(t.Context(), agentAuth, reg.Addr, "team/model", digest.FromBytes(raw))
 			require.NoError(t, err)
 			assert.Equal(t, int64(len(raw)), size)
-			got := readAll(t, src.BlobOpener(reg.Addr, "team/model", cache.Descriptor{Digest: digest.FromBytes(raw), Size: size}), 7)
+			got := readAll(t, src.BlobOpener(agentAuth, reg.Addr, "team/model", cache.Descriptor{Digest: digest.FromBytes(raw), Size: size}), 7)
 			assert.True(t, bytes.Equal(raw[7:], got))
 			assert.Positive(t, reg.BytesServed())
 

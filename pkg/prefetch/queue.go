@@ -338,17 +338,38 @@ func (q *Queue) Run(ctx context.Context) error {
 	return nil
 }
 
+// SubmitOption qualifies a submitted job.
+type SubmitOption func(*submitConfig)
+
+type submitConfig struct {
+	namespace string
+}
+
+// ForNamespace submits the job on behalf of a pod of namespace ns: its
+// sources use the agent's credentials only where the AgentCredentials they
+// were given allow ns (see WithRequester). Without it the job is the
+// operator's.
+func ForNamespace(ns string) SubmitOption {
+	return func(c *submitConfig) { c.namespace = ns }
+}
+
 // Submit parses ref and queues a job for it at priority p, or returns the
 // unfinished job already queued or running for the same canonical reference
-// (raising its priority to p if it is still queued at a lower one). A
-// reference that does not parse is an error at once. A finished job is never
-// returned: submitting again after a failure starts a new job.
-func (q *Queue) Submit(ref string, p Priority) (*Job, error) {
+// and requester (raising its priority to p if it is still queued at a lower
+// one). A reference that does not parse is an error at once. A finished job
+// is never returned: submitting again after a failure starts a new job.
+func (q *Queue) Submit(ref string, p Priority, opts ...SubmitOption) (*Job, error) {
 	r, err := ParseRef(ref)
 	if err != nil {
 		return nil, err
 	}
-	key := r.String()
+	var sc submitConfig
+	for _, o := range opts {
+		o(&sc)
+	}
+	// Jobs of different requesters are not shared: one may be allowed the
+	// agent's credentials and the other not.
+	key := jobKey(r, sc.namespace)
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.stopped {
@@ -362,6 +383,7 @@ func (q *Queue) Submit(ref string, p Priority) (*Job, error) {
 		return j, nil
 	}
 	j := newJob(newID(), r, p, time.Now())
+	j.namespace = sc.namespace
 	q.active[key] = j
 	q.jobs[j.id] = j
 	q.enqueue(j)
@@ -450,7 +472,7 @@ func (q *Queue) work(ctx context.Context) {
 			q.finish(j, "", ErrCanceled, nil) // cancelled while being taken
 			continue
 		}
-		sctx, span := q.startJobSpan(jctx, j)
+		sctx, span := q.startJobSpan(WithRequester(jctx, j.namespace), j)
 		dir, err := q.run(sctx, j)
 		if errors.Is(err, ErrUnverified) && jctx.Err() == nil {
 			// The source no longer gives what failed: resolve anew.
@@ -806,7 +828,7 @@ func retry[T any](ctx context.Context, q *Queue, what string, ref Ref, fn func()
 // finishes it.
 func (q *Queue) finish(j *Job, dir string, err error, span trace.Span) {
 	q.mu.Lock()
-	key := j.ref.String()
+	key := jobKey(j.ref, j.namespace)
 	if q.active[key] == j {
 		delete(q.active, key)
 	}
@@ -836,6 +858,12 @@ func (q *Queue) finish(j *Job, dir string, err error, span trace.Span) {
 	}
 	q.cfg.logger.Info("prefetch job ready", "job", j.id, "ref", st.Ref, "model", st.Model, "revision", st.Revision,
 		"dir", dir, "bytes", st.BytesTotal, "files", st.FilesTotal, "seconds", st.Finished.Sub(st.Created).Seconds())
+}
+
+// jobKey is what jobs are shared by: the canonical reference and the
+// requester's namespace ("" for the operator).
+func jobKey(r Ref, namespace string) string {
+	return r.String() + "\x00" + namespace
 }
 
 func newID() string {
