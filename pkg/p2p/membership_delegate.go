@@ -26,7 +26,10 @@ func (d *membershipDelegate) NodeMeta(limit int) []byte {
 
 // NotifyMsg takes in an event another node gossiped. News is applied to the
 // Router and relayed, so that it spreads to every member even when the
-// announcing node's own retransmissions miss some.
+// announcing node's own retransmissions miss some. An event about a node
+// that is no member is dropped, so that claims for made-up nodes neither
+// fill the Router nor spread; one that arrives before its node's join is
+// made good by that node's push/pull state.
 func (d *membershipDelegate) NotifyMsg(b []byte) {
 	m := (*Membership)(d)
 	ev, err := decodeEvent(b) // copies what it keeps of b
@@ -36,7 +39,15 @@ func (d *membershipDelegate) NotifyMsg(b []byte) {
 		return
 	}
 	m.metrics.messages.WithLabelValues(ev.Kind.String()).Inc()
-	if ev.Node == m.cfg.NodeName || !m.router.apply(ev) {
+	if ev.Node == m.cfg.NodeName {
+		return
+	}
+	if !m.isPeer(ev.Node) {
+		m.metrics.dropped.Inc()
+		m.log.Debug("dropping an event about a node that is no member", "node", ev.Node)
+		return
+	}
+	if !m.router.apply(ev) {
 		return
 	}
 	msg, err := encodeEvent(ev)
@@ -63,7 +74,8 @@ func (d *membershipDelegate) LocalState(bool) []byte {
 	return b
 }
 
-// MergeRemoteState takes in a peer's holdings from a push/pull.
+// MergeRemoteState takes in a peer's holdings from a push/pull; a state of a
+// node that is no member is dropped.
 func (d *membershipDelegate) MergeRemoteState(b []byte, _ bool) {
 	m := (*Membership)(d)
 	if len(b) == 0 {
@@ -76,7 +88,12 @@ func (d *membershipDelegate) MergeRemoteState(b []byte, _ bool) {
 		return
 	}
 	m.metrics.messages.WithLabelValues("state").Inc()
-	if st.Node != m.cfg.NodeName {
+	switch {
+	case st.Node == m.cfg.NodeName:
+	case !m.isPeer(st.Node):
+		m.metrics.dropped.Inc()
+		m.log.Debug("dropping the push/pull state of a node that is no member", "node", st.Node)
+	default:
 		m.router.merge(st)
 	}
 }
@@ -120,6 +137,14 @@ func (e *membershipEvents) NotifyLeave(n *memberlist.Node) {
 	m.metrics.peers.Set(float64(count))
 	m.router.Forget(n.Name)
 	m.log.Info("peer left", "peer", n.Name, "addr", n.Address())
+}
+
+// isPeer says whether name is a live peer.
+func (m *Membership) isPeer(name string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.peers[name]
+	return ok
 }
 
 func (m *Membership) setPeer(n *memberlist.Node) {

@@ -21,7 +21,7 @@ func newMembershipMetrics(r prometheus.Registerer) (*membershipMetrics, error) {
 		}, []string{"kind"}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "weightd_p2p_gossip_dropped_total",
-			Help: "Gossip messages and push/pull states received malformed, and queued events dropped because the broadcast queue was full.",
+			Help: "Gossip messages and push/pull states received malformed or about nodes that are no members, and queued events dropped because the broadcast queue was full.",
 		}),
 	}
 	for _, kind := range []EventKind{EventComplete, EventPartial, EventDropped} {

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
@@ -523,6 +524,20 @@ func TestDelegatesCopyAndCount(t *testing.T) {
 	n := startNode(t, MembershipConfig{NodeName: nodeName(t, 0)})
 	dlg := (*membershipDelegate)(n.m)
 	d := testDigest(5)
+	// Claims about a node that is no member are dropped, and not relayed.
+	ghost, err := encodeEvent(holdingEvent{Node: "peer", holding: holding{Kind: EventComplete, Seq: 1, Digest: d}})
+	require.NoError(t, err)
+	ghostState, err := encodeState(holdingState{Node: "other", Clock: 2, Holdings: []holding{{Kind: EventPartial, Seq: 2, Digest: d}}}, maxStateSize)
+	require.NoError(t, err)
+	dropped := testutil.ToFloat64(n.m.metrics.dropped)
+	dlg.NotifyMsg(ghost)
+	dlg.MergeRemoteState(ghostState, false)
+	assert.Empty(t, n.r.Holders(d))
+	assert.Zero(t, n.m.broadcasts.NumQueued())
+	assert.InDelta(t, dropped+2, testutil.ToFloat64(n.m.metrics.dropped), 0)
+	for _, name := range []string{"peer", "other"} {
+		(*membershipEvents)(n.m).NotifyJoin(&memberlist.Node{Name: name, Addr: net.IPv4(127, 0, 0, 1), Port: 1})
+	}
 
 	msg, err := encodeEvent(holdingEvent{Node: "peer", holding: holding{Kind: EventComplete, Seq: 1, Digest: d}})
 	require.NoError(t, err)
@@ -550,7 +565,7 @@ func TestDelegatesCopyAndCount(t *testing.T) {
 	clear(st)
 	assert.Equal(t, []string{"peer:complete", "other:partial"}, holderList(n.r.Holders(d)))
 
-	dropped := testutil.ToFloat64(n.m.metrics.dropped)
+	dropped = testutil.ToFloat64(n.m.metrics.dropped)
 	dlg.NotifyMsg([]byte{eventVersion, 0xff})
 	dlg.MergeRemoteState([]byte("garbage"), true)
 	assert.InDelta(t, dropped+2, testutil.ToFloat64(n.m.metrics.dropped), 0)

@@ -68,6 +68,12 @@ type routeForgotten struct {
 	left  bool
 }
 
+// maxRoutesPerPeer bounds the blobs the router keeps of one peer's claims,
+// tombstones included, so that a member claiming made-up blobs cannot grow
+// it without end (about 150 bytes each). A real node holding more is still
+// found for the ones it announced first and through its push/pull state.
+const maxRoutesPerPeer = 1 << 13
+
 // defaultRouteTTL is the ttl NewRouter uses when given none. Departures
 // and drops are handled by Forget, EventDropped and push/pull; expiry is the
 // backstop for claims nobody corrected, so it can be long.
@@ -219,6 +225,9 @@ func (r *Router) applyLocked(peer string, h holding, now time.Time) bool {
 			blobs[h.Digest] = e
 			return false
 		}
+	}
+	if _, ok := blobs[h.Digest]; !ok && len(blobs) >= maxRoutesPerPeer {
+		return false
 	}
 	if blobs == nil {
 		blobs = make(map[digest.Digest]routeEntry)

@@ -264,3 +264,21 @@ func TestRouterConcurrent(t *testing.T) {
 	_, err := r.localState("me")
 	require.NoError(t, err)
 }
+
+// TestRouterBoundsClaimsPerPeer: a peer's claims past maxRoutesPerPeer
+// blobs are not kept, nor news; changes to blobs it holds still are, and
+// other peers' claims are unaffected.
+func TestRouterBoundsClaimsPerPeer(t *testing.T) {
+	t.Parallel()
+	r, _ := newTestRouter(time.Minute)
+	for i := range maxRoutesPerPeer {
+		require.True(t, r.apply(ev("a", EventComplete, uint64(i+1), testDigest(i))))
+	}
+	over := testDigest(maxRoutesPerPeer)
+	assert.False(t, r.apply(ev("a", EventComplete, maxRoutesPerPeer+1, over)))
+	assert.Empty(t, r.Holders(over))
+	require.True(t, r.apply(ev("a", EventDropped, maxRoutesPerPeer+2, testDigest(0))))
+	assert.Empty(t, r.Holders(testDigest(0)))
+	require.True(t, r.apply(ev("b", EventComplete, 1, over)))
+	assert.Equal(t, []string{"b:complete"}, holderList(r.Holders(over)))
+}
