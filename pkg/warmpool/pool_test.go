@@ -505,3 +505,42 @@ func TestNewCleansHalfStaged(t *testing.T) {
 		t.Fatal("New without Fetcher and Bases succeeded")
 	}
 }
+
+// A server takes adapters for pods of its own namespace, a shared one for
+// every namespace; a request without a namespace (the node's local API) may
+// use any server.
+func TestEnsureNamespaces(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, serverOpts{slots: 4}, serverOpts{slots: 1})
+	f.specs[0].Pod = "team-a/warm"
+	f.specs[1].Pod, f.specs[1].Shared = "inference/warm", true
+	f.pool = f.newPool()
+	ref := f.adapter("sql", loratest.AdapterSpec{})
+	ensure := func(ns, name string) (api.AdapterAnswer, error) {
+		return f.pool.EnsureFor(t.Context(), "", api.AdapterRequest{Base: testBase, Ref: ref, Name: name, Namespace: ns})
+	}
+	if ans, err := ensure("team-b", "b"); err != nil || ans.Server != "inference/warm" {
+		t.Fatalf("team-b: %+v, %v; want the shared server", ans, err)
+	}
+	// The shared server's one slot holds b (evictable): team-c is served
+	// there too, never by team-a's server with its free slots.
+	if ans, err := ensure("team-c", "c"); err != nil || ans.Server != "inference/warm" {
+		t.Fatalf("team-c: %+v, %v; want the shared server", ans, err)
+	}
+	if ans, err := ensure("team-a", "a"); err != nil || ans.Server != "team-a/warm" {
+		t.Fatalf("team-a: %+v, %v; want its own server (the most free slots)", ans, err)
+	}
+	// team-a's adapter is loaded on team-a's server only: another namespace
+	// asking for the same name and reference is not served from there.
+	if ans, err := ensure("team-b", "a"); err != nil || ans.Server != "inference/warm" {
+		t.Fatalf("team-b asking for a: %+v, %v; want the shared server", ans, err)
+	}
+	f.specs = f.specs[:1]
+	f.pool = f.newPool()
+	if _, err := ensure("team-b", "b"); !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("team-b with only team-a's server: %v, want not found", err)
+	}
+	if ans, err := ensure("", "b"); err != nil || ans.Server != "team-a/warm" {
+		t.Fatalf("the local API: %+v, %v; want any server", ans, err)
+	}
+}

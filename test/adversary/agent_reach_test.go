@@ -72,8 +72,12 @@ var (
 )
 
 func newReachFixture(t *testing.T) *reachFixture {
+	return newReachFixtureIn(t, kubetest.Config{})
+}
+
+func newReachFixtureIn(t *testing.T, kcfg kubetest.Config) *reachFixture {
 	t.Helper()
-	env := kubetest.NewT(t, kubetest.Config{})
+	env := kubetest.NewT(t, kcfg)
 	ctx := t.Context()
 	f := &reachFixture{env: env, admin: env.Clientset()}
 	var err error
@@ -464,5 +468,32 @@ func waitEvent(t *testing.T, cs kubernetes.Interface, namespace, selector string
 			return
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestAgentPoliciesTypeCheck: the control plane (kube-controller-manager)
+// type-checks each policy's expressions against the kinds it matches; a
+// warning there is an expression that fails at admission time, and so a
+// write refused.
+func TestAgentPoliciesTypeCheck(t *testing.T) {
+	f := newReachFixtureIn(t, kubetest.Config{ControlPlane: true})
+	for _, name := range []string{"weightd-agent-own-node", "weightd-agent-policy-status", "weightd-agent-events"} {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			vap, err := f.admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(t.Context(), name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if vap.Status.ObservedGeneration == vap.Generation && vap.Status.TypeChecking != nil {
+				for _, w := range vap.Status.TypeChecking.ExpressionWarnings {
+					t.Errorf("policy %s: %s: %s", name, w.FieldRef, w.Warning)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("policy %s not type-checked in 30s: %+v", name, vap.Status)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 	}
 }
