@@ -398,7 +398,8 @@ func (p *Pool) hitLocked(owner string, req api.AdapterRequest, name string) (api
 			continue
 		}
 		if a.ref != "" && a.ref != req.Ref {
-			return api.AdapterAnswer{}, false, fmt.Errorf("%w: adapter name %s already serves %s on %s", api.ErrBadRequest, name, a.ref, s.spec.Pod)
+			// The other reference may be another tenant's: not named.
+			return api.AdapterAnswer{}, false, fmt.Errorf("%w: adapter name %s already serves another adapter on %s: choose another name", api.ErrBadRequest, name, s.spec.Pod)
 		}
 		a.ref = req.Ref
 		p.useLocked(a, owner, req.Pin)
@@ -460,7 +461,7 @@ func (p *Pool) load(ctx context.Context, owner string, req api.AdapterRequest, n
 	p.mu.Lock()
 	if ref, ok := p.staged[name]; ok && ref != "" && ref != req.Ref {
 		p.mu.Unlock()
-		return api.AdapterAnswer{}, fmt.Errorf("%w: adapter name %s already serves %s", api.ErrBadRequest, name, ref)
+		return api.AdapterAnswer{}, fmt.Errorf("%w: adapter name %s already serves another adapter on this node: choose another name", api.ErrBadRequest, name)
 	}
 	s, victim, err := p.reserveLocked(req.Base, req.Namespace, name, info.Rank)
 	if err != nil {

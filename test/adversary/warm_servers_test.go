@@ -194,6 +194,17 @@ func (f *warmFixture) askAdapter(namespace, name string) (endpoint, errText stri
 	f.create(f.pod(namespace, name, map[string]string{
 		podrequest.LoraBase: warmBase, podrequest.LoraAdapter: "hf://org/" + name + "-lora", podrequest.LoraName: name,
 	}))
+	e := f.answer(namespace, name)
+	if strings.HasPrefix(e, "http://") {
+		return e, ""
+	}
+	return "", e
+}
+
+// answer waits for the agent's answer on pod namespace/name: its endpoint,
+// or an error that will not pass by waiting.
+func (f *warmFixture) answer(namespace, name string) string {
+	f.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		p, err := f.env.Clientset().CoreV1().Pods(namespace).Get(f.t.Context(), name, metav1.GetOptions{})
@@ -201,10 +212,10 @@ func (f *warmFixture) askAdapter(namespace, name string) (endpoint, errText stri
 			f.t.Fatal(err)
 		}
 		if e := p.Annotations[podrequest.LoraEndpoint]; e != "" {
-			return e, ""
+			return e
 		}
 		if e := p.Annotations[podrequest.LoraError]; e != "" && !strings.HasPrefix(e, "busy") && !strings.HasPrefix(e, "not found") {
-			return "", e
+			return e
 		}
 		if time.Now().After(deadline) {
 			f.t.Fatalf("pod %s/%s: no adapter answer in 30s (annotations %v)", namespace, name, p.Annotations)
@@ -250,6 +261,15 @@ func TestWarmServerFromAnyNamespace(t *testing.T) {
 	endpoint, errText = f.askAdapter("tenant-b", "chat")
 	if endpoint != own.URL() {
 		t.Errorf("tenant-b's adapter: endpoint %q (error %q), want its own server %s (the rogue one is %s)", endpoint, errText, own.URL(), rogue.URL())
+	}
+	// A name another tenant's adapter holds is refused without naming
+	// that adapter, which may be private.
+	f.create(f.pod("tenant-b", "squat", map[string]string{
+		podrequest.LoraBase: warmBase, podrequest.LoraAdapter: "hf://org/chat-lora", podrequest.LoraName: "sql",
+	}))
+	errText = f.answer("tenant-b", "squat")
+	if !strings.Contains(errText, "already serves") || strings.Contains(errText, "sql-lora") {
+		t.Errorf("tenant-b asking for name sql, held by tenant-a's adapter: error %q, want refused without naming tenant-a's adapter", errText)
 	}
 	if n := rogue.Loads("sql") + rogue.Loads("chat"); n != 0 {
 		t.Errorf("the rogue server was given %d adapters of other tenants", n)
