@@ -21,9 +21,11 @@
 //     it also labels the node warm.weightd.io/<key>=ready for each base a
 //     healthy warm server of the node keeps resident.
 //   - WarmPods is the warm pool's side: it finds the node's warm servers
-//     (pods labelled weightd.io/warm-server=true, described by their
-//     annotations) and gives them to the pool, answers the pods that ask for
-//     a LoRA adapter (weightd.io/lora-base and lora-adapter) with
+//     (pods labelled weightd.io/warm-server=true in the namespaces the
+//     operator allows, described by their annotations) and gives them to
+//     the pool, answers the pods that ask for a LoRA adapter
+//     (weightd.io/lora-base and lora-adapter), from servers of their own
+//     namespace or shared ones, with
 //     weightd.io/lora-endpoint and lora-model, or lora-error, and Events
 //     (AdapterReady, AdapterFailed, InvalidAnnotation), keeping the adapter
 //     in use while the pod lives, and writes on each healthy warm server's
