@@ -77,7 +77,8 @@ func TestParseAllowList(t *testing.T) {
 }
 
 // A redirect from an allowed origin to a refused one is refused when the
-// second connection is dialled, and a trusted host:port is dialled as is.
+// second connection is dialled, a name resolving to a refused address is
+// refused, and a trusted host:port is dialled as is.
 func TestDialGuardRedirect(t *testing.T) {
 	t.Parallel()
 	var hits atomic.Int64
@@ -94,6 +95,13 @@ func TestDialGuardRedirect(t *testing.T) {
 	g := prefetch.NewDialGuard([]netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")})
 	c := &http.Client{Transport: g.Transport()}
 	_, err = c.Get(front.URL)
+	require.ErrorIs(t, err, prefetch.ErrAddressRefused)
+	require.Zero(t, hits.Load())
+
+	// A name is checked on what it resolves to.
+	_, port, err := net.SplitHostPort(target.Listener.Addr().String())
+	require.NoError(t, err)
+	_, err = c.Get("http://localhost:" + port + "/")
 	require.ErrorIs(t, err, prefetch.ErrAddressRefused)
 	require.Zero(t, hits.Load())
 
