@@ -88,7 +88,7 @@ var (
 )
 
 // Priority orders queued jobs: a higher priority runs first, equal ones in
-// the order they were submitted.
+// the order they were submitted, namespaces taking turns (see ForNamespace).
 type Priority int
 
 // Priorities, lowest first.
@@ -263,6 +263,10 @@ type Queue struct {
 	jobs     map[string]*Job // ID → unfinished or remembered job
 	finished []*Job          // remembered finished jobs, oldest first
 	wake     chan struct{}   // capacity 1: pending is not empty
+
+	// runningIn counts the running jobs of each namespace ("" for the
+	// operator's), for next to share the job slots out.
+	runningIn map[string]int
 }
 
 // NewQueue returns a queue that fetches into store what src resolves. It
@@ -289,6 +293,8 @@ func NewQueue(store Store, src Source, opts ...QueueOption) *Queue {
 		active:  make(map[string]*Job),
 		jobs:    make(map[string]*Job),
 		wake:    make(chan struct{}, 1),
+
+		runningIn: make(map[string]int),
 	}
 }
 
@@ -347,8 +353,8 @@ type submitConfig struct {
 
 // ForNamespace submits the job on behalf of a pod of namespace ns: its
 // sources use the agent's credentials only where the AgentCredentials they
-// were given allow ns (see WithRequester). Without it the job is the
-// operator's.
+// were given allow ns (see WithRequester), and namespaces take turns at the
+// job slots. Without it the job is the operator's.
 func ForNamespace(ns string) SubmitOption {
 	return func(c *submitConfig) { c.namespace = ns }
 }
@@ -470,6 +476,7 @@ func (q *Queue) work(ctx context.Context) {
 		if !j.start(func() { cancel(ErrCanceled) }) {
 			cancel(nil)
 			q.finish(j, "", ErrCanceled, nil) // cancelled while being taken
+			q.ended(j)
 			continue
 		}
 		sctx, span := q.startJobSpan(WithRequester(jctx, j.namespace), j)
@@ -484,10 +491,24 @@ func (q *Queue) work(ctx context.Context) {
 		}
 		cancel(nil)
 		q.finish(j, dir, err, span)
+		q.ended(j)
 	}
 }
 
-// next takes the oldest queued job, waiting for one; nil once ctx ends.
+// ended takes j, which next handed out, off its namespace's running jobs.
+func (q *Queue) ended(j *Job) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.runningIn[j.namespace]--; q.runningIn[j.namespace] <= 0 {
+		delete(q.runningIn, j.namespace)
+	}
+}
+
+// next takes the queued job to run next, waiting for one; nil once ctx
+// ends. That is the oldest of the highest priority queued whose namespace
+// runs the fewest jobs: at equal priority namespaces take turns, so that one
+// that queued many slow jobs first cannot hold every slot while another's
+// wait.
 func (q *Queue) next(ctx context.Context) *Job {
 	for {
 		if ctx.Err() != nil {
@@ -495,8 +516,10 @@ func (q *Queue) next(ctx context.Context) *Job {
 		}
 		q.mu.Lock()
 		if len(q.pending) > 0 {
-			j := q.pending[0]
-			q.pending = slices.Delete(q.pending, 0, 1)
+			i := q.fairest()
+			j := q.pending[i]
+			q.pending = slices.Delete(q.pending, i, i+1)
+			q.runningIn[j.namespace]++
 			q.metrics.depth.Set(float64(len(q.pending)))
 			if len(q.pending) > 0 {
 				select { // pass the wake-up on to another worker
@@ -514,6 +537,21 @@ func (q *Queue) next(ctx context.Context) *Job {
 		case <-q.wake:
 		}
 	}
+}
+
+// fairest is the index in pending of the job next takes. q.mu is held.
+func (q *Queue) fairest() int {
+	top := q.pending[0].Status().Priority
+	best := 0
+	for i, j := range q.pending {
+		if q.runningIn[q.pending[best].namespace] == 0 || j.Status().Priority != top {
+			break
+		}
+		if q.runningIn[j.namespace] < q.runningIn[q.pending[best].namespace] {
+			best = i
+		}
+	}
+	return best
 }
 
 // run resolves, fetches and materialises one job's model.
