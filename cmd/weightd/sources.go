@@ -28,6 +28,7 @@ type sourcesConfig struct {
 	HFEndpoint         string   `name:"hf-endpoint" help:"Hugging Face style hub that hf:// references resolve on (a mirror or private hub)." default:"https://huggingface.co" env:"HF_ENDPOINT"`
 	HFTokenFile        string   `name:"hf-token-file" help:"File holding the hub token; without it the HF_TOKEN environment variable is used, if set." env:"WEIGHTD_HF_TOKEN_FILE"`
 	DockerConfig       string   `help:"Docker config.json with registry credentials for oci:// references and the mirror." env:"WEIGHTD_DOCKER_CONFIG"`
+	AgentCredentials   []string `name:"agent-credentials" help:"Who besides the operator (CLI, local API, PrefetchPolicies) may have the agent's own credentials (hub token, Docker config) used for them: HOST=NAMESPACE[;NAMESPACE…] per registry or hub host, comma-separated; * as a namespace is every pod, the mirror's clients included. Default: the operator only." env:"WEIGHTD_AGENT_CREDENTIALS" sep:","`
 	InsecureRegistries []string `help:"Registries spoken to over plain HTTP, host[:port], comma-separated (loopback ones always may)." env:"WEIGHTD_INSECURE_REGISTRIES" sep:","`
 	Platform           string   `help:"Platform whose image is picked from multi-platform indexes, os/arch[/variant] (default: this node's)." env:"WEIGHTD_PLATFORM"`
 	FetchAllowCIDRs    []string `name:"fetch-allow-cidrs" help:"CIDRs or addresses that references may make the agent fetch from although they are loopback, link-local, cloud metadata or this node's own addresses (refused by default), comma-separated." env:"WEIGHTD_FETCH_ALLOW_CIDRS" sep:","`
@@ -62,6 +63,10 @@ func (c sourcesConfig) sources(shared prefetch.SharedResolver, mirrored []string
 	if err != nil {
 		return nil, nil, fmt.Errorf("--fetch-allow-cidrs: %w", err)
 	}
+	creds, err := prefetch.ParseAgentCredentials(c.AgentCredentials)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--agent-credentials: %w", err)
+	}
 	trusted := slices.Clone(mirrored)
 	if c.HFEndpoint != "" {
 		u, err := url.Parse(c.HFEndpoint)
@@ -75,7 +80,7 @@ func (c sourcesConfig) sources(shared prefetch.SharedResolver, mirrored []string
 
 	ociOpts := []prefetch.OCIOption{
 		prefetch.WithOCIVersion(version), prefetch.WithInsecureRegistries(c.InsecureRegistries...),
-		prefetch.WithOCITransport(transport),
+		prefetch.WithOCITransport(transport), prefetch.WithOCIAgentCredentials(creds),
 	}
 	if c.DockerConfig != "" {
 		ociOpts = append(ociOpts, prefetch.WithDockerConfig(c.DockerConfig))
@@ -97,7 +102,7 @@ func (c sourcesConfig) sources(shared prefetch.SharedResolver, mirrored []string
 		}
 		token = strings.TrimSpace(string(b))
 	}
-	hfOpts := []prefetch.HFOption{prefetch.WithHFVersion(version)}
+	hfOpts := []prefetch.HFOption{prefetch.WithHFVersion(version), prefetch.WithHFAgentCredentials(creds)}
 	if c.HFEndpoint != "" {
 		hfOpts = append(hfOpts, prefetch.WithHFEndpoint(c.HFEndpoint))
 	}
@@ -190,7 +195,7 @@ func (s imageSink) learn(img *prefetch.Image) {
 		return
 	}
 	if registry, repository, tag, ok := splitImageName(img.Name); ok {
-		if err := s.mirror.Learn(registry, repository, tag, img.Target.Digest); err != nil {
+		if err := s.mirror.Learn(registry, repository, tag, img.Target.Digest, img.Public); err != nil {
 			s.log.Warn("the mirror could not learn a prefetched tag", "image", img.Name, "err", err)
 		}
 	}
@@ -262,6 +267,7 @@ func newMirror(cfg mirrorConfig, store *cache.Store, upstream *prefetch.OCISourc
 		mirror.WithRegistries(cfg.MirrorRegistries...),
 		mirror.WithStateDir(filepath.Join(store.Root(), "mirror")),
 		mirror.WithLogger(log), mirror.WithRegisterer(reg),
+		mirror.WithAgentCredentials(upstream.AgentCredentials()),
 	}
 	if blobSource != nil {
 		opts = append(opts, mirror.WithBlobSource(blobSource))
