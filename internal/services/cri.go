@@ -20,13 +20,32 @@ import (
 // module: the request is PullImageRequest{image: ImageSpec{image: ref}},
 // the answer PullImageResponse{image_ref}.
 func (c *Containerd) PullImageCRI(ctx context.Context, ref string) (string, error) {
+	return c.pullImageCRI(ctx, ref, imageSpecRequest(ref))
+}
+
+// PullImageCRIAs is PullImageCRI with a pull secret's credentials, as the
+// kubelet sends them: PullImageRequest{image, auth: AuthConfig{username,
+// password}}, with no server_address, so containerd hands them to whichever
+// of the image's hosts (a mirror too) asks for credentials.
+func (c *Containerd) PullImageCRIAs(ctx context.Context, ref, username, password string) (string, error) {
+	auth := protowire.AppendTag(nil, 1, protowire.BytesType)
+	auth = protowire.AppendString(auth, username)
+	auth = protowire.AppendTag(auth, 2, protowire.BytesType)
+	auth = protowire.AppendString(auth, password)
+	req := *imageSpecRequest(ref)
+	req = protowire.AppendTag(req, 2, protowire.BytesType)
+	req = protowire.AppendBytes(req, auth)
+	return c.pullImageCRI(ctx, ref, &req)
+}
+
+func (c *Containerd) pullImageCRI(ctx context.Context, ref string, req *[]byte) (string, error) {
 	conn, err := grpc.NewClient("unix://"+c.Address, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return "", err
 	}
 	defer conn.Close()
 	var resp []byte
-	if err := conn.Invoke(ctx, "/runtime.v1.ImageService/PullImage", imageSpecRequest(ref), &resp, grpc.ForceCodecV2(containerd.RawCodec{})); err != nil {
+	if err := conn.Invoke(ctx, "/runtime.v1.ImageService/PullImage", req, &resp, grpc.ForceCodecV2(containerd.RawCodec{})); err != nil {
 		return "", fmt.Errorf("CRI PullImage %s: %w", ref, err)
 	}
 	id, err := field(resp, 1)

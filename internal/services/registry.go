@@ -159,6 +159,24 @@ func (r *Registry) Stop() {
 	}
 }
 
+// Revoke withdraws every credential and token the registry has given
+// (TokenAuth only): the token server takes a new Password and a new signing
+// key, and the registry restarts trusting only that key, as a registry
+// refuses a user whose access was withdrawn once the tokens issued before
+// have expired.
+func (r *Registry) Revoke(ctx context.Context) error {
+	if r.token == nil {
+		return errors.New("registry: Revoke needs TokenAuth")
+	}
+	pass := randomHex(16)
+	if err := r.token.rotate(pass); err != nil {
+		return err
+	}
+	r.Password = pass
+	r.Stop()
+	return r.Start(ctx)
+}
+
 // Close stops the registry, the proxy and the token server. The storage is
 // left in Dir.
 func (r *Registry) Close() error {

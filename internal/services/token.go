@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -37,22 +38,56 @@ const (
 // self-signed certificate carried in the x5c header and written to bundle,
 // the registry's rootcertbundle.
 type tokenServer struct {
-	user, pass string
-	key        *ecdsa.PrivateKey
-	certDER    []byte
-	bundle     string
-	srv        *http.Server
-	ln         net.Listener
+	user   string
+	bundle string
+	srv    *http.Server
+	ln     net.Listener
+
+	mu      sync.Mutex // pass, key and certDER change on rotate
+	pass    string
+	key     *ecdsa.PrivateKey
+	certDER []byte
 }
 
 func startTokenServer(dir, user, pass string) (*tokenServer, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	bundle := filepath.Join(dir, "token-root.pem")
+	key, der, err := newTokenKey(bundle)
 	if err != nil {
 		return nil, err
 	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("token server: %w", err)
+	}
+	t := &tokenServer{user: user, pass: pass, key: key, certDER: der, bundle: bundle, ln: ln}
+	t.srv = &http.Server{Handler: http.HandlerFunc(t.serve), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = t.srv.Serve(ln) }()
+	return t, nil
+}
+
+// rotate takes a new password and a new signing key, written to bundle:
+// the registry, restarted, refuses every token signed before.
+func (t *tokenServer) rotate(pass string) error {
+	key, der, err := newTokenKey(t.bundle)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.pass, t.key, t.certDER = pass, key, der
+	return nil
+}
+
+// newTokenKey makes a signing key and its self-signed certificate, and
+// writes the certificate to bundle.
+func newTokenKey(bundle string) (*ecdsa.PrivateKey, []byte, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
 	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
@@ -65,20 +100,12 @@ func startTokenServer(dir, user, pass string) (*tokenServer, error) {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
-		return nil, fmt.Errorf("token server certificate: %w", err)
+		return nil, nil, fmt.Errorf("token server certificate: %w", err)
 	}
-	bundle := filepath.Join(dir, "token-root.pem")
 	if err := os.WriteFile(bundle, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("token server: %w", err)
-	}
-	t := &tokenServer{user: user, pass: pass, key: key, certDER: der, bundle: bundle, ln: ln}
-	t.srv = &http.Server{Handler: http.HandlerFunc(t.serve), ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = t.srv.Serve(ln) }()
-	return t, nil
+	return key, der, nil
 }
 
 // realm is the token endpoint's URL. It names the host "localhost", not
@@ -145,6 +172,8 @@ func (t *tokenServer) serve(w http.ResponseWriter, r *http.Request) {
 }
 
 func (t *tokenServer) valid(user, pass string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	u := subtle.ConstantTimeCompare([]byte(user), []byte(t.user))
 	p := subtle.ConstantTimeCompare([]byte(pass), []byte(t.pass))
 	return u&p == 1
@@ -183,10 +212,13 @@ func (t *tokenServer) sign(user string, scopes []string) (string, error) {
 		access = append(access, ra)
 	}
 	now := time.Now()
+	t.mu.Lock()
+	key, certDER := t.key, t.certDER
+	t.mu.Unlock()
 	header := map[string]any{
 		"typ": "JWT",
 		"alg": "ES256",
-		"x5c": []string{base64.StdEncoding.EncodeToString(t.certDER)},
+		"x5c": []string{base64.StdEncoding.EncodeToString(certDER)},
 	}
 	claims := map[string]any{
 		"iss":    tokenIssuer,
@@ -209,7 +241,7 @@ func (t *tokenServer) sign(user string, scopes []string) (string, error) {
 	enc := base64.RawURLEncoding
 	signed := enc.EncodeToString(hb) + "." + enc.EncodeToString(cb)
 	sum := sha256.Sum256([]byte(signed))
-	r, s, err := ecdsa.Sign(rand.Reader, t.key, sum[:])
+	r, s, err := ecdsa.Sign(rand.Reader, key, sum[:])
 	if err != nil {
 		return "", err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -60,12 +61,16 @@ func deniedErr(auth prefetch.RegistryAuth) *apiError {
 	return errUnauthorized
 }
 
-// upstreamErr maps an upstream failure for a client to the error it sees.
-func upstreamErr(err error, auth prefetch.RegistryAuth, notFound *apiError) *apiError {
+// upstreamErr maps an upstream failure for a client with auth, asking for
+// registry/repository, to the error it sees. A refusal also forgets what
+// the registry allowed the client in that repository before: access
+// revoked there ends at once for everything cached from it.
+func (m *Mirror) upstreamErr(err error, auth prefetch.RegistryAuth, registry, repository string, notFound *apiError) *apiError {
 	switch {
 	case errors.Is(err, cache.ErrNotFound):
 		return notFound
 	case errors.Is(err, cache.ErrDenied):
+		m.grants.forget(grantPrefix(auth, registry, repository))
 		return deniedErr(auth)
 	}
 	return errUnavailable
@@ -117,14 +122,19 @@ func (m *Mirror) authorize(ctx context.Context, auth prefetch.RegistryAuth, regi
 			m.log.Info("the registry did not confirm a client's access to cached content; not serving it", "registry", registry,
 				"repository", repository, "digest", d, "err", err)
 		}
-		return upstreamErr(err, auth, notFound)
+		return m.upstreamErr(err, auth, registry, repository, notFound)
 	}
 	m.allowed(auth, registry, repository, d)
 	return nil
 }
 
 func grantKey(auth prefetch.RegistryAuth, registry, repository string, d digest.Digest) string {
-	return auth.Key() + "\x00" + registry + "/" + repository + "@" + d.String()
+	return grantPrefix(auth, registry, repository) + d.String()
+}
+
+// grantPrefix begins the keys of the grants to auth in registry/repository.
+func grantPrefix(auth prefetch.RegistryAuth, registry, repository string) string {
+	return auth.Key() + "\x00" + registry + "/" + repository + "@"
 }
 
 // grants are the registry's recent yeses, each good for grantTTL.
@@ -147,6 +157,17 @@ func (g *grants) add(key string) {
 		}
 	}
 	g.until[key] = now.Add(grantTTL)
+}
+
+// forget drops the grants whose keys begin with prefix.
+func (g *grants) forget(prefix string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for k := range g.until {
+		if strings.HasPrefix(k, prefix) {
+			delete(g.until, k)
+		}
+	}
 }
 
 func (g *grants) has(key string) bool {

@@ -110,7 +110,7 @@ func (m *Mirror) blobSize(ctx context.Context, auth prefetch.RegistryAuth, regis
 		if !errors.Is(err, cache.ErrNotFound) && ctx.Err() == nil {
 			m.log.Warn("asking the upstream for a blob's size", "registry", registry, "repository", repository, "digest", d, "err", err)
 		}
-		return 0, upstreamErr(err, auth, errBlobUnknown)
+		return 0, m.upstreamErr(err, auth, registry, repository, errBlobUnknown)
 	}
 	m.known.put(d, knownBlob{Size: size})
 	return size, nil

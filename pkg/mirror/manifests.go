@@ -110,7 +110,7 @@ func (m *Mirror) manifestByTag(w http.ResponseWriter, r *http.Request, registry 
 		return
 	}
 	if errors.Is(err, cache.ErrNotFound) || errors.Is(err, cache.ErrDenied) {
-		aerr := upstreamErr(err, auth, errManifestUnknown)
+		aerr := m.upstreamErr(err, auth, registry, rt.repository, errManifestUnknown)
 		m.m.request(routeManifest, outcomeOf(aerr))
 		aerr.write(w, r)
 		return
@@ -192,7 +192,7 @@ func (m *Mirror) manifestByDigest(w http.ResponseWriter, r *http.Request, regist
 	}
 	mt, body, _, err = m.upstreamManifest(r.Context(), auth, registry, rt.repository, rt.digest.String(), rt.digest)
 	if err != nil {
-		aerr := upstreamErr(err, auth, errManifestUnknown)
+		aerr := m.upstreamErr(err, auth, registry, rt.repository, errManifestUnknown)
 		if aerr == errUnavailable && r.Context().Err() == nil {
 			m.log.Warn("fetching a manifest upstream", "registry", registry, "repository", rt.repository, "digest", rt.digest, "err", err)
 		}
