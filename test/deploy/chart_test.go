@@ -51,6 +51,10 @@ var everything = []string{
 	"agent.metricsPort=19464",
 	"agent.runDir=/tmp/e2e/run/weightd",
 	"agent.fetchAllowCIDRs={127.0.0.1/32,fd00::/8}",
+	"agent.credentialsFor[0].host=registry.example.com:5000",
+	"agent.credentialsFor[0].namespaces={team-a,team-b}",
+	"agent.credentialsFor[1].host=huggingface.co",
+	"agent.credentialsFor[1].namespaces={*}",
 	"agent.extraArgs={--fast-gossip}",
 	"agent.extraEnv[0].name=WEIGHTD_UPLOAD_TCP",
 	"agent.extraEnv[0].value=",
@@ -302,6 +306,7 @@ func TestChartEverything(t *testing.T) {
 		"api":                "unix:///tmp/e2e/run/weightd/weightd.sock",
 		"upload-limit":       "500MiB",
 		"fetch-allow-cidrs":  "127.0.0.1/32,fd00::/8",
+		"agent-credentials":  "registry.example.com:5000=team-a;team-b,huggingface.co=*",
 	} {
 		if cfg[k] != want {
 			t.Errorf("config %s = %#v, want %#v", k, cfg[k], want)
@@ -425,6 +430,8 @@ func TestChartBadValues(t *testing.T) {
 		{[]string{"agent.logFormat=xml"}, "at '/agent/logFormat': value must be one of 'text', 'json'"},
 		{[]string{"agent.config.root=/data"}, "agent.config.root is set by the chart"},
 		{[]string{"agent.fetchAllowCIDRs={metadata.internal}"}, "at '/agent/fetchAllowCIDRs/0'"},
+		{[]string{"agent.credentialsFor[0].host=ghcr.io", "agent.credentialsFor[0].namespaces={Team_A}"}, "at '/agent/credentialsFor/0/namespaces/0'"},
+		{[]string{"agent.credentialsFor[0].host=ghcr.io"}, "at '/agent/credentialsFor/0'"},
 		{[]string{"extender.enabled=true"}, "extender.enabled needs a scheduler that calls it: set extender.scheduler=cluster"},
 		{[]string{"extender.enabled=true", "extender.scheduler=both"}, "at '/extender/scheduler': value must be one of"},
 		{[]string{"monitoring.podMonitor.interval=30"}, "at '/monitoring/podMonitor/interval'"},
