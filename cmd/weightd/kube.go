@@ -92,7 +92,7 @@ func newKube(cfg kubeConfig, node string, queue *prefetch.Queue, store *cache.St
 	pubOpts := []kube.PublisherOption{kube.WithNodeInterval(interval, 6*interval), kube.WithPublisherLogger(kl)}
 	if pool != nil {
 		if len(cfg.WarmServerNamespaces)+len(cfg.WarmSharedNamespaces) == 0 {
-			log.Warn("warm pool on, but no namespace may hold warm servers: set --warm-server-namespaces or --warm-shared-namespaces")
+			log.Info("warm pool on, but no namespace may hold warm servers: set --warm-server-namespaces or --warm-shared-namespaces")
 		}
 		if k.warm, err = kube.NewWarmPods(client, node, pool, kube.WithWarmLogger(kl.With("part", "warm")),
 			kube.WithWarmServerNamespaces(cfg.WarmServerNamespaces...), kube.WithWarmSharedNamespaces(cfg.WarmSharedNamespaces...)); err != nil {
