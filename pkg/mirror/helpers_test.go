@@ -45,8 +45,20 @@ type fakeUpstream struct {
 	down      bool                     // every call fails, not with "not found"
 	gate      chan struct{}            // when set, blob reads stop at gateAt until it is closed
 	gateAt    int64
+	// password, when set, makes the registry private: it gives nothing to
+	// a request without it (the agent's credentials hold it).
+	password string
 
 	manifestCalls, sizeCalls, opens atomic.Int32
+}
+
+// refuses says whether the registry refuses a request with auth; u.mu is
+// held.
+func (u *fakeUpstream) refuses(auth prefetch.RegistryAuth) error {
+	if u.password == "" || auth.Agent && !auth.Own() || auth.Password == u.password {
+		return nil
+	}
+	return fmt.Errorf("401 Unauthorized: %w", cache.ErrDenied)
 }
 
 type fakeManifest struct {
@@ -70,12 +82,15 @@ func (u *fakeUpstream) setDown(down bool) {
 
 var errDown = fmt.Errorf("connection refused")
 
-func (u *fakeUpstream) Manifest(ctx context.Context, _ prefetch.RegistryAuth, registry, repository, reference string) (string, []byte, digest.Digest, error) {
+func (u *fakeUpstream) Manifest(ctx context.Context, auth prefetch.RegistryAuth, registry, repository, reference string) (string, []byte, digest.Digest, error) {
 	u.manifestCalls.Add(1)
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.down {
 		return "", nil, "", errDown
+	}
+	if err := u.refuses(auth); err != nil {
+		return "", nil, "", err
 	}
 	m, ok := u.manifests[registry+"/"+repository+"@"+reference]
 	if !ok {
@@ -84,12 +99,15 @@ func (u *fakeUpstream) Manifest(ctx context.Context, _ prefetch.RegistryAuth, re
 	return m.mediaType, m.body, digest.FromBytes(m.body), nil
 }
 
-func (u *fakeUpstream) BlobSize(ctx context.Context, _ prefetch.RegistryAuth, registry, repository string, d digest.Digest) (int64, error) {
+func (u *fakeUpstream) BlobSize(ctx context.Context, auth prefetch.RegistryAuth, registry, repository string, d digest.Digest) (int64, error) {
 	u.sizeCalls.Add(1)
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.down {
 		return 0, errDown
+	}
+	if err := u.refuses(auth); err != nil {
+		return 0, err
 	}
 	b, ok := u.blobs[d]
 	if !ok {
@@ -98,13 +116,16 @@ func (u *fakeUpstream) BlobSize(ctx context.Context, _ prefetch.RegistryAuth, re
 	return int64(len(b)), nil
 }
 
-func (u *fakeUpstream) BlobOpener(_ prefetch.RegistryAuth, registry, repository string, desc cache.Descriptor) cache.RangeOpener {
+func (u *fakeUpstream) BlobOpener(auth prefetch.RegistryAuth, registry, repository string, desc cache.Descriptor) cache.RangeOpener {
 	return openerFunc(func(ctx context.Context, off int64) (io.ReadCloser, error) {
 		u.opens.Add(1)
 		u.mu.Lock()
 		defer u.mu.Unlock()
 		if u.down {
 			return nil, errDown
+		}
+		if err := u.refuses(auth); err != nil {
+			return nil, err
 		}
 		b, ok := u.blobs[desc.Digest]
 		if lie, lying := u.lies[desc.Digest]; lying {

@@ -25,6 +25,8 @@ const maxManifest = 4 << 20
 const (
 	mediaTypeOCIManifest = "application/vnd.oci.image.manifest.v1+json"
 	mediaTypeOCIIndex    = "application/vnd.oci.image.index.v1+json"
+	// mediaTypeDockerManifest is an index's entry for a Docker image.
+	mediaTypeDockerManifest = "application/vnd.docker.distribution.manifest.v2+json"
 )
 
 // mediaTypeRE is what a media type must look like to become a header.
@@ -149,9 +151,10 @@ func (m *Mirror) manifestByTag(w http.ResponseWriter, r *http.Request, registry 
 
 // publishChildren marks the manifest d of a public tag, and what it names,
 // public: the registry gave it without credentials, and a registry keeps
-// the blobs of a manifest in its repository. Only the outage fallback does
-// this, so that a restarted agent still serves a public image's layers
-// while the registry is down.
+// the blobs of a manifest in its repository. An index's manifests in the
+// cache have theirs marked too. Only the outage fallback does this, so that
+// a restarted agent still serves a public image's layers while the
+// registry is down.
 func (m *Mirror) publishChildren(d digest.Digest, body []byte) {
 	m.public.add(d)
 	_, children, err := parseManifest(body)
@@ -159,8 +162,21 @@ func (m *Mirror) publishChildren(d digest.Digest, body []byte) {
 		return
 	}
 	for _, c := range children {
-		if cache.ValidateDigest(c.Digest) == nil {
-			m.public.add(c.Digest)
+		if cache.ValidateDigest(c.Digest) != nil {
+			continue
+		}
+		m.public.add(c.Digest)
+		if c.MediaType != mediaTypeOCIManifest && c.MediaType != mediaTypeDockerManifest {
+			continue
+		}
+		if cb, _, err := m.cachedManifest(c.Digest); err == nil {
+			if _, grand, err := parseManifest(cb); err == nil {
+				for _, g := range grand {
+					if cache.ValidateDigest(g.Digest) == nil {
+						m.public.add(g.Digest)
+					}
+				}
+			}
 		}
 	}
 }
