@@ -165,8 +165,10 @@ func (p *peering) blobSource(desc cache.Descriptor, upstream cache.RangeOpener) 
 
 // sharedResolve resolves a pinned reference once for the cluster (see
 // p2p.Swarm.SharedResolve) and remembers the answer for the peers that ask.
-// The source checks the model it gets.
-func (p *peering) sharedResolve(ctx context.Context, pinned prefetch.Ref, resolve func(context.Context) (cache.Model, error)) (cache.Model, error) {
+// accept, the source's, checks a peer's answer.
+func (p *peering) sharedResolve(ctx context.Context, pinned prefetch.Ref, resolve func(context.Context) (cache.Model, error),
+	accept func(cache.Model) error,
+) (cache.Model, error) {
 	key := pinned.String()
 	own := func(ctx context.Context) (cache.Model, error) {
 		m, err := resolve(ctx)
@@ -178,7 +180,7 @@ func (p *peering) sharedResolve(ctx context.Context, pinned prefetch.Ref, resolv
 	if len(p.membership.Members()) == 0 {
 		return own(ctx)
 	}
-	return p.swarm.SharedResolve(ctx, key, own, func(cache.Model) error { return nil })
+	return p.swarm.SharedResolve(ctx, key, own, accept)
 }
 
 type swarmSource struct {

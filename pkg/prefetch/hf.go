@@ -283,25 +283,27 @@ func (s *HFSource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 	if s.shared == nil || s.distrusted(ref.Repository, commit) {
 		return s.resolveAt(ctx, ref.Repository, commit)
 	}
-	// The listing at a commit never changes: resolve it once for the cluster.
-	var own *Resolution
+	// The listing at a commit never changes: resolve it once for the
+	// cluster, taking another node's answer only as the hub confirms it.
+	var (
+		own     *Resolution
+		confirm hubConfirmation
+	)
 	m, err := s.shared(ctx, Ref{Kind: KindHF, Repository: ref.Repository, Revision: commit}, func(ctx context.Context) (cache.Model, error) {
-		res, err := s.resolveAt(ctx, ref.Repository, commit)
+		res, err := confirm.resolve(ctx, s, ref.Repository, commit)
 		if err != nil {
 			return cache.Model{}, err
 		}
 		own = res
 		return res.Model, nil
-	})
+	}, func(m cache.Model) error { return confirm.check(ctx, s, ref.Repository, commit, m) })
 	switch {
 	case err != nil:
 		return nil, err
 	case own != nil:
 		return own, nil
-	case m.Name != ref.Repository || m.Revision != commit || m.Validate() != nil:
-		return s.resolveAt(ctx, ref.Repository, commit) // another model: not used
 	}
-	return s.confirm(ctx, m)
+	return confirm.resolution(s, m), nil
 }
 
 // resolveAt lists the repository's files at a commit, reads the small ones

@@ -28,7 +28,7 @@ func TestHFSharedResolve(t *testing.T) {
 
 	// The first node resolves for the cluster.
 	var shared cache.Model
-	first := hfSource(t, hub.URL, prefetch.WithHFShared(func(ctx context.Context, pinned prefetch.Ref, resolve func(context.Context) (cache.Model, error)) (cache.Model, error) {
+	first := hfSource(t, hub.URL, prefetch.WithHFShared(func(ctx context.Context, pinned prefetch.Ref, resolve func(context.Context) (cache.Model, error), _ func(cache.Model) error) (cache.Model, error) {
 		assert.Equal(t, "hf://org/model@"+commit, pinned.String(), "the shared key is the commit")
 		m, err := resolve(ctx)
 		shared = m
@@ -39,9 +39,7 @@ func TestHFSharedResolve(t *testing.T) {
 	treeCalls, fileReads := hub.Stats().Requests[hubtest.RouteTree], hub.Stats().Requests[hubtest.RouteResolve]
 
 	// The second takes its answer.
-	second := hfSource(t, hub.URL, prefetch.WithHFShared(func(context.Context, prefetch.Ref, func(context.Context) (cache.Model, error)) (cache.Model, error) {
-		return shared, nil
-	}))
+	second := hfSource(t, hub.URL, prefetch.WithHFShared(fromPeer(t, shared, true)))
 	res, err := hfResolve(t, second, "hf://org/model@main")
 	require.NoError(t, err)
 	assert.Equal(t, treeCalls+1, hub.Stats().Requests[hubtest.RouteTree], "the listing is asked of the hub once, to check")
@@ -57,9 +55,7 @@ func TestHFSharedResolve(t *testing.T) {
 	wrongFiles := shared
 	wrongFiles.Files = shared.Files[1:]
 	for _, wrong := range []cache.Model{wrongCommit, wrongFiles} {
-		third := hfSource(t, hub.URL, prefetch.WithHFShared(func(context.Context, prefetch.Ref, func(context.Context) (cache.Model, error)) (cache.Model, error) {
-			return wrong, nil
-		}))
+		third := hfSource(t, hub.URL, prefetch.WithHFShared(fromPeer(t, wrong, false)))
 		res, err = hfResolve(t, third, "hf://org/model@main")
 		require.NoError(t, err)
 		assert.Equal(t, shared.Files, res.Model.Files)
@@ -81,7 +77,7 @@ func TestHFSharedResolveSmallFileLie(t *testing.T) {
 	hub.AddRepo("org/model", map[string]hubtest.Content{"config.json": hubtest.String(honest)})
 
 	var shared cache.Model
-	_, err := hfResolve(t, hfSource(t, hub.URL, prefetch.WithHFShared(func(ctx context.Context, _ prefetch.Ref, resolve func(context.Context) (cache.Model, error)) (cache.Model, error) {
+	_, err := hfResolve(t, hfSource(t, hub.URL, prefetch.WithHFShared(func(ctx context.Context, _ prefetch.Ref, resolve func(context.Context) (cache.Model, error), _ func(cache.Model) error) (cache.Model, error) {
 		m, err := resolve(ctx)
 		shared = m
 		return m, err
@@ -90,9 +86,7 @@ func TestHFSharedResolveSmallFileLie(t *testing.T) {
 	lie := shared
 	lie.Files = []cache.File{{Path: "config.json", Descriptor: cache.Descriptor{Digest: digest.FromString(evil), Size: int64(len(evil))}}}
 
-	src := hfSource(t, hub.URL, prefetch.WithHFShared(func(context.Context, prefetch.Ref, func(context.Context) (cache.Model, error)) (cache.Model, error) {
-		return lie, nil
-	}))
+	src := hfSource(t, hub.URL, prefetch.WithHFShared(fromPeer(t, lie, true)))
 	store := hfStore(t)
 	_, err = store.Fetch(t.Context(), lie.Files[0].Descriptor, cache.Bytes([]byte(evil)), nil) // there from another fetch
 	require.NoError(t, err)
@@ -108,4 +102,22 @@ func TestHFSharedResolveSmallFileLie(t *testing.T) {
 	dir, err := hfFetch(t, store, res)
 	require.NoError(t, err)
 	checkDir(t, dir, map[string]hubtest.Content{"config.json": hubtest.String(honest)})
+}
+
+// fromPeer is a SharedResolver whose peer answers m, as p2p.Swarm's: m if
+// the source accepts it, else the source's own resolution. accepted is
+// whether the source must accept it.
+func fromPeer(t *testing.T, m cache.Model, accepted bool) prefetch.SharedResolver {
+	return func(ctx context.Context, _ prefetch.Ref, resolve func(context.Context) (cache.Model, error), accept func(cache.Model) error) (cache.Model, error) {
+		err := accept(m)
+		if accepted {
+			assert.NoError(t, err, "the source refused the peer's answer")
+		} else {
+			assert.Error(t, err, "the source accepted the peer's answer")
+		}
+		if err != nil {
+			return resolve(ctx)
+		}
+		return m, nil
+	}
 }

@@ -15,24 +15,54 @@ import (
 // resolved by another node.
 const maxDistrusted = 1024
 
-// confirm checks a listing another node resolved (m, already of the right
-// repository and commit) against the hub's own listing at that commit: the
-// same paths, an LFS file's sha256 and size as the hub lists them, a file
-// stored in git of the size listed. The hub names a file stored in git only
-// by its git blob id, so its sha256 from the other node is checked by the
-// resolution's Verify, once its bytes are in the store. A listing that does
-// not match is not used: the model is resolved from the hub's listing.
-// Reading the listing is one request (a page per thousand files); what
-// sharing saves is reading the small files of every model on every node.
-func (s *HFSource) confirm(ctx context.Context, m cache.Model) (*Resolution, error) {
-	entries, err := s.list(ctx, m.Name, m.Revision)
-	if err != nil {
-		return nil, err
+// hubConfirmation checks listings other nodes resolved against the hub's
+// own listing at their commit: the same paths, an LFS file's sha256 and size
+// as the hub lists them, a file stored in git of the size listed. The hub
+// names a file stored in git only by its git blob id, so its sha256 from the
+// other node is checked by the resolution's Verify, once its bytes are in
+// the store. Reading the listing is one request (a page per thousand files);
+// what sharing saves is reading the small files of every model on every
+// node. The hub's listing, once read, also serves this node's own
+// resolution. It is used by one goroutine at a time.
+type hubConfirmation struct {
+	listing []hfTreeEntry     // the hub's, once read
+	inGit   map[string]string // of the accepted model: git blob id by path
+}
+
+// check is SharedResolver's accept: m must be the hub's listing of repo at
+// commit.
+func (c *hubConfirmation) check(ctx context.Context, s *HFSource, repo, commit string, m cache.Model) error {
+	if m.Name != repo || m.Revision != commit {
+		return fmt.Errorf("%w: resolved as %s@%s, not %s@%s", cache.ErrInvalid, m.Name, m.Revision, repo, commit)
 	}
-	inGit, err := matchListing(m, entries)
-	if err != nil {
-		return s.resolveListing(ctx, m.Name, m.Revision, entries)
+	if c.listing == nil {
+		entries, err := s.list(ctx, repo, commit)
+		if err != nil {
+			return fmt.Errorf("reading the hub's listing to check it: %w", err)
+		}
+		c.listing = entries
 	}
+	inGit, err := matchListing(m, c.listing)
+	if err != nil {
+		return fmt.Errorf("not the hub's listing of %s@%s: %w", repo, commit, err)
+	}
+	c.inGit = inGit
+	return nil
+}
+
+// resolve resolves repo at commit from the hub, with its listing if check
+// read it.
+func (c *hubConfirmation) resolve(ctx context.Context, s *HFSource, repo, commit string) (*Resolution, error) {
+	if c.listing == nil {
+		return s.resolveAt(ctx, repo, commit)
+	}
+	return s.resolveListing(ctx, repo, commit, c.listing)
+}
+
+// resolution is the resolution of m, which check accepted: every file read
+// from the hub at its commit, the files stored in git verified once stored.
+func (c *hubConfirmation) resolution(s *HFSource, m cache.Model) *Resolution {
+	inGit := c.inGit
 	res := &Resolution{Model: m, Blobs: make(map[digest.Digest]cache.RangeOpener, len(m.Files))}
 	for _, f := range m.Files {
 		if _, ok := res.Blobs[f.Digest]; !ok {
@@ -48,7 +78,7 @@ func (s *HFSource) confirm(ctx context.Context, m cache.Model) (*Resolution, err
 			return nil
 		}
 	}
-	return res, nil
+	return res
 }
 
 // distrusted says whether a listing of repo at commit from another node

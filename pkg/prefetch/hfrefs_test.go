@@ -96,7 +96,7 @@ func TestHFSharedListingCarriesNoRef(t *testing.T) {
 	commit := repo.Resolve("main")
 
 	var shared cache.Model
-	first := hfSource(t, hub.URL, prefetch.WithHFShared(func(ctx context.Context, _ prefetch.Ref, resolve func(context.Context) (cache.Model, error)) (cache.Model, error) {
+	first := hfSource(t, hub.URL, prefetch.WithHFShared(func(ctx context.Context, _ prefetch.Ref, resolve func(context.Context) (cache.Model, error), _ func(cache.Model) error) (cache.Model, error) {
 		m, err := resolve(ctx)
 		shared = m
 		return m, err
@@ -109,9 +109,7 @@ func TestHFSharedListingCarriesNoRef(t *testing.T) {
 	// A peer's answer that names a ref is taken for its files only.
 	peer := shared
 	peer.Ref = "evil"
-	second := hfSource(t, hub.URL, prefetch.WithHFShared(func(context.Context, prefetch.Ref, func(context.Context) (cache.Model, error)) (cache.Model, error) {
-		return peer, nil
-	}))
+	second := hfSource(t, hub.URL, prefetch.WithHFShared(fromPeer(t, peer, true)))
 	for ref, want := range map[string]string{"hf://org/model@main": "main", "hf://org/model@" + commit: ""} {
 		res, err := hfResolve(t, second, ref)
 		require.NoError(t, err)

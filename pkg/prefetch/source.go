@@ -97,9 +97,11 @@ type ImageBlob struct {
 }
 
 // SharedResolver resolves a pinned reference once for a group of nodes: it
-// calls resolve (this node asks the origin) or returns the model another
-// node resolved. Peers implement it (p2p.Swarm.SharedResolve).
-type SharedResolver func(ctx context.Context, pinned Ref, resolve func(context.Context) (cache.Model, error)) (cache.Model, error)
+// returns the model another node resolved if accept approves it, and calls
+// resolve (this node asks the origin) otherwise. Peers implement it
+// (p2p.Swarm.SharedResolve, which names a peer whose answer accept refuses).
+type SharedResolver func(ctx context.Context, pinned Ref, resolve func(context.Context) (cache.Model, error),
+	accept func(cache.Model) error) (cache.Model, error)
 
 // Sources sends each reference to the source registered for its kind.
 type Sources map[Kind]Source
