@@ -100,7 +100,7 @@ func newWarmPool(cfg warmConfig, root string, queue *prefetch.Queue, store *cach
 type adapterFetcher struct{ q *prefetch.Queue }
 
 func (f adapterFetcher) Fetch(ctx context.Context, ref string) (string, error) {
-	j, err := submitAndWait(ctx, f.q, ref, prefetch.PriorityPod)
+	j, err := submitAndWait(ctx, f.q, ref, prefetch.PriorityPod, prefetch.ForNamespace(prefetch.Requester(ctx)))
 	if err != nil {
 		return "", err
 	}
@@ -109,8 +109,8 @@ func (f adapterFetcher) Fetch(ctx context.Context, ref string) (string, error) {
 
 // submitAndWait submits ref and waits for its job; a reference that does
 // not parse is an api.ErrBadRequest.
-func submitAndWait(ctx context.Context, q *prefetch.Queue, ref string, p prefetch.Priority) (*prefetch.Job, error) {
-	j, err := q.Submit(ref, p)
+func submitAndWait(ctx context.Context, q *prefetch.Queue, ref string, p prefetch.Priority, opts ...prefetch.SubmitOption) (*prefetch.Job, error) {
+	j, err := q.Submit(ref, p, opts...)
 	if errors.Is(err, cache.ErrInvalid) {
 		return nil, fmt.Errorf("%w: %w", api.ErrBadRequest, err)
 	}

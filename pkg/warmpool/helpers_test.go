@@ -16,6 +16,7 @@ import (
 
 	"github.com/weightd/weightd/internal/loratest"
 	"github.com/weightd/weightd/pkg/api"
+	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/warmpool/engine"
 )
 
@@ -26,10 +27,16 @@ const testBase = "hf://org/base@main"
 type dirFetcher struct {
 	root  string
 	calls atomic.Int32
+
+	mu         sync.Mutex
+	requesters []string // prefetch.Requester of each fetch
 }
 
-func (f *dirFetcher) Fetch(_ context.Context, ref string) (string, error) {
+func (f *dirFetcher) Fetch(ctx context.Context, ref string) (string, error) {
 	f.calls.Add(1)
+	f.mu.Lock()
+	f.requesters = append(f.requesters, prefetch.Requester(ctx))
+	f.mu.Unlock()
 	name, ok := strings.CutPrefix(ref, "test://")
 	if !ok {
 		return "", fmt.Errorf("%w: reference %q: not test://", api.ErrBadRequest, ref)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/lora"
+	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/warmpool/engine"
 )
 
@@ -24,8 +25,10 @@ import (
 // with its prefetch queue (cache and swarm).
 type Fetcher interface {
 	// Fetch fetches the adapter at ref and returns the directory holding
-	// its files (adapter_config.json, the safetensors weights). An
-	// unparsable reference is an error wrapping api.ErrBadRequest.
+	// its files (adapter_config.json, the safetensors weights). ctx names
+	// the pod's namespace the fetch is for (prefetch.Requester), which
+	// decides whether the agent's credentials go on it. An unparsable
+	// reference is an error wrapping api.ErrBadRequest.
 	Fetch(ctx context.Context, ref string) (dir string, err error)
 }
 
@@ -449,7 +452,7 @@ func (p *Pool) sortedLocked() []*server {
 // the least recently used adapter if it must), loads it and verifies that
 // the server lists it. The caller holds the adapter's flight.
 func (p *Pool) load(ctx context.Context, owner string, req api.AdapterRequest, name string, start time.Time) (api.AdapterAnswer, error) {
-	dir, err := p.cfg.Fetcher.Fetch(ctx, req.Ref)
+	dir, err := p.cfg.Fetcher.Fetch(prefetch.WithRequester(ctx, req.Namespace), req.Ref)
 	if err != nil {
 		return api.AdapterAnswer{}, fmt.Errorf("fetching adapter %s: %w", req.Ref, err)
 	}

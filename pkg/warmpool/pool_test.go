@@ -522,6 +522,11 @@ func TestEnsureNamespaces(t *testing.T) {
 	if ans, err := ensure("team-b", "b"); err != nil || ans.Server != "inference/warm" {
 		t.Fatalf("team-b: %+v, %v; want the shared server", ans, err)
 	}
+	f.fetch.mu.Lock()
+	if got := f.fetch.requesters; len(got) != 1 || got[0] != "team-b" {
+		t.Errorf("fetches on behalf of %q, want [team-b]: the agent's credentials follow the pod's namespace", got)
+	}
+	f.fetch.mu.Unlock()
 	// The shared server's one slot holds b (evictable): team-c is served
 	// there too, never by team-a's server with its free slots.
 	if ans, err := ensure("team-c", "c"); err != nil || ans.Server != "inference/warm" {
