@@ -138,7 +138,9 @@ type basePinner struct {
 }
 
 func (b *basePinner) Keep(ctx context.Context, s warmpool.ServerSpec) error {
-	j, err := submitAndWait(ctx, b.queue, s.Base, prefetch.PriorityNormal)
+	// On behalf of the server pod's namespace: its base is what it named.
+	ns, _, _ := strings.Cut(s.Pod, "/")
+	j, err := submitAndWait(ctx, b.queue, s.Base, prefetch.PriorityNormal, prefetch.ForNamespace(ns))
 	if err != nil {
 		return fmt.Errorf("fetching base %s: %w", s.Base, err)
 	}
