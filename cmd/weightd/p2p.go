@@ -192,10 +192,13 @@ type swarmSource struct {
 func (s swarmSource) Resolve(ctx context.Context, ref prefetch.Ref) (*prefetch.Resolution, error) {
 	res, err := s.inner.Resolve(ctx, ref)
 	switch {
-	case err == nil && res.Verify == nil:
+	case err == nil && res.Verify == nil && res.Image == nil && len(res.Packed) == 0:
+		// Remembered, to serve peers and to resolve it again while the
+		// origin is down: a verified model that is just its files.
 		s.p.resolutions.Put(ref.String(), res.Model)
 	case err == nil:
-		// Not verified yet (a peer's listing): not remembered, nor served.
+		// Not remembered: not verified yet (a peer's listing), or more
+		// than its files (an image, packed layers).
 	default:
 		if res, err = s.resolveFromPeers(ctx, ref, err); err != nil {
 			return nil, err
