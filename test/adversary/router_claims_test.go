@@ -88,7 +88,11 @@ func TestRouterClaimsForUnknownMembers(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- agent.Run(ctx) }()
 	t.Cleanup(func() { <-done })
-	<-agent.Ready()
+	select {
+	case <-agent.Ready():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the agent's gossip never came up")
+	}
 
 	cfg := memberlist.DefaultLANConfig()
 	cfg.Name, cfg.BindAddr, cfg.BindPort, cfg.AdvertisePort = "attacker", "127.0.0.1", 0, 0
