@@ -23,15 +23,20 @@
 //
 //	{"bench":"swarm","mode":"simultaneous","nodes":N,"size_bytes":S,"link_mbit":B,
 //	 "limit_s":S*8/(B*1e6),"first_s":…,"p50_s":…,"last_s":…,"time_ratio":last_s/limit_s,
-//	 "origin_ratio":origin_bytes/S,"naive_last_s":…,"speedup_vs_naive":naive_last_s/last_s}
+//	 "origin_ratio":origin_bytes/S,"naive_last_s":…,"speedup_vs_naive":naive_last_s/last_s,
+//	 "tls":true,"agent_cpu_s":…}
 //
-// naive_last_s and speedup_vs_naive are null with -naive=false. A fetch that
+// naive_last_s and speedup_vs_naive are null with -naive=false. The agents
+// talk mutual TLS, as the chart sets them up; -tls=off has them share
+// over plain HTTP, for what TLS costs (agent_cpu_s: the CPU time all agents
+// used over the mode, the victim of churn left out). A fetch that
 // fails makes the bench exit non-zero. Everything (namespaces, processes,
 // the temporary directory) is removed at the end and on SIGINT or SIGTERM;
 // a second signal exits at once, and the next run removes what is left.
 //
 //	go run ./bench/swarm -quick     # 4 nodes, 64 MiB, 200 Mbit/s: under a minute
 //	go run ./bench/swarm            # 8 nodes, 512 MiB, 100 Mbit/s: the issue's figures
+//	go run ./bench/swarm -tls=off   # the same over plain HTTP
 package main
 
 import (
@@ -74,6 +79,7 @@ type options struct {
 	naive     bool
 	weightd   string
 	agentArgs string // more flags for every agent
+	tls       string // "on": peers talk mutual TLS (as the chart sets them up); "off": plain HTTP
 }
 
 // result is one line of output.
@@ -91,6 +97,8 @@ type result struct {
 	OriginRatio    float64  `json:"origin_ratio"`
 	NaiveLastS     *float64 `json:"naive_last_s"`
 	SpeedupVsNaive *float64 `json:"speedup_vs_naive"`
+	TLS            bool     `json:"tls"`
+	AgentCPUS      float64  `json:"agent_cpu_s"`
 }
 
 func main() {
@@ -112,6 +120,7 @@ func main() {
 	flag.BoolVar(&o.naive, "naive", true, "measure the naive baseline (every host downloads from the origin)")
 	flag.StringVar(&o.weightd, "weightd", "", "weightd binary (default: go build ./cmd/weightd into the temporary directory)")
 	flag.StringVar(&o.agentArgs, "agent-args", "", "more flags for every agent, space-separated (tuning experiments)")
+	flag.StringVar(&o.tls, "tls", "on", "on: the agents talk mutual TLS with a CA of the bench's, as the chart sets them up; off: plain HTTP (--peer-insecure), to measure what TLS costs")
 	flag.BoolVar(&quick, "quick", false, "a run of under a minute: 4 nodes, 64 MiB, 200 Mbit/s unless set otherwise")
 	flag.StringVar(&serveDir, "serve-origin", "", "internal: serve this directory as the origin (in the origin host)")
 	flag.StringVar(&listen, "listen", "", "internal: the origin's address")
@@ -155,6 +164,8 @@ func (o options) validate() error {
 		return fmt.Errorf("-link-mbit %d: want at least 1", o.linkMbit)
 	case o.chunkMiB < 1:
 		return fmt.Errorf("-chunk-mib %d: want at least 1", o.chunkMiB)
+	case o.tls != "on" && o.tls != "off":
+		return fmt.Errorf("-tls %q: want on or off", o.tls)
 	}
 	for _, m := range o.modes {
 		if !slices.Contains(modes, m) {
@@ -355,7 +366,8 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 	defer os.RemoveAll(dir)
 	syscall.Sync() // the previous phase's write-back must not slow this one
 
-	agents, err := benchnet.StartAgents(ctx, b.hosts, benchnet.AgentConfig{Bin: b.weightd, Dir: dir, ChunkMiB: b.chunkMiB, Extra: strings.Fields(b.agentArgs)})
+	agents, err := benchnet.StartAgents(ctx, b.hosts, benchnet.AgentConfig{Bin: b.weightd, Dir: dir, ChunkMiB: b.chunkMiB,
+		Extra: strings.Fields(b.agentArgs), PlainPeers: b.tls == "off"})
 	if err != nil {
 		return result{}, err
 	}
@@ -412,6 +424,8 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 		LastS:       round(secs[len(secs)-1]),
 		TimeRatio:   round(secs[len(secs)-1] / limit),
 		OriginRatio: round(float64(after-before) / float64(b.size)),
+		TLS:         b.tls == "on",
+		AgentCPUS:   round(cpu1.agentSeconds(cpu0, victim)),
 	}
 	log.Printf("%s: %s; origin sent %.2f × S", mode, describe(agents.List, took, victim), r.OriginRatio)
 	log.Printf("%s: %s", mode, cpu1.since(cpu0, victim))
@@ -449,14 +463,20 @@ func sampleCPU(agents []*benchnet.Agent, skip int) (cpuSample, error) {
 func (s cpuSample) since(s0 cpuSample, skip int) string {
 	wall := s.at.Sub(s0.at).Seconds()
 	cores := float64(runtime.NumCPU())
+	agents := s.agentSeconds(s0, skip)
+	return fmt.Sprintf("over %.1fs the agents used %.1f CPU-seconds (%.0f%% of %d cores), the machine was %.0f%% busy",
+		wall, agents, 100*agents/wall/cores, int(cores), 100*(s.machine-s0.machine).Seconds()/wall/cores)
+}
+
+// agentSeconds is the CPU time the agents but skip used from s0 to s.
+func (s cpuSample) agentSeconds(s0 cpuSample, skip int) float64 {
 	var agents time.Duration
 	for i := range s.agents {
 		if i != skip {
 			agents += s.agents[i] - s0.agents[i]
 		}
 	}
-	return fmt.Sprintf("over %.1fs the agents used %.1f CPU-seconds (%.0f%% of %d cores), the machine was %.0f%% busy",
-		wall, agents.Seconds(), 100*agents.Seconds()/wall/cores, int(cores), 100*(s.machine-s0.machine).Seconds()/wall/cores)
+	return agents.Seconds()
 }
 
 // describe lists each agent's time, for the log.

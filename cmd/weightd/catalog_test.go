@@ -15,6 +15,7 @@ import (
 	"github.com/weightd/weightd/internal/metricscatalog/catalog"
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/nvml/nvmltest"
+	"github.com/weightd/weightd/pkg/peertls"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -40,9 +41,14 @@ func TestMetricsInCatalogue(t *testing.T) {
 	url, _ := startOrigin(t, 2, 2<<20)
 	dir := shortTempDir(t)
 	addr := "unix://" + filepath.Join(dir, "api.sock")
+	ca, err := peertls.WriteCA(dir, "catalog test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
 	a, err := newAgent(agentConfig{
 		Root: filepath.Join(dir, "cache"), API: addr, ChunkSize: 1 << 20, MaxJobs: 2, ShutdownTimeout: 5 * time.Second,
-		p2pConfig:    p2pConfig{GossipAddr: "127.0.0.1:0", ChunkAddr: "127.0.0.1:0", OriginFetchers: 1, MaxUploads: 4, FastGossip: true},
+		p2pConfig: p2pConfig{GossipAddr: "127.0.0.1:0", ChunkAddr: "127.0.0.1:0", OriginFetchers: 1, MaxUploads: 4, FastGossip: true,
+			PeerCAFile: ca.CA, PeerCAKeyFile: ca.Key},
 		mirrorConfig: mirrorConfig{MirrorAddr: "127.0.0.1:0", MirrorRegistries: []string{"registry.invalid"}},
 		// The origin listens on loopback.
 		sourcesConfig: sourcesConfig{FetchAllowCIDRs: []string{"127.0.0.0/8"}},

@@ -54,7 +54,7 @@ agent:
 	defaults := agentCmd{agentConfig: agentConfig{
 		Root: "/var/lib/weightd", API: defaultAPI, MetricsAddr: "127.0.0.1:9464", ChunkSize: 16 << 20,
 		BudgetPercent: 80, MinFreePercent: cache.DefaultMinFreePercent, MaxJobs: 2, ShutdownTimeout: 15 * time.Second, ModelLabels: 50, ProcRoot: "/proc",
-		p2pConfig:       p2pConfig{GossipAddr: ":7946", ChunkAddr: ":7947", OriginFetchers: 2, MaxUploads: 6, UploadTCP: "cubic"},
+		p2pConfig:       p2pConfig{GossipAddr: ":7946", ChunkAddr: ":7947", OriginFetchers: 2, MaxUploads: 6, UploadTCP: "cubic", PeerCertLifetime: 24 * time.Hour},
 		sourcesConfig:   sourcesConfig{HFEndpoint: "https://huggingface.co"},
 		importConfig:    importConfig{ContainerdNamespace: "k8s.io", Snapshotter: "overlayfs"},
 		loadTraceConfig: loadTraceConfig{LoadTrace: true, CgroupRoot: "/sys/fs/cgroup"},

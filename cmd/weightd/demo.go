@@ -20,6 +20,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/origin"
+	"github.com/weightd/weightd/pkg/peertls"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -141,9 +142,22 @@ func (c *demoCmd) Run(e *env) (err error) {
 		return fmt.Errorf("listening for the origin: %w", err)
 	}
 	org := origin.NewServer(ln, originDir)
+	// The agents talk mutual TLS, as in a cluster, with a CA of the demo's.
+	var ca peertls.Files
+	if c.Agents > 1 {
+		caDir := filepath.Join(dir, demoCADir)
+		err = os.MkdirAll(caDir, 0o700)
+		if err == nil {
+			ca, err = peertls.WriteCA(caDir, "weightd demo CA")
+		}
+		if err != nil {
+			ln.Close()
+			return err
+		}
+	}
 	// The first agent runs before the others are built: they join it at its
 	// gossip address, known once its gossip is up.
-	first, err := c.newDemoAgent(dir, 0, nil, log)
+	first, err := c.newDemoAgent(dir, 0, nil, ca, log)
 	if err != nil {
 		ln.Close()
 		return err
@@ -166,7 +180,7 @@ func (c *demoCmd) Run(e *env) (err error) {
 				return err
 			}
 			for i := 1; i < c.Agents; i++ {
-				a, err := c.newDemoAgent(dir, i, []string{join}, log)
+				a, err := c.newDemoAgent(dir, i, []string{join}, ca, log)
 				if err != nil {
 					return err
 				}
@@ -189,12 +203,16 @@ func (c *demoCmd) Run(e *env) (err error) {
 	return g.Wait()
 }
 
+// demoCADir is where in its directory the demo keeps its agents' peer CA.
+const demoCADir = "peer-ca"
+
 // demoNodeName names the demo's i-th agent: demo-a, demo-b, …
 func demoNodeName(i int) string { return "demo-" + string(rune('a'+i)) }
 
 // newDemoAgent builds the i-th agent in dir/<its name>, sharing on loopback
-// through the peers in join when the demo has more than one agent.
-func (c *demoCmd) newDemoAgent(dir string, i int, join []string, log *slog.Logger) (*demoAgent, error) {
+// through the peers in join, over mutual TLS with ca, when the demo has
+// more than one agent.
+func (c *demoCmd) newDemoAgent(dir string, i int, join []string, ca peertls.Files, log *slog.Logger) (*demoAgent, error) {
 	d := &demoAgent{name: demoNodeName(i), dir: filepath.Join(dir, demoNodeName(i))}
 	d.api = "unix://" + filepath.Join(d.dir, "weightd.sock")
 	cfg := agentConfig{
@@ -223,6 +241,8 @@ func (c *demoCmd) newDemoAgent(dir string, i int, join []string, log *slog.Logge
 			OriginFetchers: 2,
 			MaxUploads:     4,
 			MaxPeerUploads: 4, // every agent comes from 127.0.0.1: one address is every peer
+			PeerCAFile:     ca.CA,
+			PeerCAKeyFile:  ca.Key,
 		}
 	}
 	var err error
@@ -261,7 +281,7 @@ func (c *demoCmd) workDir() (string, func() error, error) {
 		return "", nil, err
 	}
 	return c.Dir, func() error {
-		errs := []error{os.RemoveAll(filepath.Join(c.Dir, "origin"))}
+		errs := []error{os.RemoveAll(filepath.Join(c.Dir, "origin")), os.RemoveAll(filepath.Join(c.Dir, demoCADir))}
 		for i := range c.Agents {
 			errs = append(errs, os.RemoveAll(filepath.Join(c.Dir, demoNodeName(i))))
 		}

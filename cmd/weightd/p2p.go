@@ -19,6 +19,7 @@ import (
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/p2p"
+	"github.com/weightd/weightd/pkg/peertls"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -39,6 +40,37 @@ type p2pConfig struct {
 	MaxPeerUploads int      `help:"Chunk uploads served at once to one peer address, so that slow or hostile clients cannot hold them all; 0 for half of --max-uploads, rounded up." default:"0" env:"WEIGHTD_MAX_PEER_UPLOADS"`
 	UploadTCP      string   `help:"TCP congestion control of uploads to peers (cubic shares switch ports among many flows; BBRv1 floods them); empty for the node's default." default:"cubic" env:"WEIGHTD_UPLOAD_TCP"`
 	FastGossip     bool     `help:"Short gossip intervals, for small clusters on one LAN and tests." env:"WEIGHTD_FAST_GOSSIP"`
+	// The chunk server serves any cached blob to whoever asks by digest:
+	// without mutual TLS, anything that reaches the node.
+	PeerCAFile       string        `name:"peer-ca-file" help:"PEM bundle of the cluster CA certificates peers must hold a certificate of (several while a CA is rotated); with --peer-ca-key-file, peers talk mutual TLS on the chunk address." env:"WEIGHTD_PEER_CA_FILE"`
+	PeerCAKeyFile    string        `name:"peer-ca-key-file" help:"PEM key of the cluster CA that signs this agent's own certificate, minted for --node-name at start and renewed before it expires." env:"WEIGHTD_PEER_CA_KEY_FILE"`
+	PeerCertLifetime time.Duration `name:"peer-cert-lifetime" help:"How long each minted peer certificate is valid; it is renewed at two thirds." default:"24h" env:"WEIGHTD_PEER_CERT_LIFETIME"`
+	PeerInsecure     bool          `name:"peer-insecure" help:"Share with peers over plain HTTP, without the cluster CA: anything that reaches the chunk address can read every cached blob and resolution. For a lab only." env:"WEIGHTD_PEER_INSECURE"`
+}
+
+// peerIdentity is the agent's TLS identity among its peers, or nil when
+// it shares over plain HTTP (--peer-insecure); an error when it has
+// neither the CA nor leave to go without.
+func peerIdentity(cfg p2pConfig, nodeName string, log *slog.Logger) (*peertls.Identity, error) {
+	switch {
+	case cfg.PeerInsecure && (cfg.PeerCAFile != "" || cfg.PeerCAKeyFile != ""):
+		return nil, errors.New("--peer-insecure and --peer-ca-file/--peer-ca-key-file: choose one")
+	case cfg.PeerInsecure:
+		log.Warn("sharing with peers over plain HTTP (--peer-insecure): anything that reaches the chunk address reads every cached blob", "chunk_addr", cfg.ChunkAddr)
+		return nil, nil
+	case cfg.PeerCAFile == "" && cfg.PeerCAKeyFile == "":
+		return nil, errors.New("sharing with peers needs the cluster CA (--peer-ca-file and --peer-ca-key-file), so that only this cluster's agents read the cache from the chunk address; " +
+			"pass --peer-insecure to serve it to anything that reaches the node, or --gossip-addr= to share nothing")
+	case cfg.PeerCAFile == "" || cfg.PeerCAKeyFile == "":
+		return nil, errors.New("peer TLS needs both --peer-ca-file and --peer-ca-key-file")
+	}
+	id, err := peertls.New(nodeName, peertls.Files{CA: cfg.PeerCAFile, Key: cfg.PeerCAKeyFile},
+		peertls.WithLifetime(cfg.PeerCertLifetime), peertls.WithLogger(log))
+	if err != nil {
+		return nil, err
+	}
+	log.Info("peers talk mutual TLS", "node", nodeName, "ca", id.Certificate().Issuer.CommonName, "expires", id.Certificate().NotAfter)
+	return id, nil
 }
 
 // peering is the agent's peer-to-peer side: membership, content routing,
@@ -49,6 +81,7 @@ type peering struct {
 	swarm       *p2p.Swarm
 	resolutions *p2p.Resolutions
 	server      *p2p.ChunkServer
+	identity    *peertls.Identity // nil: plain HTTP between peers
 	chunkLn     net.Listener
 	chunkHost   bool // the chunk address names a host; else the gossip address's is used
 }
@@ -91,7 +124,14 @@ func newPeering(cfg p2pConfig, log *slog.Logger, reg prometheus.Registerer) (*pe
 		ln.Close()
 		return nil, err
 	}
+	if p.identity, err = peerIdentity(cfg, p.membership.LocalName(), log.With("component", "peertls")); err != nil {
+		ln.Close()
+		return nil, err
+	}
 	swarmCfg := p2p.SwarmConfig{OriginFetchers: cfg.OriginFetchers, DownloadLimit: int64(cfg.DownloadLimit)}
+	if p.identity != nil {
+		swarmCfg.TLS = p.identity.ClientConfig()
+	}
 	if cfg.FastGossip {
 		swarmCfg.Settle = 300 * time.Millisecond // gossip reaches everyone well within it
 	}
@@ -107,18 +147,25 @@ func newPeering(cfg p2pConfig, log *slog.Logger, reg prometheus.Registerer) (*pe
 // until ctx ends. Once gossip is up, a chunk address without a host is
 // advertised on the gossip address's host.
 func (p *peering) serve(store *cache.Store, cfg p2pConfig, log *slog.Logger, reg prometheus.Registerer) (run []func(context.Context) error, err error) {
-	p.server, err = p2p.NewChunkServer(store, reg,
+	opts := []p2p.ServerOption{
 		p2p.WithSwarm(p.swarm),
 		p2p.WithUploadLimit(int64(cfg.UploadLimit)),
 		p2p.WithMaxUploads(cfg.MaxUploads),
 		p2p.WithMaxUploadsPerPeer(cfg.MaxPeerUploads),
 		p2p.WithResolutions(p.resolutions),
-		p2p.WithServerLogger(log.With("component", "chunkserver")))
-	if err != nil {
+		p2p.WithServerLogger(log.With("component", "chunkserver")),
+	}
+	renew := func(context.Context) error { return nil }
+	if p.identity != nil {
+		opts = append(opts, p2p.WithTLS(p.identity.ServerConfig()))
+		renew = p.identity.Run
+	}
+	if p.server, err = p2p.NewChunkServer(store, reg, opts...); err != nil {
 		return nil, err
 	}
 	return []func(context.Context) error{
 		p.membership.Run,
+		renew,
 		func(ctx context.Context) error { return p.server.Run(ctx, p.chunkLn) },
 		func(ctx context.Context) error {
 			if p.chunkHost {

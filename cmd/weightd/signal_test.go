@@ -81,7 +81,7 @@ func startAgentProcess(t *testing.T) (*exec.Cmd, string, *syncBuffer) {
 	addr := "unix://" + sock
 	cmd := exec.Command(bin, "agent", "--root", filepath.Join(dir, "cache"), "--api", addr,
 		"--metrics-addr", "127.0.0.1:0", "--shutdown-timeout", "30s",
-		"--gossip-addr", "127.0.0.1:0", "--chunk-addr", "127.0.0.1:0")
+		"--gossip-addr", "127.0.0.1:0", "--chunk-addr", "127.0.0.1:0", "--peer-insecure")
 	var logs syncBuffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {

@@ -28,6 +28,7 @@ import (
 
 	"github.com/weightd/weightd/internal/testbed"
 	"github.com/weightd/weightd/pkg/api"
+	"github.com/weightd/weightd/pkg/peertls"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -68,6 +69,10 @@ type AgentConfig struct {
 	Kubeconfig string
 	// Extra are more flags for every agent.
 	Extra []string
+	// PlainPeers has the agents share over plain HTTP (--peer-insecure);
+	// otherwise they talk mutual TLS with a CA written to Dir, as the
+	// chart sets them up.
+	PlainPeers bool
 	// HostExtra, when set, returns more flags for the agent in host h,
 	// after Extra (those that name the host's address or its own files).
 	HostExtra func(h *testbed.Host) []string
@@ -95,6 +100,17 @@ func StartAgents(ctx context.Context, hosts []*testbed.Host, cfg AgentConfig) (*
 	bin, dir := cfg.Bin, cfg.Dir
 	set := &Agents{}
 	join := netip.AddrPortFrom(hosts[0].Addr, GossipPort).String()
+	peerArgs := []string{"--peer-insecure"}
+	if !cfg.PlainPeers {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, err
+		}
+		ca, err := peertls.WriteCA(dir, "weightd bench CA")
+		if err != nil {
+			return nil, err
+		}
+		peerArgs = []string{"--peer-ca-file", ca.CA, "--peer-ca-key-file", ca.Key}
+	}
 	start := func(h *testbed.Host, node string) (*Agent, error) {
 		sock := "unix://" + filepath.Join(dir, node+".sock")
 		args := []string{
@@ -113,6 +129,7 @@ func StartAgents(ctx context.Context, hosts []*testbed.Host, cfg AgentConfig) (*
 			// where a node has one.
 			"--no-load-trace",
 		}
+		args = append(args, peerArgs...)
 		if cfg.Kubeconfig != "" {
 			args = append(args, "--kubeconfig", cfg.Kubeconfig)
 		}

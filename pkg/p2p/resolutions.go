@@ -165,7 +165,7 @@ func (s *Swarm) resolver(key string) (Peer, bool) {
 func (s *Swarm) askResolution(ctx context.Context, addr, key string) (cache.Model, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	b, err := s.getSmall(ctx, "http://"+addr+resolutionPrefix+key, maxResolutionSize)
+	b, err := s.getSmall(ctx, s.peerURL(addr, resolutionPrefix+key), maxResolutionSize)
 	if err != nil {
 		return cache.Model{}, fmt.Errorf("resolution: %w", err)
 	}

@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
@@ -76,7 +77,9 @@ const maxStateWaitsPerPeer = 32
 // comes, its last relayPiece only once it is verified here: a peer completes
 // only chunks this node verified, and a chunk crosses the swarm in about one
 // transfer time instead of one per hop. Bytes go from the blob file to the
-// socket with sendfile, paced by the upload limit. Unknown or unverified
+// socket with sendfile, paced by the upload limit (with WithTLS they are
+// encrypted in this process: Go's TLS has no kernel TLS, so there is no
+// sendfile then). Unknown or unverified
 // content is 404, a malformed digest or index 400; no path is derived from
 // anything but a validated digest.
 type ChunkServer struct {
@@ -88,6 +91,7 @@ type ChunkServer struct {
 	peerSlots   map[string]int // peer address → upload slots it holds
 	peerWaits   map[string]int // peer address → state requests waiting for news
 	resolutions *Resolutions   // nil: none served
+	tls         *tls.Config    // nil: plain HTTP
 	sent        sentLog
 	repeating   atomic.Bool // an origin fetcher is sending a chunk again
 	upload      *rate.Limiter
@@ -167,6 +171,12 @@ func WithResolutions(r *Resolutions) ServerOption {
 	return func(s *ChunkServer) { s.resolutions = r }
 }
 
+// WithTLS serves over TLS with cfg (peertls.Identity.ServerConfig, which
+// requires every peer's certificate from the cluster's CA), HTTP/1.1 only.
+// A connection without a valid peer certificate fails its handshake and
+// gets no answer at all.
+func WithTLS(cfg *tls.Config) ServerOption { return func(s *ChunkServer) { s.tls = cfg } }
+
 // WithServerLogger sets the logger; the server is silent by default.
 func WithServerLogger(l *slog.Logger) ServerOption { return func(s *ChunkServer) { s.log = l } }
 
@@ -227,7 +237,11 @@ type connKey struct{}
 // writeStall: its upload slot is free already, and the kernel drops the
 // bytes queued for it now rather than trickle them out for hours.
 func (s *ChunkServer) cut(r *http.Request) {
-	if c, ok := r.Context().Value(connKey{}).(*net.TCPConn); ok {
+	c, _ := r.Context().Value(connKey{}).(net.Conn)
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	if c, ok := c.(*net.TCPConn); ok {
 		_ = c.SetLinger(0)
 		_ = c.Close()
 	}
@@ -294,8 +308,13 @@ func (s *ChunkServer) mayWait(peer string) (ok bool, done func()) {
 
 // Run serves on ln until ctx is done, then shuts down gracefully.
 func (s *ChunkServer) Run(ctx context.Context, ln net.Listener) error {
+	if s.tls != nil {
+		ln = tls.NewListener(ln, s.tls)
+	}
 	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		MaxHeaderBytes: 64 << 10, // a state request's known bitmap takes 3 KiB
+		// Failed handshakes (anyone may knock) and the like, to the log at debug.
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			return context.WithValue(ctx, connKey{}, c)
 		}}
@@ -563,7 +582,8 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	s.m.requests.WithLabelValues("chunk", strconv.Itoa(code)).Inc()
 	err = s.send(r.Context(), n, func(_, k int64) (int64, error) {
 		// io.CopyN wraps f in an io.LimitedReader, which net/http hands to
-		// sendfile: the bytes go from the page cache to the socket.
+		// sendfile on a plain connection: the bytes go from the page cache
+		// to the socket.
 		extendWrite(w)
 		return io.CopyN(w, f, k)
 	})

@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
@@ -24,6 +25,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/peertls"
 )
 
 // Directory is what the swarm needs to know of the cluster: who is alive,
@@ -54,6 +56,11 @@ type SwarmConfig struct {
 	BanFor         time.Duration // how long a lying or failing peer is shunned (default 5m)
 	MinRate        int64         // the slowest acceptable transfer, bytes/s: request timeouts scale with it (default 256 KiB/s; a transfer that stalls for 5 s ends sooner)
 	DownloadLimit  int64         // bytes/s for all chunk downloads together; 0 means no limit
+	// TLS, when set, is this node's side of mutual TLS with its peers
+	// (peertls.Identity.ClientConfig): chunk servers are asked over
+	// https, and an answer counts only from a server whose certificate
+	// names the member that advertises its address. nil speaks plain HTTP.
+	TLS *tls.Config
 }
 
 func (c SwarmConfig) withDefaults() SwarmConfig {
@@ -113,13 +120,21 @@ type swarmMetrics struct {
 }
 
 // NewSwarm returns a swarm downloader over dir. client carries the chunk
-// requests (nil for a default one). Metrics are registered on reg (nil for none).
+// requests (nil for a default one, with cfg.TLS). Metrics are registered
+// on reg (nil for none).
 func NewSwarm(dir Directory, client *http.Client, cfg SwarmConfig, log *slog.Logger, reg prometheus.Registerer) (*Swarm, error) {
 	if client == nil {
 		// A peer's headers are a few lines; a hostile one's are not read
-		// past 64 KiB (net/http's default reads up to 10 MiB).
-		client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8, IdleConnTimeout: time.Minute,
-			MaxResponseHeaderBytes: 64 << 10}}
+		// past 64 KiB (net/http's default reads up to 10 MiB). With TLS
+		// it stays HTTP/1.1, a connection per request in flight, as in
+		// plain HTTP: one HTTP/2 connection would queue chunks behind
+		// each other in one TCP window.
+		var rt http.RoundTripper = &http.Transport{MaxIdleConnsPerHost: 8, IdleConnTimeout: time.Minute,
+			MaxResponseHeaderBytes: 64 << 10, TLSClientConfig: cfg.TLS, TLSHandshakeTimeout: 10 * time.Second}
+		if cfg.TLS != nil {
+			rt = peerIdentity{next: rt, dir: dir}
+		}
+		client = &http.Client{Transport: rt}
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -1319,7 +1334,7 @@ var errStateTooBig = errors.New("chunk state too big for the blob")
 func (s *Swarm) readState(ctx context.Context, addr string, d digest.Digest, chunks int, known bool, last PeerState) (PeerState, error) {
 	ctx, cancel := context.WithTimeout(ctx, stateWait+5*time.Second)
 	defer cancel()
-	url := "http://" + addr + fmt.Sprintf(statePath, d)
+	url := s.peerURL(addr, fmt.Sprintf(statePath, d))
 	if known {
 		url += fmt.Sprintf("?since=%d&wait=%s", countBits(last.Have), stateWait)
 		// So do the chunks on their way to it: it relays them as they
@@ -1390,6 +1405,49 @@ func (s *Swarm) getSmall(ctx context.Context, url string, limit int64) ([]byte, 
 	return b, err
 }
 
+// peerURL is the URL of path on the chunk server at addr.
+func (s *Swarm) peerURL(addr, path string) string {
+	if s.cfg.TLS != nil {
+		return "https://" + addr + path
+	}
+	return "http://" + addr + path
+}
+
+// errNotThePeer is an answer from a chunk server whose certificate names
+// another node than the member that advertises its address.
+var errNotThePeer = errors.New("chunk server is not the member it is advertised by")
+
+// peerIdentity is a swarm's transport under mutual TLS. Peers are asked by
+// the chunk address they gossip, so the handshake can verify only that the
+// server holds a certificate of the cluster's CA; peerIdentity then
+// refuses its answer unless the node name in it is that of the one member
+// advertising the address. A member cannot pass itself off as another, nor
+// serve under a second, self-chosen member name (for the rendezvous of
+// shared resolutions, say), from its own chunk server.
+type peerIdentity struct {
+	next http.RoundTripper
+	dir  Directory
+}
+
+func (p peerIdentity) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := p.next.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	name := peertls.PeerName(resp.TLS)
+	var claims []string
+	for _, m := range p.dir.Members() {
+		if m.Meta.ChunkAddr == req.URL.Host {
+			claims = append(claims, m.Name)
+		}
+	}
+	if len(claims) != 1 || claims[0] != name {
+		resp.Body.Close()
+		return nil, fmt.Errorf("%w: %s is node %q, advertised by %q", errNotThePeer, req.URL.Host, name, claims)
+	}
+	return resp, nil
+}
+
 // drain reads the rest of a short error answer, best effort, so that its
 // connection goes back to the pool: closing a body before its end closes
 // the connection, and a busy peer answers often.
@@ -1404,7 +1462,7 @@ func drain(body io.Reader) {
 func (s *Swarm) fetchChunk(ctx context.Context, addr string, d digest.Digest, i int, timeout time.Duration, c *liveChunk) (claim []byte, err error) {
 	ctx, watch := watchTransfer(ctx, timeout)
 	defer watch.stop()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+fmt.Sprintf(chunkPath, d, i), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.peerURL(addr, fmt.Sprintf(chunkPath, d, i)), nil)
 	if err != nil {
 		return nil, err
 	}

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/weightd/weightd/internal/services"
+	"github.com/weightd/weightd/pkg/peertls"
 	"github.com/weightd/weightd/test/deploy/manifests"
 )
 
@@ -208,6 +209,34 @@ func TestChartLint(t *testing.T) {
 	}
 }
 
+// checkPeerCA checks that the agent's arguments name the peer CA and that
+// the Secret the chart made with Helm's genCA is kept across uninstall and
+// is a CA the agent mints its certificate from.
+func checkPeerCA(t *testing.T, args []string, s *corev1.Secret) {
+	t.Helper()
+	if !slices.Contains(args, "--peer-ca-file=/etc/weightd/peer-ca/ca.crt") || !slices.Contains(args, "--peer-ca-key-file=/etc/weightd/peer-ca/ca.key") {
+		t.Errorf("args %v: want the peer CA's files", args)
+	}
+	if s == nil || s.Annotations["helm.sh/resource-policy"] != "keep" {
+		t.Fatalf("peer CA Secret %+v: want one kept across uninstall", s)
+	}
+	dir := t.TempDir()
+	f := peertls.Files{CA: filepath.Join(dir, "ca.crt"), Key: filepath.Join(dir, "ca.key")}
+	if err := os.WriteFile(f.CA, s.Data["ca.crt"], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(f.Key, s.Data["ca.key"], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	id, err := peertls.New("node-1", f)
+	if err != nil {
+		t.Fatalf("the chart's peer CA: %v", err)
+	}
+	if id.Certificate().Issuer.CommonName != "weightd peer CA" {
+		t.Errorf("certificate issued by %q", id.Certificate().Issuer.CommonName)
+	}
+}
+
 // TestChartDefaults renders the chart as `helm install` with no values
 // would: the agent and its objects, a gossip Secret, the post-delete hook;
 // no extender, no Prometheus Operator objects (a cluster without their
@@ -245,6 +274,7 @@ func TestChartDefaults(t *testing.T) {
 	if s == nil || s.Annotations["helm.sh/resource-policy"] != "keep" || len(s.Data["keys"]) < 32 {
 		t.Errorf("gossip Secret %+v: want one kept across uninstall, with a key", s)
 	}
+	checkPeerCA(t, c.Args, r.secrets["weightd-peer-ca"])
 	if err := checkLinkLayout(ds.Spec.Template.Spec, agentConfig(t, r.configMaps["weightd-config"]), "/var/lib/containerd"); err != nil {
 		t.Error(err)
 	}
@@ -422,6 +452,9 @@ func TestChartBadValues(t *testing.T) {
 		{[]string{"gossip.chunkPort=9464"}, "gossip.chunkPort and agent.metricsPort are both port 9464"},
 		{[]string{"mirror.addr=127.0.0.1:7946"}, "gossip.port and mirror.addr are both port 7946"},
 		{[]string{"gossip.existingSecret=My_Secret"}, `gossip.existingSecret "My_Secret" is not a Secret name`},
+		{[]string{"peerTLS.existingSecret=My_CA"}, `peerTLS.existingSecret "My_CA" is not a Secret name`},
+		{[]string{"peerTLS.certLifetime=1day"}, "at '/peerTLS/certLifetime'"},
+		{[]string{"peerTLS.caDays=0"}, "at '/peerTLS/caDays': minimum"},
 		{[]string{"containerd.root=var/lib/containerd"}, `containerd.root "var/lib/containerd" is not an absolute path`},
 		{[]string{"containerd.root=/"}, "containerd.root is /"},
 		{[]string{"containerd.socket=/run/../containerd.sock"}, "containerd.socket \"/run/../containerd.sock\": give a clean absolute path"},

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/weightd/weightd/internal/kubetest"
+	"github.com/weightd/weightd/pkg/peertls"
 )
 
 const (
@@ -70,6 +71,11 @@ func TestApply(t *testing.T) {
 	}
 	k("apply", "-f", filepath.Join(kustomize, "namespace.yaml"))
 	k("-n", namespace, "create", "secret", "generic", "weightd-gossip", "--from-literal=keys=MDEyMzQ1Njc4OWFiY2RlZg==")
+	peerCA, err := peertls.WriteCA(t.TempDir(), "deploy test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k("-n", namespace, "create", "secret", "generic", "weightd-peer-ca", "--from-file=ca.crt="+peerCA.CA, "--from-file=ca.key="+peerCA.Key)
 	out := k("apply", "--dry-run=server", "-k", kustomize)
 	t.Logf("dry run:\n%s", out)
 	if strings.Contains(out, "Warning") {
@@ -377,9 +383,17 @@ func testAgent(t *testing.T, env *kubetest.Env, c corev1.Container) {
 	if err := os.WriteFile(keys, []byte("MDEyMzQ1Njc4OWFiY2RlZg==\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	ca, err := peertls.WriteCA(dir, "deploy test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
 	var args []string
 	for _, a := range c.Args {
 		switch {
+		case strings.HasPrefix(a, "--peer-ca-file="):
+			a = "--peer-ca-file=" + ca.CA
+		case strings.HasPrefix(a, "--peer-ca-key-file="):
+			a = "--peer-ca-key-file=" + ca.Key
 		case strings.HasPrefix(a, "--config="):
 			a = "--config=" + filepath.Join(kustomize, "config.yaml")
 		case strings.HasPrefix(a, "--gossip-key-file="):

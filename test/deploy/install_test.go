@@ -3,6 +3,7 @@ package deploy_test
 import (
 	"bytes"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 
@@ -44,6 +45,7 @@ func TestHelmInstall(t *testing.T) {
 	install := append([]string{"install", manifests.Release, chart, "-n", manifests.Namespace, "--create-namespace"}, values...)
 	t.Logf("helm install:\n%s", h(install...))
 
+	// key is the gossip key and the peer CA, certificate and key.
 	key := func() []byte {
 		t.Helper()
 		s, err := cs.CoreV1().Secrets(manifests.Namespace).Get(ctx, "weightd-gossip", metav1.GetOptions{})
@@ -53,7 +55,14 @@ func TestHelmInstall(t *testing.T) {
 		if len(s.Data["keys"]) < 32 {
 			t.Fatalf("gossip Secret keys %q: want a base64 key", s.Data["keys"])
 		}
-		return s.Data["keys"]
+		ca, err := cs.CoreV1().Secrets(manifests.Namespace).Get(ctx, "weightd-peer-ca", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(ca.Data["ca.crt"], []byte("BEGIN CERTIFICATE")) || !bytes.Contains(ca.Data["ca.key"], []byte("PRIVATE KEY")) {
+			t.Fatalf("peer CA Secret: want a PEM certificate and key, got %d and %d bytes", len(ca.Data["ca.crt"]), len(ca.Data["ca.key"]))
+		}
+		return slices.Concat(s.Data["keys"], ca.Data["ca.crt"], ca.Data["ca.key"])
 	}
 	first := key()
 	for _, name := range []string{"weightd", "weightd-extender", "weightd-scheduler"} {
@@ -83,10 +92,10 @@ func TestHelmInstall(t *testing.T) {
 		t.Errorf("the upgrade did not change the configuration:\n%s", cm.Data["config.yaml"])
 	}
 	if got := key(); !bytes.Equal(got, first) {
-		t.Errorf("the upgrade changed the gossip key: %q, was %q", got, first)
+		t.Errorf("the upgrade changed the gossip key or peer CA: %q, was %q", got, first)
 	}
 
-	// An uninstall leaves the Secret (resource-policy keep); the hook,
+	// An uninstall leaves the Secrets (resource-policy keep); the hook,
 	// which needs kubelets, is left out here (test/e2e runs it). A new
 	// install takes the kept Secret over, and its key.
 	h("uninstall", manifests.Release, "-n", manifests.Namespace, "--no-hooks")
@@ -94,10 +103,10 @@ func TestHelmInstall(t *testing.T) {
 		t.Errorf("the DaemonSet after uninstall: %v, want not found", err)
 	}
 	if got := key(); !bytes.Equal(got, first) {
-		t.Errorf("the uninstall changed the gossip key: %q, was %q", got, first)
+		t.Errorf("the uninstall changed the gossip key or peer CA: %q, was %q", got, first)
 	}
 	h(install[:len(install)-len(values)]...)
 	if got := key(); !bytes.Equal(got, first) {
-		t.Errorf("a new install changed the kept gossip key: %q, was %q", got, first)
+		t.Errorf("a new install changed the kept gossip key or peer CA: %q, was %q", got, first)
 	}
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/weightd/weightd/internal/testbed"
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/origin"
+	"github.com/weightd/weightd/pkg/peertls"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -93,6 +94,7 @@ type cluster struct {
 	control string
 	hosts   []*testbed.Host
 	keyFile string
+	ca      peertls.Files // the cluster CA the agents talk mutual TLS with
 }
 
 type agentProc struct {
@@ -120,6 +122,8 @@ func newCluster(t *testing.T, agents int) *cluster {
 	require.Eventually(t, func() bool { _, err := c.originServed(); return err == nil }, 10*time.Second, 20*time.Millisecond)
 	c.ref = fmt.Sprintf("http://%s/%s#sha256:%s", net.JoinHostPort(originHost.Addr.String(), strconv.Itoa(originPort)), m.Files[0].Path, m.Files[0].SHA256)
 	c.keyFile = c.writeKey("key-a", 1)
+	c.ca, err = peertls.WriteCA(dir, "multihost CA")
+	require.NoError(t, err)
 	return c
 }
 
@@ -157,7 +161,8 @@ func (c *cluster) start(i int, keyFile string) *agentProc {
 	args := []string{"agent", "--root", filepath.Join(c.dir, h.Name), "--api", "unix://" + sock,
 		"--metrics-addr", "", "--log-level", "info", "--chunk-size", "1MiB", "--fast-gossip",
 		"--node-name", h.Name, "--gossip-addr", net.JoinHostPort(addr, "7946"),
-		"--chunk-addr", net.JoinHostPort(addr, "7947"), "--gossip-key-file", keyFile}
+		"--chunk-addr", net.JoinHostPort(addr, "7947"), "--gossip-key-file", keyFile,
+		"--peer-ca-file", c.ca.CA, "--peer-ca-key-file", c.ca.Key}
 	if i != 1 {
 		args = append(args, "--join", net.JoinHostPort(c.hosts[1].Addr.String(), "7946"))
 	}

@@ -72,6 +72,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- .Values.gossip.existingSecret | default (printf "%s-gossip" (include "weightd.fullname" .)) -}}
 {{- end -}}
 
+{{- define "weightd.peerCASecretName" -}}
+{{- .Values.peerTLS.existingSecret | default (printf "%s-peer-ca" (include "weightd.fullname" .)) -}}
+{{- end -}}
+
 {{/* The agent's local API socket. */}}
 {{- define "weightd.api" -}}
 {{- printf "unix://%s/weightd.sock" (trimSuffix "/" .Values.agent.runDir) -}}

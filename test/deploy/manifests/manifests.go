@@ -40,6 +40,8 @@ const (
 	// GossipSecret is the Secret the kustomize deployment's users create
 	// (deploy/daemonset/kustomization.yaml): the chart is told to use it.
 	GossipSecret = "weightd-gossip"
+	// PeerCASecret is the peer CA Secret they create likewise.
+	PeerCASecret = "weightd-peer-ca"
 )
 
 // Chart is the chart's directory, relative to the repository root.
@@ -72,7 +74,7 @@ type target struct {
 
 var renders = []render{
 	{
-		set: []string{"gossip.existingSecret=" + GossipSecret},
+		set: []string{"gossip.existingSecret=" + GossipSecret, "peerTLS.existingSecret=" + PeerCASecret},
 		files: map[string]target{
 			"templates/serviceaccount.yaml":   {path: "deploy/daemonset/serviceaccount.yaml"},
 			"templates/rbac.yaml":             {path: "deploy/daemonset/rbac.yaml"},
@@ -83,7 +85,7 @@ var renders = []render{
 		},
 	},
 	{
-		set: []string{"gossip.existingSecret=" + GossipSecret, "extender.enabled=true", "extender.scheduler=cluster"},
+		set: []string{"gossip.existingSecret=" + GossipSecret, "peerTLS.existingSecret=" + PeerCASecret, "extender.enabled=true", "extender.scheduler=cluster"},
 		files: map[string]target{
 			"templates/extender/rbac.yaml":             {path: "deploy/scheduler/rbac.yaml"},
 			"templates/extender/service.yaml":          {path: "deploy/scheduler/service.yaml"},
@@ -92,7 +94,7 @@ var renders = []render{
 		},
 	},
 	{
-		set: []string{"gossip.existingSecret=" + GossipSecret, "extender.enabled=true", "extender.scheduler=second"},
+		set: []string{"gossip.existingSecret=" + GossipSecret, "peerTLS.existingSecret=" + PeerCASecret, "extender.enabled=true", "extender.scheduler=second"},
 		files: map[string]target{
 			"templates/extender/second-scheduler/rbac.yaml":       {path: "deploy/scheduler/second-scheduler/rbac.yaml"},
 			"templates/extender/second-scheduler/deployment.yaml": {path: "deploy/scheduler/second-scheduler/deployment.yaml"},
@@ -100,7 +102,7 @@ var renders = []render{
 		},
 	},
 	{
-		set: []string{"gossip.existingSecret=" + GossipSecret, "monitoring.podMonitor.enabled=true",
+		set: []string{"gossip.existingSecret=" + GossipSecret, "peerTLS.existingSecret=" + PeerCASecret, "monitoring.podMonitor.enabled=true",
 			"monitoring.prometheusRule.enabled=true", "monitoring.dashboards.enabled=true"},
 		files: map[string]target{
 			"templates/monitoring/podmonitor.yaml":     {path: "deploy/monitoring/podmonitor.yaml"},
