@@ -218,9 +218,9 @@ func run(ctx context.Context, work, bin, agentLog, profile string, agentArgs []s
 // agent is a weightd agent process importing into containerd and serving
 // the registry mirror.
 type agent struct {
-	cmd         *exec.Cmd
-	client      *api.Client
-	pprofAddr   string // with --pprof-addr, or ""
+	cmd       *exec.Cmd
+	client    *api.Client
+	pprofAddr string // with --pprof-addr, or ""
 }
 
 // startProfile starts a 20-second CPU profile of the agent; wait waits for

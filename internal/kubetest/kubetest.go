@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/client-go/util/retry"
 )
 
 // Config says how to start an Env. The zero Config is a fine default: an
@@ -485,7 +486,7 @@ func (e *Env) CreateNode(ctx context.Context, name string, labels map[string]str
 		l[k] = v
 	}
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: l}}
-	created, err := e.clientset.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	_, err := e.clientset.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("creating node %s: %w", name, err)
 	}
@@ -495,7 +496,7 @@ func (e *Env) CreateNode(ctx context.Context, name string, labels map[string]str
 		corev1.ResourcePods:   resource.MustParse("110"),
 	}
 	now := metav1.Now()
-	created.Status = corev1.NodeStatus{
+	status := corev1.NodeStatus{
 		Capacity:    resources,
 		Allocatable: resources,
 		Phase:       corev1.NodeRunning,
@@ -515,7 +516,18 @@ func (e *Env) CreateNode(ctx context.Context, name string, labels map[string]str
 			Architecture:            "amd64",
 		},
 	}
-	updated, err := e.clientset.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{})
+	// With a control plane running, its node controllers write the new
+	// node too (taints, annotations), so a conflict is retried on the latest.
+	var updated *corev1.Node
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		latest, err := e.clientset.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		latest.Status = status
+		updated, err = e.clientset.CoreV1().Nodes().UpdateStatus(ctx, latest, metav1.UpdateOptions{})
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("setting the status of node %s: %w", name, err)
 	}
