@@ -105,6 +105,8 @@ type Swarm struct {
 	log      *slog.Logger
 	m        *swarmMetrics
 
+	requestsTo sync.Map // peer name → *atomic.Int32: this node's chunk requests in flight to it, over all fills
+
 	mu     sync.Mutex
 	bans   map[string]time.Time
 	origin map[digest.Digest]bool // blobs this node fetches from the origin for the cluster
@@ -690,6 +692,25 @@ func (f *fill) mayAskPeers(total int, missing []int) bool {
 	return f.originInflight == 0 && f.nextFromOrigin(missing) < 0
 }
 
+// requestCounter is the count of this node's requests in flight to peer.
+func (s *Swarm) requestCounter(peer string) *atomic.Int32 {
+	if c, ok := s.requestsTo.Load(peer); ok {
+		return c.(*atomic.Int32)
+	}
+	c, _ := s.requestsTo.LoadOrStore(peer, new(atomic.Int32))
+	return c.(*atomic.Int32)
+}
+
+// inflightTo is how many chunk requests this node has in flight to peer,
+// over all its fills: a holder serves one requester only so many chunks
+// at once, whichever blobs they are of, and refuses more with a 503.
+func (s *Swarm) inflightTo(peer string) int {
+	if c, ok := s.requestsTo.Load(peer); ok {
+		return int(c.(*atomic.Int32).Load())
+	}
+	return 0
+}
+
 // inflightTotal is the requests in flight, to peers and the origin.
 func (f *fill) inflightTotal() int {
 	total := f.originInflight
@@ -754,7 +775,7 @@ func (f *fill) supplierOf(i int, endgame bool, now time.Time) (pick *peerView, c
 			continue
 		}
 		count++
-		if pv.inflight >= f.s.cfg.PerPeer || now.Before(pv.busyTill) || now.Before(pv.chunkBusy[i]) ||
+		if f.s.inflightTo(pv.name) >= f.s.cfg.PerPeer || now.Before(pv.busyTill) || now.Before(pv.chunkBusy[i]) ||
 			f.s.Banned(pv.name) || (endgame && f.asked[i] == pv.name) {
 			continue
 		}
@@ -769,7 +790,7 @@ func (f *fill) supplierOf(i int, endgame bool, now time.Time) (pick *peerView, c
 			continue
 		}
 		if pick == nil || supplyRank(pv, i) < supplyRank(pick, i) ||
-			(supplyRank(pv, i) == supplyRank(pick, i) && pv.inflight < pick.inflight) {
+			(supplyRank(pv, i) == supplyRank(pick, i) && f.s.inflightTo(pv.name) < f.s.inflightTo(pick.name)) {
 			pick = pv
 		}
 	}
@@ -949,6 +970,8 @@ func (f *fill) launchPeer(ctx context.Context, i int, pv *peerView) {
 	}
 	n := f.p.ChunkLen(i)
 	timeout := f.timeout(i)
+	toPeer := f.s.requestCounter(pv.name)
+	toPeer.Add(1)
 	f.wg.Add(1)
 	go func(name, addr string) {
 		defer f.wg.Done()
@@ -962,6 +985,7 @@ func (f *fill) launchPeer(ctx context.Context, i int, pv *peerView) {
 			err = f.write(i, c.data(), want, name)
 		}
 		f.settle(i, c, err)
+		toPeer.Add(-1)
 		f.report(ctx, chunkResult{chunk: i, peer: name, relay: relay, err: err, bytes: n, took: time.Since(start)})
 	}(pv.name, pv.addr)
 }

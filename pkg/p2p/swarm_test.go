@@ -690,6 +690,28 @@ func TestSwarmAsksTheFirstRankedMembers(t *testing.T) {
 	require.False(t, s.FetchesFromOrigin(d))
 }
 
+// A holder serves one requester PerPeer chunks at once and refuses more:
+// the fills of an image's layers share that allowance, so one fill's
+// requests to a peer keep the others from asking it too.
+func TestPerPeerRequestsAcrossFills(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	holder := &peerView{name: "holder", known: true,
+		state: PeerState{ChunkState: cache.ChunkState{Size: 4 * testChunk, ChunkSize: testChunk, Have: []byte{0b1111}}}}
+	layer2 := &fill{s: s, inflight: map[int]int{}, asked: map[int]string{}, peers: map[string]*peerView{"holder": holder}}
+	now := time.Now()
+	pick, _ := layer2.supplierOf(0, false, now)
+	require.NotNil(t, pick, "the holder is free")
+
+	s.requestCounter("holder").Add(int32(s.cfg.PerPeer))
+	pick, _ = layer2.supplierOf(0, false, now)
+	require.Nil(t, pick, "layer 1's requests take the holder's allowance for this node")
+	s.requestCounter("holder").Add(-1)
+	pick, _ = layer2.supplierOf(0, false, now)
+	require.NotNil(t, pick, "one of layer 1's requests ended")
+}
+
 // An origin fetcher with chunks left to fetch from the origin keeps most of
 // its downlink for them: only fetcherPeerRequests requests go to peers.
 func TestOriginFetcherBoundsItsPeerRequests(t *testing.T) {
