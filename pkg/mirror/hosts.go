@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -18,6 +19,10 @@ const (
 	backupFile  = "hosts.toml.weightd-backup"
 	hostsMarker = "# Written by weightd: pulls go through the node's registry mirror, then to the server."
 )
+
+// maxHostsFile bounds the hosts.toml read for merging: real ones are a
+// few hundred bytes.
+const maxHostsFile = 1 << 20
 
 // dockerHubServer is Docker Hub's real registry endpoint.
 const dockerHubServer = "https://registry-1.docker.io"
@@ -62,12 +67,20 @@ func SkipVerify(registry string) HostsOption {
 
 // ConfigureHosts points containerd's pulls from each registry at the mirror:
 // it writes <configPath>/<registry>/hosts.toml (containerd's
-// registry.config_path) with the mirror at mirrorURL as the first host,
-// for pull and resolve, and the registry's own server as the fallback
-// containerd uses when the agent is down. A hosts.toml that was there
-// before, not written by weightd, is kept once as hosts.toml.weightd-backup
-// (an existing backup is never overwritten), for RestoreHosts. Files are
-// written atomically. Registries are host[:port]; "docker.io" for Docker Hub.
+// registry.config_path) with the mirror at mirrorURL as the first host, for
+// pull and resolve, with a short dial_timeout (mirrorDialTimeout). A
+// hosts.toml that was there before, not written by weightd, is merged
+// behind it: its [host] tables follow the mirror in their order, with their
+// settings as they were (relative ca and client paths made absolute, as
+// containerd resolves them), then its server with its settings, as the
+// last fallback; ServerURL and SkipVerify apply only where there was none.
+// That file is kept once as hosts.toml.weightd-backup (an existing backup
+// is never overwritten), for RestoreHosts, and is what a later
+// ConfigureHosts merges again when the hosts.toml is weightd's own, so
+// configuring twice writes the same file. Files are written atomically. A
+// registry whose file cannot be merged (see ErrInvalid) is left as it was
+// and reported; the others are configured. Registries are host[:port];
+// "docker.io" for Docker Hub.
 func ConfigureHosts(configPath string, mirrorURL string, registries []string, opts ...HostsOption) error {
 	o := hostsOptions{servers: map[string]string{}, skipVerify: map[string]bool{}}
 	for _, opt := range opts {
@@ -82,44 +95,88 @@ func ConfigureHosts(configPath string, mirrorURL string, registries []string, op
 	if err != nil {
 		return err
 	}
+	var errs []error
 	for _, h := range hosts {
 		if err := configureHost(filepath.Join(configPath, h), h, mirrorURL, o); err != nil {
-			return fmt.Errorf("configuring containerd hosts for %s: %w", h, err)
+			errs = append(errs, fmt.Errorf("configuring containerd hosts for %s: %w", h, err))
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 func configureHost(dir, host, mirrorURL string, o hostsOptions) error {
+	path, backup := filepath.Join(dir, hostsFile), filepath.Join(dir, backupFile)
+	current, err := readHostsFile(path)
+	if err != nil {
+		return err
+	}
+	// The node's own configuration: the file there, or, when that is ours,
+	// the one it replaced.
+	original := current
+	if current != nil && isOurs(current) {
+		if original, err = readHostsFile(backup); err != nil {
+			return err
+		}
+	}
+	var doc hostsDoc
+	if original != nil {
+		absDir, err := filepath.Abs(dir)
+		if err != nil {
+			return err
+		}
+		if doc, err = parseHostsFile(original, absDir); err != nil {
+			return fmt.Errorf("merging %s: %w", path, err)
+		}
+	} else {
+		doc.top = map[string]any{"server": defaultServer(host, o)}
+		if o.skipVerify[host] {
+			doc.top["skip_verify"] = true
+		}
+	}
+	out, err := doc.withMirror(mirrorURL).marshal()
+	if err != nil {
+		return fmt.Errorf("merging %s: %w", path, err)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	path := filepath.Join(dir, hostsFile)
-	old, err := os.ReadFile(path)
-	switch {
-	case err == nil && !isOurs(old):
-		if err := keepBackup(filepath.Join(dir, backupFile), old); err != nil {
+	if current != nil && !isOurs(current) {
+		if err := keepBackup(backup, current); err != nil {
 			return err
 		}
-	case err != nil && !errors.Is(err, os.ErrNotExist):
-		return err
 	}
-	server := o.servers[host]
-	if server == "" {
-		server = "https://" + host
-		if host == "docker.io" {
-			server = dockerHubServer
-		}
+	return cache.WriteFileAtomic(path, out, 0o644)
+}
+
+// readHostsFile reads a hosts.toml, nil if there is none.
+func readHostsFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
 	}
-	var b bytes.Buffer
-	fmt.Fprintf(&b, "%s\n", hostsMarker)
-	fmt.Fprintf(&b, "server = %q\n", server)
-	if o.skipVerify[host] {
-		b.WriteString("skip_verify = true\n")
+	if err != nil {
+		return nil, err
 	}
-	fmt.Fprintf(&b, "\n[host.%q]\n", mirrorURL)
-	b.WriteString("  capabilities = [\"pull\", \"resolve\"]\n")
-	return cache.WriteFileAtomic(path, b.Bytes(), 0o644)
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxHostsFile+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxHostsFile {
+		return nil, fmt.Errorf("%w: %s is over %d bytes", cache.ErrInvalid, path, maxHostsFile)
+	}
+	return b, nil
+}
+
+// defaultServer is where containerd goes for host without a hosts.toml.
+func defaultServer(host string, o hostsOptions) string {
+	if s := o.servers[host]; s != "" {
+		return s
+	}
+	if host == "docker.io" {
+		return dockerHubServer
+	}
+	return "https://" + host
 }
 
 // keepBackup saves the original hosts.toml once: an existing backup is the
