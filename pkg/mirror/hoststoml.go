@@ -61,13 +61,25 @@ func parseHostsFile(b []byte, dir string) (hostsDoc, error) {
 			return hostsDoc{}, fmt.Errorf("%w: host is a %s, want tables", cache.ErrInvalid, tomlType(v))
 		}
 	}
-	if s, ok := doc.top["server"]; ok {
-		if err := checkServer(s); err != nil {
-			return hostsDoc{}, err
+	for k, v := range doc.top {
+		if strings.EqualFold(k, "server") {
+			if err := checkServer(v); err != nil {
+				return hostsDoc{}, err
+			}
 		}
 	}
 	if err := checkHostFields(doc.top, dir); err != nil {
 		return hostsDoc{}, fmt.Errorf("server: %w", err)
+	}
+	// containerd decodes every host table, even those it then ignores.
+	for u, v := range tables {
+		fields, ok := v.(map[string]any)
+		if !ok {
+			return hostsDoc{}, fmt.Errorf("%w: host %q is a %s, want a table", cache.ErrInvalid, u, tomlType(v))
+		}
+		if err := checkHostFields(fields, dir); err != nil {
+			return hostsDoc{}, fmt.Errorf("host %q: %w", u, err)
+		}
 	}
 	for _, u := range order {
 		fields, ok := tables[u].(map[string]any)
@@ -77,8 +89,8 @@ func parseHostsFile(b []byte, dir string) (hostsDoc, error) {
 		if err := checkServer(u); err != nil {
 			return hostsDoc{}, err
 		}
-		if err := checkHostFields(fields, dir); err != nil {
-			return hostsDoc{}, fmt.Errorf("host %q: %w", u, err)
+		if pu, _ := url.Parse(withScheme(u)); pu.Host == "" {
+			return hostsDoc{}, fmt.Errorf("%w: host %q names no host", cache.ErrInvalid, u)
 		}
 		doc.hosts = append(doc.hosts, hostEntry{url: u, fields: fields})
 	}
@@ -116,22 +128,28 @@ func checkServer(v any) error {
 	if !ok {
 		return fmt.Errorf("%w: server is a %s, want a string", cache.ErrInvalid, tomlType(v))
 	}
-	if !strings.HasPrefix(s, "http") {
-		s = "https://" + s
-	}
-	if _, err := url.Parse(s); err != nil {
+	if _, err := url.Parse(withScheme(s)); err != nil {
 		return fmt.Errorf("%w: server %q: %v", cache.ErrInvalid, s, err)
 	}
 	return nil
 }
 
+// withScheme adds https:// to a server without a scheme, as containerd does.
+func withScheme(s string) string {
+	if !strings.HasPrefix(s, "http") {
+		return "https://" + s
+	}
+	return s
+}
+
 // checkHostFields checks the settings of a host (or of the server) as
 // containerd does, and makes relative ca and client paths absolute
-// against dir, in place. Keys containerd does not know are kept.
+// against dir, in place. Keys containerd does not know are kept. Keys
+// match whatever their case, as go-toml matches them to containerd's fields.
 func checkHostFields(f map[string]any, dir string) error {
 	for k, v := range f {
 		var err error
-		switch k {
+		switch strings.ToLower(k) {
 		case "capabilities":
 			err = checkCapabilities(v)
 		case "ca":
