@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -152,4 +153,73 @@ func TestWaitDaemonSetReady(t *testing.T) {
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
 	assert.ErrorIs(t, waitDaemonSetReady(cctx, cs, "ns", "other", time.Millisecond, &out), context.Canceled)
+}
+
+// TestReadmeManualCleanup runs the README's manual clean-up script, taken
+// from README.md as written (so a change to the doc is what is tested), on
+// a config directory where the agent wrote its files: the node's own
+// hosts.toml comes back byte for byte, weightd's own file and directory
+// go, a file weightd never wrote stays, and the cache goes.
+func TestReadmeManualCleanup(t *testing.T) {
+	t.Parallel()
+	script := readmeCleanupScript(t)
+	root := t.TempDir()
+	paths := map[string]string{
+		"/etc/containerd/certs.d":     filepath.Join(root, "certs.d"),
+		"/var/lib/containerd/weightd": filepath.Join(root, "cache"),
+		"/run/weightd":                filepath.Join(root, "run"),
+	}
+	for doc, real := range paths {
+		require.Contains(t, script, doc, "the README's script no longer names %s: update this test", doc)
+		script = strings.ReplaceAll(script, doc, real)
+		require.NoError(t, os.MkdirAll(real, 0o755))
+	}
+	for _, p := range []string{"/etc/", "/var/", "/run/"} {
+		require.NotContains(t, script, p, "a path this test does not redirect")
+	}
+	hosts := paths["/etc/containerd/certs.d"]
+	own := []byte("server = \"https://ghcr.io\"\n[host.\"https://corp.example\"]\n  capabilities = [\"pull\"]\n")
+	require.NoError(t, os.MkdirAll(filepath.Join(hosts, "ghcr.io"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(hosts, "ghcr.io", "hosts.toml"), own, 0o644))
+	foreign := []byte("server = \"https://quay.io\"\n")
+	require.NoError(t, os.MkdirAll(filepath.Join(hosts, "quay.io"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(hosts, "quay.io", "hosts.toml"), foreign, 0o644))
+	require.NoError(t, mirror.ConfigureHosts(hosts, "http://127.0.0.1:5001", []string{"docker.io", "ghcr.io"}))
+	require.NoError(t, os.WriteFile(filepath.Join(paths["/var/lib/containerd/weightd"], "blob"), []byte("x"), 0o644))
+
+	out, err := exec.CommandContext(t.Context(), "sh", "-c", script).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	b, err := os.ReadFile(filepath.Join(hosts, "ghcr.io", "hosts.toml"))
+	require.NoError(t, err)
+	assert.Equal(t, string(own), string(b), "the node's hosts.toml is back")
+	assert.NoFileExists(t, filepath.Join(hosts, "ghcr.io", "hosts.toml.weightd-backup"))
+	assert.NoDirExists(t, filepath.Join(hosts, "docker.io"), "weightd's own file and directory are gone")
+	b, err = os.ReadFile(filepath.Join(hosts, "quay.io", "hosts.toml"))
+	require.NoError(t, err)
+	assert.Equal(t, string(foreign), string(b), "a file weightd did not write stays")
+	assert.NoDirExists(t, paths["/var/lib/containerd/weightd"])
+	assert.NoDirExists(t, paths["/run/weightd"])
+}
+
+// readmeCleanupScript is the shell script the README's uninstall section
+// has run on a node: the argument of `chroot /host sh -c '…'` in the sh
+// block that restores hosts.toml.weightd-backup.
+func readmeCleanupScript(t *testing.T) string {
+	t.Helper()
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	const open, start = "```sh\n", "chroot /host sh -c '"
+	for _, block := range strings.Split(string(readme), open)[1:] {
+		block, _, _ = strings.Cut(block, "```")
+		i := strings.Index(block, start)
+		if i < 0 || !strings.Contains(block, "hosts.toml.weightd-backup") {
+			continue
+		}
+		script := block[i+len(start):]
+		end := strings.LastIndex(script, "'")
+		require.Positive(t, end, "the script's closing quote")
+		return script[:end]
+	}
+	t.Fatal("README.md has no sh block that runs the manual clean-up with chroot /host sh -c '…'")
+	return ""
 }
