@@ -313,30 +313,17 @@ func ctrPull(ctx context.Context, ctrd *services.Containerd, ref string) (time.D
 	return time.Since(start), nil
 }
 
-// removeImage deletes the image and, through containerd's garbage
-// collector, its content and snapshots, so the next pull starts empty.
+// removeImage deletes the image, and every other, with their content and
+// snapshots, so the next pull starts empty.
 func removeImage(ctx context.Context, ctrd *services.Containerd, ref string) error {
-	// The CRI plugin adds records of its own (by repository digest and by
-	// image ID) that hold the content too: remove every record.
 	out, err := ctrd.Ctr(ctx, "images", "ls", "-q")
 	if err != nil {
 		return err
 	}
-	names := strings.Fields(string(out))
-	if !slices.Contains(names, ref) {
+	if !slices.Contains(strings.Fields(string(out)), ref) {
 		return fmt.Errorf("containerd does not list %s:\n%s", ref, out)
 	}
-	if out, err := ctrd.Ctr(ctx, append([]string{"images", "rm", "--sync"}, names...)...); err != nil {
-		return fmt.Errorf("ctr images rm: %v\n%s", err, out)
-	}
-	out, err = ctrd.Ctr(ctx, "content", "ls", "-q")
-	if err != nil {
-		return err
-	}
-	if len(out) > 0 {
-		return fmt.Errorf("containerd still holds content after removing the image:\n%s", out)
-	}
-	return nil
+	return ctrd.RemoveImages(ctx)
 }
 
 // linkedBlobs counts the files in dir with more than one name: blobs of

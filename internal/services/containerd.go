@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -287,6 +288,39 @@ func (c *Containerd) Ctr(ctx context.Context, args ...string) ([]byte, error) {
 		return out.Bytes(), fmt.Errorf("ctr %v: %w: %s", args, err, bytes.TrimSpace(out.Bytes()))
 	}
 	return out.Bytes(), nil
+}
+
+// RemoveImages deletes every image record in the daemon's namespace (the
+// CRI plugin adds its own, by repository digest and by image ID, that hold
+// the content too) and, through containerd's garbage collector, their
+// content and snapshots, so that the next pull starts empty. It fails if
+// content is left.
+func (c *Containerd) RemoveImages(ctx context.Context) error {
+	// Output alone: ctr 2.x warns on stderr (cgroup v1).
+	list := func(kind string) ([]string, error) {
+		out, err := c.CtrCommand(ctx, kind, "ls", "-q").Output()
+		if err != nil {
+			return nil, fmt.Errorf("ctr %s ls: %w", kind, err)
+		}
+		return strings.Fields(string(out)), nil
+	}
+	names, err := list("images")
+	if err != nil {
+		return err
+	}
+	if len(names) > 0 {
+		if _, err := c.Ctr(ctx, append([]string{"images", "rm", "--sync"}, names...)...); err != nil {
+			return err
+		}
+	}
+	left, err := list("content")
+	if err != nil {
+		return err
+	}
+	if len(left) > 0 {
+		return fmt.Errorf("containerd still holds content after removing the images: %v", left)
+	}
+	return nil
 }
 
 // LogTail returns the end of the daemon's log, for failure messages.
