@@ -61,7 +61,7 @@ func TestAgentImagesAndMirror(t *testing.T) {
 	assert.GreaterOrEqual(t, strings.Count(string(out), "Committed"), 3, "the layers are unpacked:\n%s", out)
 	hosts, err := os.ReadFile(filepath.Join(ctrd.HostsDir, reg.Addr, "hosts.toml"))
 	require.NoError(t, err)
-	assert.Contains(t, string(hosts), `server = "http://`+reg.Addr+`"`)
+	assert.Contains(t, string(hosts), "server = 'http://"+reg.Addr+"'")
 
 	// The kubelet's own pull, with the registry down: served by the mirror.
 	_, err = ctrd.Ctr(t.Context(), "images", "rm", "--sync", img.Ref)
