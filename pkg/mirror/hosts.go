@@ -37,7 +37,8 @@ type hostsOptions struct {
 
 // ServerURL sets the upstream server containerd falls back to for registry
 // (default https://<registry>, and https://registry-1.docker.io for
-// docker.io): "http://127.0.0.1:5000" for a plain-HTTP test registry.
+// docker.io): "http://127.0.0.1:5000" for a plain-HTTP test registry. A
+// hosts.toml already there keeps its own server instead.
 func ServerURL(registry, serverURL string) HostsOption {
 	return func(o *hostsOptions) error {
 		h, ok := canonicalHost(registry)
@@ -53,7 +54,8 @@ func ServerURL(registry, serverURL string) HostsOption {
 }
 
 // SkipVerify makes containerd accept the upstream server of registry without
-// verifying its TLS certificate (a test registry with a self-signed one).
+// verifying its TLS certificate (a test registry with a self-signed one),
+// unless a hosts.toml already there says how to reach it.
 func SkipVerify(registry string) HostsOption {
 	return func(o *hostsOptions) error {
 		h, ok := canonicalHost(registry)
