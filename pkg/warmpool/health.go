@@ -136,12 +136,11 @@ func (p *Pool) check(ctx context.Context, s *server) {
 		}
 		// Loaded by an earlier agent (or by hand): adopt it.
 		p.seq++
-		s.adapters[a.Name] = &adapter{name: a.Name, seq: p.seq, lastUsed: time.Now()}
-		if _, ok := p.staged[a.Name]; !ok {
-			if _, err := os.Stat(filepath.Join(p.cfg.StageDir, a.Name)); err == nil {
-				p.staged[a.Name] = ""
-			}
+		found := &adapter{name: a.Name, seq: p.seq, lastUsed: time.Now()}
+		if digest := stageDigestOf(p.cfg.ServerStageDir, a.Name, a.Path); digest != "" {
+			found.stage = stageName(a.Name, digest)
 		}
+		s.adapters[a.Name] = found
 		p.log.Info("adapter found loaded", "adapter", a.Name, "server", s.spec.Pod)
 	}
 	for name, end := range s.unloading {
@@ -204,22 +203,33 @@ func (p *Pool) check(ctx context.Context, s *server) {
 // reload loads a again into s from its staged directory, staging it anew
 // when the directory is gone and its reference is known.
 func (p *Pool) reload(ctx context.Context, s *server, a *adapter) error {
-	if _, err := os.Stat(filepath.Join(p.cfg.StageDir, a.name)); err != nil {
-		if a.ref == "" {
+	p.mu.Lock()
+	stage, ref := a.stage, a.ref
+	p.mu.Unlock()
+	if _, err := os.Stat(filepath.Join(p.cfg.StageDir, stage)); stage == "" || err != nil {
+		if ref == "" {
 			return fmt.Errorf("adapter %s: not staged and its reference is unknown", a.name)
 		}
-		dir, err := p.cfg.Fetcher.Fetch(ctx, a.ref)
+		dir, err := p.cfg.Fetcher.Fetch(ctx, ref)
 		if err != nil {
-			return fmt.Errorf("fetching adapter %s: %w", a.ref, err)
+			return fmt.Errorf("fetching adapter %s: %w", ref, err)
 		}
 		if _, err := lora.Inspect(dir); err != nil {
-			return fmt.Errorf("checking adapter %s: %w", a.ref, err)
+			return fmt.Errorf("checking adapter %s: %w", ref, err)
 		}
-		if err := p.stageOnce(a.name, a.ref, dir); err != nil {
+		digest, err := contentDigest(dir)
+		if err != nil {
+			return fmt.Errorf("fetching adapter %s: %w", ref, err)
+		}
+		stage = stageName(a.name, digest)
+		if err := p.stageOnce(stage, dir); err != nil {
 			return err
 		}
+		p.mu.Lock()
+		a.stage = stage
+		p.mu.Unlock()
 	}
-	outcome, err := p.loadInto(ctx, s, a.name, a.pinned)
+	outcome, err := p.loadInto(ctx, s, a.name, stage, a.pinned)
 	if err != nil {
 		p.m.loads.WithLabelValues(string(s.spec.Runtime), outcome).Inc()
 		return err

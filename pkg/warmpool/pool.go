@@ -100,7 +100,6 @@ type Pool struct {
 	mu      sync.Mutex
 	servers map[string]*server // by pod namespace/name
 	flights map[string]*flight // by flightKey(base, name)
-	staged  map[string]string  // adapter name → ref staged under StageDir/<name> ("" unknown)
 	seq     uint64             // counts state changes; orders a listing against loads
 }
 
@@ -125,8 +124,11 @@ type server struct {
 }
 
 type adapter struct {
-	name     string
-	ref      string // "" when found loaded after a restart of the agent
+	name string
+	ref  string // "" when found loaded after a restart of the agent
+	// stage is its directory under StageDir (stageName); "" when it was
+	// found loaded from elsewhere.
+	stage    string
 	loading  bool
 	seq      uint64 // p.seq when it was loaded
 	lastUsed time.Time
@@ -192,7 +194,6 @@ func New(cfg Config) (*Pool, error) {
 		changed: make(chan struct{}, 1),
 		servers: make(map[string]*server),
 		flights: make(map[string]*flight),
-		staged:  make(map[string]string),
 	}
 	p.updateGaugesLocked()
 	return p, nil
@@ -397,10 +398,12 @@ func (p *Pool) hitLocked(owner string, req api.AdapterRequest, name string) (api
 			continue
 		}
 		a := s.adapters[name]
-		if a == nil || a.loading {
+		if a == nil || a.loading || a.ref == "" {
+			// One found loaded after a restart is used once load has
+			// compared its files with those of req.Ref.
 			continue
 		}
-		if a.ref != "" && a.ref != req.Ref {
+		if a.ref != req.Ref {
 			// The other reference may be another tenant's: not named.
 			return api.AdapterAnswer{}, false, fmt.Errorf("%w: adapter name %s already serves another adapter on %s: choose another name", api.ErrBadRequest, name, s.spec.Pod)
 		}
@@ -460,23 +463,38 @@ func (p *Pool) load(ctx context.Context, owner string, req api.AdapterRequest, n
 	if err != nil {
 		return api.AdapterAnswer{}, fmt.Errorf("%w: checking adapter %s: %w", api.ErrBadRequest, req.Ref, err)
 	}
+	digest, err := contentDigest(dir)
+	if err != nil {
+		return api.AdapterAnswer{}, fmt.Errorf("fetching adapter %s: %w", req.Ref, err)
+	}
+	stage := stageName(name, digest)
 
 	p.mu.Lock()
-	if ref, ok := p.staged[name]; ok && ref != "" && ref != req.Ref {
+	for _, s := range p.servers {
+		if a := s.adapters[name]; a != nil && a.ref != "" && a.ref != req.Ref {
+			p.mu.Unlock()
+			return api.AdapterAnswer{}, fmt.Errorf("%w: adapter name %s already serves another adapter on this node: choose another name", api.ErrBadRequest, name)
+		}
+	}
+	if s, a := p.adoptedLocked(req.Base, req.Namespace, name); a != nil && a.stage == stage {
+		// Found loaded after a restart, with these very files: take it over.
+		a.ref = req.Ref
+		p.useLocked(a, owner, req.Pin)
+		p.notifyLocked()
 		p.mu.Unlock()
-		return api.AdapterAnswer{}, fmt.Errorf("%w: adapter name %s already serves another adapter on this node: choose another name", api.ErrBadRequest, name)
+		return api.AdapterAnswer{Server: s.spec.Pod, Endpoint: s.spec.Endpoint, Model: name}, nil
 	}
 	s, victim, err := p.reserveLocked(req.Base, req.Namespace, name, info.Rank)
 	if err != nil {
 		p.mu.Unlock()
 		return api.AdapterAnswer{}, err
 	}
-	a := &adapter{name: name, ref: req.Ref, loading: true}
-	s.adapters[name] = a
+	a := &adapter{name: name, ref: req.Ref, stage: stage, loading: true}
 	if victim != nil {
 		delete(s.adapters, victim.name)
 		s.unloading[victim.name] = 0
 	}
+	s.adapters[name] = a
 	p.updateGaugesLocked()
 	p.mu.Unlock()
 	runtime := string(s.spec.Runtime)
@@ -492,12 +510,12 @@ func (p *Pool) load(ctx context.Context, owner string, req api.AdapterRequest, n
 			return api.AdapterAnswer{}, err
 		}
 	}
-	if err := p.stageOnce(name, req.Ref, dir); err != nil {
+	if err := p.stageOnce(stage, dir); err != nil {
 		p.m.loads.WithLabelValues(runtime, outcomeError).Inc()
 		p.abandon(s, a)
 		return api.AdapterAnswer{}, err
 	}
-	if outcome, err := p.loadInto(ctx, s, name, req.Pin); err != nil {
+	if outcome, err := p.loadInto(ctx, s, name, stage, req.Pin); err != nil {
 		p.m.loads.WithLabelValues(runtime, outcome).Inc()
 		p.abandon(s, a)
 		return api.AdapterAnswer{}, err
@@ -531,6 +549,13 @@ func victimName(a *adapter) string {
 // most free first), else the one holding the least recently used evictable
 // adapter (the victim).
 func (p *Pool) reserveLocked(base, namespace, name string, rank int) (*server, *adapter, error) {
+	if s, a := p.adoptedLocked(base, namespace, name); a != nil {
+		// Found loaded after a restart with other files: replace it in place.
+		if !a.evictable() {
+			return nil, nil, fmt.Errorf("%w: adapter %s on %s holds other weights and is in use", api.ErrBusy, name, s.spec.Pod)
+		}
+		return s, a, nil
+	}
 	var cands []*server
 	maxRank := 0
 	for _, s := range p.sortedLocked() {
@@ -575,6 +600,21 @@ func (p *Pool) reserveLocked(base, namespace, name string, rank int) (*server, *
 	return best, victim, nil
 }
 
+// adoptedLocked finds the adapter name that a healthy server of base serving
+// namespace was found holding after a restart of the agent, whose reference
+// is not known yet.
+func (p *Pool) adoptedLocked(base, namespace, name string) (*server, *adapter) {
+	for _, s := range p.sortedLocked() {
+		if s.spec.Base != base || !s.healthy || !s.synced || !s.spec.serves(namespace) {
+			continue
+		}
+		if a := s.adapters[name]; a != nil && !a.loading && a.ref == "" {
+			return s, a
+		}
+	}
+	return nil, nil
+}
+
 // evict unloads victim from s, whose slot the caller has taken over.
 func (p *Pool) evict(ctx context.Context, s *server, victim *adapter) error {
 	cctx, cancel := context.WithTimeout(ctx, p.cfg.CallTimeout)
@@ -590,56 +630,51 @@ func (p *Pool) evict(ctx context.Context, s *server, victim *adapter) error {
 	}
 	p.m.evictions.WithLabelValues(string(s.spec.Runtime)).Inc()
 	p.log.Info("adapter evicted", "adapter", victim.name, "server", s.spec.Pod, "lastUsed", victim.lastUsed)
-	p.unstage(victim.name)
+	p.unstage(victim.stage)
 	return nil
 }
 
-// stageOnce stages the adapter's files under StageDir/name unless that is
-// done already for the same reference.
-func (p *Pool) stageOnce(name, ref, dir string) error {
+// stageOnce stages the adapter files of dir under StageDir/stage unless
+// they are there already (stage names their content).
+func (p *Pool) stageOnce(stage, dir string) error {
 	p.stageMu.Lock()
 	defer p.stageMu.Unlock()
-	p.mu.Lock()
-	done := p.staged[name] == ref
-	p.mu.Unlock()
-	if done {
-		if _, err := os.Stat(filepath.Join(p.cfg.StageDir, name)); err == nil {
-			return nil
-		}
+	if _, err := os.Stat(filepath.Join(p.cfg.StageDir, stage)); err == nil {
+		return nil
 	}
-	if err := stage(p.cfg.StageDir, name, dir); err != nil {
-		return err
-	}
-	p.mu.Lock()
-	p.staged[name] = ref
-	p.mu.Unlock()
-	return nil
+	return stageDir(p.cfg.StageDir, stage, dir)
 }
 
-// unstage removes StageDir/name when no server holds or loads that name.
-func (p *Pool) unstage(name string) {
+// unstage removes StageDir/stage when no server holds or loads an adapter
+// from it.
+func (p *Pool) unstage(stage string) {
+	if stage == "" {
+		return
+	}
 	p.stageMu.Lock()
 	defer p.stageMu.Unlock()
 	p.mu.Lock()
 	for _, s := range p.servers {
-		if s.adapters[name] != nil {
-			p.mu.Unlock()
-			return
+		for _, a := range s.adapters {
+			if a.stage == stage {
+				p.mu.Unlock()
+				return
+			}
 		}
 	}
-	delete(p.staged, name)
 	p.mu.Unlock()
-	if err := os.RemoveAll(filepath.Join(p.cfg.StageDir, name)); err != nil {
-		p.log.Warn("removing a staged adapter", "adapter", name, "err", err)
+	if err := os.RemoveAll(filepath.Join(p.cfg.StageDir, stage)); err != nil {
+		p.log.Warn("removing a staged adapter", "stage", stage, "err", err)
 	}
 }
 
-// loadInto asks s to load the staged adapter name and checks that it lists
-// it; on failure it returns the outcome for the loads metric.
-func (p *Pool) loadInto(ctx context.Context, s *server, name string, pin bool) (string, error) {
+// loadInto asks s to load the adapter staged in StageDir/stage under name
+// and checks that it lists it; on failure it returns the outcome for the
+// loads metric.
+func (p *Pool) loadInto(ctx context.Context, s *server, name, stage string, pin bool) (string, error) {
 	lctx, cancel := context.WithTimeout(ctx, p.cfg.LoadTimeout)
 	defer cancel()
-	err := s.drv.Load(lctx, name, filepath.Join(p.cfg.ServerStageDir, name), pin)
+	err := s.drv.Load(lctx, name, filepath.Join(p.cfg.ServerStageDir, stage), pin)
 	if errors.Is(err, engine.ErrAlreadyLoaded) {
 		err = nil
 	}
@@ -676,7 +711,7 @@ func (p *Pool) abandon(s *server, a *adapter) {
 	}
 	p.notifyLocked()
 	p.mu.Unlock()
-	p.unstage(a.name)
+	p.unstage(a.stage)
 }
 
 // Release marks every adapter that owner used as no longer in use by it.

@@ -32,7 +32,11 @@ func TestEnsureStagesLoadsAndHits(t *testing.T) {
 			if ans.Model != name || !ans.Loaded || ans.Server != "ai/warm-0" || ans.Endpoint != f.servers[0].URL() {
 				t.Fatalf("answer %+v", ans)
 			}
-			staged := filepath.Join(f.cfg.StageDir, name)
+			digest, err := contentDigest(filepath.Join(f.fetch.root, "sql"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			staged := filepath.Join(f.cfg.StageDir, stageName(name, digest))
 			if got := f.servers[0].Loaded()[name]; got != staged {
 				t.Fatalf("server loaded %s from %q, want %q", name, got, staged)
 			}
@@ -53,8 +57,8 @@ func TestEnsureStagesLoadsAndHits(t *testing.T) {
 				t.Fatalf("slots{used} = %v", got)
 			}
 			entries, err := os.ReadDir(f.cfg.StageDir)
-			if err != nil || len(entries) != 1 || entries[0].Name() != name {
-				t.Fatalf("stage dir holds %v (%v), want only %s", entries, err, name)
+			if err != nil || len(entries) != 1 || entries[0].Name() != filepath.Base(staged) {
+				t.Fatalf("stage dir holds %v (%v), want only %s", entries, err, filepath.Base(staged))
 			}
 		})
 	}
@@ -71,7 +75,11 @@ func TestServerStageDir(t *testing.T) {
 	f.cfg.ServerStageDir = seen
 	f.pool = f.newPool()
 	f.mustEnsure("", f.adapter("a", loratest.AdapterSpec{}), "a")
-	if got := f.servers[0].Loaded()["a"]; got != filepath.Join(seen, "a") {
+	digest, err := contentDigest(filepath.Join(f.fetch.root, "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f.servers[0].Loaded()["a"]; got != filepath.Join(seen, stageName("a", digest)) {
 		t.Fatalf("loaded from %q", got)
 	}
 }
@@ -547,5 +555,46 @@ func TestEnsureNamespaces(t *testing.T) {
 	}
 	if ans, err := ensure("", "b"); err != nil || ans.Server != "team-a/warm" {
 		t.Fatalf("the local API: %+v, %v; want any server", ans, err)
+	}
+}
+
+// After a restart of the agent, an adapter found loaded has no recorded
+// reference: a request for its name with other weights must load those,
+// not be answered by the old ones.
+func TestAgentRestartReloadsChangedAdapter(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []engine.Kind{engine.VLLM, engine.SGLang} {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, serverOpts{kind: kind, slots: 2})
+			v1 := f.adapter("v1", loratest.AdapterSpec{Rank: 8})
+			v2 := f.adapter("v2", loratest.AdapterSpec{Rank: 16})
+			f.mustEnsure("", v1, "x")
+			oldPath := f.servers[0].Loaded()["x"]
+			f.pool = f.newPool()
+			ans := f.mustEnsure("", v2, "x")
+			if !ans.Loaded {
+				t.Fatalf("adapter x with new weights answered from the old ones: %+v", ans)
+			}
+			path := f.servers[0].Loaded()["x"]
+			if path == oldPath {
+				t.Fatalf("new weights staged at the old path %s", path)
+			}
+			info, err := lora.Inspect(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.Rank != 16 {
+				t.Fatalf("server serves rank %d under x, want the new rank 16", info.Rank)
+			}
+			if _, err := os.Stat(oldPath); !os.IsNotExist(err) {
+				t.Fatalf("old staged weights still at %s: %v", oldPath, err)
+			}
+			// The same reference again: a hit, no load.
+			calls := f.loadCalls.Load()
+			if ans := f.mustEnsure("", v2, "x"); ans.Loaded || f.loadCalls.Load() != calls {
+				t.Fatalf("second ensure of the same weights loaded again: %+v", ans)
+			}
+		})
 	}
 }

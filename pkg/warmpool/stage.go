@@ -69,17 +69,71 @@ func AdapterName(ref string) string {
 	return stem + "-" + suffix
 }
 
+// stageName is the directory under the stage directory that holds the
+// adapter name with the files whose contentDigest is digest: a name with new
+// weights is never staged where the old ones were, and a loaded adapter's
+// path says which weights it holds.
+func stageName(name, digest string) string { return name + "." + digest }
+
+// stageDigestOf returns the digest in the stage directory name of the
+// adapter name that a runtime loaded from path, or "" when path is not a
+// stage directory of that name under serverStageDir.
+func stageDigestOf(serverStageDir, name, path string) string {
+	if filepath.Clean(filepath.Dir(path)) != filepath.Clean(serverStageDir) {
+		return ""
+	}
+	digest, ok := strings.CutPrefix(filepath.Base(path), name+".")
+	if !ok || len(digest) != digestLen || strings.Trim(digest, "0123456789abcdef") != "" {
+		return ""
+	}
+	return digest
+}
+
+// digestLen is the length of a contentDigest: 128 bits in hex.
+const digestLen = 32
+
+// contentDigest names the adapter files under dir by content: the sha256 of
+// each regular file's path and contents (symlinks followed, as stage does),
+// in lexical order, cut to digestLen hex digits.
+func contentDigest(dir string) (string, error) {
+	h := sha256.New()
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		fh := sha256.New()
+		if _, err := io.Copy(fh, f); err != nil {
+			return err
+		}
+		fmt.Fprintf(h, "%q %x\n", rel, fh.Sum(nil))
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("hashing adapter files in %s: %w", dir, err)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:digestLen], nil
+}
+
 // stageTmpPrefix starts the names of directories being staged; a crash
 // leaves them behind and New removes them.
 const stageTmpPrefix = ".tmp-"
 
-// stage lays out the adapter files of src under root/name: every regular
+// stageDir lays out the adapter files of src under root/name: every regular
 // file (symlinks, such as the cache's links into its blobs, are followed) is
 // hard-linked there, or copied where a link cannot cross filesystems. The
 // directory is built under a temporary name and renamed into place, so a
 // server never sees a half-staged adapter; staging again replaces it
 // atomically.
-func stage(root, name, src string) error {
+func stageDir(root, name, src string) error {
 	tmp, err := os.MkdirTemp(root, stageTmpPrefix+name+"-")
 	if err != nil {
 		return fmt.Errorf("staging adapter %s: %w", name, err)
