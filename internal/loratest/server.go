@@ -22,9 +22,23 @@ type Options struct {
 	Base string
 	// MaxRank is --max-lora-rank (vLLM: --max-lora-rank too); 64 when zero.
 	MaxRank int
-	// Slots, when positive, is how many adapters may be loaded at once
-	// (like --max-loras); a load past it is rejected.
+	// Slots, when positive, is vLLM's --max-loras or SGLang's
+	// --max-loaded-loras. vLLM takes loads past it, keeps listing every
+	// adapter and evicts from its GPU and CPU caches by LRU
+	// (vllm/lora/worker_manager.py, LRUCacheWorkerLoRAManager); SGLang
+	// refuses them ("Cannot load LoRA adapter … Maximum number of loaded
+	// LoRA adapters is N", python/sglang/srt/managers/tokenizer_manager.py).
 	Slots int
+	// MaxLorasPerBatch is SGLang's --max-loras-per-batch (8 when zero):
+	// at most MaxLorasPerBatch-1 adapters may be pinned
+	// (python/sglang/srt/lora/lora_manager.py, validate_new_adapter).
+	MaxLorasPerBatch int
+	// OlderSGLang follows the SGLang releases before adapters were listed
+	// in GET /v1/models (only the base is) and before the duplicate-name
+	// message became "LoRA with name … already exists"
+	// (python/sglang/srt/lora/lora_registry.py): a duplicate load then
+	// answers "Failed to load LoRA adapter … because it is already loaded".
+	OlderSGLang bool
 	// Disabled turns the runtime adapter API off: vLLM without
 	// VLLM_ALLOW_RUNTIME_LORA_UPDATING (the routes answer 404
 	// {"detail":"Not Found"}), SGLang without --enable-lora (400 "LoRA is
@@ -91,6 +105,9 @@ func start(rt runtime, opts Options) (*Server, error) {
 	}
 	if opts.MaxRank == 0 {
 		opts.MaxRank = 64
+	}
+	if opts.MaxLorasPerBatch == 0 {
+		opts.MaxLorasPerBatch = 8
 	}
 	s := &Server{rt: rt, opts: opts, loads: map[string]int{}, unloads: map[string]int{}, adapter: map[string]loaded{}}
 	s.mu.Lock()
@@ -371,10 +388,13 @@ func (s *Server) load(w http.ResponseWriter, r *http.Request, stop <-chan struct
 		return
 	}
 	if _, ok := s.adapter[req.Name]; ok {
-		if s.rt == runVLLM {
+		switch {
+		case s.rt == runVLLM:
 			s.fail(w, http.StatusBadRequest, "InvalidUserInput", fmt.Sprintf("The lora adapter '%s' has already been loaded.", req.Name))
-		} else {
+		case s.opts.OlderSGLang:
 			s.fail(w, http.StatusBadRequest, "", fmt.Sprintf("Failed to load LoRA adapter %s because it is already loaded", req.Name))
+		default:
+			s.fail(w, http.StatusBadRequest, "", fmt.Sprintf("LoRA with name %s already exists. Loaded LoRAs: odict_keys(%s)", req.Name, s.namesLocked()))
 		}
 		return
 	}
@@ -395,8 +415,14 @@ func (s *Server) load(w http.ResponseWriter, r *http.Request, stop <-chan struct
 	case s.opts.CheckBase && a.BaseModel != s.opts.Base:
 		s.fail(w, http.StatusBadRequest, "BadRequestError", fmt.Sprintf("Loading lora %s failed: adapter is for base model %q, this server serves %q", req.Name, a.BaseModel, s.opts.Base))
 		return
-	case s.opts.Slots > 0 && len(s.adapter) >= s.opts.Slots:
-		s.fail(w, http.StatusBadRequest, "BadRequestError", fmt.Sprintf("Loading lora %s failed: no free LoRA slot (%d of %d in use)", req.Name, len(s.adapter), s.opts.Slots))
+	case s.rt == runSGLang && s.opts.Slots > 0 && len(s.adapter) >= s.opts.Slots:
+		s.fail(w, http.StatusBadRequest, "", fmt.Sprintf("Cannot load LoRA adapter %s at path %s. Maximum number of loaded LoRA adapters is %d. "+
+			"Please unload some LoRA adapters before loading new ones.", req.Name, req.Path, s.opts.Slots))
+		return
+	case s.rt == runSGLang && req.Pinned && s.pinnedLocked() >= s.opts.MaxLorasPerBatch-1:
+		s.fail(w, http.StatusBadRequest, "", fmt.Sprintf("Failed to load LoRA adapter %s as a pinned adapter. It is not allowed to pin all slots "+
+			"in the LoRA memory pool to avoid starvation for unpinned adapters and base models. Please increase your "+
+			"`--max-loras-per-batch` or load it as unpinned LoRA adapters.", req.Name))
 		return
 	}
 	s.loads[req.Name]++
@@ -421,6 +447,31 @@ func (s *Server) killMidRequest(w http.ResponseWriter) {
 	if err == nil {
 		_ = conn.Close()
 	}
+}
+
+// pinnedLocked counts the adapters loaded pinned.
+func (s *Server) pinnedLocked() int {
+	n := 0
+	for _, a := range s.adapter {
+		if a.pinned {
+			n++
+		}
+	}
+	return n
+}
+
+// Pinned lists the adapters loaded pinned, sorted.
+func (s *Server) Pinned() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var names []string
+	for n, a := range s.adapter {
+		if a.pinned {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	return names
 }
 
 // refsLocked is SGLang's loaded_adapters: name to LoRARef.
@@ -501,6 +552,10 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 		return c
 	}
 	data := []map[string]any{card(s.opts.Base, s.opts.Base, nil, 4096)}
+	if s.rt == runSGLang && s.opts.OlderSGLang {
+		writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+		return
+	}
 	names := make([]string, 0, len(s.adapter))
 	for n := range s.adapter {
 		names = append(names, n)

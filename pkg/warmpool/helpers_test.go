@@ -105,13 +105,18 @@ type serverOpts struct {
 	kind    engine.Kind
 	slots   int
 	maxRank int
+	// older: an SGLang release that lists no adapter in /v1/models.
+	older bool
+	// perBatch is SGLang's --max-loras-per-batch (the double's default
+	// when zero).
+	perBatch int
 }
 
 func newFixture(t *testing.T, servers ...serverOpts) *fixture {
 	t.Helper()
 	f := &fixture{t: t, fetch: &dirFetcher{root: t.TempDir()}, bases: &recBases{}, reg: prometheus.NewRegistry()}
 	for i, o := range servers {
-		lo := loratest.Options{Base: "base", MaxRank: o.maxRank, Slots: o.slots}
+		lo := loratest.Options{Base: "base", MaxRank: o.maxRank, Slots: o.slots, OlderSGLang: o.older, MaxLorasPerBatch: o.perBatch}
 		var srv *loratest.Server
 		var err error
 		if o.kind == engine.SGLang {

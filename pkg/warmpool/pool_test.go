@@ -598,3 +598,39 @@ func TestAgentRestartReloadsChangedAdapter(t *testing.T) {
 		})
 	}
 }
+
+// An SGLang release that lists no adapter in /v1/models: loads are known
+// from the load answers, evictions from the unload answers.
+func TestOlderSGLangWithoutListing(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, serverOpts{kind: engine.SGLang, slots: 2, older: true})
+	refs := []string{f.adapter("a", loratest.AdapterSpec{}), f.adapter("b", loratest.AdapterSpec{}), f.adapter("c", loratest.AdapterSpec{})}
+	for _, ref := range refs {
+		if ans := f.mustEnsure("", ref, ""); !ans.Loaded {
+			t.Fatalf("ensure %s: %+v", ref, ans)
+		}
+	}
+	f.pool.checkAll(t.Context())
+	if got := f.loaded(0); len(got) != 2 || len(f.servers[0].Loaded()) != 2 {
+		t.Fatalf("pool lists %v, server holds %v", got, f.servers[0].Loaded())
+	}
+	if n := f.servers[0].Unloads(AdapterName(refs[0])); n != 1 {
+		t.Fatalf("least recently used adapter unloaded %d times, want 1", n)
+	}
+}
+
+// vLLM takes loads past --max-loras (evicting from its own caches), so the
+// pool must bound what it loads by the server's slots itself.
+func TestVLLMPastMaxLorasBoundedByPool(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, serverOpts{slots: 2})
+	for _, name := range []string{"a", "b", "c", "d"} {
+		f.mustEnsure("", f.adapter(name, loratest.AdapterSpec{}), name)
+	}
+	if peak := f.servers[0].Peak(); peak != 2 {
+		t.Fatalf("server held %d adapters at once, want at most its 2 slots", peak)
+	}
+	if got := testutil.ToFloat64(f.pool.m.slots.WithLabelValues("used")); got != 2 {
+		t.Fatalf("slots{used} = %v", got)
+	}
+}

@@ -68,6 +68,11 @@ func FuzzSGLangError(f *testing.F) {
 		{200, `{"success":true,"error_message":null,"loaded_adapters":{"a":{"lora_id":"1","lora_name":"a","lora_path":"/p","pinned":false}}}`},
 		{200, `{"success":true,"error_message":"","loaded_adapters":{"a":"/p"}}`},
 		{400, `{"success":false,"error_message":"Failed to load LoRA adapter a because it is already loaded","loaded_adapters":null}`},
+		{400, `{"success":false,"error_message":"LoRA with name a already exists. Loaded LoRAs: odict_keys(['a'])","loaded_adapters":null}`},
+		{200, `{"success":true,"error_message":null,"loaded_adapters":{"a":["1","a","/p",true,true]}}`},
+		{200, `{"success":true,"loaded_adapters":{"a":["1","a"]}}`},
+		{200, `{"success":true,"loaded_adapters":{"":"/p"}}`},
+		{400, `{"success":false,"error_message":"Failed to load LoRA adapter a as a pinned adapter. It is not allowed to pin all slots in the LoRA memory pool to avoid starvation for unpinned adapters and base models. Please increase your ` + "`--max-loras-per-batch`" + ` or load it as unpinned LoRA adapters."}`},
 		{400, `{"success":false,"error_message":"LoRA with name a does not exist. Loaded LoRAs: dict_keys([])"}`},
 		{400, `{"success":false,"error_message":"LoRA is not enabled. Please set ` + "`--enable-lora`" + ` to enable LoRA."}`},
 		{200, `{"success":false}`},
@@ -80,10 +85,13 @@ func FuzzSGLangError(f *testing.F) {
 		f.Add(s.status, []byte(s.body), false)
 	}
 	f.Fuzz(func(t *testing.T, status int, body []byte, unload bool) {
-		err := sglangError(response{status: status, body: body}, unload)
+		loaded, err := sglangError(response{status: status, body: body}, unload)
 		checkMapped(t, err)
 		if err == nil && status != http.StatusOK {
 			t.Fatalf("status %d mapped to success", status)
+		}
+		if _, ok := loaded[""]; ok {
+			t.Fatalf("loaded_adapters decoded with an empty name: %v", loaded)
 		}
 	})
 }
