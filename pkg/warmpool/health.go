@@ -229,7 +229,7 @@ func (p *Pool) reload(ctx context.Context, s *server, a *adapter) error {
 		a.stage = stage
 		p.mu.Unlock()
 	}
-	outcome, err := p.loadInto(ctx, s, a.name, stage, a.pinned)
+	outcome, err := p.loadInto(ctx, s, a.name, stage, a.runtimePinned)
 	if err != nil {
 		p.m.loads.WithLabelValues(string(s.spec.Runtime), outcome).Inc()
 		return err

@@ -133,7 +133,10 @@ type adapter struct {
 	seq      uint64 // p.seq when it was loaded
 	lastUsed time.Time
 	pinned   bool
-	users    map[string]struct{}
+	// runtimePinned: loaded with the runtime's pin, which SGLang grants
+	// to fewer adapters than pinned may hold (see runtimePinLocked).
+	runtimePinned bool
+	users         map[string]struct{}
 }
 
 func (a *adapter) evictable() bool { return !a.loading && !a.pinned && len(a.users) == 0 }
@@ -490,6 +493,7 @@ func (p *Pool) load(ctx context.Context, owner string, req api.AdapterRequest, n
 		return api.AdapterAnswer{}, err
 	}
 	a := &adapter{name: name, ref: req.Ref, stage: stage, loading: true}
+	a.runtimePinned = req.Pin && runtimePinLocked(s)
 	if victim != nil {
 		delete(s.adapters, victim.name)
 		s.unloading[victim.name] = 0
@@ -515,7 +519,7 @@ func (p *Pool) load(ctx context.Context, owner string, req api.AdapterRequest, n
 		p.abandon(s, a)
 		return api.AdapterAnswer{}, err
 	}
-	if outcome, err := p.loadInto(ctx, s, name, stage, req.Pin); err != nil {
+	if outcome, err := p.loadInto(ctx, s, name, stage, a.runtimePinned); err != nil {
 		p.m.loads.WithLabelValues(runtime, outcome).Inc()
 		p.abandon(s, a)
 		return api.AdapterAnswer{}, err
@@ -598,6 +602,25 @@ func (p *Pool) reserveLocked(base, namespace, name string, rank int) (*server, *
 		return nil, nil, fmt.Errorf("%w: every adapter slot of the warm servers of %s holds an adapter that is pinned, in use or loading", api.ErrBusy, base)
 	}
 	return best, victim, nil
+}
+
+// runtimePinLocked reports whether s may be asked to pin one more adapter.
+// SGLang refuses a pin once max_loras_per_batch − 1 adapters are pinned, so
+// that one batch slot stays for the others and the base model
+// (python/sglang/srt/lora/lora_manager.py, validate_new_adapter); Slots is
+// that flag for SGLang. The pool's own pin still keeps an adapter loaded
+// without it unevicted. vLLM has no pinning: the flag is ignored there.
+func runtimePinLocked(s *server) bool {
+	if s.spec.Runtime != engine.SGLang {
+		return true
+	}
+	pinned := 0
+	for _, a := range s.adapters {
+		if a.runtimePinned {
+			pinned++
+		}
+	}
+	return pinned < s.spec.Slots-1
 }
 
 // adoptedLocked finds the adapter name that a healthy server of base serving

@@ -48,7 +48,10 @@ type ServerSpec struct {
 	// Endpoint is the server's base URL, http://ip:port.
 	Endpoint string
 	// Slots is the most adapters the server holds at once (vLLM
-	// --max-loras, SGLang --max-loras-per-batch).
+	// --max-loras, SGLang --max-loras-per-batch). vLLM would take more
+	// (evicting from its caches) and SGLang up to --max-loaded-loras, but
+	// past these an adapter is no longer resident on the GPU: the pool
+	// holds no more. For SGLang it also bounds the runtime pins to Slots−1.
 	Slots int
 	// MaxRank is the largest LoRA rank the server takes (vLLM
 	// --max-lora-rank); 0 when unknown.
