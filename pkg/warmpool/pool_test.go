@@ -658,3 +658,25 @@ func TestSGLangPinsBelowBatchSlots(t *testing.T) {
 		t.Fatalf("a third adapter with both slots pinned: %v, want busy", err)
 	}
 }
+
+// The path a runtime lists an adapter under is the runtime's word: it names
+// a stage directory of that adapter only in the one exact form.
+func FuzzStageDigestOf(f *testing.F) {
+	f.Add("/stage", "a", "/stage/a.0123456789abcdef0123456789abcdef")
+	f.Add("/stage", "a", "/stage/a.0123456789ABCDEF0123456789abcdef")
+	f.Add("/stage", "a", "/other/a.0123456789abcdef0123456789abcdef")
+	f.Add("/stage", "a", "/stage/a")
+	f.Add("/stage", "a.b", "/stage/a.b.0123456789abcdef0123456789abcdef")
+	f.Fuzz(func(t *testing.T, root, name, path string) {
+		digest := stageDigestOf(root, name, path)
+		if digest == "" {
+			return
+		}
+		if len(digest) != digestLen || strings.Trim(digest, "0123456789abcdef") != "" {
+			t.Fatalf("digest %q", digest)
+		}
+		if filepath.Join(filepath.Clean(root), stageName(name, digest)) != filepath.Clean(path) {
+			t.Fatalf("%q is not the stage directory of %q under %q", path, name, root)
+		}
+	})
+}
