@@ -255,7 +255,7 @@ func (c *cluster) prefetchLinks(t *testing.T, ctx context.Context, sleeper strin
 	c.deletePod(t, ctx, pod.Name)
 }
 
-// modelPod runs deploy/examples/pod-with-model.yaml as written, but for
+// modelPod runs deploy/examples/pod-with-model-hostpath.yaml as written, but for
 // the model of the test's hub, this image registry and the node's cache
 // path, and with a container that reads the model by name offline in
 // place of the GPU server. It returns whether the reader found every byte
@@ -275,7 +275,7 @@ func (c *cluster) modelPod(t *testing.T, ctx context.Context, reader string) (bo
 	}
 
 	readerRef := c.push(t, ctx, "reader", "v1", mustImage(t, reader, "/reader"))
-	b, err := os.ReadFile(filepath.Join(c.root, "deploy", "examples", "pod-with-model.yaml"))
+	b, err := os.ReadFile(filepath.Join(c.root, "deploy", "examples", "pod-with-model-hostpath.yaml"))
 	require.NoError(t, err)
 	var pod corev1.Pod
 	require.NoError(t, yaml.UnmarshalStrict(b, &pod))
