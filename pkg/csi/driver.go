@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,6 +35,10 @@ type Config struct {
 	NodeID string
 	// StateDir holds one record per published volume.
 	StateDir string
+	// TargetRoot, when set, is the only tree targets may be under (the
+	// kubelet's directory): the agent mounts as root, so it refuses to
+	// mount over anything else a caller of its socket names.
+	TargetRoot string
 	// Allow limits which references a namespace may mount; nil allows all.
 	Allow Allowlist
 	// PublishWait bounds how long one NodePublishVolume waits for a fetch.
@@ -144,6 +149,8 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 		return nil, status.Error(codes.InvalidArgument, "volume id is required")
 	case target == "" || !filepath.IsAbs(target):
 		return nil, status.Errorf(codes.InvalidArgument, "target path %q is not absolute", target)
+	case d.cfg.TargetRoot != "" && !strings.HasPrefix(filepath.Clean(target), filepath.Clean(d.cfg.TargetRoot)+"/"):
+		return nil, status.Errorf(codes.InvalidArgument, "target path %q is not under the kubelet's directory %s", target, d.cfg.TargetRoot)
 	case req.GetVolumeCapability() == nil:
 		return nil, status.Error(codes.InvalidArgument, "volume capability is required")
 	case req.GetVolumeCapability().GetBlock() != nil:

@@ -60,8 +60,9 @@ type node struct {
 }
 
 type nodeOpts struct {
-	allow  csi.Allowlist
-	budget int64
+	allow      csi.Allowlist
+	budget     int64
+	targetRoot string
 }
 
 func newNode(t *testing.T, hub *hubtest.Hub, root string, o nodeOpts) *node {
@@ -76,7 +77,7 @@ func newNode(t *testing.T, hub *hubtest.Hub, root string, o nodeOpts) *node {
 	require.NoError(t, err)
 	queue := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHF: src}, prefetch.WithResolveRetries(1, time.Millisecond))
 	driver, err := csi.NewDriver(store, queue, csi.Config{
-		NodeID: "node-a", StateDir: filepath.Join(root, "csi"), Allow: o.allow, PublishWait: 10 * time.Second,
+		NodeID: "node-a", StateDir: filepath.Join(root, "csi"), Allow: o.allow, TargetRoot: o.targetRoot, PublishWait: 10 * time.Second,
 	})
 	require.NoError(t, err)
 	require.NoError(t, driver.Reconcile())
@@ -312,8 +313,9 @@ func TestPublishBadRequests(t *testing.T) {
 	modelRepo(hub)
 	allow, err := csi.ParseAllowlist("team-a=hf://org/allowed")
 	require.NoError(t, err)
-	n := newNode(t, hub, t.TempDir(), nodeOpts{allow: allow})
-	target := filepath.Join(n.root, "target")
+	root := t.TempDir()
+	n := newNode(t, hub, root, nodeOpts{allow: allow, targetRoot: filepath.Join(root, "kubelet")})
+	target := filepath.Join(n.root, "kubelet", "target")
 	for _, tc := range []struct {
 		attrs map[string]string
 		code  codes.Code
@@ -329,6 +331,11 @@ func TestPublishBadRequests(t *testing.T) {
 		err := n.publish("vol", target, tc.attrs)
 		assert.Equal(t, tc.code, status.Code(err), "%v: %v", tc.attrs, err)
 		assert.ErrorContains(t, err, tc.msg)
+	}
+	for _, outside := range []string{filepath.Join(root, "etc"), filepath.Join(root, "kubelet", "..", "etc"), filepath.Join(root, "kubelet")} {
+		err := n.publish("vol", outside, map[string]string{csi.AttrModel: "hf://org/allowed"})
+		assert.Equal(t, codes.InvalidArgument, status.Code(err), "%s: %v", outside, err)
+		assert.ErrorContains(t, err, "is not under the kubelet's directory")
 	}
 	assert.NoDirExists(t, target)
 }
