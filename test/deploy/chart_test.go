@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/weightd/weightd/internal/services"
+	"github.com/weightd/weightd/pkg/csi"
 	"github.com/weightd/weightd/pkg/peertls"
 	"github.com/weightd/weightd/test/deploy/manifests"
 )
@@ -312,7 +313,9 @@ func TestChartDefaults(t *testing.T) {
 func TestChartCSI(t *testing.T) {
 	t.Parallel()
 	const kubeletDir = "/var/lib/k0s/kubelet"
-	r := render(t, "csi.enabled=true", "csi.kubeletDir="+kubeletDir+"/")
+	r := render(t, "csi.enabled=true", "csi.kubeletDir="+kubeletDir+"/",
+		"csi.allowedRefs[0].namespace=team-a", "csi.allowedRefs[0].prefixes={hf://org-a/,oci://registry.example/models}",
+		"csi.allowedRefs[1].namespace=*", "csi.allowedRefs[1].prefixes={hf://public/}")
 	d := r.csiDrivers["models.weightd.io"]
 	if d == nil {
 		t.Fatalf("no CSIDriver models.weightd.io: %v", r.csiDrivers)
@@ -330,6 +333,24 @@ func TestChartCSI(t *testing.T) {
 	} {
 		if cfg[k] != want {
 			t.Errorf("config %s = %#v, want %q", k, cfg[k], want)
+		}
+	}
+	// The agent's own parser reads the allowlist as the values say.
+	allow, err := csi.ParseAllowlist(fmt.Sprint(cfg["csi-allowed-refs"]))
+	if err != nil {
+		t.Fatalf("csi-allowed-refs %v: %v", cfg["csi-allowed-refs"], err)
+	}
+	for _, tc := range []struct {
+		ns, ref string
+		ok      bool
+	}{
+		{"team-a", "hf://org-a/model@main", true},
+		{"team-a", "oci://registry.example/models/llm:v1", true},
+		{"team-b", "hf://public/model@main", true},
+		{"team-b", "hf://org-a/model@main", false},
+	} {
+		if err := allow.Check(tc.ns, tc.ref); (err == nil) != tc.ok {
+			t.Errorf("namespace %s, %s: %v, want allowed %v", tc.ns, tc.ref, err, tc.ok)
 		}
 	}
 	ds := r.daemonSets["weightd"]
@@ -541,6 +562,9 @@ func TestChartBadValues(t *testing.T) {
 		{[]string{"csi.enabled=yes"}, "at '/csi/enabled': got string, want boolean"},
 		{[]string{"csi.driver=models.example.com"}, "additional properties 'driver' not allowed"},
 		{[]string{"agent.config.csi-endpoint=unix:///tmp/csi.sock"}, "agent.config.csi-endpoint is set by the chart"},
+		{[]string{"csi.allowedRefs[0].namespace=Team_A", "csi.allowedRefs[0].prefixes={*}"}, "at '/csi/allowedRefs/0/namespace'"},
+		{[]string{"csi.allowedRefs[0].namespace=team-a", "csi.allowedRefs[0].prefixes={hf://a;b}"}, "at '/csi/allowedRefs/0/prefixes/0'"},
+		{[]string{"csi.allowedRefs[0].namespace=team-a"}, "at '/csi/allowedRefs/0'"},
 		{[]string{"agent.logFormat=xml"}, "at '/agent/logFormat': value must be one of 'text', 'json'"},
 		{[]string{"agent.config.root=/data"}, "agent.config.root is set by the chart"},
 		{[]string{"agent.fetchAllowCIDRs={metadata.internal}"}, "at '/agent/fetchAllowCIDRs/0'"},
