@@ -30,9 +30,11 @@
 // file of the verified size), so a blob removed or rewritten by hand fails the
 // publish instead of giving the pod a broken tree.
 //
-// A published volume pins its blobs in the cache (owner "csi:<volume id>"),
-// and a record per volume under the agent's state directory names its target
-// and blobs. Both survive a restart; Reconcile drops the pins and records of
-// volumes whose target is no longer a mount. A model larger than the cache's
-// budget is refused by the cache, which evicts nothing for it.
+// A published volume holds its blobs against eviction until it is
+// unpublished. A record per volume under the agent's state directory names
+// its target and blobs and is what survives a restart: Reconcile, run before
+// the fetch queue starts, holds the blobs of volumes still mounted again and
+// drops the records of volumes whose target is no longer a mount. A model
+// larger than the cache's budget is refused by the cache, which evicts
+// nothing for it.
 package csi

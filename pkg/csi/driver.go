@@ -60,6 +60,7 @@ type Driver struct {
 
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex
+	holds map[string][]func() // per volume id, the releases of its blobs' holds
 }
 
 // NewDriver returns a driver publishing models from store, fetched through queue.
@@ -82,7 +83,7 @@ func NewDriver(store *cache.Store, queue *prefetch.Queue, cfg Config) (*Driver, 
 	if err := os.MkdirAll(volumesDir(store), 0o755); err != nil {
 		return nil, fmt.Errorf("csi: %w", err)
 	}
-	return &Driver{store: store, queue: queue, cfg: cfg, locks: map[string]*sync.Mutex{}}, nil
+	return &Driver{store: store, queue: queue, cfg: cfg, locks: map[string]*sync.Mutex{}, holds: map[string][]func(){}}, nil
 }
 
 // volumesDir holds the per-volume trees, under the cache's root so that hard
@@ -96,8 +97,6 @@ func (d *Driver) volumeDir(volumeID string) string {
 func (d *Driver) recordPath(volumeID string) string {
 	return filepath.Join(d.cfg.StateDir, volumeKey(volumeID)+".json")
 }
-
-func pinOwner(volumeID string) string { return "csi:" + volumeKey(volumeID) }
 
 func (d *Driver) lock(volumeID string) func() {
 	d.mu.Lock()
@@ -248,14 +247,12 @@ func (d *Driver) publish(id, target string, r Request, st prefetch.JobStatus) er
 			rec.Blobs = append(rec.Blobs, f.Digest)
 		}
 	}
-	// The record is written before the pins so that a crash in between
-	// leaves something Reconcile can clean up.
+	// The record is written before anything is linked or mounted, so that
+	// whatever a crash leaves, Reconcile finds.
 	if err := d.writeRecord(rec); err != nil {
 		return err
 	}
-	if err := d.pin(id, rec.Blobs); err != nil {
-		return err
-	}
+	d.hold(id, rec.Blobs)
 	dir := d.volumeDir(id)
 	if err := os.RemoveAll(dir); err != nil {
 		return err
@@ -275,17 +272,36 @@ func (d *Driver) publish(id, target string, r Request, st prefetch.JobStatus) er
 	return bindReadOnly(dir, target)
 }
 
-func (d *Driver) pin(id string, blobs []digest.Digest) error {
+// hold keeps volume id's blobs from eviction until release. Holds live in
+// memory, one per blob, and the volume's record makes them durable:
+// Reconcile takes them again at start. Cache pins would be durable on their
+// own but cost an index transaction (an fsync) per blob on every publish.
+func (d *Driver) hold(id string, blobs []digest.Digest) {
+	releases := make([]func(), 0, len(blobs))
 	for _, b := range blobs {
-		if err := d.store.Pin(b, pinOwner(id)); err != nil {
-			return fmt.Errorf("pinning %s: %w", b, err)
-		}
+		releases = append(releases, d.store.Hold(b))
 	}
-	return nil
+	d.mu.Lock()
+	old := d.holds[id]
+	d.holds[id] = releases
+	d.mu.Unlock()
+	for _, release := range old {
+		release()
+	}
+}
+
+func (d *Driver) unhold(id string) {
+	d.mu.Lock()
+	releases := d.holds[id]
+	delete(d.holds, id)
+	d.mu.Unlock()
+	for _, release := range releases {
+		release()
+	}
 }
 
 // NodeUnpublishVolume implements the Node service: it unmounts the target,
-// removes the volume's tree and record, and unpins its blobs. Unpublishing
+// removes the volume's tree and record, and releases its blobs. Unpublishing
 // what is not published succeeds.
 func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpublishVolumeRequest) (*csipb.NodeUnpublishVolumeResponse, error) {
 	id, target := req.GetVolumeId(), req.GetTargetPath()
@@ -307,31 +323,22 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpubli
 	return &csipb.NodeUnpublishVolumeResponse{}, nil
 }
 
-// release drops volume id's tree, pins and record.
+// release drops volume id's tree, holds and record.
 func (d *Driver) release(id string) error {
-	rec, err := d.readRecord(id)
-	if errors.Is(err, os.ErrNotExist) {
-		return os.RemoveAll(d.volumeDir(id))
-	}
-	if err != nil {
-		return err
-	}
 	if err := os.RemoveAll(d.volumeDir(id)); err != nil {
 		return err
 	}
-	for _, b := range rec.Blobs {
-		if err := d.store.Unpin(b, pinOwner(id)); err != nil {
-			return fmt.Errorf("unpinning %s: %w", b, err)
-		}
-	}
-	if err := os.Remove(d.recordPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	d.unhold(id)
+	if err := os.Remove(d.recordPath(id)); errors.Is(err, os.ErrNotExist) {
+		return nil
+	} else if err != nil {
 		return err
 	}
 	return cache.SyncDir(d.cfg.StateDir)
 }
 
-// Reconcile runs at start: a volume whose target is still mounted keeps (and
-// regains) its pins; one whose target is not is released.
+// Reconcile runs at start, before the fetch queue: a volume whose target is
+// still mounted regains its holds; one whose target is not is released.
 func (d *Driver) Reconcile() error {
 	entries, err := os.ReadDir(d.cfg.StateDir)
 	if err != nil {
@@ -345,7 +352,7 @@ func (d *Driver) Reconcile() error {
 			continue
 		}
 		if mounted, _ := isMount(rec.Target); mounted {
-			errs = append(errs, d.pin(rec.VolumeID, rec.Blobs))
+			d.hold(rec.VolumeID, rec.Blobs)
 			continue
 		}
 		d.cfg.Logger.Info("releasing a volume no longer mounted", "volume", rec.VolumeID, "target", rec.Target)

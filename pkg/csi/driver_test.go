@@ -15,7 +15,6 @@ import (
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/moby/sys/mountinfo"
-	"github.com/opencontainers/go-digest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -161,13 +160,6 @@ func (n *node) unpublish(id, target string) {
 	require.NoError(n.t, err)
 }
 
-func pinnedBy(t *testing.T, store *cache.Store, d digest.Digest) []string {
-	t.Helper()
-	info, err := store.Stat(d)
-	require.NoError(t, err)
-	return info.Pins
-}
-
 func modelRepo(hub *hubtest.Hub) (commit string, files map[string]hubtest.Content) {
 	files = map[string]hubtest.Content{
 		"config.json":              hubtest.String(`{"model_type":"llama"}`),
@@ -229,7 +221,6 @@ func TestPublishModelVolume(t *testing.T) {
 			require.NoError(t, err)
 			assert.True(t, sameInode(t, blob, p), "%s is the blob's own inode", p)
 		}
-		assert.Equal(t, []string{"csi:" + keyOf(t, n, "vol-1")}, pinnedBy(t, n.store, f.Digest))
 	}
 	ref, err := os.ReadFile(filepath.Join(target, "hub", "models--org--model", "refs", "main"))
 	require.NoError(t, err)
@@ -245,25 +236,7 @@ func TestPublishModelVolume(t *testing.T) {
 
 	n.unpublish("vol-1", target)
 	assert.NoDirExists(t, target)
-	for _, f := range m.Files {
-		assert.Empty(t, pinnedBy(t, n.store, f.Digest))
-	}
 	n.unpublish("vol-1", target)
-}
-
-func keyOf(t *testing.T, n *node, id string) string {
-	t.Helper()
-	entries, err := os.ReadDir(filepath.Join(n.root, "csi"))
-	require.NoError(t, err)
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(n.root, "csi", e.Name()))
-		require.NoError(t, err)
-		if strings.Contains(string(b), `"volumeID":"`+id+`"`) {
-			return strings.TrimSuffix(e.Name(), ".json")
-		}
-	}
-	t.Fatalf("no record for volume %s", id)
-	return ""
 }
 
 func sameInode(t *testing.T, a, b string) bool {
@@ -340,39 +313,55 @@ func TestPublishBadRequests(t *testing.T) {
 	assert.NoDirExists(t, target)
 }
 
+// evictsModel reports whether fetching org/other (2 MiB, beside org/model's
+// 2.1 MiB under a 3 MiB budget) may evict org/model: it may not while a
+// volume holds it.
+func (n *node) evictsModel() bool {
+	n.t.Helper()
+	target := filepath.Join(n.root, "other")
+	var err error
+	for range 20 {
+		if err = n.publish("vol-other", target, map[string]string{csi.AttrModel: "hf://org/other"}); status.Code(err) != codes.Unavailable {
+			break
+		}
+	}
+	if status.Code(err) == codes.ResourceExhausted {
+		return false
+	}
+	require.NoError(n.t, err)
+	n.unpublish("vol-other", target)
+	return true
+}
+
 // TestAgentRestartKeepsPublishedVolume restarts the agent while a volume is
-// mounted: the mount stays and the pin comes back; once the mount is gone
-// behind the agent's back, the next start releases the pin.
+// mounted: the mount stays and its blobs are still held against eviction;
+// once the mount is gone behind the agent's back, the next start releases
+// them.
 func TestAgentRestartKeepsPublishedVolume(t *testing.T) {
 	requireRoot(t)
 	hub := hubtest.New()
 	t.Cleanup(hub.Close)
 	modelRepo(hub)
+	hub.AddRepo("org/other", map[string]hubtest.Content{"w.bin": hubtest.Generated(2<<20, 11)})
 	root := t.TempDir()
-	n := newNode(t, hub, root, nodeOpts{})
+	opts := nodeOpts{budget: 3 << 20}
+	n := newNode(t, hub, root, opts)
 	target := filepath.Join(root, "target")
 	n.publishReady("vol-1", target, map[string]string{csi.AttrModel: "hf://org/model"})
 	t.Cleanup(func() { _ = unix.Unmount(target, unix.MNT_DETACH) })
-	var m cache.Model
-	b, err := os.ReadFile(filepath.Join(target, "model.json"))
-	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal(b, &m))
+	assert.False(t, n.evictsModel(), "a published volume holds its blobs")
 	n.stop()
 
-	n = newNode(t, hub, root, nodeOpts{})
+	n = newNode(t, hub, root, opts)
 	assert.True(t, mounted(t, target))
-	_, err = os.ReadFile(filepath.Join(target, "config.json"))
+	_, err := os.ReadFile(filepath.Join(target, "config.json"))
 	require.NoError(t, err)
-	for _, f := range m.Files {
-		assert.NotEmpty(t, pinnedBy(t, n.store, f.Digest), f.Path)
-	}
+	assert.False(t, n.evictsModel(), "the hold comes back after a restart")
 	n.stop()
 
 	require.NoError(t, unix.Unmount(target, 0))
-	n = newNode(t, hub, root, nodeOpts{})
-	for _, f := range m.Files {
-		assert.Empty(t, pinnedBy(t, n.store, f.Digest), f.Path)
-	}
+	n = newNode(t, hub, root, opts)
+	assert.True(t, n.evictsModel(), "a volume no longer mounted holds nothing")
 	entries, err := os.ReadDir(filepath.Join(root, "csi"))
 	require.NoError(t, err)
 	assert.Empty(t, entries, "the record of a volume no longer mounted is dropped")

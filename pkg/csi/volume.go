@@ -20,7 +20,7 @@ import (
 // was verified at: someone changed the cache by hand.
 var ErrBrokenBlob = errors.New("cached blob missing or altered")
 
-// record is what the agent keeps per published volume, to rebuild its pins
+// record is what the agent keeps per published volume, to hold its blobs again
 // and to clean up after a restart.
 type record struct {
 	VolumeID string          `json:"volumeID"`
