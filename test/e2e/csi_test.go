@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -114,35 +115,13 @@ func (c *cluster) csiExamplePod(t *testing.T, ctx context.Context, reader string
 // target is unmounted and the record gone.
 func (c *cluster) csiRunning(t *testing.T, ctx context.Context, sleeper string) (withVolume, without float64) {
 	image := c.push(t, ctx, "sleeper", "v1", mustImage(t, sleeper, "/sleeper"))
-	yes, no := true, false
-	uid := int64(1000)
-	spec := func(volume bool) corev1.PodSpec {
-		s := corev1.PodSpec{
-			SecurityContext: &corev1.PodSecurityContext{RunAsNonRoot: &yes, RunAsUser: &uid, SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
-			Containers: []corev1.Container{{
-				Name: "c", Image: image,
-				SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: &no, Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}},
-			}},
-		}
-		if volume {
-			s.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "model", MountPath: "/models", ReadOnly: true}}
-			s.Volumes = []corev1.Volume{{Name: "model", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
-				Driver: "models.weightd.io", ReadOnly: &yes, VolumeAttributes: map[string]string{"model": "hf://org/csi-model@main", "files": "*.safetensors,*.json,*.txt"},
-			}}}}
-		}
-		return s
-	}
 	run := func(name string, volume bool) (float64, *corev1.Pod) {
 		start := time.Now()
-		_, err := c.client.CoreV1().Pods(restrictedNS).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: spec(volume)}, metav1.CreateOptions{})
-		require.NoError(t, err)
+		c.createRestricted(t, ctx, name, image, volume)
 		p := c.waitPod(t, ctx, restrictedNS, name, 2*time.Minute, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
 		return time.Since(start).Seconds(), p
 	}
-	records := func() []string {
-		r, _ := filepath.Glob(filepath.Join(c.cacheRoot, "csi", "*.json"))
-		return r
-	}
+	records := c.csiRecords
 	// The image pulled once, before anything is timed.
 	run("warm-up", false)
 	c.deletePodIn(t, ctx, restrictedNS, "warm-up")
@@ -153,7 +132,7 @@ func (c *cluster) csiRunning(t *testing.T, ctx context.Context, sleeper string) 
 		plain = append(plain, s)
 		s, p := run("volume-"+string(rune('a'+i)), true)
 		with = append(with, s)
-		target := filepath.Join(c.node.KubeletDir, "pods", string(p.UID), "volumes", "kubernetes.io~csi", "model", "mount")
+		target := c.csiTarget(p)
 		require.True(t, isMount(t, target), "the volume's target %s is not a mount", target)
 		require.Len(t, records(), 1, "the agent holds no record of the published volume")
 		c.deletePodIn(t, ctx, restrictedNS, p.Name)
@@ -165,6 +144,76 @@ func (c *cluster) csiRunning(t *testing.T, ctx context.Context, sleeper string) 
 	slices.Sort(plain)
 	t.Logf("time to Running in %s: with the CSI volume of a cached model %.2f s (runs %v), without %.2f s (runs %v)", restrictedNS, with[1], with, plain[1], plain)
 	return with[1], plain[1]
+}
+
+// createRestricted creates a pod in restrictedNS that runs image, with the
+// CSI volume of csiExamplePod's model at /models when volume is set.
+func (c *cluster) createRestricted(t *testing.T, ctx context.Context, name, image string, volume bool) {
+	t.Helper()
+	yes, no := true, false
+	uid := int64(1000)
+	s := corev1.PodSpec{
+		SecurityContext: &corev1.PodSecurityContext{RunAsNonRoot: &yes, RunAsUser: &uid, SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
+		Containers: []corev1.Container{{
+			Name: "c", Image: image,
+			SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: &no, Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}},
+		}},
+	}
+	if volume {
+		s.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "model", MountPath: "/models", ReadOnly: true}}
+		s.Volumes = []corev1.Volume{{Name: "model", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
+			Driver: "models.weightd.io", ReadOnly: &yes, VolumeAttributes: map[string]string{"model": "hf://org/csi-model@main", "files": "*.safetensors,*.json,*.txt"},
+		}}}}
+	}
+	_, err := c.client.CoreV1().Pods(restrictedNS).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: s}, metav1.CreateOptions{})
+	require.NoError(t, err)
+}
+
+// csiTarget is the host path where the kubelet has pod p's CSI volume
+// mounted.
+func (c *cluster) csiTarget(p *corev1.Pod) string {
+	return filepath.Join(c.node.KubeletDir, "pods", string(p.UID), "volumes", "kubernetes.io~csi", "model", "mount")
+}
+
+// csiRecords lists the agent's records of published volumes, each the
+// pin of its model's blobs.
+func (c *cluster) csiRecords() []string {
+	r, _ := filepath.Glob(filepath.Join(c.cacheRoot, "csi", "*.json"))
+	return r
+}
+
+// csiAgentKilled kills the agent's process while a pod's volume is
+// published, and asks for a second pod's volume while the agent is down:
+// the first pod runs on with its mount and its record (the pin), and the
+// second starts once the kubelet has restarted the agent and published
+// the volume on a retry.
+func (c *cluster) csiAgentKilled(t *testing.T, ctx context.Context, sleeper string) {
+	image := c.push(t, ctx, "sleeper", "v1", mustImage(t, sleeper, "/sleeper"))
+	c.createRestricted(t, ctx, "survivor", image, true)
+	survivor := c.waitPod(t, ctx, restrictedNS, "survivor", 2*time.Minute, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	target := c.csiTarget(survivor)
+	require.True(t, isMount(t, target))
+	require.Len(t, c.csiRecords(), 1)
+
+	agent := c.agentPod(t, ctx)
+	restarts := agent.Status.ContainerStatuses[0].RestartCount
+	require.NoError(t, syscall.Kill(agentPID(t), syscall.SIGKILL))
+	c.createRestricted(t, ctx, "during-restart", image, true)
+	c.waitPod(t, ctx, namespace, agent.Name, 3*time.Minute, func(p *corev1.Pod) bool {
+		return p.Status.ContainerStatuses[0].RestartCount > restarts && podReady(p)
+	})
+	c.waitPod(t, ctx, restrictedNS, "during-restart", 3*time.Minute, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+
+	p, err := c.client.CoreV1().Pods(restrictedNS).Get(ctx, "survivor", metav1.GetOptions{})
+	require.NoError(t, err)
+	require.Equal(t, corev1.PodRunning, p.Status.Phase)
+	require.Zero(t, p.Status.ContainerStatuses[0].RestartCount)
+	require.True(t, isMount(t, target), "the survivor's volume was unmounted by the agent's restart")
+	require.Len(t, c.csiRecords(), 2, "the agent's records after its restart")
+	c.deletePodIn(t, ctx, restrictedNS, "survivor")
+	c.deletePodIn(t, ctx, restrictedNS, "during-restart")
+	require.Eventually(t, func() bool { return !isMount(t, target) && len(c.csiRecords()) == 0 }, time.Minute, 250*time.Millisecond,
+		"after the pods' deletion: records %v", c.csiRecords())
 }
 
 // isMount says whether path is a mount point on the host.

@@ -131,6 +131,9 @@ func TestKubelet(t *testing.T) {
 		line.CSIModelByName = c.csiExamplePod(t, ctx, reader)
 		line.CSIPodRunningS, line.PlainPodRunningS = c.csiRunning(t, ctx, sleeper)
 	})
+	t.Run("CSIAgentKilled", func(t *testing.T) {
+		c.csiAgentKilled(t, ctx, sleeper)
+	})
 	t.Run("RollingUpdateKeepsCacheAndDownloads", func(t *testing.T) {
 		c.survives(t, ctx, sleeper, "org/rolled", 7, func() {
 			c.helmRun(t, ctx, "upgrade", release, filepath.Join(c.root, "charts", "weightd"), "--namespace", namespace, "-f", c.values, "--set", "image.tag="+c.tags[1])
