@@ -126,7 +126,7 @@ fuzz:
 	  $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) ./$$dir; \
 	done
 
-## manifests: render deploy/daemonset, deploy/scheduler and deploy/monitoring from the Helm chart (charts/weightd); a test in test/deploy fails while they differ
+## manifests: render deploy/daemonset, deploy/csi, deploy/scheduler and deploy/monitoring from the Helm chart (charts/weightd); a test in test/deploy fails while they differ
 manifests: helm
 	$(GO) run ./test/deploy/cmd/manifests
 

@@ -1,7 +1,7 @@
 // Command e2e prints the line of the real-kubelet end-to-end test
 // (test/e2e, TestKubelet) for dashboards to watch:
 //
-//	{"bench":"kubelet-e2e","nodes":1,"image_via_mirror":true,"model_by_name":true,"pod_ready_s":…,"image_pull_s":…}
+//	{"bench":"kubelet-e2e","nodes":1,"image_via_mirror":true,"model_by_name":true,"pod_ready_s":…,"image_pull_s":…,"csi_model_by_name":true,"csi_pod_running_s":…,"plain_pod_running_s":…}
 //
 // image_via_mirror: the kubelet's CRI pull of a pod's image went through
 // weightd's mirror (its bytes counted there, one copy from the registry);
@@ -10,7 +10,12 @@
 // pod_ready_s: that pod's creation to its container's success (the init
 // container waiting on the agent's download included); image_pull_s: the
 // first pod's creation to Running, its 16 MiB image pulled through the
-// mirror. The test does the work, so that the line is only printed when
+// mirror; csi_model_by_name: the CSI example pod (Pod Security restricted)
+// read its model by name through the volume's hub cache; csi_pod_running_s
+// and plain_pod_running_s: the median of three creations to Running of a pod
+// with the CSI volume of a model already on the node and of the same pod
+// without it, alternating in the same run (the volume's cost is the
+// difference). The test does the work, so that the line is only printed when
 // every check passes; it needs what the test needs (root, `make test-deps`).
 //
 //	go run ./bench/e2e

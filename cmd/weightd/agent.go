@@ -22,6 +22,7 @@ import (
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/containerd"
+	"github.com/weightd/weightd/pkg/csi"
 	"github.com/weightd/weightd/pkg/loadtrace"
 	"github.com/weightd/weightd/pkg/mirror"
 	"github.com/weightd/weightd/pkg/nvml"
@@ -57,6 +58,7 @@ type agentConfig struct {
 	warmConfig
 	loadTraceConfig
 	tracingConfig
+	csiConfig
 	// tracerProvider is what components trace with; nil: no tracing. The
 	// agent command builds it from tracingConfig.
 	tracerProvider trace.TracerProvider `kong:"-"`
@@ -119,6 +121,7 @@ type agent struct {
 	warm    *warmpool.Pool       // nil when the warm pool is off
 	dram    *pagecache.Tier      // nil without a DRAM budget for warm bases
 	loads   *loadtrace.Tracer    // nil when the load tracer is off
+	csi     *csi.Server          // nil when the CSI plugin is off
 	reg     *prometheus.Registry // every component's metrics
 	running atomic.Bool
 }
@@ -236,6 +239,9 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 		return nil, err
 	}
 	if a.kube, err = newKube(cfg.kubeConfig, cfg.NodeName, a.queue, a.store, a.warm, log, reg); err != nil {
+		return nil, err
+	}
+	if a.csi, err = newCSI(cfg.csiConfig, cfg.Root, cfg.NodeName, a.store, a.queue, log.With("component", "csi")); err != nil {
 		return nil, err
 	}
 	var nodeEvent func(eventType, reason, message string) bool
@@ -359,6 +365,9 @@ func (a *agent) Run(ctx context.Context) error {
 	}
 	if a.warm != nil {
 		g.Go(func() error { return a.warm.Run(gctx) })
+	}
+	if a.csi != nil {
+		g.Go(func() error { return a.csi.Run(gctx) })
 	}
 	if a.dram != nil {
 		g.Go(func() error { return a.dram.Run(gctx) })

@@ -59,6 +59,7 @@ agent:
 		importConfig:    importConfig{ContainerdNamespace: "k8s.io", Snapshotter: "overlayfs"},
 		loadTraceConfig: loadTraceConfig{LoadTrace: true, CgroupRoot: "/sys/fs/cgroup"},
 		tracingConfig:   tracingConfig{OtelSampleRatio: 1},
+		csiConfig:       csiConfig{KubeletRegistrationDir: "/var/lib/kubelet/plugins_registry", KubeletDir: "/var/lib/kubelet"},
 	}, LogLevel: slog.LevelInfo, LogFormat: "text"}
 
 	tests := []struct {
@@ -69,6 +70,14 @@ agent:
 		wantErr string
 	}{
 		{name: "defaults", args: nil, want: func(*agentCmd) {}},
+		{
+			name: "csi flags and environment",
+			args: []string{"--csi-endpoint", "unix:///k/plugins/models.weightd.io/csi.sock", "--kubelet-dir", "/k"},
+			env:  map[string]string{"WEIGHTD_KUBELET_REGISTRATION_DIR": "/k/plugins_registry", "WEIGHTD_CSI_ALLOWED_REFS": "team-a=hf://org/"},
+			want: func(c *agentCmd) {
+				c.csiConfig = csiConfig{CSIEndpoint: "unix:///k/plugins/models.weightd.io/csi.sock", KubeletRegistrationDir: "/k/plugins_registry", KubeletDir: "/k", CSIAllowedRefs: "team-a=hf://org/"}
+			},
+		},
 		{
 			name: "flags",
 			args: []string{"--root", "/r", "--api", "tcp://127.0.0.1:9000", "--metrics-addr=", "--chunk-size", "4MiB",

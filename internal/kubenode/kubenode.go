@@ -53,6 +53,12 @@ type Node struct {
 	Containerd *services.Containerd
 	// Dir is Config.Dir.
 	Dir string
+	// KubeletDir is the kubelet's root directory (--root-dir), which holds
+	// its plugins/ and plugins_registry/ and the pods' volumes. The kubelet
+	// makes it a shared mount at start, so that a CSI node plugin's pod that
+	// mounts it with Bidirectional propagation mounts the pods' volumes in
+	// it.
+	KubeletDir string
 
 	env     *kubetest.Env
 	bridge  string
@@ -100,7 +106,7 @@ func Start(ctx context.Context, env *kubetest.Env, cfg Config) (_ *Node, err err
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{Name: cfg.Name, Dir: dir, env: env, bridge: "kn" + strconv.FormatUint(uint64(fnv32(cfg.Name)), 36)}
+	n := &Node{Name: cfg.Name, Dir: dir, KubeletDir: filepath.Join(dir, "kubelet", "root"), env: env, bridge: "kn" + strconv.FormatUint(uint64(fnv32(cfg.Name)), 36)}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, n.Close())
@@ -223,7 +229,7 @@ func (n *Node) StartKubelet(ctx context.Context) error {
 	cmd := exec.Command(bin,
 		"--config="+config,
 		"--kubeconfig="+kubeconfig,
-		"--root-dir="+filepath.Join(kdir, "root"),
+		"--root-dir="+n.KubeletDir,
 		"--cert-dir="+filepath.Join(kdir, "pki"),
 		"--hostname-override="+n.Name,
 		"--v=2",

@@ -68,3 +68,73 @@ func TestPodRuns(t *testing.T) {
 	require.Len(t, pod.Status.ContainerStatuses, 1)
 	require.Equal(t, int32(3), pod.Status.ContainerStatuses[0].State.Terminated.ExitCode)
 }
+
+// TestBidirectionalKubeletDir: a privileged pod that mounts the node's
+// KubeletDir with Bidirectional propagation, as a CSI node plugin's
+// DaemonSet does, is started by the runtime (which refuses it on a private
+// mount), and a mount it makes under plugins/ is seen by the host, where
+// the kubelet would bind it into another pod.
+func TestBidirectionalKubeletDir(t *testing.T) {
+	requireNode(t)
+	env := kubetest.NewT(t, kubetest.Config{ControlPlane: true})
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	node, err := kubenode.Start(ctx, env, kubenode.Config{Name: "kn-bidi", Dir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, node.Close()) })
+
+	bin, err := kubenode.BuildStatic(ctx, filepath.Join(t.TempDir(), "build"), "mounter", `package main
+
+import (
+	"os"
+	"syscall"
+	"time"
+)
+
+func main() {
+	dir := os.Args[1]
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		panic(err)
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+		panic(err)
+	}
+	if err := os.WriteFile(dir+"/seen", []byte("mounted in the pod"), 0o644); err != nil {
+		panic(err)
+	}
+	time.Sleep(time.Hour)
+}
+`)
+	require.NoError(t, err)
+	img, err := kubenode.ProgramImage(bin, "/mounter")
+	require.NoError(t, err)
+	require.NoError(t, node.ImportImage(ctx, "kubenode.test/mounter:1", img))
+
+	target := filepath.Join(node.KubeletDir, "plugins", "kubenode.test", "mnt")
+	privileged, bidirectional := true, corev1.MountPropagationBidirectional
+	_, err = env.Clientset().CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "mounter"},
+		Spec: corev1.PodSpec{
+			NodeName: node.Name,
+			Containers: []corev1.Container{{
+				Name: "c", Image: "kubenode.test/mounter:1", ImagePullPolicy: corev1.PullNever,
+				Args:            []string{target},
+				SecurityContext: &corev1.SecurityContext{Privileged: &privileged},
+				VolumeMounts:    []corev1.VolumeMount{{Name: "kubelet", MountPath: node.KubeletDir, MountPropagation: &bidirectional}},
+			}},
+			Volumes: []corev1.Volume{{Name: "kubelet", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: node.KubeletDir}}}},
+		},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	var got []byte
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(250 * time.Millisecond) {
+		if got, err = os.ReadFile(filepath.Join(target, "seen")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			pod, _ := env.Clientset().CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, "mounter", metav1.GetOptions{})
+			t.Fatalf("the pod's mount never reached the host: %v\npod status %+v\n%s", err, pod.Status, node.LogTail())
+		}
+	}
+	require.Equal(t, "mounted in the pod", string(got))
+}

@@ -17,7 +17,7 @@ import (
 	"github.com/weightd/weightd/pkg/podrequest"
 )
 
-const examplePod = "../../deploy/examples/pod-with-model.yaml"
+const examplePod = "../../deploy/examples/pod-with-model-hostpath.yaml"
 
 // readExamplePod parses the example strictly: an unknown or misspelt field
 // is an error.
@@ -30,7 +30,7 @@ func readExamplePod(t *testing.T) *corev1.Pod {
 	return &pod
 }
 
-// TestExamplePod keeps deploy/examples/pod-with-model.yaml consistent: the
+// TestExamplePod keeps deploy/examples/pod-with-model-hostpath.yaml consistent: the
 // annotation parses, the init container waits for the same model through the
 // agent's socket, the affinity names that model's label, the server mounts
 // the cache read-only.

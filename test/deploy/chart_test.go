@@ -16,10 +16,12 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
 	"github.com/weightd/weightd/internal/services"
+	"github.com/weightd/weightd/pkg/csi"
 	"github.com/weightd/weightd/pkg/peertls"
 	"github.com/weightd/weightd/test/deploy/manifests"
 )
@@ -49,6 +51,8 @@ var everything = []string{
 	"warm.dramBudget=200GiB",
 	"warm.stageDir=/tmp/e2e/containerd/root/weightd/stage",
 	"loadTrace.enabled=false",
+	"csi.enabled=true",
+	"csi.kubeletDir=/tmp/e2e/kubelet",
 	"agent.metricsPort=19464",
 	"agent.runDir=/tmp/e2e/run/weightd",
 	"agent.fetchAllowCIDRs={127.0.0.1/32,fd00::/8}",
@@ -113,6 +117,7 @@ type rendered struct {
 	jobs        map[string]*batchv1.Job
 	configMaps  map[string]*corev1.ConfigMap
 	secrets     map[string]*corev1.Secret
+	csiDrivers  map[string]*storagev1.CSIDriver
 	objects     []*unstructured.Unstructured // every document
 }
 
@@ -127,7 +132,8 @@ func render(t *testing.T, set ...string) *rendered {
 		t.Fatal(err)
 	}
 	r := &rendered{docs: docs, daemonSets: map[string]*appsv1.DaemonSet{}, deployments: map[string]*appsv1.Deployment{},
-		jobs: map[string]*batchv1.Job{}, configMaps: map[string]*corev1.ConfigMap{}, secrets: map[string]*corev1.Secret{}}
+		jobs: map[string]*batchv1.Job{}, configMaps: map[string]*corev1.ConfigMap{}, secrets: map[string]*corev1.Secret{},
+		csiDrivers: map[string]*storagev1.CSIDriver{}}
 	for _, d := range docs {
 		u := &unstructured.Unstructured{}
 		if err := yaml.Unmarshal([]byte(d.Body), &u.Object); err != nil {
@@ -151,6 +157,9 @@ func render(t *testing.T, set ...string) *rendered {
 		case "Secret":
 			s := &corev1.Secret{}
 			r.secrets[u.GetName()], into = s, s
+		case "CSIDriver":
+			d := &storagev1.CSIDriver{}
+			r.csiDrivers[u.GetName()], into = d, d
 		case "ServiceAccount":
 			into = &corev1.ServiceAccount{}
 		case "Service":
@@ -275,10 +284,96 @@ func TestChartDefaults(t *testing.T) {
 		t.Errorf("gossip Secret %+v: want one kept across uninstall, with a key", s)
 	}
 	checkPeerCA(t, c.Args, r.secrets["weightd-peer-ca"])
-	if err := checkLinkLayout(ds.Spec.Template.Spec, agentConfig(t, r.configMaps["weightd-config"]), "/var/lib/containerd"); err != nil {
+	cfg := agentConfig(t, r.configMaps["weightd-config"])
+	if err := checkLinkLayout(ds.Spec.Template.Spec, cfg, "/var/lib/containerd"); err != nil {
 		t.Error(err)
 	}
 	checkCleanupHook(t, r, ds, "/etc/containerd/certs.d", "docker.io,ghcr.io,nvcr.io,registry.k8s.io")
+	// No CSI driver: the agent stays unprivileged, away from the kubelet's
+	// directory.
+	if len(r.csiDrivers) > 0 || cfg["csi-endpoint"] != nil {
+		t.Errorf("CSIDriver %v, csi-endpoint %v by default", r.csiDrivers, cfg["csi-endpoint"])
+	}
+	if sc := c.SecurityContext; sc == nil || sc.Privileged == nil || *sc.Privileged || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		t.Errorf("security context %+v: want no privilege and no escalation", sc)
+	}
+	for _, m := range c.VolumeMounts {
+		if m.MountPropagation != nil || strings.HasPrefix(m.MountPath, "/var/lib/kubelet") {
+			t.Errorf("volumeMount %+v by default", m)
+		}
+	}
+}
+
+// TestChartCSI: csi.enabled makes the agent the node plugin of
+// models.weightd.io at the kubelet directory given: the CSIDriver the
+// kubelet looks the driver up by, the agent's sockets in that directory's
+// plugins/ and plugins_registry/, and that directory mounted at its own
+// path with Bidirectional propagation, which the API server accepts only
+// in a privileged container; the cache's hard-link layout is unchanged.
+func TestChartCSI(t *testing.T) {
+	t.Parallel()
+	const kubeletDir = "/var/lib/k0s/kubelet"
+	r := render(t, "csi.enabled=true", "csi.kubeletDir="+kubeletDir+"/",
+		"csi.allowedRefs[0].namespace=team-a", "csi.allowedRefs[0].prefixes={hf://org-a/,oci://registry.example/models}",
+		"csi.allowedRefs[1].namespace=*", "csi.allowedRefs[1].prefixes={hf://public/}")
+	d := r.csiDrivers["models.weightd.io"]
+	if d == nil {
+		t.Fatalf("no CSIDriver models.weightd.io: %v", r.csiDrivers)
+	}
+	if d.Spec.AttachRequired == nil || *d.Spec.AttachRequired || d.Spec.PodInfoOnMount == nil || !*d.Spec.PodInfoOnMount ||
+		d.Spec.FSGroupPolicy == nil || *d.Spec.FSGroupPolicy != storagev1.NoneFSGroupPolicy ||
+		!slices.Equal(d.Spec.VolumeLifecycleModes, []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecycleEphemeral}) {
+		t.Errorf("CSIDriver spec %+v: want no attach, pod info on mount, no fsGroup changes, ephemeral volumes", d.Spec)
+	}
+	cfg := agentConfig(t, r.configMaps["weightd-config"])
+	for k, want := range map[string]string{
+		"csi-endpoint":             "unix://" + kubeletDir + "/plugins/models.weightd.io/csi.sock",
+		"kubelet-registration-dir": kubeletDir + "/plugins_registry",
+		"kubelet-dir":              kubeletDir,
+	} {
+		if cfg[k] != want {
+			t.Errorf("config %s = %#v, want %q", k, cfg[k], want)
+		}
+	}
+	// The agent's own parser reads the allowlist as the values say.
+	allow, err := csi.ParseAllowlist(fmt.Sprint(cfg["csi-allowed-refs"]))
+	if err != nil {
+		t.Fatalf("csi-allowed-refs %v: %v", cfg["csi-allowed-refs"], err)
+	}
+	for _, tc := range []struct {
+		ns, ref string
+		ok      bool
+	}{
+		{"team-a", "hf://org-a/model@main", true},
+		{"team-a", "oci://registry.example/models/llm:v1", true},
+		{"team-b", "hf://public/model@main", true},
+		{"team-b", "hf://org-a/model@main", false},
+	} {
+		if err := allow.Check(tc.ns, tc.ref); (err == nil) != tc.ok {
+			t.Errorf("namespace %s, %s: %v, want allowed %v", tc.ns, tc.ref, err, tc.ok)
+		}
+	}
+	ds := r.daemonSets["weightd"]
+	if ds == nil {
+		t.Fatal("no DaemonSet weightd")
+	}
+	spec := ds.Spec.Template.Spec
+	c := spec.Containers[0]
+	if err := checkLinkLayout(spec, cfg, "/var/lib/containerd"); err != nil {
+		t.Error(err)
+	}
+	m := mountFor(c, kubeletDir+"/plugins_registry")
+	if m == nil || m.MountPath != kubeletDir || m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationBidirectional || m.ReadOnly {
+		t.Fatalf("the kubelet's directory is mounted as %+v: want %s, writable, Bidirectional", m, kubeletDir)
+	}
+	for _, v := range spec.Volumes {
+		if v.Name == m.Name && (v.HostPath == nil || v.HostPath.Path != kubeletDir || v.HostPath.Type == nil || *v.HostPath.Type != corev1.HostPathDirectory) {
+			t.Errorf("volume %s: %+v, want the host's %s, which must exist", v.Name, v.VolumeSource, kubeletDir)
+		}
+	}
+	if sc := c.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged || (sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation) {
+		t.Errorf("security context %+v: Bidirectional propagation needs a privileged container", sc)
+	}
 }
 
 // TestChartEverything renders every optional feature, with the values the
@@ -460,6 +555,16 @@ func TestChartBadValues(t *testing.T) {
 		{[]string{"containerd.socket=/run/../containerd.sock"}, "containerd.socket \"/run/../containerd.sock\": give a clean absolute path"},
 		{[]string{"warm.stageDir=/var/lib/weightd/adapters"}, `warm.stageDir "/var/lib/weightd/adapters" is not inside containerd.root`},
 		{[]string{"loadTrace.mount=models"}, `loadTrace.mount "models" is not an absolute path`},
+		{[]string{"csi.enabled=true", "csi.kubeletDir=var/lib/kubelet"}, `csi.kubeletDir "var/lib/kubelet" is not an absolute path`},
+		{[]string{"csi.enabled=true", "csi.kubeletDir=/"}, "csi.kubeletDir is /"},
+		{[]string{"csi.kubeletDir=/var/lib/../kubelet"}, `csi.kubeletDir "/var/lib/../kubelet": give a clean absolute path`},
+		{[]string{"csi.kubeletDir="}, "at '/csi/kubeletDir'"},
+		{[]string{"csi.enabled=yes"}, "at '/csi/enabled': got string, want boolean"},
+		{[]string{"csi.driver=models.example.com"}, "additional properties 'driver' not allowed"},
+		{[]string{"agent.config.csi-endpoint=unix:///tmp/csi.sock"}, "agent.config.csi-endpoint is set by the chart"},
+		{[]string{"csi.allowedRefs[0].namespace=Team_A", "csi.allowedRefs[0].prefixes={*}"}, "at '/csi/allowedRefs/0/namespace'"},
+		{[]string{"csi.allowedRefs[0].namespace=team-a", "csi.allowedRefs[0].prefixes={hf://a;b}"}, "at '/csi/allowedRefs/0/prefixes/0'"},
+		{[]string{"csi.allowedRefs[0].namespace=team-a"}, "at '/csi/allowedRefs/0'"},
 		{[]string{"agent.logFormat=xml"}, "at '/agent/logFormat': value must be one of 'text', 'json'"},
 		{[]string{"agent.config.root=/data"}, "agent.config.root is set by the chart"},
 		{[]string{"agent.fetchAllowCIDRs={metadata.internal}"}, "at '/agent/fetchAllowCIDRs/0'"},
@@ -543,6 +648,59 @@ func TestKustomizeLinkLayout(t *testing.T) {
 	}
 	if err := checkLinkLayout(ds.Spec.Template.Spec, parseAgentConfig(t, b), "/var/lib/containerd"); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestKustomizeCSI: deploy/csi, built by kustomize over deploy/daemonset,
+// is the chart's rendering with csi.enabled=true: the same CSIDriver, and
+// the same DaemonSet once its patch is applied over the base's (which a
+// strategic merge could get wrong: a list merged where it should be
+// replaced, a field of the base left behind).
+func TestKustomizeCSI(t *testing.T) {
+	t.Parallel()
+	kc := kubectl(t)
+	out, err := exec.CommandContext(t.Context(), kc, "kustomize", repoRoot+"/deploy/csi").Output()
+	if err != nil {
+		t.Fatalf("kubectl kustomize deploy/csi: %v", err)
+	}
+	built := map[string]string{}
+	for _, doc := range strings.Split(string(out), "\n---\n") {
+		u := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
+			t.Fatal(err)
+		}
+		built[u.GetKind()+"/"+u.GetName()] = doc
+	}
+	r := render(t, "gossip.existingSecret="+manifests.GossipSecret, "peerTLS.existingSecret="+manifests.PeerCASecret, "csi.enabled=true")
+
+	var gotDriver storagev1.CSIDriver
+	if err := yaml.UnmarshalStrict([]byte(built["CSIDriver/models.weightd.io"]), &gotDriver); err != nil {
+		t.Fatalf("the built CSIDriver: %v", err)
+	}
+	if !equalJSON(t, gotDriver.Spec, r.csiDrivers["models.weightd.io"].Spec) {
+		t.Errorf("the built CSIDriver's spec %+v differs from the chart's", gotDriver.Spec)
+	}
+
+	var got appsv1.DaemonSet
+	if err := yaml.UnmarshalStrict([]byte(built["DaemonSet/weightd"]), &got); err != nil {
+		t.Fatalf("the built DaemonSet: %v", err)
+	}
+	want := r.daemonSets["weightd"].Spec.Template.Spec
+	gotSpec := got.Spec.Template.Spec
+	// kustomize names the generated ConfigMap with a hash of its contents.
+	for i, v := range gotSpec.Volumes {
+		if v.ConfigMap != nil && strings.HasPrefix(v.ConfigMap.Name, "weightd-config-") {
+			name := v.ConfigMap.Name
+			if cm := built["ConfigMap/"+name]; !strings.Contains(cm, "csi-endpoint: unix:///var/lib/kubelet/plugins/models.weightd.io/csi.sock") {
+				t.Errorf("the built ConfigMap %s is not the CSI config:\n%s", name, cm)
+			}
+			gotSpec.Volumes[i].ConfigMap.Name = "weightd-config"
+		}
+	}
+	if !equalJSON(t, gotSpec, want) {
+		gy, _ := yaml.Marshal(gotSpec)
+		wy, _ := yaml.Marshal(want)
+		t.Errorf("kustomize build deploy/csi's DaemonSet pod spec differs from the chart's with csi.enabled:\n%s\nwant:\n%s", gy, wy)
 	}
 }
 

@@ -135,6 +135,13 @@ func TestApply(t *testing.T) {
 		t.Errorf("kubectl diff after the apply: %v\n%s", err, out)
 	}
 
+	// deploy/csi over what is applied: the API server takes the CSIDriver
+	// and the agent's Bidirectional mount, which it refuses unless the
+	// container is privileged.
+	if out := k("apply", "--dry-run=server", "-k", "../../deploy/csi"); strings.Contains(out, "Warning") || !strings.Contains(out, "csidriver.storage.k8s.io/models.weightd.io created (server dry run)") {
+		t.Errorf("the dry run of deploy/csi:\n%s", out)
+	}
+
 	t.Run("OwnNodeOnly", func(t *testing.T) { testOwnNodeOnly(t, env) })
 	t.Run("Agent", func(t *testing.T) { testAgent(t, env, ds.Spec.Template.Spec.Containers[0]) })
 	// The API server type-checks the expressions against Node and Pod in

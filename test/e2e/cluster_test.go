@@ -136,6 +136,9 @@ func newCluster(t *testing.T, ctx context.Context) *cluster {
 			},
 		},
 	}
+	// The agent is the node plugin of models.weightd.io, at the kubelet's
+	// directory of this node.
+	values["csi"] = map[string]any{"enabled": true, "kubeletDir": c.node.KubeletDir}
 	// The post-delete hook's Job asks the API server too.
 	values["cleanup"] = map[string]any{"extraEnv": values["agent"].(map[string]any)["extraEnv"]}
 	b, err := yaml.Marshal(values)

@@ -93,6 +93,12 @@ type benchLine struct {
 	ModelByName    bool    `json:"model_by_name"`
 	PodReadyS      float64 `json:"pod_ready_s"`
 	ImagePullS     float64 `json:"image_pull_s"`
+	// The CSI volume: the example read its model by name, and the median
+	// time to Running of a pod with the volume of a cached model and of
+	// the same pod without it, alternating in one run.
+	CSIModelByName   bool    `json:"csi_model_by_name"`
+	CSIPodRunningS   float64 `json:"csi_pod_running_s"`
+	PlainPodRunningS float64 `json:"plain_pod_running_s"`
 }
 
 // TestKubelet installs weightd with its chart on a real node and checks,
@@ -120,6 +126,13 @@ func TestKubelet(t *testing.T) {
 	})
 	t.Run("StatusLabelAndPolicy", func(t *testing.T) {
 		c.statusLabelAndPolicy(t, ctx, sleeper)
+	})
+	t.Run("CSIVolumeUnderRestricted", func(t *testing.T) {
+		line.CSIModelByName = c.csiExamplePod(t, ctx, reader)
+		line.CSIPodRunningS, line.PlainPodRunningS = c.csiRunning(t, ctx, sleeper)
+	})
+	t.Run("CSIAgentKilled", func(t *testing.T) {
+		c.csiAgentKilled(t, ctx, sleeper)
 	})
 	t.Run("RollingUpdateKeepsCacheAndDownloads", func(t *testing.T) {
 		c.survives(t, ctx, sleeper, "org/rolled", 7, func() {
@@ -255,7 +268,7 @@ func (c *cluster) prefetchLinks(t *testing.T, ctx context.Context, sleeper strin
 	c.deletePod(t, ctx, pod.Name)
 }
 
-// modelPod runs deploy/examples/pod-with-model.yaml as written, but for
+// modelPod runs deploy/examples/pod-with-model-hostpath.yaml as written, but for
 // the model of the test's hub, this image registry and the node's cache
 // path, and with a container that reads the model by name offline in
 // place of the GPU server. It returns whether the reader found every byte
@@ -275,7 +288,7 @@ func (c *cluster) modelPod(t *testing.T, ctx context.Context, reader string) (bo
 	}
 
 	readerRef := c.push(t, ctx, "reader", "v1", mustImage(t, reader, "/reader"))
-	b, err := os.ReadFile(filepath.Join(c.root, "deploy", "examples", "pod-with-model.yaml"))
+	b, err := os.ReadFile(filepath.Join(c.root, "deploy", "examples", "pod-with-model-hostpath.yaml"))
 	require.NoError(t, err)
 	var pod corev1.Pod
 	require.NoError(t, yaml.UnmarshalStrict(b, &pod))
@@ -481,13 +494,20 @@ func (c *cluster) runPod(t *testing.T, ctx context.Context, podName, image strin
 	c.waitPod(t, ctx, metav1.NamespaceDefault, podName, 3*time.Minute, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
 }
 
-// deletePod deletes a pod and waits until it is gone.
+// deletePod deletes a pod of the default namespace and waits until it is
+// gone.
 func (c *cluster) deletePod(t *testing.T, ctx context.Context, podName string) {
 	t.Helper()
+	c.deletePodIn(t, ctx, metav1.NamespaceDefault, podName)
+}
+
+// deletePodIn deletes pod ns/podName and waits until it is gone.
+func (c *cluster) deletePodIn(t *testing.T, ctx context.Context, ns, podName string) {
+	t.Helper()
 	grace := int64(0)
-	require.NoError(t, c.client.CoreV1().Pods(metav1.NamespaceDefault).Delete(ctx, podName, metav1.DeleteOptions{GracePeriodSeconds: &grace}))
+	require.NoError(t, c.client.CoreV1().Pods(ns).Delete(ctx, podName, metav1.DeleteOptions{GracePeriodSeconds: &grace}))
 	require.Eventually(t, func() bool {
-		_, err := c.client.CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, podName, metav1.GetOptions{})
+		_, err := c.client.CoreV1().Pods(ns).Get(ctx, podName, metav1.GetOptions{})
 		return err != nil
 	}, 2*time.Minute, 250*time.Millisecond)
 }

@@ -111,3 +111,14 @@ extenders:
     httpTimeout: 2s
     enableHTTPS: false
 {{- end -}}
+
+{{/* The kubelet's root directory without a trailing slash. */}}
+{{- define "weightd.kubeletDir" -}}
+{{- if eq .Values.csi.kubeletDir "/" -}}/{{- else -}}{{- trimSuffix "/" .Values.csi.kubeletDir -}}{{- end -}}
+{{- end -}}
+
+{{/*
+The CSI driver's name: what pods write in their csi volumes, and the
+kubelet's directory of the plugin's socket.
+*/}}
+{{- define "weightd.csiDriver" -}}models.weightd.io{{- end -}}

@@ -85,6 +85,17 @@ var renders = []render{
 		},
 	},
 	{
+		// deploy/csi, an overlay of deploy/daemonset: the CSIDriver, and the
+		// DaemonSet and config whole, which its kustomization patches over
+		// the base's.
+		set: []string{"gossip.existingSecret=" + GossipSecret, "peerTLS.existingSecret=" + PeerCASecret, "csi.enabled=true"},
+		files: map[string]target{
+			"templates/csidriver.yaml": {path: "deploy/csi/csidriver.yaml"},
+			"templates/daemonset.yaml": {path: "deploy/csi/daemonset.yaml"},
+			"templates/configmap.yaml": {path: "deploy/csi/config.yaml", extract: "config.yaml"},
+		},
+	},
+	{
 		set: []string{"gossip.existingSecret=" + GossipSecret, "peerTLS.existingSecret=" + PeerCASecret, "extender.enabled=true", "extender.scheduler=cluster"},
 		files: map[string]target{
 			"templates/extender/rbac.yaml":             {path: "deploy/scheduler/rbac.yaml"},
@@ -298,7 +309,7 @@ func Write(root string, files []File) error {
 
 // Generated are the directories whose files are all rendered, but for the
 // hand-written ones in HandWritten.
-var Generated = []string{"deploy/daemonset", "deploy/scheduler", "deploy/monitoring"}
+var Generated = []string{"deploy/daemonset", "deploy/csi", "deploy/scheduler", "deploy/monitoring"}
 
 // HandWritten are the files of the Generated directories that are not
 // rendered: the kustomizations, the namespace (Helm's --create-namespace
@@ -306,6 +317,7 @@ var Generated = []string{"deploy/daemonset", "deploy/scheduler", "deploy/monitor
 var HandWritten = []string{
 	"deploy/daemonset/kustomization.yaml",
 	"deploy/daemonset/namespace.yaml",
+	"deploy/csi/kustomization.yaml",
 	"deploy/scheduler/README.md",
 	"deploy/scheduler/kustomization.yaml",
 	"deploy/scheduler/second-scheduler/kustomization.yaml",

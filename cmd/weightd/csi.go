@@ -1,0 +1,49 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/csi"
+	"github.com/weightd/weightd/pkg/prefetch"
+)
+
+// csiConfig configures the CSI node plugin (models as volumes).
+type csiConfig struct {
+	CSIEndpoint            string `name:"csi-endpoint" help:"unix:// socket of the CSI node plugin (driver models.weightd.io), e.g. unix:///var/lib/kubelet/plugins/models.weightd.io/csi.sock; empty disables it." env:"WEIGHTD_CSI_ENDPOINT"`
+	KubeletRegistrationDir string `name:"kubelet-registration-dir" help:"The kubelet's plugin-registration directory, where the agent serves models.weightd.io-reg.sock so the kubelet finds the CSI plugin without a registrar sidecar." default:"/var/lib/kubelet/plugins_registry" env:"WEIGHTD_KUBELET_REGISTRATION_DIR" type:"path"`
+	KubeletDir             string `name:"kubelet-dir" help:"The kubelet's directory: the CSI plugin mounts model volumes only at targets under it (mounted into the agent with Bidirectional propagation)." default:"/var/lib/kubelet" env:"WEIGHTD_KUBELET_DIR" type:"path"`
+	CSIAllowedRefs         string `name:"csi-allowed-refs" help:"Which references each namespace may mount as a CSI volume: NS=PREFIX[;PREFIX…],… (NS * is every namespace, PREFIX * every reference), compared with the canonical reference (hf://org/name@rev, oci://host/repo:tag). Default: any reference; whose credentials fetch it is --agent-credentials' rule." env:"WEIGHTD_CSI_ALLOWED_REFS"`
+}
+
+// newCSI builds the CSI plugin's server, or returns nil when it is off. Its
+// records live under <root>/csi; volumes it finds no longer mounted are
+// released before it serves.
+func newCSI(cfg csiConfig, root, nodeName string, store *cache.Store, queue *prefetch.Queue, log *slog.Logger) (*csi.Server, error) {
+	if cfg.CSIEndpoint == "" {
+		return nil, nil
+	}
+	allow, err := csi.ParseAllowlist(cfg.CSIAllowedRefs)
+	if err != nil {
+		return nil, fmt.Errorf("--csi-allowed-refs: %w", err)
+	}
+	if nodeName == "" {
+		if nodeName, err = os.Hostname(); err != nil {
+			return nil, fmt.Errorf("csi: node name: %w", err)
+		}
+	}
+	driver, err := csi.NewDriver(store, queue, csi.Config{
+		NodeID: nodeName, StateDir: filepath.Join(root, "csi"), TargetRoot: cfg.KubeletDir,
+		Allow: allow, Version: version, Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := driver.Reconcile(); err != nil {
+		log.Warn("reconciling CSI volumes with the node's mounts", "err", err)
+	}
+	return csi.NewServer(driver, cfg.CSIEndpoint, cfg.KubeletRegistrationDir)
+}

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/csi"
+)
+
+// TestAgentServesCSIVolume starts the agent with --csi-endpoint and mounts a
+// model from an origin through its socket as the kubelet would, then
+// unmounts it.
+func TestAgentServesCSIVolume(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI=true but bind mounts need root")
+		}
+		t.Skip("skipping: bind mounts need root")
+	}
+	manifest, _ := startOrigin(t, 3, 3<<20)
+	dir := shortTempDir(t)
+	sock := filepath.Join(dir, "plugins", "csi.sock")
+	kubelet := filepath.Join(dir, "kubelet")
+	startAgentWith(t, func(c *agentConfig) {
+		c.csiConfig = csiConfig{CSIEndpoint: "unix://" + sock, KubeletRegistrationDir: filepath.Join(dir, "registry"), KubeletDir: kubelet}
+	})
+	if _, err := os.Stat(filepath.Join(dir, "registry", csi.RegistrationSocketName)); err != nil {
+		t.Fatalf("registration socket: %v", err)
+	}
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	node := csipb.NewNodeClient(conn)
+	target := filepath.Join(kubelet, "pods", "uid", "volumes", "kubernetes.io~csi", "model", "mount")
+	t.Cleanup(func() { _ = unix.Unmount(target, unix.MNT_DETACH) })
+	req := &csipb.NodePublishVolumeRequest{
+		VolumeId: "csi-1", TargetPath: target, Readonly: true,
+		VolumeCapability: &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{}}},
+		VolumeContext:    map[string]string{csi.AttrModel: manifest, csi.AttrPodNamespace: "default", csi.AttrPodName: "p"},
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err = node.NodePublishVolume(t.Context(), req)
+		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m cache.Model
+	if b, err := os.ReadFile(filepath.Join(target, "model.json")); err != nil || json.Unmarshal(b, &m) != nil || len(m.Files) != 3 {
+		t.Fatalf("model.json: %v %+v", err, m)
+	}
+	for _, f := range m.Files {
+		if st, err := os.Stat(filepath.Join(target, f.Path)); err != nil || st.Size() != f.Size {
+			t.Errorf("%s: %v", f.Path, err)
+		}
+	}
+	if _, err := node.NodeUnpublishVolume(t.Context(), &csipb.NodeUnpublishVolumeRequest{VolumeId: "csi-1", TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(target); !os.IsNotExist(err) {
+		t.Fatalf("target after unpublish: %v", err)
+	}
+}
+
+// TestAgentRefusesBadCSIAllowlist fails at start on a malformed allowlist.
+func TestAgentRefusesBadCSIAllowlist(t *testing.T) {
+	dir := shortTempDir(t)
+	_, err := newAgent(agentConfig{
+		Root: filepath.Join(dir, "cache"), API: "unix://" + filepath.Join(dir, "api.sock"), ChunkSize: 1 << 20, MaxJobs: 1, ShutdownTimeout: time.Second,
+		csiConfig: csiConfig{CSIEndpoint: "unix://" + filepath.Join(dir, "csi.sock"), CSIAllowedRefs: "team-a"},
+	}, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), "--csi-allowed-refs") {
+		t.Fatalf("newAgent: %v, want a --csi-allowed-refs error", err)
+	}
+}

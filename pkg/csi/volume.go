@@ -1,0 +1,130 @@
+package csi
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/weightd/weightd/pkg/cache"
+)
+
+// ErrBrokenBlob means a blob the cache lists is missing or not the size it
+// was verified at: someone changed the cache by hand.
+var ErrBrokenBlob = errors.New("cached blob missing or altered")
+
+// record is what the agent keeps per published volume, to hold its blobs again
+// and to clean up after a restart.
+type record struct {
+	VolumeID string          `json:"volumeID"`
+	Target   string          `json:"target"`
+	Ref      string          `json:"ref"`
+	Blobs    []digest.Digest `json:"blobs"`
+}
+
+// volumeKey names a volume's directory and record: volume ids are the
+// kubelet's, so they are hashed rather than trusted as file names.
+func volumeKey(volumeID string) string {
+	sum := sha256.Sum256([]byte(volumeID))
+	return hex.EncodeToString(sum[:16])
+}
+
+// modelFiles lists the files of the materialised snapshot dir (relative
+// symlinks into the store's blobs) with their digests and verified sizes.
+func modelFiles(store *cache.Store, dir string) ([]cache.File, error) {
+	var files []cache.File
+	err := filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+		if err != nil || e.IsDir() {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		target, err := os.Readlink(p)
+		if err != nil {
+			return fmt.Errorf("snapshot entry %s: %w", rel, err)
+		}
+		d := digest.NewDigestFromEncoded(digest.SHA256, filepath.Base(target))
+		info, err := store.Stat(d)
+		if err != nil {
+			return fmt.Errorf("snapshot entry %s: %w", rel, err)
+		}
+		files = append(files, cache.File{Path: filepath.ToSlash(rel), Descriptor: info.Descriptor})
+		return nil
+	})
+	return files, err
+}
+
+// verifyBlob checks that the blob file is the regular file of the size the
+// cache verified.
+func verifyBlob(store *cache.Store, desc cache.Descriptor) (string, error) {
+	p, err := store.BlobPath(desc.Digest)
+	if err != nil {
+		return "", err
+	}
+	st, err := os.Lstat(p)
+	if err != nil {
+		return "", fmt.Errorf("blob %s: %w: %w", desc.Digest, ErrBrokenBlob, err)
+	}
+	if !st.Mode().IsRegular() || st.Size() != desc.Size {
+		return "", fmt.Errorf("blob %s: %w: %s of %d bytes, verified at %d", desc.Digest, ErrBrokenBlob, st.Mode().Type(), st.Size(), desc.Size)
+	}
+	return p, nil
+}
+
+// layout is the tree a volume shows the pod.
+type layout struct {
+	Name, Revision, Ref string
+	Files               []cache.File
+}
+
+// build writes the volume's tree into dir (which must not exist) as hard
+// links to the blobs, plus model.json and the hub cache layout.
+func (l layout) build(store *cache.Store, dir string) error {
+	snap := filepath.Join(dir, "hub", hubRepoDir(l.Name), "snapshots", l.Revision)
+	for _, f := range l.Files {
+		if err := cache.ValidatePath(f.Path); err != nil {
+			return err
+		}
+		blob, err := verifyBlob(store, f.Descriptor)
+		if err != nil {
+			return err
+		}
+		for _, base := range []string{dir, snap} {
+			p := filepath.Join(base, filepath.FromSlash(f.Path))
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				return err
+			}
+			if err := os.Link(blob, p); err != nil {
+				return fmt.Errorf("linking %s: %w", f.Path, err)
+			}
+		}
+	}
+	if l.Ref != "" && l.Ref != l.Revision {
+		refs := filepath.Join(dir, "hub", hubRepoDir(l.Name), "refs", filepath.FromSlash(l.Ref))
+		if err := os.MkdirAll(filepath.Dir(refs), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(refs, []byte(l.Revision), 0o444); err != nil {
+			return err
+		}
+	}
+	m, err := json.MarshalIndent(cache.Model{Name: l.Name, Revision: l.Revision, Ref: l.Ref, Files: l.Files}, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "model.json"), m, 0o444)
+}
+
+// hubRepoDir is huggingface_hub's directory name for a model repository.
+func hubRepoDir(name string) string {
+	return "models--" + strings.ReplaceAll(name, "/", "--")
+}
