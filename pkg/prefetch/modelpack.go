@@ -25,24 +25,29 @@ const (
 	MediaTypeOCIConfig    = "application/vnd.oci.image.config.v1+json"
 	MediaTypeDockerConfig = "application/vnd.docker.container.image.v1+json"
 
-	// MediaTypeModelConfig is the config of a ModelPack model artifact (and
-	// its artifactType).
+	// MediaTypeModelConfig is the config of a ModelPack model artifact as
+	// the spec's drafts up to v0.0.6 name it; v0.0.7 renamed it to
+	// application/vnd.cncf.model.config.v1+json, which is accepted too.
 	MediaTypeModelConfig = "application/vnd.cnai.model.config.v1+json"
-	// MediaTypeModelManifest is a manifest media type some ModelPack tools
-	// use for model artifacts.
+	// MediaTypeModelManifest is the artifactType of a ModelPack model up
+	// to v0.0.6 of the spec (its cncf name from v0.0.7 on is accepted
+	// too); some tools use it as the manifest's media type.
 	MediaTypeModelManifest = "application/vnd.cnai.model.manifest.v1+json"
 
 	// AnnotationModelFilepath is the layer annotation of a ModelPack model
 	// that names the file (or, for an archive, the file or directory packed)
-	// in the model.
+	// in the model, as the spec names it from v0.0.7 on.
 	AnnotationModelFilepath = "org.cncf.model.filepath"
+	// annotationModelFilepathDraft is AnnotationModelFilepath's name in the
+	// spec's drafts up to v0.0.6, still written by tools built on them.
+	annotationModelFilepathDraft = "org.cnai.model.filepath"
 	// annotationTitle names a file in ORAS artifacts; used when a raw layer
 	// has no AnnotationModelFilepath.
 	annotationTitle = "org.opencontainers.image.title"
 )
 
-// Prefixes of ModelPack media types: "cnai" is the released spec, "cncf"
-// the name later drafts moved to.
+// Prefixes of ModelPack media types: "cnai" is the spec's up to v0.0.6,
+// "cncf" the one it moved to in v0.0.7 (July 2025).
 var modelTypePrefixes = []string{"application/vnd.cnai.model.", "application/vnd.cncf.model."}
 
 // isModelType reports whether mt is a ModelPack config or manifest type.
@@ -346,12 +351,9 @@ func modelContent(doc *ociDocument) ([]cache.File, []PackedLayer, error) {
 			packed = append(packed, PackedLayer{Descriptor: l.descriptor(), MediaType: l.MediaType, Compression: c, Archive: true})
 			continue
 		}
-		p := l.Annotations[AnnotationModelFilepath]
+		p := cmp.Or(l.Annotations[AnnotationModelFilepath], l.Annotations[annotationModelFilepathDraft], l.Annotations[annotationTitle])
 		if p == "" {
-			p = l.Annotations[annotationTitle]
-		}
-		if p == "" {
-			return nil, nil, fmt.Errorf("%w: raw layer %d (%s) has no %s annotation", cache.ErrInvalid, i, l.Digest, AnnotationModelFilepath)
+			return nil, nil, fmt.Errorf("%w: raw layer %d (%s) has no %s (or %s) annotation", cache.ErrInvalid, i, l.Digest, AnnotationModelFilepath, annotationModelFilepathDraft)
 		}
 		if err := cache.ValidatePath(p); err != nil || path.Clean(p) != p {
 			return nil, nil, fmt.Errorf("%w: raw layer %d (%s): file path %q is not a relative, clean path", cache.ErrInvalid, i, l.Digest, truncate(p))

@@ -55,12 +55,13 @@ var manifestAccept = strings.Join([]string{
 //
 // A ModelPack model (artifactType or config media type
 // application/vnd.cnai.model.config.v1+json, or the manifest media type
-// application/vnd.cnai.model.manifest.v1+json; the later "cncf" spellings
-// too) becomes a model named after the repository (the last component is
+// application/vnd.cnai.model.manifest.v1+json of the spec's drafts up to
+// v0.0.6, or the "cncf" spellings it moved to in v0.0.7) becomes a model named after the repository (the last component is
 // the name, the ones before it, joined with '.', the organisation, each
 // sanitised) at the revision of the manifest digest's 64 hex digits (so a
 // moved tag makes a new snapshot, never changes one in use). Its raw layers
-// are its files, at the path of their org.cncf.model.filepath annotation;
+// are its files, at the path of their org.cncf.model.filepath annotation
+// (org.cnai.model.filepath up to v0.0.6);
 // its tar, tar+gzip and tar+zstd layers are packed layers extracted at the
 // model's root.
 //

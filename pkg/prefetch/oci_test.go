@@ -343,12 +343,22 @@ func modelLayers(t *testing.T) []ociModelLayer {
 	}
 }
 
-// pushModel pushes a ModelPack artifact marked as a model as how says.
+// pushModel pushes a ModelPack artifact marked as a model as how says:
+// "v0.0.6" and "v0.0.7" are laid out as those releases of the ModelPack
+// spec (github.com/modelpack/model-spec specs-go/v1) have it, the first with
+// the cnai media types and filepath annotation, the second with cncf's.
 func (rg *ociRegistry) pushModel(t *testing.T, repo, tag, how string, layers []ociModelLayer) ociTDesc {
 	t.Helper()
 	cfgMT := prefetch.MediaTypeModelConfig
+	pathKey := prefetch.AnnotationModelFilepath
 	doc := ociTDoc{SchemaVersion: 2, MediaType: prefetch.MediaTypeOCIManifest}
 	switch how {
+	case "v0.0.6":
+		doc.ArtifactType = "application/vnd.cnai.model.manifest.v1+json"
+		pathKey = "org.cnai.model.filepath"
+	case "v0.0.7":
+		doc.ArtifactType = "application/vnd.cncf.model.manifest.v1+json"
+		cfgMT = "application/vnd.cncf.model.config.v1+json"
 	case "artifactType":
 		cfgMT = "application/vnd.oci.empty.v1+json"
 		doc.ArtifactType = prefetch.MediaTypeModelConfig
@@ -359,11 +369,27 @@ func (rg *ociRegistry) pushModel(t *testing.T, repo, tag, how string, layers []o
 	case "cncf":
 		cfgMT = "application/vnd.cncf.model.config.v1+json"
 	}
-	cfg := rg.pushBlob(t, repo, cfgMT, []byte(`{"descriptor":{"name":"m"},"modelfs":{"type":"layers","diffIds":[]}}`))
+	cfgBody := []byte(`{"descriptor":{"name":"m"},"modelfs":{"type":"layers","diffIds":[]}}`)
+	if strings.HasPrefix(how, "v0.0.") {
+		// The spec's ModelConfig: diffIds are the layers' digests, as
+		// modctl builds them (raw layers are their own diff).
+		var diffIDs []string
+		for _, l := range layers {
+			diffIDs = append(diffIDs, digest.FromBytes(l.blob).String())
+		}
+		var err error
+		cfgBody, err = json.Marshal(map[string]any{
+			"descriptor": map[string]any{"createdAt": "2025-07-21T00:00:00Z", "name": "llama", "family": "llama3", "version": "8b"},
+			"config":     map[string]any{"architecture": "transformer", "format": "safetensors", "paramSize": "8b", "precision": "bfloat16"},
+			"modelfs":    map[string]any{"type": "layers", "diffIds": diffIDs},
+		})
+		require.NoError(t, err)
+	}
+	cfg := rg.pushBlob(t, repo, cfgMT, cfgBody)
 	doc.Config = &cfg
 	for _, l := range layers {
 		d := rg.pushBlob(t, repo, l.mt, l.blob)
-		d.Annotations = map[string]string{prefetch.AnnotationModelFilepath: l.path}
+		d.Annotations = map[string]string{pathKey: l.path}
 		doc.Layers = append(doc.Layers, d)
 	}
 	body, err := json.Marshal(doc)
@@ -374,16 +400,16 @@ func (rg *ociRegistry) pushModel(t *testing.T, repo, tag, how string, layers []o
 func TestOCIResolveModel(t *testing.T) {
 	t.Parallel()
 	rg := newOCIRegistry(t)
-	for _, how := range []string{"artifactType", "config", "manifest media type", "cncf"} {
+	for _, how := range []string{"artifactType", "config", "manifest media type", "cncf", "v0.0.6", "v0.0.7"} {
 		t.Run(how, func(t *testing.T) {
 			t.Parallel()
 			layers := modelLayers(t)
-			if how == "cncf" {
+			if how == "cncf" || how == "v0.0.7" {
 				for i := range layers {
 					layers[i].mt = strings.Replace(layers[i].mt, ".cnai.", ".cncf.", 1)
 				}
 			}
-			slug := strings.ToLower(strings.ReplaceAll(how, " ", "-"))
+			slug := strings.ToLower(strings.NewReplacer(" ", "-", ".", "-").Replace(how))
 			repo := "models/" + slug + "/llama"
 			m := rg.pushModel(t, repo, "v1", how, layers)
 			src := prefetch.NewOCISource()

@@ -174,7 +174,7 @@ func TestOCIBadContent(t *testing.T) {
 		{"unknown config", "", nil, `unknown config media type "application/vnd.cncf.helm.config.v1+json"`},
 		{"foreign layer", "", nil, "foreign layer"},
 		{"unknown model layer", "", nil, `unknown media type "application/vnd.cnai.model.weight.v1.tar+lz4"`},
-		{"model raw layer without path", "", nil, "has no org.cncf.model.filepath annotation"},
+		{"model raw layer without path", "", nil, "has no org.cncf.model.filepath (or org.cnai.model.filepath) annotation"},
 		{"model raw layer escaping", "", nil, `file path "../etc/passwd" is not a relative, clean path`},
 		{"index and manifest", prefetch.MediaTypeOCIIndex, []byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[],"layers":[]}`), "also has a config or layers"},
 		{"nested index", "", nil, "itself an index"},

@@ -16,9 +16,9 @@ import (
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
-// TestOCIRealRegistry resolves and fetches an image and a ModelPack model
-// from a real docker-registry (distribution), anonymous and behind bearer
-// tokens. It skips where docker-registry is missing, except under CI=true.
+// TestOCIRealRegistry resolves and fetches an image and ModelPack models
+// (as v0.0.6 and v0.0.7 of the spec lay them out) from a real
+// docker-registry (distribution), anonymous and behind bearer tokens. It skips where docker-registry is missing, except under CI=true.
 func TestOCIRealRegistry(t *testing.T) {
 	t.Parallel()
 	for _, tokenAuth := range []bool{false, true} {
@@ -42,7 +42,6 @@ func TestOCIRealRegistry(t *testing.T) {
 			img, err := services.PushRandomImage(t.Context(), reg.Addr, "team/app", "v1", 2, 300<<10, push)
 			require.NoError(t, err)
 			layers := modelLayers(t)
-			model := rg.pushModel(t, "team/model", "v1", "artifactType", layers)
 
 			src := prefetch.NewOCISource(opts...)
 			store, err := cache.Open(t.TempDir())
@@ -69,18 +68,28 @@ func TestOCIRealRegistry(t *testing.T) {
 				assert.Equal(t, whole[100_000:], readAll(t, res.Blobs[layer.Digest], 100_000))
 			}
 
-			res, err := src.Resolve(t.Context(), ociRef(t, reg.Addr, "team/model:v1"))
-			require.NoError(t, err)
-			assert.Equal(t, model.Digest.Encoded(), res.Model.Revision)
-			assert.Len(t, res.Model.Files, 3)
-			assert.Len(t, res.Packed, 3)
-			for _, f := range res.Model.Files {
-				_, err := store.Fetch(t.Context(), f.Descriptor, res.Blobs[f.Digest], nil)
-				require.NoError(t, err, f.Path)
-			}
-			for _, l := range res.Packed {
-				_, err := store.Fetch(t.Context(), l.Descriptor, res.Blobs[l.Digest], nil)
-				require.NoError(t, err, l.MediaType)
+			for _, how := range []string{"artifactType", "v0.0.6", "v0.0.7"} {
+				repo := "team/model-" + strings.ToLower(strings.ReplaceAll(how, ".", "-"))
+				model := rg.pushModel(t, repo, "v1", how, layers)
+				// A fresh store each time, so every blob comes from the registry.
+				store, err := cache.Open(t.TempDir())
+				require.NoError(t, err)
+				t.Cleanup(func() { store.Close() })
+				res, err := src.Resolve(t.Context(), ociRef(t, reg.Addr, repo+":v1"))
+				require.NoError(t, err, how)
+				assert.Equal(t, model.Digest.Encoded(), res.Model.Revision)
+				var paths []string
+				for _, f := range res.Model.Files {
+					paths = append(paths, f.Path)
+					_, err := store.Fetch(t.Context(), f.Descriptor, res.Blobs[f.Digest], nil)
+					require.NoError(t, err, f.Path)
+				}
+				assert.Equal(t, []string{"model-00001.safetensors", "config.json", "docs/README.md"}, paths, how)
+				assert.Len(t, res.Packed, 3)
+				for _, l := range res.Packed {
+					_, err := store.Fetch(t.Context(), l.Descriptor, res.Blobs[l.Digest], nil)
+					require.NoError(t, err, l.MediaType)
+				}
 			}
 
 			// The mirror's calls.
@@ -92,10 +101,10 @@ func TestOCIRealRegistry(t *testing.T) {
 			_, _, _, err = src.Manifest(t.Context(), agentAuth, reg.Addr, "team/app", "absent")
 			assert.ErrorIs(t, err, cache.ErrNotFound)
 			raw := layers[0].blob
-			size, err := src.BlobSize(t.Context(), agentAuth, reg.Addr, "team/model", digest.FromBytes(raw))
+			size, err := src.BlobSize(t.Context(), agentAuth, reg.Addr, "team/model-artifacttype", digest.FromBytes(raw))
 			require.NoError(t, err)
 			assert.Equal(t, int64(len(raw)), size)
-			got := readAll(t, src.BlobOpener(agentAuth, reg.Addr, "team/model", cache.Descriptor{Digest: digest.FromBytes(raw), Size: size}), 7)
+			got := readAll(t, src.BlobOpener(agentAuth, reg.Addr, "team/model-artifacttype", cache.Descriptor{Digest: digest.FromBytes(raw), Size: size}), 7)
 			assert.True(t, bytes.Equal(raw[7:], got))
 			assert.Positive(t, reg.BytesServed())
 

@@ -12,8 +12,10 @@ import (
 	"github.com/weightd/weightd/internal/metricscatalog/catalog"
 )
 
-// targetLabels are the labels Prometheus adds to every scraped series.
-var targetLabels = []string{"instance", "job", "namespace", "pod", "node", "container", "endpoint", "service"}
+// targetLabels are the labels every scraped series of weightd carries: the
+// Prometheus Operator's for a PodMonitor or ServiceMonitor target, and node,
+// which the chart's monitors relabel from the pod's node name.
+var targetLabels = []string{"instance", "job", "namespace", "pod", "container", "endpoint", "service", "node"}
 
 // rangeFuncs are the functions whose argument must be a counter (or a
 // histogram's or summary's _bucket, _sum or _count series).
