@@ -195,36 +195,60 @@ func (s *Store) evict(d digest.Digest, isPartial bool) error {
 		s.mu.Unlock()
 		s.removePartial(d)
 	} else {
-		s.modelsMu.Lock()
-		defer s.modelsMu.Unlock()
-		s.mu.Lock()
-		r, ok := s.blobs[d]
-		if !ok || len(r.Pins) > 0 || s.holds[d] > 0 {
-			s.mu.Unlock()
-			return nil // gone, pinned or held since it was picked
-		}
-		delete(s.blobs, d)
-		s.mu.Unlock()
-		size = r.Size
-		if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketBlobs).Delete([]byte(d.Encoded())) }); err != nil {
-			return fmt.Errorf("evicting %s: %w", d, err)
-		}
-		p, _ := s.BlobPath(d)
-		if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
-			return fmt.Errorf("evicting %s: %w", d, err)
-		}
-		if err := s.pruneModelsLocked(); err != nil {
+		var err error
+		if size, err = s.removeBlob(d, false); err != nil || size < 0 {
 			return err
 		}
-	}
-	if !isPartial {
-		s.emit(Event{Kind: EventRemoved, Digest: d})
 	}
 	s.log.Info("evicted", "digest", d, "bytes", size, "partial", isPartial)
 	s.m.evictions.Inc()
 	s.m.evictedBytes.Add(float64(size))
 	s.updateGauges()
 	return nil
+}
+
+// Discard forgets the complete blob d, whose file someone removed or changed
+// by hand: its record, its file and the snapshots linking to it go, whatever
+// pins or holds it, since its bytes are no longer the verified ones, and the
+// next Fetch downloads it again.
+func (s *Store) Discard(d digest.Digest) error {
+	if err := ValidateDigest(d); err != nil {
+		return err
+	}
+	size, err := s.removeBlob(d, true)
+	if err != nil || size < 0 {
+		return err
+	}
+	s.log.Warn("discarded a blob changed on disk", "digest", d, "bytes", size)
+	s.updateGauges()
+	return nil
+}
+
+// removeBlob removes the complete blob d and the snapshots linking to it,
+// returning its size, or -1 if it is gone or (unless force) pinned or held.
+func (s *Store) removeBlob(d digest.Digest, force bool) (int64, error) {
+	s.modelsMu.Lock()
+	defer s.modelsMu.Unlock()
+	s.mu.Lock()
+	r, ok := s.blobs[d]
+	if !ok || (!force && (len(r.Pins) > 0 || s.holds[d] > 0)) {
+		s.mu.Unlock()
+		return -1, nil // gone, pinned or held since it was picked
+	}
+	delete(s.blobs, d)
+	s.mu.Unlock()
+	if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketBlobs).Delete([]byte(d.Encoded())) }); err != nil {
+		return 0, fmt.Errorf("removing %s: %w", d, err)
+	}
+	p, _ := s.BlobPath(d)
+	if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
+		return 0, fmt.Errorf("removing %s: %w", d, err)
+	}
+	if err := s.pruneModelsLocked(); err != nil {
+		return 0, err
+	}
+	s.emit(Event{Kind: EventRemoved, Digest: d})
+	return r.Size, nil
 }
 
 func (s *Store) putBlob(d digest.Digest, r *record) error {

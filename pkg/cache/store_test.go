@@ -407,3 +407,33 @@ func TestHoldProtectsFromEviction(t *testing.T) {
 	_, err = s.Stat(descOf(a).Digest)
 	require.ErrorIs(t, err, ErrNotFound, "released blob is evictable again")
 }
+
+// A blob changed on disk by hand is discarded whatever holds it, and the
+// next Fetch downloads it again.
+func TestDiscardChangedBlob(t *testing.T) {
+	t.Parallel()
+	s := openStore(t, t.TempDir())
+	data := randomBytes(73, 100<<10)
+	d := descOf(data).Digest
+	release := s.Hold(d)
+	defer release()
+	_, err := s.Fetch(context.Background(), descOf(data), &memSource{data: data}, nil)
+	require.NoError(t, err)
+	p, err := s.BlobPath(d)
+	require.NoError(t, err)
+	require.NoError(t, os.Chmod(p, 0o644))
+	require.NoError(t, os.Truncate(p, 1))
+
+	require.NoError(t, s.Discard(d))
+	_, err = s.Stat(d)
+	require.ErrorIs(t, err, ErrNotFound)
+	_, err = os.Stat(p)
+	require.ErrorIs(t, err, os.ErrNotExist)
+	require.NoError(t, s.Discard(d), "discarding what is gone is no error")
+
+	_, err = s.Fetch(context.Background(), descOf(data), &memSource{data: data}, nil)
+	require.NoError(t, err)
+	got, err := os.ReadFile(p)
+	require.NoError(t, err)
+	require.Equal(t, data, got)
+}

@@ -28,7 +28,8 @@
 //
 // Every file is checked against the cache's index when published (a regular
 // file of the verified size), so a blob removed or rewritten by hand fails the
-// publish instead of giving the pod a broken tree.
+// publish instead of giving the pod a broken tree, and is discarded from the
+// cache so that the kubelet's next try fetches it again.
 //
 // A published volume holds its blobs against eviction until it is
 // unpublished. A record per volume under the agent's state directory names

@@ -193,8 +193,12 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 		if _, ok := status.FromError(err); ok {
 			return nil, err
 		}
-		if errors.Is(err, ErrBrokenBlob) {
-			return nil, status.Errorf(codes.Unavailable, "%s: %v", r.Ref.Redacted(), err)
+		if broken := (*brokenBlobError)(nil); errors.As(err, &broken) {
+			// Forgotten, the blob is fetched again by the kubelet's next try.
+			if derr := d.store.Discard(broken.digest); derr != nil {
+				return nil, status.Errorf(codes.Internal, "%s: %v; discarding it: %v", r.Ref.Redacted(), err, derr)
+			}
+			return nil, status.Errorf(codes.Unavailable, "%s: %v; fetching it again", r.Ref.Redacted(), err)
 		}
 		return nil, status.Errorf(codes.Internal, "publishing %s: %v", r.Ref.Redacted(), err)
 	}

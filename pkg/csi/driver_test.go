@@ -15,6 +15,7 @@ import (
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/moby/sys/mountinfo"
+	"github.com/opencontainers/go-digest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -368,7 +369,8 @@ func TestAgentRestartKeepsPublishedVolume(t *testing.T) {
 }
 
 // TestPublishDetectsBlobChangedByHand removes and truncates blobs under the
-// cache: the publish fails naming the blob, and no tree is mounted.
+// cache: the publish fails naming the blob, and no tree is mounted; the
+// blob is fetched again and the kubelet's next try mounts the model.
 func TestPublishDetectsBlobChangedByHand(t *testing.T) {
 	requireRoot(t)
 	hub := hubtest.New()
@@ -395,6 +397,13 @@ func TestPublishDetectsBlobChangedByHand(t *testing.T) {
 		assert.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
 		assert.ErrorContains(t, err, "cached blob missing or altered")
 		assert.False(t, mounted(t, target) && fileExists(target, "model.json"), "no tree is mounted")
+		n.publishReady(fmt.Sprint("vol-t", i), target, map[string]string{csi.AttrModel: "hf://org/model"})
+		t.Cleanup(func() { _ = unix.Unmount(target, unix.MNT_DETACH) })
+		for _, f := range m.Files {
+			got, err := os.ReadFile(filepath.Join(target, filepath.FromSlash(f.Path)))
+			require.NoError(t, err)
+			require.Equal(t, f.Digest, digest.FromBytes(got), "%s fetched again", f.Path)
+		}
 	}
 }
 

@@ -20,6 +20,18 @@ import (
 // was verified at: someone changed the cache by hand.
 var ErrBrokenBlob = errors.New("cached blob missing or altered")
 
+// brokenBlobError names the blob found missing or altered; it is ErrBrokenBlob.
+type brokenBlobError struct {
+	digest digest.Digest
+	detail string
+}
+
+func (e *brokenBlobError) Error() string {
+	return fmt.Sprintf("blob %s: %v: %s", e.digest, ErrBrokenBlob, e.detail)
+}
+
+func (e *brokenBlobError) Is(target error) bool { return target == ErrBrokenBlob }
+
 // record is what the agent keeps per published volume, to hold its blobs again
 // and to clean up after a restart.
 type record struct {
@@ -72,10 +84,10 @@ func verifyBlob(store *cache.Store, desc cache.Descriptor) (string, error) {
 	}
 	st, err := os.Lstat(p)
 	if err != nil {
-		return "", fmt.Errorf("blob %s: %w: %w", desc.Digest, ErrBrokenBlob, err)
+		return "", &brokenBlobError{desc.Digest, err.Error()}
 	}
 	if !st.Mode().IsRegular() || st.Size() != desc.Size {
-		return "", fmt.Errorf("blob %s: %w: %s of %d bytes, verified at %d", desc.Digest, ErrBrokenBlob, st.Mode().Type(), st.Size(), desc.Size)
+		return "", &brokenBlobError{desc.Digest, fmt.Sprintf("%s of %d bytes, verified at %d", st.Mode().Type(), st.Size(), desc.Size)}
 	}
 	return p, nil
 }
