@@ -76,7 +76,7 @@ func TestWantedChunksGoFirst(t *testing.T) {
 	f.inflight[7] = 1
 	chunk, _ = f.pickWanted(missing, testChunk)
 	require.Equal(t, -1, chunk, "9 is beyond maxInFlight chunks of the reader")
-	holder.inflight = s.cfg.PerPeer
+	s.requestCounter("holder").Store(int32(s.cfg.PerPeer))
 	f.inflight[7] = 0
 	chunk, _ = f.pickWanted(missing, testChunk)
 	require.Equal(t, -1, chunk, "no free supplier")

@@ -606,7 +606,7 @@ func TestOriginFetcherIsAskedForSentChunksLast(t *testing.T) {
 	require.Equal(t, 0, chunk)
 	require.Same(t, other, peer, "the other holder, not the fetcher's upload")
 
-	other.inflight = s.cfg.PerPeer
+	s.requestCounter("other").Store(int32(s.cfg.PerPeer))
 	chunk, peer = f.pickFromPeers([]int{0}, false)
 	require.Equal(t, 0, chunk)
 	require.Same(t, fetcher, peer, "no other holder is free: the fetcher, which sends a repeat when its upload has room")
