@@ -197,7 +197,7 @@ func (c *cluster) csiAgentKilled(t *testing.T, ctx context.Context, sleeper stri
 
 	agent := c.agentPod(t, ctx)
 	restarts := agent.Status.ContainerStatuses[0].RestartCount
-	require.NoError(t, syscall.Kill(agentPID(t), syscall.SIGKILL))
+	require.NoError(t, syscall.Kill(agentPID(t, agent), syscall.SIGKILL))
 	c.createRestricted(t, ctx, "during-restart", image, true)
 	c.waitPod(t, ctx, namespace, agent.Name, 3*time.Minute, func(p *corev1.Pod) bool {
 		return p.Status.ContainerStatuses[0].RestartCount > restarts && podReady(p)

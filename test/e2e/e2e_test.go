@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -151,7 +152,7 @@ func TestKubelet(t *testing.T) {
 			// Killed as the OOM killer kills: SIGKILL to the agent's
 			// process; the kubelet restarts the container in place.
 			restarts := p.Status.ContainerStatuses[0].RestartCount
-			require.NoError(t, syscall.Kill(agentPID(t), syscall.SIGKILL))
+			require.NoError(t, syscall.Kill(agentPID(t, p), syscall.SIGKILL))
 			c.waitPod(t, ctx, namespace, p.Name, 3*time.Minute, func(p *corev1.Pod) bool {
 				return p.Status.ContainerStatuses[0].RestartCount > restarts && podReady(p)
 			})
@@ -512,26 +513,33 @@ func (c *cluster) deletePodIn(t *testing.T, ctx context.Context, ns, podName str
 	}, 2*time.Minute, 250*time.Millisecond)
 }
 
-// agentPID finds the agent's process on the host (host PID namespace:
-// the test sees it).
-func agentPID(t *testing.T) int {
+// agentPID is the pid of the weightd agent running in pod p's container:
+// found by the container's id in the process's cgroup, since other tests'
+// agents run on the machine at the same time.
+func agentPID(t *testing.T, p *corev1.Pod) int {
 	t.Helper()
+	require.NotEmpty(t, p.Status.ContainerStatuses, "pod %s has no container", p.Name)
+	_, id, ok := strings.Cut(p.Status.ContainerStatuses[0].ContainerID, "://")
+	require.True(t, ok && id != "", "pod %s: container id %q", p.Name, p.Status.ContainerStatuses[0].ContainerID)
 	procs, err := filepath.Glob("/proc/[0-9]*/cmdline")
 	require.NoError(t, err)
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
+	for _, proc := range procs {
+		b, err := os.ReadFile(proc)
 		if err != nil {
 			continue
 		}
 		args := strings.Split(string(b), "\x00")
-		if len(args) > 1 && strings.HasSuffix(args[0], "weightd") && args[1] == "agent" {
-			var pid int
-			_, err := fmt.Sscanf(strings.TrimPrefix(p, "/proc/"), "%d/cmdline", &pid)
+		if len(args) < 2 || !strings.HasSuffix(args[0], "weightd") || args[1] != "agent" {
+			continue
+		}
+		dir := filepath.Dir(proc)
+		if cg, err := os.ReadFile(filepath.Join(dir, "cgroup")); err == nil && strings.Contains(string(cg), id) {
+			pid, err := strconv.Atoi(filepath.Base(dir))
 			require.NoError(t, err)
 			return pid
 		}
 	}
-	t.Fatal("no weightd agent process")
+	t.Fatalf("no weightd agent process in container %s of pod %s", id, p.Name)
 	return 0
 }
 
