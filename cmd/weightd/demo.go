@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/weightd/weightd/internal/bytesize"
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/peertls"
@@ -125,7 +126,7 @@ func (c *demoCmd) Run(e *env) (err error) {
 	originDir := filepath.Join(dir, "origin")
 	log := newLogger(e.stderr, c.LogLevel, "text")
 
-	fmt.Fprintf(e.stderr, "generating %s: %d files, %s in %s\n", demoModel, c.Files, formatBytes(int64(c.Size)), originDir)
+	fmt.Fprintf(e.stderr, "generating %s: %d files, %s in %s\n", demoModel, c.Files, bytesize.IEC(int64(c.Size)), originDir)
 	t0 := time.Now()
 	m, err := origin.Generate(originDir, origin.Spec{Name: demoModel, Files: c.Files, TotalBytes: int64(c.Size), Seed: 1})
 	if err != nil {
@@ -513,14 +514,14 @@ func printDemoSummary(w io.Writer, r *demoResult, agents []*demoAgent) {
 		item = "                   " // an item under a value
 	)
 	fmt.Fprintf(w, "\nweightd demo: summary\n")
-	fmt.Fprintf(w, "  model          %s@%s, %d files, %s (%d bytes)\n", r.manifest.Name, r.manifest.Revision[:12], len(r.manifest.Files), formatBytes(total), total)
+	fmt.Fprintf(w, "  model          %s@%s, %d files, %s (%d bytes)\n", r.manifest.Name, r.manifest.Revision[:12], len(r.manifest.Files), bytesize.IEC(total), total)
 	fmt.Fprintf(w, "  reference      %s\n", r.ref)
 	ratio := float64(r.servedFirst) / float64(total)
 	if len(agents) == 1 {
-		fmt.Fprintf(w, "  agents         1 (no peers to share with), %s chunks\n", formatBytes(r.chunkSize))
+		fmt.Fprintf(w, "  agents         1 (no peers to share with), %s chunks\n", bytesize.IEC(r.chunkSize))
 		fmt.Fprintf(w, "  first fetch    origin sent %d bytes, %.2f× the model\n", r.servedFirst, ratio)
 	} else {
-		fmt.Fprintf(w, "  agents         %d in this process, sharing %s chunks peer-to-peer on loopback\n", len(agents), formatBytes(r.chunkSize))
+		fmt.Fprintf(w, "  agents         %d in this process, sharing %s chunks peer-to-peer on loopback\n", len(agents), bytesize.IEC(r.chunkSize))
 		fmt.Fprintf(w, "  first fetch    all %d agents at once; origin sent %d bytes, %.2f× the model\n", len(agents), r.servedFirst, ratio)
 	}
 	for i, f := range r.first {
@@ -529,7 +530,7 @@ func printDemoSummary(w io.Writer, r *demoResult, agents []*demoAgent) {
 			fmt.Fprintf(w, " (origin → verified on disk)\n")
 			continue
 		}
-		fmt.Fprintf(w, "; received %s from the origin, %s from peers\n", formatBytes(f.fromOrigin), formatBytes(f.fromPeers))
+		fmt.Fprintf(w, "; received %s from the origin, %s from peers\n", bytesize.IEC(f.fromOrigin), bytesize.IEC(f.fromPeers))
 	}
 	fmt.Fprintf(w, "  second fetch   %s  %.3f s, cache hit; origin sent %d bytes (the manifest only)\n", agents[0].name, r.secondTime.Seconds(), r.servedAgain)
 	fmt.Fprintf(w, "  origin total   %d bytes served for %d bytes of model fetched %d times\n", r.servedFirst+r.servedAgain, int64(len(agents)+1)*total, len(agents)+1)

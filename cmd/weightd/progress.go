@@ -10,6 +10,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
+	"github.com/weightd/weightd/internal/bytesize"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -107,11 +108,11 @@ func (p *lineProgress) update(st prefetch.JobStatus) {
 		return
 	}
 	line := fmt.Sprintf("fetching %s: %s / %s (%.0f%%), %d/%d files", modelName(st),
-		formatBytes(st.BytesDone), formatBytes(st.BytesTotal), percent(st.BytesDone, st.BytesTotal), st.FilesDone, st.FilesTotal)
+		bytesize.IEC(st.BytesDone), bytesize.IEC(st.BytesTotal), percent(st.BytesDone, st.BytesTotal), st.FilesDone, st.FilesTotal)
 	if el := now.Sub(p.t0); el > 0 && st.BytesDone > p.done0 {
 		rate := float64(st.BytesDone-p.done0) / el.Seconds()
 		eta := time.Duration(float64(st.BytesTotal-st.BytesDone) / rate * float64(time.Second))
-		line += fmt.Sprintf(", %s/s, ETA %s", formatBytes(int64(rate)), eta.Round(time.Second))
+		line += fmt.Sprintf(", %s/s, ETA %s", bytesize.IEC(int64(rate)), eta.Round(time.Second))
 	}
 	fmt.Fprintln(p.w, line)
 }
@@ -123,7 +124,7 @@ func (p *lineProgress) finish(st prefetch.JobStatus, err error) {
 	case st.State == prefetch.StateReady:
 		el := st.Finished.Sub(st.Created)
 		fmt.Fprintf(p.w, "ready %s: %s, %d files in %s (%s/s)\n", modelName(st),
-			formatBytes(st.BytesTotal), st.FilesTotal, el.Round(time.Millisecond), formatBytes(int64(float64(st.BytesTotal)/max(el.Seconds(), 1e-3))))
+			bytesize.IEC(st.BytesTotal), st.FilesTotal, el.Round(time.Millisecond), bytesize.IEC(int64(float64(st.BytesTotal)/max(el.Seconds(), 1e-3))))
 	case st.State == prefetch.StateFailed:
 		fmt.Fprintf(p.w, "failed %s: %s\n", p.ref, st.Error)
 	}

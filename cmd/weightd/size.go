@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/alecthomas/kong"
+
+	"github.com/weightd/weightd/internal/bytesize"
 )
 
 // byteSize is a size in bytes that flags, environment variables and the YAML
@@ -101,18 +103,4 @@ func (b *byteSize) Decode(ctx *kong.DecodeContext) error {
 
 // String formats the size in the largest IEC unit that keeps it readable; it
 // is what --help shows for defaults.
-func (b byteSize) String() string { return formatBytes(int64(b)) }
-
-// formatBytes formats n bytes with an IEC unit: "1.0 GiB", "512 B".
-func formatBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit && exp < 4; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
-}
+func (b byteSize) String() string { return bytesize.IEC(int64(b)) }

@@ -51,15 +51,6 @@ func TestParseSize(t *testing.T) {
 	}
 }
 
-func TestFormatBytes(t *testing.T) {
-	t.Parallel()
-	for n, want := range map[int64]string{0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 24 << 20: "24.0 MiB", 1 << 30: "1.0 GiB", 3 << 40: "3.0 TiB", 1<<63 - 1: "8192.0 PiB"} {
-		if got := formatBytes(n); got != want {
-			t.Errorf("formatBytes(%d) = %q, want %q", n, got, want)
-		}
-	}
-}
-
 // FuzzParseSize checks that parseSize never panics nor returns a negative
 // size, and that a plain integer is read exactly.
 func FuzzParseSize(f *testing.F) {

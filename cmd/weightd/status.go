@@ -11,6 +11,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/weightd/weightd/internal/bytesize"
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
@@ -96,21 +97,21 @@ func renderStatus(w io.Writer, st api.Status, v statusView) {
 	u := st.Cache
 
 	v.section(w, "CACHE", func(t *tabwriter.Writer) {
-		used := fmt.Sprintf("%s in %d blobs", formatBytes(u.Bytes), u.Blobs)
+		used := fmt.Sprintf("%s in %d blobs", bytesize.IEC(u.Bytes), u.Blobs)
 		budget := "no byte budget"
 		if u.BudgetBytes > 0 {
 			used += fmt.Sprintf(", %.0f%% of the budget", percent(u.Bytes, u.BudgetBytes))
-			budget = formatBytes(u.BudgetBytes)
+			budget = bytesize.IEC(u.BudgetBytes)
 		}
 		row(t, "root", clip(u.Root, 86))
 		row(t, "used", used)
 		row(t, "budget", budget)
-		diskFree := formatBytes(u.DiskFree)
+		diskFree := bytesize.IEC(u.DiskFree)
 		if u.MinFree > 0 {
-			diskFree += fmt.Sprintf(", keeps %s free", formatBytes(u.MinFree))
+			diskFree += fmt.Sprintf(", keeps %s free", bytesize.IEC(u.MinFree))
 		}
 		row(t, "disk free", diskFree)
-		row(t, "partial", fmt.Sprintf("%s in %d downloads", formatBytes(u.PartialBytes), len(u.InFlight)))
+		row(t, "partial", fmt.Sprintf("%s in %d downloads", bytesize.IEC(u.PartialBytes), len(u.InFlight)))
 	})
 
 	flights := slices.Clone(u.InFlight)
@@ -331,7 +332,7 @@ func doneOf(done, total int64) string {
 	if total <= 0 {
 		return "-"
 	}
-	return formatBytes(done) + " / " + formatBytes(total)
+	return bytesize.IEC(done) + " / " + bytesize.IEC(total)
 }
 
 // shortDigest is "algorithm:" and the first 12 hex digits of a digest.

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/weightd/weightd/internal/bytesize"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
@@ -212,20 +213,7 @@ func progress(ref string, st prefetch.JobStatus) string {
 		return fmt.Sprintf("%s: %s, resolving", ref, st.State)
 	}
 	return fmt.Sprintf("%s: fetching %d%% of %s (%d of %d files)", ref,
-		st.BytesDone*100/st.BytesTotal, humanBytes(st.BytesTotal), st.FilesDone, st.FilesTotal)
-}
-
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit && exp < 4; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
+		st.BytesDone*100/st.BytesTotal, bytesize.IEC(st.BytesTotal), st.FilesDone, st.FilesTotal)
 }
 
 func (d *Driver) publish(id, target string, r Request, st prefetch.JobStatus) error {
