@@ -44,8 +44,9 @@ type Request struct {
 	// Files are globs (path.Match syntax); a pattern without a slash matches
 	// a file's base name, one with a slash its whole path. Empty means all.
 	Files []string
-	// Namespace and Pod are the asking pod's, when the kubelet passed them.
-	Namespace, Pod string
+	// Namespace, Pod and PodUID are the asking pod's, when the kubelet
+	// passed them.
+	Namespace, Pod, PodUID string
 }
 
 // ParseAttributes validates a volume's attributes. Unknown keys are refused
@@ -69,7 +70,7 @@ func ParseAttributes(attrs map[string]string) (Request, error) {
 	if err != nil {
 		return Request{}, fmt.Errorf("%w: model: %w", ErrBadAttributes, err)
 	}
-	req := Request{Ref: ref, Priority: prefetch.PriorityPod, Namespace: attrs[AttrPodNamespace], Pod: attrs[AttrPodName]}
+	req := Request{Ref: ref, Priority: prefetch.PriorityPod, Namespace: attrs[AttrPodNamespace], Pod: attrs[AttrPodName], PodUID: attrs[AttrPodUID]}
 	switch p := attrs[AttrPriority]; p {
 	case "", "pod":
 	case "background":

@@ -46,7 +46,23 @@ type Config struct {
 	PublishWait time.Duration
 	// Version is reported by GetPluginInfo.
 	Version string
-	Logger  *slog.Logger
+	// Announce, when set, tells the pod what a fresh publish gave it (the
+	// agent's Kubernetes side writes an annotation and an Event). It runs
+	// on its own goroutine, after the mount.
+	Announce func(context.Context, Published)
+	Logger   *slog.Logger
+}
+
+// Published is what a volume gave a pod.
+type Published struct {
+	Namespace, Pod, PodUID string
+	// Volume is the pod's volume name (a persistent volume's name for a
+	// PersistentVolumeClaim), taken from the kubelet's target path.
+	Volume string
+	// Ref is the reference as asked; Resolved names the exact revision.
+	Ref, Resolved, Revision string
+	Files                   int
+	Bytes                   int64
 }
 
 // Driver serves the CSI Identity and Node services. Its methods are safe for
@@ -61,7 +77,7 @@ type Driver struct {
 
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex
-	holds map[string][]func() // per volume id, the releases of its blobs' holds
+	holds map[string][]func() // per volume key, the releases of its blobs' holds
 }
 
 // NewDriver returns a driver publishing models from store, fetched through queue.
@@ -91,12 +107,19 @@ func NewDriver(store *cache.Store, queue *prefetch.Queue, cfg Config) (*Driver, 
 // links to its blobs stay on one filesystem.
 func volumesDir(store *cache.Store) string { return filepath.Join(store.Root(), "csi-volumes") }
 
-func (d *Driver) volumeDir(volumeID string) string {
-	return filepath.Join(volumesDir(d.store), volumeKey(volumeID))
-}
+func (d *Driver) volumeDir(key string) string { return filepath.Join(volumesDir(d.store), key) }
 
-func (d *Driver) recordPath(volumeID string) string {
-	return filepath.Join(d.cfg.StateDir, volumeKey(volumeID)+".json")
+func (d *Driver) recordPath(key string) string { return filepath.Join(d.cfg.StateDir, key+".json") }
+
+// published finds the record of volume id at target, and its key; ok is
+// false when it is not published there.
+func (d *Driver) published(id, target string) (rec record, key string, ok bool) {
+	for _, key := range []string{volumeKey(id, target), legacyKey(id)} {
+		if rec, err := readRecordFile(d.recordPath(key)); err == nil && rec.VolumeID == id && rec.Target == target {
+			return rec, key, true
+		}
+	}
+	return record{}, "", false
 }
 
 func (d *Driver) lock(volumeID string) func() {
@@ -131,9 +154,36 @@ func (d *Driver) Probe(context.Context, *csipb.ProbeRequest) (*csipb.ProbeRespon
 	return &csipb.ProbeResponse{}, nil
 }
 
-// NodeGetCapabilities implements the Node service: no staging, no stats.
+// NodeGetCapabilities implements the Node service: no staging; volume stats.
 func (d *Driver) NodeGetCapabilities(context.Context, *csipb.NodeGetCapabilitiesRequest) (*csipb.NodeGetCapabilitiesResponse, error) {
-	return &csipb.NodeGetCapabilitiesResponse{}, nil
+	return &csipb.NodeGetCapabilitiesResponse{Capabilities: []*csipb.NodeServiceCapability{{
+		Type: &csipb.NodeServiceCapability_Rpc{Rpc: &csipb.NodeServiceCapability_RPC{Type: csipb.NodeServiceCapability_RPC_GET_VOLUME_STATS}},
+	}}}, nil
+}
+
+// NodeGetVolumeStats implements the Node service: a model volume is full by
+// design, its bytes and inodes are the model's files, and it has no room.
+func (d *Driver) NodeGetVolumeStats(_ context.Context, req *csipb.NodeGetVolumeStatsRequest) (*csipb.NodeGetVolumeStatsResponse, error) {
+	id, target := req.GetVolumeId(), req.GetVolumePath()
+	if id == "" || target == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume id and volume path are required")
+	}
+	rec, _, ok := d.published(id, target)
+	if !ok {
+		return nil, status.Errorf(codes.NotFound, "volume %s is not published at %s", id, target)
+	}
+	var bytes int64
+	for _, b := range rec.Blobs {
+		info, err := d.store.Stat(b)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "volume %s: blob %s: %v", id, b, err)
+		}
+		bytes += info.Size
+	}
+	return &csipb.NodeGetVolumeStatsResponse{Usage: []*csipb.VolumeUsage{
+		{Unit: csipb.VolumeUsage_BYTES, Total: bytes, Used: bytes},
+		{Unit: csipb.VolumeUsage_INODES, Total: int64(len(rec.Blobs)), Used: int64(len(rec.Blobs))},
+	}}, nil
 }
 
 // NodeGetInfo implements the Node service.
@@ -169,7 +219,10 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 	}
 	defer d.lock(id)()
 
-	if rec, err := d.readRecord(id); err == nil && rec.Target == target {
+	if rec, _, ok := d.published(id, target); ok {
+		if rec.Ref != r.Ref.Redacted() || !slices.Equal(rec.Files, r.Files) {
+			return nil, status.Errorf(codes.AlreadyExists, "volume %s is published at %s as %s, not %s", id, target, rec.Ref, r.Ref.Redacted())
+		}
 		if mounted, _ := isMount(target); mounted {
 			return &csipb.NodePublishVolumeResponse{}, nil
 		}
@@ -190,7 +243,8 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 	case err != nil:
 		return nil, status.Errorf(codes.Unavailable, "fetching %s: %v", r.Ref.Redacted(), err)
 	}
-	if err := d.publish(id, target, r, st); err != nil {
+	files, err := d.publish(id, target, r, st)
+	if err != nil {
 		if _, ok := status.FromError(err); ok {
 			return nil, err
 		}
@@ -204,7 +258,41 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 		return nil, status.Errorf(codes.Internal, "publishing %s: %v", r.Ref.Redacted(), err)
 	}
 	d.cfg.Logger.Info("model volume published", "volume", id, "model", r.Ref.Redacted(), "revision", st.Revision, "namespace", ns, "pod", r.Pod)
+	if d.cfg.Announce != nil && r.Pod != "" {
+		p := Published{Namespace: r.Namespace, Pod: r.Pod, PodUID: r.PodUID, Volume: volumeName(target),
+			Ref: r.Ref.Redacted(), Resolved: resolved(r.Ref, st.Revision), Revision: st.Revision, Files: len(files)}
+		for _, f := range files {
+			p.Bytes += f.Size
+		}
+		go d.cfg.Announce(context.WithoutCancel(ctx), p)
+	}
 	return &csipb.NodePublishVolumeResponse{}, nil
+}
+
+// resolved names exactly what ref resolved to at revision: a hub commit,
+// or a registry manifest digest; other references name no revision of
+// their own.
+func resolved(ref prefetch.Ref, revision string) string {
+	switch ref.Kind {
+	case prefetch.KindHF:
+		ref.Revision = revision
+	case prefetch.KindOCI:
+		// A model artifact's revision is its manifest's sha256 (hex).
+		if d := digest.NewDigestFromEncoded(digest.SHA256, revision); d.Validate() == nil {
+			ref.Digest = d
+		}
+	}
+	return ref.Redacted()
+}
+
+// volumeName is the pod's name for the volume mounted at target: the kubelet
+// publishes at <pod dir>/volumes/kubernetes.io~csi/<name>/mount.
+func volumeName(target string) string {
+	dir, leaf := filepath.Split(filepath.Clean(target))
+	if leaf != "mount" || filepath.Base(filepath.Dir(filepath.Clean(dir))) != "kubernetes.io~csi" {
+		return ""
+	}
+	return filepath.Base(dir)
 }
 
 // progress is the Unavailable message the kubelet shows in the pod's events.
@@ -216,10 +304,11 @@ func progress(ref string, st prefetch.JobStatus) string {
 		st.BytesDone*100/st.BytesTotal, bytesize.IEC(st.BytesTotal), st.FilesDone, st.FilesTotal)
 }
 
-func (d *Driver) publish(id, target string, r Request, st prefetch.JobStatus) error {
+// publish mounts the ready model st at target and returns the files it shows.
+func (d *Driver) publish(id, target string, r Request, st prefetch.JobStatus) ([]cache.File, error) {
 	all, err := modelFiles(d.store, st.Dir)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	l := layout{Name: st.Model, Revision: st.Revision}
 	if r.Ref.Kind == prefetch.KindHF && r.Ref.Revision != st.Revision {
@@ -231,9 +320,10 @@ func (d *Driver) publish(id, target string, r Request, st prefetch.JobStatus) er
 		}
 	}
 	if len(l.Files) == 0 {
-		return status.Errorf(codes.InvalidArgument, "files %q matches none of the model's %d files", r.Files, len(all))
+		return nil, status.Errorf(codes.InvalidArgument, "files %q matches none of the model's %d files", r.Files, len(all))
 	}
-	rec := record{VolumeID: id, Target: target, Ref: r.Ref.Redacted()}
+	key := volumeKey(id, target)
+	rec := record{VolumeID: id, Target: target, Ref: r.Ref.Redacted(), Files: r.Files}
 	for _, f := range l.Files {
 		if !slices.Contains(rec.Blobs, f.Digest) {
 			rec.Blobs = append(rec.Blobs, f.Digest)
@@ -241,51 +331,51 @@ func (d *Driver) publish(id, target string, r Request, st prefetch.JobStatus) er
 	}
 	// The record is written before anything is linked or mounted, so that
 	// whatever a crash leaves, Reconcile finds.
-	if err := d.writeRecord(rec); err != nil {
-		return err
+	if err := d.writeRecord(key, rec); err != nil {
+		return nil, err
 	}
-	d.hold(id, rec.Blobs)
-	dir := d.volumeDir(id)
+	d.hold(key, rec.Blobs)
+	dir := d.volumeDir(key)
 	if err := os.RemoveAll(dir); err != nil {
-		return err
+		return nil, err
 	}
 	if err := l.build(d.store, dir); err != nil {
 		_ = os.RemoveAll(dir)
-		return err
+		return nil, err
 	}
 	if err := os.MkdirAll(target, 0o750); err != nil {
-		return err
+		return nil, err
 	}
 	if mounted, _ := isMount(target); mounted {
 		if err := unmount(target); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return bindReadOnly(dir, target)
+	return l.Files, bindReadOnly(dir, target)
 }
 
-// hold keeps volume id's blobs from eviction until release. Holds live in
+// hold keeps the blobs of the volume keyed key from eviction until release. Holds live in
 // memory, one per blob, and the volume's record makes them durable:
 // Reconcile takes them again at start. Cache pins would be durable on their
 // own but cost an index transaction (an fsync) per blob on every publish.
-func (d *Driver) hold(id string, blobs []digest.Digest) {
+func (d *Driver) hold(key string, blobs []digest.Digest) {
 	releases := make([]func(), 0, len(blobs))
 	for _, b := range blobs {
 		releases = append(releases, d.store.Hold(b))
 	}
 	d.mu.Lock()
-	old := d.holds[id]
-	d.holds[id] = releases
+	old := d.holds[key]
+	d.holds[key] = releases
 	d.mu.Unlock()
 	for _, release := range old {
 		release()
 	}
 }
 
-func (d *Driver) unhold(id string) {
+func (d *Driver) unhold(key string) {
 	d.mu.Lock()
-	releases := d.holds[id]
-	delete(d.holds, id)
+	releases := d.holds[key]
+	delete(d.holds, key)
 	d.mu.Unlock()
 	for _, release := range releases {
 		release()
@@ -309,19 +399,21 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csipb.NodeUnpubli
 	if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, status.Errorf(codes.Internal, "removing target: %v", err)
 	}
-	if err := d.release(id); err != nil {
-		return nil, status.Error(codes.Internal, err.Error())
+	if _, key, ok := d.published(id, target); ok {
+		if err := d.release(key); err != nil {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
 	}
 	return &csipb.NodeUnpublishVolumeResponse{}, nil
 }
 
-// release drops volume id's tree, holds and record.
-func (d *Driver) release(id string) error {
-	if err := os.RemoveAll(d.volumeDir(id)); err != nil {
+// release drops the tree, holds and record of the volume keyed key.
+func (d *Driver) release(key string) error {
+	if err := os.RemoveAll(d.volumeDir(key)); err != nil {
 		return err
 	}
-	d.unhold(id)
-	if err := os.Remove(d.recordPath(id)); errors.Is(err, os.ErrNotExist) {
+	d.unhold(key)
+	if err := os.Remove(d.recordPath(key)); errors.Is(err, os.ErrNotExist) {
 		return nil
 	} else if err != nil {
 		return err
@@ -338,30 +430,32 @@ func (d *Driver) Reconcile() error {
 	}
 	var errs []error
 	for _, e := range entries {
+		key, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok {
+			continue // a temporary file of an interrupted write
+		}
 		rec, err := readRecordFile(filepath.Join(d.cfg.StateDir, e.Name()))
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		if mounted, _ := isMount(rec.Target); mounted {
-			d.hold(rec.VolumeID, rec.Blobs)
+			d.hold(key, rec.Blobs)
 			continue
 		}
 		d.cfg.Logger.Info("releasing a volume no longer mounted", "volume", rec.VolumeID, "target", rec.Target)
-		errs = append(errs, d.release(rec.VolumeID))
+		errs = append(errs, d.release(key))
 	}
 	return errors.Join(errs...)
 }
 
-func (d *Driver) writeRecord(rec record) error {
+func (d *Driver) writeRecord(key string, rec record) error {
 	b, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
-	return cache.WriteFileAtomic(d.recordPath(rec.VolumeID), b, 0o600)
+	return cache.WriteFileAtomic(d.recordPath(key), b, 0o600)
 }
-
-func (d *Driver) readRecord(id string) (record, error) { return readRecordFile(d.recordPath(id)) }
 
 func readRecordFile(p string) (record, error) {
 	var rec record

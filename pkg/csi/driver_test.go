@@ -2,6 +2,8 @@ package csi_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -63,6 +65,7 @@ type nodeOpts struct {
 	allow      csi.Allowlist
 	budget     int64
 	targetRoot string
+	announce   func(context.Context, csi.Published)
 }
 
 func newNode(t *testing.T, hub *hubtest.Hub, root string, o nodeOpts) *node {
@@ -78,6 +81,7 @@ func newNode(t *testing.T, hub *hubtest.Hub, root string, o nodeOpts) *node {
 	queue := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHF: src}, prefetch.WithResolveRetries(1, time.Millisecond))
 	driver, err := csi.NewDriver(store, queue, csi.Config{
 		NodeID: "node-a", StateDir: filepath.Join(root, "csi"), Allow: o.allow, TargetRoot: o.targetRoot, PublishWait: 10 * time.Second,
+		Announce: o.announce,
 	})
 	require.NoError(t, err)
 	require.NoError(t, driver.Reconcile())
@@ -491,4 +495,159 @@ func TestIdentityAndRegistration(t *testing.T) {
 	assert.Contains(t, reg.GetSupportedVersions(), "1.0.0")
 	_, err = n.reg.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true})
 	require.NoError(t, err)
+}
+
+// TestPersistentVolumeTwoPods publishes one volume id at two targets, as the
+// kubelet does for a persistent volume that two pods of the node use: each
+// gets its own tree, and unpublishing one leaves the other whole and held.
+func TestPersistentVolumeTwoPods(t *testing.T) {
+	requireRoot(t)
+	hub := hubtest.New()
+	t.Cleanup(hub.Close)
+	modelRepo(hub)
+	hub.AddRepo("org/other", map[string]hubtest.Content{"w.bin": hubtest.Generated(2<<20, 11)})
+	n := newNode(t, hub, t.TempDir(), nodeOpts{budget: 3 << 20})
+	attrs := map[string]string{csi.AttrModel: "hf://org/model@main", csi.AttrEphemeral: "false"}
+	a, b := filepath.Join(n.root, "pod-a", "mount"), filepath.Join(n.root, "pod-b", "mount")
+	n.publishReady("pv-model", a, attrs)
+	t.Cleanup(func() { _ = unix.Unmount(a, unix.MNT_DETACH) })
+	n.publishReady("pv-model", b, attrs)
+	t.Cleanup(func() { _ = unix.Unmount(b, unix.MNT_DETACH) })
+	assert.True(t, fileExists(a, "config.json"))
+	assert.True(t, fileExists(b, "config.json"))
+
+	n.unpublish("pv-model", a)
+	assert.False(t, mounted(t, a))
+	got, err := os.ReadFile(filepath.Join(b, "config.json"))
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"model_type":"llama"}`, string(got), "the other pod's tree is whole")
+	assert.False(t, n.evictsModel(), "the other pod's volume still holds the model")
+	n.unpublish("pv-model", b)
+	assert.True(t, n.evictsModel())
+}
+
+// TestPublishIncompatibleAgain refuses a volume id published at a target
+// with other attributes: CSI's ALREADY_EXISTS, and the mount is untouched.
+func TestPublishIncompatibleAgain(t *testing.T) {
+	requireRoot(t)
+	hub := hubtest.New()
+	t.Cleanup(hub.Close)
+	modelRepo(hub)
+	n := newNode(t, hub, t.TempDir(), nodeOpts{})
+	target := filepath.Join(n.root, "target")
+	n.publishReady("vol-1", target, map[string]string{csi.AttrModel: "hf://org/model"})
+	t.Cleanup(func() { _ = unix.Unmount(target, unix.MNT_DETACH) })
+	for _, attrs := range []map[string]string{
+		{csi.AttrModel: "hf://org/model", csi.AttrFiles: "*.json"},
+		{csi.AttrModel: "hf://org/model@v2"},
+	} {
+		err := n.publish("vol-1", target, attrs)
+		assert.Equal(t, codes.AlreadyExists, status.Code(err), "%v: %v", attrs, err)
+	}
+	assert.True(t, fileExists(target, "model-00001.safetensors"), "the mounted tree is untouched")
+}
+
+// TestVolumeStats reports a volume's bytes and files as the model's.
+func TestVolumeStats(t *testing.T) {
+	requireRoot(t)
+	hub := hubtest.New()
+	t.Cleanup(hub.Close)
+	_, files := modelRepo(hub)
+	var size int64
+	for _, c := range files {
+		size += c.Size()
+	}
+	n := newNode(t, hub, t.TempDir(), nodeOpts{})
+	ctx := context.Background()
+	caps, err := n.node.NodeGetCapabilities(ctx, &csipb.NodeGetCapabilitiesRequest{})
+	require.NoError(t, err)
+	require.Len(t, caps.GetCapabilities(), 1)
+	assert.Equal(t, csipb.NodeServiceCapability_RPC_GET_VOLUME_STATS, caps.GetCapabilities()[0].GetRpc().GetType())
+
+	target := filepath.Join(n.root, "target")
+	n.publishReady("vol-1", target, map[string]string{csi.AttrModel: "hf://org/model"})
+	t.Cleanup(func() { _ = unix.Unmount(target, unix.MNT_DETACH) })
+	st, err := n.node.NodeGetVolumeStats(ctx, &csipb.NodeGetVolumeStatsRequest{VolumeId: "vol-1", VolumePath: target})
+	require.NoError(t, err)
+	usage := map[csipb.VolumeUsage_Unit]*csipb.VolumeUsage{}
+	for _, u := range st.GetUsage() {
+		usage[u.GetUnit()] = u
+	}
+	assert.Equal(t, size, usage[csipb.VolumeUsage_BYTES].GetUsed())
+	assert.Equal(t, size, usage[csipb.VolumeUsage_BYTES].GetTotal())
+	assert.Zero(t, usage[csipb.VolumeUsage_BYTES].GetAvailable())
+	assert.Equal(t, int64(len(files)), usage[csipb.VolumeUsage_INODES].GetUsed())
+
+	_, err = n.node.NodeGetVolumeStats(ctx, &csipb.NodeGetVolumeStatsRequest{VolumeId: "vol-2", VolumePath: target})
+	assert.Equal(t, codes.NotFound, status.Code(err), "%v", err)
+}
+
+// TestAnnouncePublished tells the pod, once per publish, which revision its
+// volume resolved to.
+func TestAnnouncePublished(t *testing.T) {
+	requireRoot(t)
+	hub := hubtest.New()
+	t.Cleanup(hub.Close)
+	commit, files := modelRepo(hub)
+	var size int64
+	for _, c := range files {
+		size += c.Size()
+	}
+	announced := make(chan csi.Published, 4)
+	n := newNode(t, hub, t.TempDir(), nodeOpts{announce: func(_ context.Context, p csi.Published) { announced <- p }})
+	target := filepath.Join(n.root, "pods", "uid-1", "volumes", "kubernetes.io~csi", "weights", "mount")
+	n.publishReady("vol-1", target, map[string]string{csi.AttrModel: "hf://org/model@main"})
+	t.Cleanup(func() { _ = unix.Unmount(target, unix.MNT_DETACH) })
+	select {
+	case p := <-announced:
+		assert.Equal(t, csi.Published{
+			Namespace: "team-a", Pod: "pod-vol-1", PodUID: "uid-vol-1", Volume: "weights",
+			Ref: "hf://org/model@main", Resolved: "hf://org/model@" + commit, Revision: commit,
+			Files: len(files), Bytes: size,
+		}, p)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the publish was not announced")
+	}
+	n.publishReady("vol-1", target, map[string]string{csi.AttrModel: "hf://org/model@main"})
+	select {
+	case p := <-announced:
+		t.Fatalf("a repeated publish was announced again: %+v", p)
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+// TestReconcileLegacyRecord takes over a volume published when volumes were
+// keyed by id alone: its hold comes back, and unpublishing it removes its
+// record and tree.
+func TestReconcileLegacyRecord(t *testing.T) {
+	requireRoot(t)
+	hub := hubtest.New()
+	t.Cleanup(hub.Close)
+	modelRepo(hub)
+	hub.AddRepo("org/other", map[string]hubtest.Content{"w.bin": hubtest.Generated(2<<20, 11)})
+	root := t.TempDir()
+	opts := nodeOpts{budget: 3 << 20}
+	n := newNode(t, hub, root, opts)
+	target := filepath.Join(root, "target")
+	n.publishReady("vol-1", target, map[string]string{csi.AttrModel: "hf://org/model"})
+	t.Cleanup(func() { _ = unix.Unmount(target, unix.MNT_DETACH) })
+	n.stop()
+
+	// What the earlier agent left: the record and tree named by the id's hash.
+	sum := sha256.Sum256([]byte("vol-1"))
+	legacy := hex.EncodeToString(sum[:16])
+	records, err := filepath.Glob(filepath.Join(root, "csi", "*.json"))
+	require.NoError(t, err)
+	require.Len(t, records, 1)
+	key := strings.TrimSuffix(filepath.Base(records[0]), ".json")
+	require.NoError(t, os.Rename(records[0], filepath.Join(root, "csi", legacy+".json")))
+	trees := filepath.Join(root, "cache", "csi-volumes")
+	require.NoError(t, os.Rename(filepath.Join(trees, key), filepath.Join(trees, legacy)))
+
+	n = newNode(t, hub, root, opts)
+	assert.False(t, n.evictsModel(), "the legacy volume's hold comes back")
+	n.unpublish("vol-1", target)
+	assert.NoFileExists(t, filepath.Join(root, "csi", legacy+".json"))
+	assert.NoDirExists(t, filepath.Join(trees, legacy))
+	assert.True(t, n.evictsModel())
 }

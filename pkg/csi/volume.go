@@ -38,12 +38,23 @@ type record struct {
 	VolumeID string          `json:"volumeID"`
 	Target   string          `json:"target"`
 	Ref      string          `json:"ref"`
+	Files    []string        `json:"files,omitempty"` // the globs asked for
 	Blobs    []digest.Digest `json:"blobs"`
 }
 
-// volumeKey names a volume's directory and record: volume ids are the
-// kubelet's, so they are hashed rather than trusted as file names.
-func volumeKey(volumeID string) string {
+// volumeKey names a volume's tree and record. One volume id may be published
+// at several targets (a persistent volume used by two pods of the node), and
+// each gets its own tree, since rebuilding one would empty the other's mount.
+// Ids and targets are the kubelet's, so they are hashed rather than trusted
+// as file names.
+func volumeKey(volumeID, target string) string {
+	sum := sha256.Sum256([]byte(volumeID + "\x00" + target))
+	return hex.EncodeToString(sum[:16])
+}
+
+// legacyKey is the key of a volume published when volumes were keyed by id
+// alone; its record and tree keep that name until it is unpublished.
+func legacyKey(volumeID string) string {
 	sum := sha256.Sum256([]byte(volumeID))
 	return hex.EncodeToString(sum[:16])
 }
