@@ -241,7 +241,7 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 	if a.kube, err = newKube(cfg.kubeConfig, cfg.NodeName, a.queue, a.store, a.warm, log, reg); err != nil {
 		return nil, err
 	}
-	if a.csi, err = newCSI(cfg.csiConfig, cfg.Root, cfg.NodeName, a.store, a.queue, log.With("component", "csi")); err != nil {
+	if a.csi, err = newCSI(cfg.csiConfig, cfg.Root, cfg.NodeName, a.store, a.queue, a.kube.announceVolume(), log.With("component", "csi")); err != nil {
 		return nil, err
 	}
 	var nodeEvent func(eventType, reason, message string) bool

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -21,8 +22,9 @@ type csiConfig struct {
 
 // newCSI builds the CSI plugin's server, or returns nil when it is off. Its
 // records live under <root>/csi; volumes it finds no longer mounted are
-// released before it serves.
-func newCSI(cfg csiConfig, root, nodeName string, store *cache.Store, queue *prefetch.Queue, log *slog.Logger) (*csi.Server, error) {
+// released before it serves. announce, when not nil, tells pods what their
+// volumes resolved to.
+func newCSI(cfg csiConfig, root, nodeName string, store *cache.Store, queue *prefetch.Queue, announce func(context.Context, csi.Published), log *slog.Logger) (*csi.Server, error) {
 	if cfg.CSIEndpoint == "" {
 		return nil, nil
 	}
@@ -37,7 +39,7 @@ func newCSI(cfg csiConfig, root, nodeName string, store *cache.Store, queue *pre
 	}
 	driver, err := csi.NewDriver(store, queue, csi.Config{
 		NodeID: nodeName, StateDir: filepath.Join(root, "csi"), TargetRoot: cfg.KubeletDir,
-		Allow: allow, Version: version, Logger: log,
+		Allow: allow, Version: version, Announce: announce, Logger: log,
 	})
 	if err != nil {
 		return nil, err

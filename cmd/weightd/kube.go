@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/csi"
 	"github.com/weightd/weightd/pkg/kube"
 	"github.com/weightd/weightd/pkg/policy"
 	"github.com/weightd/weightd/pkg/prefetch"
@@ -43,6 +44,7 @@ type kubeSide struct {
 	policy    *policy.Controller
 	warm      *kube.WarmPods // nil without a warm pool
 	events    *kube.NodeEvents
+	volumes   *kube.PodVolumes
 }
 
 // newKube builds the Kubernetes side for node, or returns nil when no
@@ -83,6 +85,9 @@ func newKube(cfg kubeConfig, node string, queue *prefetch.Queue, store *cache.St
 		interval = kube.DefaultNodeInterval
 	}
 	k := &kubeSide{}
+	if k.volumes, err = kube.NewPodVolumes(client, node, log.With("component", "csi", "node", node)); err != nil {
+		return nil, err
+	}
 	if k.events, err = kube.NewNodeEvents(client, node); err != nil {
 		return nil, err
 	}
@@ -122,7 +127,7 @@ func (k *kubeSide) runs() []func(context.Context) error {
 	if k == nil {
 		return nil
 	}
-	runs := []func(context.Context) error{k.intake.Run, k.publisher.Run, k.policy.Run, k.events.Run}
+	runs := []func(context.Context) error{k.intake.Run, k.publisher.Run, k.policy.Run, k.events.Run, k.volumes.Run}
 	if k.warm != nil {
 		runs = append(runs, k.warm.Run)
 	}
@@ -132,4 +137,13 @@ func (k *kubeSide) runs() []func(context.Context) error {
 // nodeEvent records an Event on the agent's Node; false when it was dropped.
 func (k *kubeSide) nodeEvent(eventType, reason, message string) bool {
 	return k.events.Event(eventType, reason, message)
+}
+
+// announceVolume is the CSI plugin's csi.Config.Announce: nil without a
+// cluster.
+func (k *kubeSide) announceVolume() func(context.Context, csi.Published) {
+	if k == nil {
+		return nil
+	}
+	return k.volumes.Announce
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 	"testing"
@@ -27,6 +28,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/weightd/weightd/internal/kubetest"
+	"github.com/weightd/weightd/pkg/csi"
 	"github.com/weightd/weightd/pkg/kube"
 	"github.com/weightd/weightd/pkg/nodestate"
 	"github.com/weightd/weightd/pkg/podrequest"
@@ -442,6 +444,25 @@ func TestAgentOwnWritesAllowed(t *testing.T) {
 	recorded.Event(w1Ref, corev1.EventTypeNormal, kube.ReasonPrefetched, "twice")
 	recorded.Event(w1Ref, corev1.EventTypeNormal, kube.ReasonPrefetched, "twice")
 	waitEvent(t, f.admin, "default", "involvedObject.name=w1,reason="+kube.ReasonPrefetched, 2)
+	// The CSI plugin's announcement of a model volume's revision.
+	volumes, err := kube.NewPodVolumes(f.agent, "n1", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vctx, stopVolumes := context.WithCancel(ctx)
+	go func() { done <- volumes.Run(vctx) }()
+	volumes.Announce(ctx, csi.Published{Namespace: "default", Pod: "w1", PodUID: string(w1.UID), Volume: "model",
+		Ref: "hf://org/model@main", Resolved: "hf://org/model@" + strings.Repeat("a", 40), Files: 2, Bytes: 3 << 20})
+	waitEvent(t, f.admin, "default", "involvedObject.name=w1,reason="+kube.ReasonModelVolumeReady, 1)
+	w1, err = f.admin.CoreV1().Pods("default").Get(ctx, "w1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := w1.Annotations[kube.VolumeAnnotationPrefix+"model"]; got != "hf://org/model@"+strings.Repeat("a", 40) {
+		t.Errorf("the volume's revision annotation is %q", got)
+	}
+	stopVolumes()
+	<-done
 	pp, err := f.adyn.Resource(policiesGVR).Get(ctx, reachPolicy, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

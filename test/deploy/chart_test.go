@@ -322,8 +322,8 @@ func TestChartCSI(t *testing.T) {
 	}
 	if d.Spec.AttachRequired == nil || *d.Spec.AttachRequired || d.Spec.PodInfoOnMount == nil || !*d.Spec.PodInfoOnMount ||
 		d.Spec.FSGroupPolicy == nil || *d.Spec.FSGroupPolicy != storagev1.NoneFSGroupPolicy ||
-		!slices.Equal(d.Spec.VolumeLifecycleModes, []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecycleEphemeral}) {
-		t.Errorf("CSIDriver spec %+v: want no attach, pod info on mount, no fsGroup changes, ephemeral volumes", d.Spec)
+		!slices.Equal(d.Spec.VolumeLifecycleModes, []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecycleEphemeral, storagev1.VolumeLifecyclePersistent}) {
+		t.Errorf("CSIDriver spec %+v: want no attach, pod info on mount, no fsGroup changes, ephemeral and persistent volumes", d.Spec)
 	}
 	cfg := agentConfig(t, r.configMaps["weightd-config"])
 	for k, want := range map[string]string{
