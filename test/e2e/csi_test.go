@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/fields"
 	"sigs.k8s.io/yaml"
 
@@ -49,7 +50,7 @@ func (c *cluster) csiExamplePod(t *testing.T, ctx context.Context, reader string
 		"model.safetensors":        g,
 		"tokenizer/tokenizer.json": hubtest.Generated(1<<20, 12),
 	}
-	c.hub.AddRepo("org/csi-model", files)
+	commit := c.hub.AddRepo("org/csi-model", files).Resolve("main")
 	g.arm() // the hub read the file whole to hash it
 	var expect []string
 	for p := range files {
@@ -103,8 +104,87 @@ func (c *cluster) csiExamplePod(t *testing.T, ctx context.Context, reader string
 	require.NotNil(t, term)
 	require.Equal(t, corev1.PodSucceeded, p.Status.Phase, "the reader: %s", term.Message)
 	require.Equal(t, "ok", term.Message)
+	// The branch was resolved once, at publish: the pod names the commit.
+	require.Equal(t, "hf://org/csi-model@"+commit, p.Annotations["volumes.weightd.io/model"], "the pod's annotations: %v", p.Annotations)
+	c.waitEvent(t, ctx, restrictedNS, pod.Name, "ModelVolumeReady", "volume model: hf://org/csi-model@main resolved to hf://org/csi-model@"+commit)
 	c.deletePodIn(t, ctx, restrictedNS, pod.Name)
 	return true
+}
+
+// waitEvent waits for an Event on object name with reason whose message
+// starts with prefix.
+func (c *cluster) waitEvent(t *testing.T, ctx context.Context, ns, name, reason, prefix string) {
+	t.Helper()
+	var messages []string
+	require.Eventually(t, func() bool {
+		events, err := c.client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{
+			FieldSelector: fields.Set{"involvedObject.name": name, "reason": reason}.AsSelector().String(),
+		})
+		require.NoError(t, err)
+		messages = messages[:0]
+		for _, e := range events.Items {
+			messages = append(messages, e.Message)
+		}
+		return slices.ContainsFunc(messages, func(m string) bool { return strings.HasPrefix(m, prefix) })
+	}, time.Minute, 250*time.Millisecond, "no %s Event on %s/%s starting %q among %q", reason, ns, name, prefix, messages)
+}
+
+// csiPersistent mounts csiExamplePod's model through a static
+// PersistentVolume and its claim in two pods at once: each pod has its own
+// mount and the agent a record of each; deleting one pod leaves the other's
+// mount, and deleting both releases everything.
+func (c *cluster) csiPersistent(t *testing.T, ctx context.Context, sleeper string) {
+	const pvName, claim = "csi-model", "model"
+	yes := true
+	_, err := c.client.CoreV1().PersistentVolumes().Create(ctx, &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: pvName},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:         corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadOnlyMany},
+			StorageClassName: "",
+			ClaimRef:         &corev1.ObjectReference{Namespace: restrictedNS, Name: claim},
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
+				Driver: "models.weightd.io", VolumeHandle: pvName, ReadOnly: true,
+				VolumeAttributes: map[string]string{"model": "hf://org/csi-model@main"},
+			}},
+		},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	empty := ""
+	_, err = c.client.CoreV1().PersistentVolumeClaims(restrictedNS).Create(ctx, &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: claim},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadOnlyMany},
+			StorageClassName: &empty, VolumeName: pvName,
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+		},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+
+	image := c.push(t, ctx, "sleeper", "v1", mustImage(t, sleeper, "/sleeper"))
+	var targets []string
+	for _, name := range []string{"pv-a", "pv-b"} {
+		c.createRestrictedWith(t, ctx, name, image, corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim, ReadOnly: yes}})
+	}
+	for _, name := range []string{"pv-a", "pv-b"} {
+		p := c.waitPod(t, ctx, restrictedNS, name, 2*time.Minute, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+		// A persistent volume is mounted under the volume's own name.
+		target := filepath.Join(c.node.KubeletDir, "pods", string(p.UID), "volumes", "kubernetes.io~csi", pvName, "mount")
+		require.True(t, isMount(t, target), "pod %s's volume %s is not a mount", name, target)
+		_, err := os.Stat(filepath.Join(target, "model.safetensors"))
+		require.NoError(t, err)
+		targets = append(targets, target)
+	}
+	require.Len(t, c.csiRecords(), 2, "a record per pod of the one volume")
+	c.deletePodIn(t, ctx, restrictedNS, "pv-a")
+	require.Eventually(t, func() bool { return !isMount(t, targets[0]) }, time.Minute, 250*time.Millisecond)
+	require.True(t, isMount(t, targets[1]), "the other pod's mount of the volume")
+	_, err = os.ReadFile(filepath.Join(targets[1], "config.json"))
+	require.NoError(t, err, "the other pod's tree")
+	require.Len(t, c.csiRecords(), 1)
+	c.deletePodIn(t, ctx, restrictedNS, "pv-b")
+	require.Eventually(t, func() bool { return !isMount(t, targets[1]) && len(c.csiRecords()) == 0 }, time.Minute, 250*time.Millisecond,
+		"after the pods' deletion: records %v", c.csiRecords())
 }
 
 // csiRunning starts, in turn, a pod with the CSI volume of the model that
@@ -150,6 +230,20 @@ func (c *cluster) csiRunning(t *testing.T, ctx context.Context, sleeper string) 
 // CSI volume of csiExamplePod's model at /models when volume is set.
 func (c *cluster) createRestricted(t *testing.T, ctx context.Context, name, image string, volume bool) {
 	t.Helper()
+	if !volume {
+		c.createRestrictedWith(t, ctx, name, image, corev1.VolumeSource{})
+		return
+	}
+	yes := true
+	c.createRestrictedWith(t, ctx, name, image, corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
+		Driver: "models.weightd.io", ReadOnly: &yes, VolumeAttributes: map[string]string{"model": "hf://org/csi-model@main", "files": "*.safetensors,*.json,*.txt"},
+	}})
+}
+
+// createRestrictedWith creates a pod in restrictedNS that runs image, with
+// the volume source at /models (as volume "model") unless it is empty.
+func (c *cluster) createRestrictedWith(t *testing.T, ctx context.Context, name, image string, model corev1.VolumeSource) {
+	t.Helper()
 	yes, no := true, false
 	uid := int64(1000)
 	s := corev1.PodSpec{
@@ -159,11 +253,9 @@ func (c *cluster) createRestricted(t *testing.T, ctx context.Context, name, imag
 			SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: &no, Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}},
 		}},
 	}
-	if volume {
+	if model != (corev1.VolumeSource{}) {
 		s.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "model", MountPath: "/models", ReadOnly: true}}
-		s.Volumes = []corev1.Volume{{Name: "model", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
-			Driver: "models.weightd.io", ReadOnly: &yes, VolumeAttributes: map[string]string{"model": "hf://org/csi-model@main", "files": "*.safetensors,*.json,*.txt"},
-		}}}}
+		s.Volumes = []corev1.Volume{{Name: "model", VolumeSource: model}}
 	}
 	_, err := c.client.CoreV1().Pods(restrictedNS).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: s}, metav1.CreateOptions{})
 	require.NoError(t, err)

@@ -135,6 +135,9 @@ func TestKubelet(t *testing.T) {
 	t.Run("CSIAgentKilled", func(t *testing.T) {
 		c.csiAgentKilled(t, ctx, sleeper)
 	})
+	t.Run("CSIPersistentVolume", func(t *testing.T) {
+		c.csiPersistent(t, ctx, sleeper)
+	})
 	t.Run("RollingUpdateKeepsCacheAndDownloads", func(t *testing.T) {
 		c.survives(t, ctx, sleeper, "org/rolled", 7, func() {
 			c.helmRun(t, ctx, "upgrade", release, filepath.Join(c.root, "charts", "weightd"), "--namespace", namespace, "-f", c.values, "--set", "image.tag="+c.tags[1])
