@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -214,4 +215,35 @@ func TestFillResumesScatteredChunksAfterRestart(t *testing.T) {
 	}), nil)
 	require.NoError(t, err)
 	requireOnlyVerifiedBlobs(t, root)
+}
+
+// TestProgressCountsPeerChunks reports the bytes peers sent apart from the
+// rest, once each: a chunk a peer sends again after it is present counts
+// nothing more.
+func TestProgressCountsPeerChunks(t *testing.T) {
+	t.Parallel()
+	s := openStore(t, t.TempDir())
+	const cs = 64 << 10
+	data := randomBytes(81, 4*cs)
+	var done, peers atomic.Int64
+	_, err := s.Fetch(context.Background(), descOf(data), fillerFunc(func(ctx context.Context, p *Partial) error {
+		for i := range p.Chunks() {
+			sum := sha256.Sum256(chunkOf(data, cs, i))
+			write := p.WriteChunk
+			if i%2 == 0 {
+				write = p.WritePeerChunk
+			}
+			if err := write(i, chunkOf(data, cs, i), sum[:]); err != nil {
+				return err
+			}
+		}
+		sum := sha256.Sum256(chunkOf(data, cs, 0))
+		return p.WritePeerChunk(0, chunkOf(data, cs, 0), sum[:])
+	}), func(d, fromPeers, _ int64) {
+		done.Store(d)
+		peers.Store(fromPeers)
+	})
+	require.NoError(t, err)
+	require.Equal(t, int64(4*cs), done.Load())
+	require.Equal(t, int64(2*cs), peers.Load())
 }

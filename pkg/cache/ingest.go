@@ -35,6 +35,7 @@ type flight struct {
 	desc     Descriptor
 	started  time.Time
 	done     atomic.Int64
+	peers    atomic.Int64 // of done, the bytes peers sent
 	finished chan struct{}
 	after    <-chan struct{} // an abandoned flight of the same blob still winding down
 	cancel   context.CancelFunc
@@ -58,7 +59,7 @@ func (f *flight) subscribe(p Progress) int {
 	f.nextID++
 	if p != nil {
 		f.subs[f.nextID] = p
-		p(f.done.Load(), f.desc.Size)
+		p(f.done.Load(), f.peers.Load(), f.desc.Size)
 	}
 	return f.nextID
 }
@@ -69,11 +70,12 @@ func (f *flight) unsubscribe(id int) {
 	f.subsMu.Unlock()
 }
 
-func (f *flight) report(done int64) {
+func (f *flight) report(done, peers int64) {
 	f.done.Store(done)
+	f.peers.Store(peers)
 	f.subsMu.Lock()
 	for _, p := range f.subs {
-		p(done, f.desc.Size)
+		p(done, peers, f.desc.Size)
 	}
 	f.subsMu.Unlock()
 }
@@ -103,7 +105,7 @@ func (s *Store) Fetch(ctx context.Context, desc Descriptor, src RangeOpener, pro
 		s.m.hits.Inc()
 		s.touch(d)
 		if progress != nil {
-			progress(desc.Size, desc.Size)
+			progress(desc.Size, 0, desc.Size)
 		}
 		return s.Stat(d)
 	}
@@ -202,7 +204,7 @@ func (s *Store) download(ctx context.Context, f *flight, src RangeOpener) (Info,
 	}
 	defer file.Close()
 	p := s.openPartial(f, file)
-	f.report(p.Present())
+	f.report(p.Present(), 0)
 	s.mu.Lock()
 	f.partial = p
 	s.mu.Unlock()
@@ -344,7 +346,7 @@ func (s *Store) transfer(ctx context.Context, f *flight, src RangeOpener, p *Par
 			}
 			c.Write(pc.buf[:pc.n])
 			end := pc.off + int64(pc.n)
-			f.report(end)
+			f.report(end, 0)
 			if end == chunkEnd(pc.off) {
 				select {
 				case written <- chunkDone{index: pc.off / cs, data: c.Sum(nil)}:

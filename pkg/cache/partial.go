@@ -74,6 +74,7 @@ type Partial struct {
 	mu      sync.Mutex
 	st      *partialState
 	present int64                 // bytes in present chunks
+	peers   int64                 // of present, the bytes peers sent since it was opened
 	writing map[int]chan struct{} // chunk → closed when its one writer is done
 
 	hashMu sync.Mutex // serialises advancing the whole-blob hash
@@ -152,6 +153,16 @@ func (p *Partial) state() (have, hashes []byte) {
 // checked against the lie) never mix: the bytes in the file are those whose
 // hash is recorded, and those the whole-blob hash is fed.
 func (p *Partial) WriteChunk(i int, data []byte, want []byte) error {
+	return p.writeChunk(i, data, want, false)
+}
+
+// WritePeerChunk is WriteChunk for a chunk a peer sent: the fetch's
+// progress counts it as from peers.
+func (p *Partial) WritePeerChunk(i int, data []byte, want []byte) error {
+	return p.writeChunk(i, data, want, true)
+}
+
+func (p *Partial) writeChunk(i int, data []byte, want []byte, fromPeer bool) error {
 	if i < 0 || i >= p.n {
 		return fmt.Errorf("%w: chunk %d of %d", ErrInvalid, i, p.n)
 	}
@@ -177,11 +188,14 @@ func (p *Partial) WriteChunk(i int, data []byte, want []byte) error {
 	p.mu.Lock()
 	p.st.set(i, sum[:]) // only the claimant marks it: it is not present
 	p.present += int64(len(data))
-	present := p.present
+	if fromPeer {
+		p.peers += int64(len(data))
+	}
+	present, peers := p.present, p.peers
 	delete(p.writing, i)
 	p.mu.Unlock()
 	close(done)
-	p.f.report(present)
+	p.f.report(present, peers)
 	p.s.emit(Event{Kind: EventChunk, Digest: p.desc.Digest, Chunk: i})
 	if err := p.advanceHash(i, data, sum[:]); err != nil {
 		return err
@@ -229,6 +243,7 @@ func (p *Partial) Invalidate(i int) {
 	}
 	p.st.clear(i)
 	p.present -= p.ChunkLen(i)
+	p.peers = min(p.peers, p.present) // which sender it was is not kept
 	if int64(i)*p.cs < p.st.Hashed {
 		p.whole = sha256.New().(hashState)
 		p.st.Hashed, p.st.HashState = 0, mustMarshal(p.whole)

@@ -24,7 +24,7 @@ func TestFetchStoresVerifiedBlob(t *testing.T) {
 		s := openStore(t, t.TempDir())
 		src := &memSource{data: data}
 		var last int64
-		info, err := s.Fetch(context.Background(), descOf(data), src, func(done, total int64) { last = done })
+		info, err := s.Fetch(context.Background(), descOf(data), src, func(done, _, total int64) { last = done })
 		require.NoError(t, err, "size %d", size)
 		require.Equal(t, descOf(data), info.Descriptor)
 		require.Equal(t, int64(size), last)

@@ -112,9 +112,11 @@ type RangeOpener interface {
 }
 
 // Progress reports the bytes of a blob received and written so far (they
-// become visible only once the whole blob is verified). It is called from the
-// download goroutines, every piece of about 1 MiB, and must not block.
-type Progress func(done, total int64)
+// become visible only once the whole blob is verified), and how many of
+// them peers sent (Partial.WritePeerChunk) in this process's download. It
+// is called from the download goroutines, every piece of about 1 MiB, and
+// must not block.
+type Progress func(done, fromPeers, total int64)
 
 // Info describes a complete blob in the store.
 type Info struct {

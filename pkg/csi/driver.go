@@ -298,10 +298,13 @@ func volumeName(target string) string {
 // progress is the Unavailable message the kubelet shows in the pod's events.
 func progress(ref string, st prefetch.JobStatus) string {
 	if st.BytesTotal == 0 {
-		return fmt.Sprintf("%s: %s, resolving", ref, st.State)
+		return fmt.Sprintf("%s: %s", ref, st.State) // queued or resolving
 	}
-	return fmt.Sprintf("%s: fetching %d%% of %s (%d of %d files)", ref,
-		st.BytesDone*100/st.BytesTotal, bytesize.IEC(st.BytesTotal), st.FilesDone, st.FilesTotal)
+	msg := fmt.Sprintf("%s: fetching %d%% of %s", ref, st.BytesDone*100/st.BytesTotal, bytesize.IEC(st.BytesTotal))
+	if st.BytesFromPeers > 0 {
+		msg += fmt.Sprintf(", %d%% from peers", st.BytesFromPeers*100/st.BytesDone)
+	}
+	return msg + fmt.Sprintf(" (%d of %d files)", st.FilesDone, st.FilesTotal)
 }
 
 // publish mounts the ready model st at target and returns the files it shows.

@@ -150,7 +150,7 @@ type download struct {
 
 // progress is the fetch's cache.Progress: it wakes the streaming requests
 // without blocking.
-func (dl *download) progress(_, _ int64) {
+func (dl *download) progress(_, _, _ int64) {
 	dl.mu.Lock()
 	close(dl.wake)
 	dl.wake = make(chan struct{})

@@ -241,7 +241,7 @@ func (s *Swarm) fillSmall(ctx context.Context, p *cache.Partial, origin cache.Ra
 		c := newLiveChunk(n)
 		_, err := s.fetchChunk(ctx, peer.Meta.ChunkAddr, d, 0, timeout, c)
 		if err == nil {
-			err = p.WriteChunk(0, c.data(), want)
+			err = p.WritePeerChunk(0, c.data(), want)
 		}
 		c.release()
 		if err == nil {
@@ -1126,7 +1126,11 @@ func (f *fill) settle(i int, c *liveChunk, err error) {
 // write stores chunk i and records who supplied it (the first to, when
 // endgame duplicates race), for the repair after a failed final check.
 func (f *fill) write(i int, data, want []byte, supplier string) error {
-	if err := f.p.WriteChunk(i, data, want); err != nil {
+	write := f.p.WriteChunk
+	if supplier != "" {
+		write = f.p.WritePeerChunk
+	}
+	if err := write(i, data, want); err != nil {
 		return err
 	}
 	f.supplierMu.Lock()

@@ -300,6 +300,30 @@ func TestSwarmCompletesFromPeersWhenOriginIsGone(t *testing.T) {
 	require.NoError(t, fetchAll(nodes[1:], data, 20*time.Second, func(*swarmNode) cache.RangeOpener { return origin }))
 }
 
+// TestProgressCountsBytesFromPeers: a fetch's progress says how much came
+// from peers (the CSI plugin's "61% from peers"): none for the node that
+// asked the origin, all for the one that asked its peer.
+func TestProgressCountsBytesFromPeers(t *testing.T) {
+	t.Parallel()
+	nodes := startSwarmCluster(t, 2, nil)
+	data := randomBlob(12, 8*testChunk)
+	desc := descOf(data)
+	origin := &countingOrigin{data: data}
+	for i, want := range []int64{0, int64(len(data))} {
+		if i == 1 {
+			origin.down.Store(true)
+			require.Eventually(t, func() bool {
+				hs := nodes[1].swarm.dir.Holders(desc.Digest)
+				return len(hs) == 1 && hs[0].Complete
+			}, 5*time.Second, 10*time.Millisecond)
+		}
+		var peers atomic.Int64
+		_, err := nodes[i].store.Fetch(context.Background(), desc, nodes[i].swarm.Source(desc, origin), func(_, fromPeers, _ int64) { peers.Store(fromPeers) })
+		require.NoError(t, err)
+		require.Equal(t, want, peers.Load(), "node %d's bytes from peers", i)
+	}
+}
+
 // corruptChunks flips a byte in every chunk body the wrapped server sends.
 func corruptChunks(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -40,6 +40,8 @@ type JobStatus struct {
 	// digest are fetched once); BytesDone counts verified, durable bytes.
 	BytesDone  int64 `json:"bytesDone"`
 	BytesTotal int64 `json:"bytesTotal"`
+	// BytesFromPeers is the part of BytesDone that peers sent.
+	BytesFromPeers int64 `json:"bytesFromPeers,omitempty"`
 	FilesDone  int   `json:"filesDone"`
 	FilesTotal int   `json:"filesTotal"`
 	// Dir is the materialised model directory once the job is ready.
@@ -72,8 +74,8 @@ type Job struct {
 }
 
 type blobProgress struct {
-	done  int64
-	files int // files of the model that are this blob
+	done, peers int64
+	files       int // files of the model that are this blob
 }
 
 func newJob(id string, ref Ref, p Priority, now time.Time) *Job {
@@ -223,7 +225,7 @@ func (j *Job) plan(name, revision string, blobs []fetchBlob) {
 	j.st.Model, j.st.Revision = name, revision
 	// A job resolved again (ErrUnverified) plans anew.
 	j.descs = j.descs[:0]
-	j.st.BytesTotal, j.st.BytesDone, j.st.FilesTotal, j.st.FilesDone = 0, 0, 0, 0
+	j.st.BytesTotal, j.st.BytesDone, j.st.BytesFromPeers, j.st.FilesTotal, j.st.FilesDone = 0, 0, 0, 0, 0
 	for _, b := range blobs {
 		j.descs = append(j.descs, b.Descriptor)
 		j.blobs[b.Digest] = &blobProgress{files: b.files}
@@ -234,9 +236,10 @@ func (j *Job) plan(name, revision string, blobs []fetchBlob) {
 	j.notify()
 }
 
-// progress records that done bytes of blob d are verified. It is called from
-// the cache's download goroutine and does not block.
-func (j *Job) progress(d digest.Digest, done int64) {
+// progress records that done bytes of blob d are verified, peers of them
+// from peers. It is called from the cache's download goroutine and does not
+// block.
+func (j *Job) progress(d digest.Digest, done, peers int64) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	b := j.blobs[d]
@@ -244,7 +247,8 @@ func (j *Job) progress(d digest.Digest, done int64) {
 		return
 	}
 	j.st.BytesDone += done - b.done
-	b.done = done
+	j.st.BytesFromPeers += peers - b.peers
+	b.done, b.peers = done, peers
 	j.notify()
 }
 

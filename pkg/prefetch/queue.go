@@ -580,7 +580,7 @@ func (q *Queue) run(ctx context.Context, j *Job) (string, error) {
 		g.Go(func() error {
 			fctx, span := q.cfg.tracer.Start(gctx, "fetch", trace.WithAttributes(
 				AttrBlobDigest.String(b.Digest.String()), AttrBlobSize.Int64(b.Size), AttrBlobPath.String(b.path)))
-			_, err := q.store.Fetch(fctx, b.Descriptor, b.src, func(done, _ int64) { j.progress(b.Digest, done) })
+			_, err := q.store.Fetch(fctx, b.Descriptor, b.src, func(done, peers, _ int64) { j.progress(b.Digest, done, peers) })
 			endSpan(span, err)
 			if err != nil {
 				return fmt.Errorf("fetching %s (%s): %w", b.path, b.Digest, err)

@@ -343,7 +343,7 @@ func (s *fakeStore) Fetch(ctx context.Context, desc cache.Descriptor, _ cache.Ra
 	s.mu.Lock()
 	s.fetched = append(s.fetched, desc)
 	s.mu.Unlock()
-	progress(desc.Size/2, desc.Size)
+	progress(desc.Size/2, desc.Size/5, desc.Size) // a fifth from peers
 	if s.gate != nil {
 		select {
 		case <-s.gate:
@@ -354,7 +354,7 @@ func (s *fakeStore) Fetch(ctx context.Context, desc cache.Descriptor, _ cache.Ra
 	if err := s.fail[desc.Digest]; err != nil {
 		return cache.Info{}, err
 	}
-	progress(desc.Size, desc.Size)
+	progress(desc.Size, 0, desc.Size)
 	return cache.Info{Descriptor: desc}, nil
 }
 
@@ -398,6 +398,7 @@ func TestQueueFileConcurrencyAndOrder(t *testing.T) {
 	assert.Equal(t, prefetch.StateFetching, st.State)
 	assert.Equal(t, int64(280), st.BytesTotal)
 	assert.Equal(t, int64(35+30+25), st.BytesDone, "half of the three largest")
+	assert.Equal(t, int64(14+12+10), st.BytesFromPeers, "a fifth of the three largest from peers")
 	close(store.gate)
 
 	st, err = wait(t, j)
