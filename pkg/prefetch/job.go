@@ -42,8 +42,8 @@ type JobStatus struct {
 	BytesTotal int64 `json:"bytesTotal"`
 	// BytesFromPeers is the part of BytesDone that peers sent.
 	BytesFromPeers int64 `json:"bytesFromPeers,omitempty"`
-	FilesDone  int   `json:"filesDone"`
-	FilesTotal int   `json:"filesTotal"`
+	FilesDone      int   `json:"filesDone"`
+	FilesTotal     int   `json:"filesTotal"`
 	// Dir is the materialised model directory once the job is ready.
 	Dir      string    `json:"dir,omitempty"`
 	Error    string    `json:"error,omitempty"`
