@@ -33,6 +33,18 @@ func (s *Store) repoDir(name string) string {
 	return filepath.Join(modelsDir(s.root), "models--"+strings.ReplaceAll(name, "/", "--"))
 }
 
+// LinkedBlob returns the blob a snapshot entry's symlink target names
+// (…/blobs/sha256/<hex>, as Materialize writes them); ok is false for any
+// other target.
+func LinkedBlob(target string) (d digest.Digest, ok bool) {
+	parent, encoded := filepath.Split(filepath.Clean(target))
+	if !strings.HasSuffix(filepath.Clean(parent), filepath.Join("blobs", "sha256")) {
+		return "", false
+	}
+	d, err := ParseDigest("sha256:" + encoded)
+	return d, err == nil
+}
+
 // Materialize lays out model m as a directory of relative symlinks into
 // blobs/ and returns the directory. Every blob must already be in the store.
 // It copies no bytes: its cost is O(files). The directory appears whole or not

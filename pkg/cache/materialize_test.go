@@ -604,3 +604,22 @@ func TestPruneRemovesRefsToRemovedSnapshots(t *testing.T) {
 	_, err = s2.Materialize(second)
 	require.NoError(t, err)
 }
+
+func TestLinkedBlob(t *testing.T) {
+	t.Parallel()
+	hex := strings.Repeat("ab", 32)
+	for target, want := range map[string]bool{
+		"../../../../blobs/sha256/" + hex:            true,
+		"/var/lib/weightd/blobs/sha256/" + hex:       true,
+		"../../blobs/sha256/" + hex[:62]:             false,
+		"../../blobs/sha512/" + hex:                  false,
+		"../../other/sha256/" + hex:                  false,
+		"config.json":                                false,
+		"../../blobs/sha256/" + strings.ToUpper(hex): false,
+	} {
+		d, ok := LinkedBlob(target)
+		if ok != want || (ok && d.Encoded() != hex) {
+			t.Errorf("LinkedBlob(%q) = %s, %v; want %v", target, d, ok, want)
+		}
+	}
+}

@@ -75,7 +75,10 @@ func modelFiles(store *cache.Store, dir string) ([]cache.File, error) {
 		if err != nil {
 			return fmt.Errorf("snapshot entry %s: %w", rel, err)
 		}
-		d := digest.NewDigestFromEncoded(digest.SHA256, filepath.Base(target))
+		d, ok := cache.LinkedBlob(target)
+		if !ok {
+			return fmt.Errorf("snapshot entry %s links to %s, not a blob", rel, target)
+		}
 		info, err := store.Stat(d)
 		if err != nil {
 			return fmt.Errorf("snapshot entry %s: %w", rel, err)

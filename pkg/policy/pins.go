@@ -5,7 +5,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/opencontainers/go-digest"
 
@@ -31,15 +30,9 @@ func dirBlobs(dir string) ([]digest.Digest, error) {
 		if err != nil {
 			return err
 		}
-		parent, hex := filepath.Split(filepath.Clean(target))
-		if !strings.HasSuffix(filepath.Clean(parent), filepath.Join("blobs", "sha256")) {
-			return nil
+		if dg, ok := cache.LinkedBlob(target); ok {
+			out = append(out, dg)
 		}
-		dg, err := cache.ParseDigest("sha256:" + hex)
-		if err != nil {
-			return nil // not one of ours
-		}
-		out = append(out, dg)
 		return nil
 	})
 	if errors.Is(err, fs.ErrNotExist) {

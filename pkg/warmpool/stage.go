@@ -105,22 +105,38 @@ func contentDigest(dir string) (string, error) {
 		if err != nil {
 			return err
 		}
-		f, err := os.Open(p)
+		sum, err := fileSum(p)
 		if err != nil {
 			return err
 		}
-		defer f.Close()
-		fh := sha256.New()
-		if _, err := io.Copy(fh, f); err != nil {
-			return err
-		}
-		fmt.Fprintf(h, "%q %x\n", rel, fh.Sum(nil))
+		fmt.Fprintf(h, "%q %x\n", rel, sum)
 		return nil
 	})
 	if err != nil {
 		return "", fmt.Errorf("hashing adapter files in %s: %w", dir, err)
 	}
 	return hex.EncodeToString(h.Sum(nil))[:digestLen], nil
+}
+
+// fileSum is the sha256 of the file at p. A link into the cache's blobs is
+// named by it: the cache checked the blob's bytes against that name when it
+// committed it, so an adapter's weights are not read again on each load.
+func fileSum(p string) ([]byte, error) {
+	if target, err := os.Readlink(p); err == nil {
+		if d, ok := cache.LinkedBlob(target); ok {
+			return hex.DecodeString(d.Encoded())
+		}
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return nil, err
+	}
+	return h.Sum(nil), nil
 }
 
 // stageTmpPrefix starts the names of directories being staged; a crash
