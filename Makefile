@@ -20,7 +20,7 @@ FUZZTIME ?= 20s
 GOLANGCI_LINT_VERSION ?= v2.15.0
 TOOLS := $(CURDIR)/.tools
 
-.PHONY: build demo test test-deps kube-assets containerd2 helm manifests lint bench fuzz metrics-doc clean image image-push
+.PHONY: build demo test test-deps kube-assets containerd2 helm promtool manifests lint bench fuzz metrics-doc clean image image-push
 
 ## build: bin/weightd, with the version and commit stamped in
 build:
@@ -50,8 +50,12 @@ containerd2:
 helm:
 	$(GO) run ./internal/services/cmd/helm
 
-## test-deps: install what the tests need on a fresh Debian machine (a C toolchain for the race detector, iproute2 for the multi-host tests, containerd, docker-registry, runc and the CNI plugins for the image and kubelet tests, the arm64 cross compiler for the arm64 image; kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and etcd built by kube-assets, containerd 2.x by containerd2, Helm by helm: about 25 minutes the first time)
-test-deps: kube-assets containerd2 helm
+## promtool: build promtool v0.316.0 (Prometheus 3.16.0) for the alert rules' unit tests (test/monitoring, TestPromtoolRules) from the Go module proxy into WEIGHTD_PROMTOOL_CACHE or ~/.cache/weightd/promtool-0.316.0; about 7 minutes on a fresh, idle machine (2 cores, 13 CPU-minutes; 17.5 minutes beside a CI run), nothing once built
+promtool:
+	$(GO) run ./internal/services/cmd/promtool
+
+## test-deps: install what the tests need on a fresh Debian machine (a C toolchain for the race detector, iproute2 for the multi-host tests, containerd, docker-registry, runc and the CNI plugins for the image and kubelet tests, the arm64 cross compiler for the arm64 image; kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and etcd built by kube-assets, containerd 2.x by containerd2, Helm by helm, promtool by promtool: about 30 minutes the first time)
+test-deps: kube-assets containerd2 helm promtool
 	@if ! command -v gcc >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing gcc for the race detector"; \

@@ -4,7 +4,8 @@
 // bench/. A containerd 2.x, built from the Go module proxy and cached by
 // version (BuildContainerd), runs the same way, or inside a testbed host's
 // network namespace (ContainerdConfig.Host). Helm, for the chart's tests,
-// is built and cached the same way (BuildHelm, RequireHelm).
+// and promtool, for the alert rules' unit tests, are built and cached the
+// same way (BuildHelm, RequireHelm; BuildPromtool, RequirePromtool).
 //
 // The core API takes a context and a directory and returns errors, so bench
 // main programs can use it; NewRegistryT and NewContainerdT are its wrappers

@@ -76,4 +76,8 @@ func TestToolCacheDir(t *testing.T) {
 	if d, err := ContainerdCacheDir("v2.4.2"); err != nil || d != "/home/u/.cache/weightd/containerd-2.4.2" {
 		t.Errorf("ContainerdCacheDir() = %q, %v", d, err)
 	}
+	t.Setenv("WEIGHTD_PROMTOOL_CACHE", "")
+	if d, err := PromtoolCacheDir(); err != nil || d != "/home/u/.cache/weightd/promtool-"+strings.TrimPrefix(PromtoolVersion, "v") {
+		t.Errorf("PromtoolCacheDir() = %q, %v", d, err)
+	}
 }
