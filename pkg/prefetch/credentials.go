@@ -23,7 +23,8 @@ const AnyNamespace = "*"
 const UnknownNamespace = "?"
 
 // AgentCredentials says for whom the agent's own credentials (the hub
-// token, its Docker config and pull secrets) may be used, per source: the
+// token, its Docker config and pull secrets, its AWS credentials) may be
+// used, per source: the
 // operator's own requests (the CLI, the local API, PrefetchPolicies) always
 // may; a pod's only where a rule names its source and its namespace. The
 // zero value lets only the operator use them: a pod that names a private

@@ -198,9 +198,10 @@ func nilIfEmpty(s string) *string {
 // (environment, shared config and credentials files, web identity for IRSA,
 // the container endpoint of EKS Pod Identity) and the region configured
 // with it ("" if none). The instance metadata service (IMDS) is part of the
-// chain only with allowIMDS: every pod on the node can make the agent fetch,
-// so with IMDS the node's instance role would read whatever a pod author
-// names, in buckets only the node was meant to read.
+// chain only with allowIMDS: the node's instance role is the node's, not
+// the agent's, and pods name what the agent fetches: with it, a pod author
+// whose namespace may use the agent's credentials would read what only the
+// node was meant to, and an agent given no credentials would have some.
 func LoadS3Credentials(ctx context.Context, allowIMDS bool) (aws.CredentialsProvider, string, error) {
 	state := imds.ClientDisabled
 	if allowIMDS {
