@@ -11,9 +11,12 @@
 //     blob goes into the cache through the source's ranged GetObject
 //     openers, the same Fetch call.
 //
+// Both sides fetch -concurrency files at a time (default: the queue's,
+// prefetch.DefaultFileConcurrency, as an agent fetches a model).
+//
 // It prints one line:
 //
-//	{"bench":"model-source","source":"s3","size_bytes":…,"files":…,"seconds":…,"ingest_seconds":…,"ratio_vs_ingest":…}
+//	{"bench":"model-source","source":"s3","size_bytes":…,"files":…,"concurrency":…,"seconds":…,"ingest_seconds":…,"ratio_vs_ingest":…}
 //
 // with ratio_vs_ingest = S3 throughput / ingest throughput =
 // ingest_seconds / seconds (1.0: the S3 path costs nothing over ingest).
@@ -34,6 +37,8 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/opencontainers/go-digest"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/weightd/weightd/internal/s3test"
 	"github.com/weightd/weightd/pkg/cache"
@@ -46,6 +51,7 @@ type result struct {
 	Source        string  `json:"source"`
 	SizeBytes     int64   `json:"size_bytes"`
 	Files         int     `json:"files"`
+	Concurrency   int     `json:"concurrency"`
 	Seconds       float64 `json:"seconds"`
 	IngestSeconds float64 `json:"ingest_seconds"`
 	RatioVsIngest float64 `json:"ratio_vs_ingest"`
@@ -55,12 +61,13 @@ func main() {
 	sizeMiB := flag.Int64("size-mib", 1024, "model size, MiB")
 	files := flag.Int("files", 6, "model files")
 	rounds := flag.Int("rounds", 3, "rounds; each side's best counts")
+	concurrency := flag.Int("concurrency", prefetch.DefaultFileConcurrency, "files fetched at a time, on both sides")
 	dir := flag.String("dir", "", "working directory, on the disk to measure (default: a new temporary directory, removed at the end)")
 	flag.Parse()
 	log.SetFlags(0)
 	log.SetPrefix("bench/s3source: ")
-	if *sizeMiB < 1 || *files < 1 || *rounds < 1 {
-		log.Fatal("-size-mib, -files and -rounds must be positive")
+	if *sizeMiB < 1 || *files < 1 || *rounds < 1 || *concurrency < 1 {
+		log.Fatal("-size-mib, -files, -rounds and -concurrency must be positive")
 	}
 	work := *dir
 	if work == "" {
@@ -70,12 +77,12 @@ func main() {
 		}
 		defer os.RemoveAll(work)
 	}
-	if err := run(context.Background(), work, *sizeMiB<<20, *files, *rounds); err != nil {
+	if err := run(context.Background(), work, *sizeMiB<<20, *files, *rounds, *concurrency); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(ctx context.Context, work string, size int64, files, rounds int) error {
+func run(ctx context.Context, work string, size int64, files, rounds, concurrency int) error {
 	modelDir := filepath.Join(work, "model")
 	m, err := origin.Generate(modelDir, origin.Spec{Name: "bench/model", Files: files, TotalBytes: size, Seed: 42})
 	if err != nil {
@@ -111,12 +118,13 @@ func run(ctx context.Context, work string, size int64, files, rounds int) error 
 	var bestIngest, bestS3 time.Duration
 	for r := range rounds {
 		ingest, err := timed(filepath.Join(work, fmt.Sprintf("ingest%d", r)), func(store *cache.Store) error {
-			for _, f := range m.Files {
-				if _, err := store.Fetch(ctx, cache.Descriptor{Digest: f.Digest(), Size: f.Size}, fileOpener(filepath.Join(modelDir, f.Path)), nil); err != nil {
-					return err
-				}
+			openers := make(map[digest.Digest]cache.RangeOpener, len(m.Files))
+			descs := make([]cache.Descriptor, len(m.Files))
+			for i, f := range m.Files {
+				descs[i] = cache.Descriptor{Digest: f.Digest(), Size: f.Size}
+				openers[f.Digest()] = fileOpener(filepath.Join(modelDir, f.Path))
 			}
-			return nil
+			return fetchAll(ctx, store, descs, openers, concurrency)
 		})
 		if err != nil {
 			return fmt.Errorf("ingest: %w", err)
@@ -126,12 +134,11 @@ func run(ctx context.Context, work string, size int64, files, rounds int) error 
 			if err != nil {
 				return err
 			}
-			for _, f := range res.Model.Files {
-				if _, err := store.Fetch(ctx, f.Descriptor, res.Blobs[f.Digest], nil); err != nil {
-					return err
-				}
+			descs := make([]cache.Descriptor, len(res.Model.Files))
+			for i, f := range res.Model.Files {
+				descs[i] = f.Descriptor
 			}
-			return nil
+			return fetchAll(ctx, store, descs, res.Blobs, concurrency)
 		})
 		if err != nil {
 			return fmt.Errorf("s3: %w", err)
@@ -145,10 +152,23 @@ func run(ctx context.Context, work string, size int64, files, rounds int) error 
 		}
 	}
 	return json.NewEncoder(os.Stdout).Encode(result{
-		Bench: "model-source", Source: "s3", SizeBytes: m.TotalBytes(), Files: len(m.Files),
+		Bench: "model-source", Source: "s3", SizeBytes: m.TotalBytes(), Files: len(m.Files), Concurrency: concurrency,
 		Seconds: round(bestS3.Seconds()), IngestSeconds: round(bestIngest.Seconds()),
 		RatioVsIngest: round(bestIngest.Seconds() / bestS3.Seconds()),
 	})
+}
+
+// fetchAll fetches every blob into store, n at a time.
+func fetchAll(ctx context.Context, store *cache.Store, descs []cache.Descriptor, openers map[digest.Digest]cache.RangeOpener, n int) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(n)
+	for _, d := range descs {
+		g.Go(func() error {
+			_, err := store.Fetch(ctx, d, openers[d.Digest], nil)
+			return err
+		})
+	}
+	return g.Wait()
 }
 
 // timed runs fill on an empty store at root and returns how long it took;
