@@ -228,15 +228,15 @@ func (s *S3Source) Resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 			note = fmt.Sprintf(" (the agent's S3 credentials are not used for namespace %q)", ns)
 		}
 	}
-	o := s3Object{c: c, bucket: ref.URL.Host}
+	b := s3Bucket{c: c, bucket: ref.URL.Host}
 	var (
 		res *Resolution
 		err error
 	)
 	if ref.Digest != "" {
-		res, err = o.resolveObject(ctx, ref)
+		res, err = b.resolveObject(ctx, ref)
 	} else {
-		res, err = o.resolvePrefix(ctx, ref)
+		res, err = b.resolvePrefix(ctx, ref)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("resolving %s: %w%s", ref.Redacted(), err, note)
@@ -247,108 +247,108 @@ func (s *S3Source) Resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 // s3CredentialHost is how AgentCredentials rules name a bucket.
 func s3CredentialHost(bucket string) string { return "s3://" + bucket }
 
-// s3Object makes one requester's requests to one bucket.
-type s3Object struct {
+// s3Bucket makes one requester's requests to one bucket.
+type s3Bucket struct {
 	c      *s3.Client
 	bucket string
 }
 
-func (o s3Object) resolveObject(ctx context.Context, ref Ref) (*Resolution, error) {
+func (b s3Bucket) resolveObject(ctx context.Context, ref Ref) (*Resolution, error) {
 	key := s3Prefix(ref)
-	size, sum, err := o.head(ctx, key)
+	size, sum, err := b.head(ctx, key)
 	if err != nil {
 		return nil, err
 	}
 	if sum != "" && sum != ref.Digest {
-		return nil, cache.Permanent(fmt.Errorf("%w: %s: the store's SHA-256 checksum is %s, the reference pins %s", cache.ErrDigestMismatch, o.name(key), sum, ref.Digest))
+		return nil, cache.Permanent(fmt.Errorf("%w: %s: the store's SHA-256 checksum is %s, the reference pins %s", cache.ErrDigestMismatch, b.name(key), sum, ref.Digest))
 	}
 	m := singleFileModel(ref.URL, ref.Digest, size)
 	if err := m.Validate(); err != nil {
 		return nil, cache.Permanent(err)
 	}
-	return &Resolution{Model: m, Blobs: map[digest.Digest]cache.RangeOpener{ref.Digest: o.blob(key, size)}}, nil
+	return &Resolution{Model: m, Blobs: map[digest.Digest]cache.RangeOpener{ref.Digest: b.blob(key, size)}}, nil
 }
 
-func (o s3Object) resolvePrefix(ctx context.Context, ref Ref) (*Resolution, error) {
+func (b s3Bucket) resolvePrefix(ctx context.Context, ref Ref) (*Resolution, error) {
 	prefix := s3Prefix(ref)
 	if prefix != "" {
 		prefix += "/"
 	}
-	m, err := o.manifest(ctx, prefix+S3ManifestName, ref.Revision)
+	m, err := b.manifest(ctx, prefix+S3ManifestName, ref.Revision)
 	switch {
 	case err == nil:
-		return o.fromManifest(ref, prefix, m)
+		return b.fromManifest(ref, prefix, m)
 	case !errors.Is(err, errNoObject):
 		return nil, err
 	case ref.Revision != "":
-		return nil, cache.Permanent(fmt.Errorf("%w: a version pins the prefix's %s, and %s has no such object version", cache.ErrInvalid, S3ManifestName, o.name(prefix+S3ManifestName)))
+		return nil, fmt.Errorf("%w: a version pins the prefix's %s, which has no such object version: %w", cache.ErrInvalid, S3ManifestName, err)
 	}
-	return o.fromListing(ctx, ref, prefix)
+	return b.fromListing(ctx, ref, prefix)
 }
 
 // errNoObject is a 404: the key (or version) does not exist.
 var errNoObject = errors.New("no such object")
 
-func (o s3Object) manifest(ctx context.Context, key, version string) (*Manifest, error) {
-	out, err := o.c.GetObject(ctx, &s3.GetObjectInput{Bucket: &o.bucket, Key: &key, VersionId: nilIfEmpty(version)})
+func (b s3Bucket) manifest(ctx context.Context, key, version string) (*Manifest, error) {
+	out, err := b.c.GetObject(ctx, &s3.GetObjectInput{Bucket: &b.bucket, Key: &key, VersionId: nilIfEmpty(version)})
 	if err != nil {
-		return nil, o.classify("GET", key, err)
+		return nil, b.classify("GET", key, err)
 	}
 	defer out.Body.Close()
 	if aws.ToInt64(out.ContentLength) > MaxManifestSize {
-		return nil, cache.Permanent(fmt.Errorf("%w: %s of %d bytes is larger than %d", cache.ErrInvalid, o.name(key), aws.ToInt64(out.ContentLength), MaxManifestSize))
+		return nil, cache.Permanent(fmt.Errorf("%w: %s of %d bytes is larger than %d", cache.ErrInvalid, b.name(key), aws.ToInt64(out.ContentLength), MaxManifestSize))
 	}
 	m, err := ReadManifest(out.Body)
 	if err != nil {
 		if errors.Is(err, cache.ErrInvalid) {
-			return nil, cache.Permanent(fmt.Errorf("%s: %w", o.name(key), err))
+			return nil, cache.Permanent(fmt.Errorf("%s: %w", b.name(key), err))
 		}
-		return nil, fmt.Errorf("%s: %w", o.name(key), err)
+		return nil, fmt.Errorf("%s: %w", b.name(key), err)
 	}
 	return m, nil
 }
 
-func (o s3Object) fromManifest(ref Ref, prefix string, m *Manifest) (*Resolution, error) {
+func (b s3Bucket) fromManifest(ref Ref, prefix string, m *Manifest) (*Resolution, error) {
 	res := &Resolution{Model: m.layout(ref.URL), Blobs: make(map[digest.Digest]cache.RangeOpener, len(m.Files))}
 	for _, f := range m.Files {
 		if f.URL != "" {
-			return nil, cache.Permanent(fmt.Errorf("%w: %s: file %q has a url: an S3 model's files are read from the keys beside its %s", cache.ErrInvalid, o.name(prefix+S3ManifestName), truncate(f.Path), S3ManifestName))
+			return nil, cache.Permanent(fmt.Errorf("%w: %s: file %q has a url: an S3 model's files are read from the keys beside its %s", cache.ErrInvalid, b.name(prefix+S3ManifestName), truncate(f.Path), S3ManifestName))
 		}
 		if _, ok := res.Blobs[f.Digest()]; !ok {
-			res.Blobs[f.Digest()] = o.blob(prefix+f.Path, f.Size)
+			res.Blobs[f.Digest()] = b.blob(prefix+f.Path, f.Size)
 		}
 	}
 	return res, nil
 }
 
-func (o s3Object) fromListing(ctx context.Context, ref Ref, prefix string) (*Resolution, error) {
+func (b s3Bucket) fromListing(ctx context.Context, ref Ref, prefix string) (*Resolution, error) {
 	var files []cache.File
-	p := s3.NewListObjectsV2Paginator(o.c, &s3.ListObjectsV2Input{Bucket: &o.bucket, Prefix: &prefix})
+	p := s3.NewListObjectsV2Paginator(b.c, &s3.ListObjectsV2Input{Bucket: &b.bucket, Prefix: &prefix})
 	for p.HasMorePages() {
 		page, err := p.NextPage(ctx)
 		if err != nil {
-			return nil, o.classify("LIST", prefix, err)
+			return nil, b.classify("LIST", prefix, err)
 		}
 		for _, obj := range page.Contents {
 			key := aws.ToString(obj.Key)
 			rel, ok := strings.CutPrefix(key, prefix)
 			if !ok {
-				return nil, cache.Permanent(fmt.Errorf("%w: listing %s returned %q, outside the prefix", cache.ErrInvalid, o.name(prefix), truncate(key)))
+				return nil, cache.Permanent(fmt.Errorf("%w: listing %s returned %q, outside the prefix", cache.ErrInvalid, b.name(prefix), truncate(key)))
 			}
 			if (rel == "" || strings.HasSuffix(rel, "/")) && aws.ToInt64(obj.Size) == 0 {
 				continue // a "folder" marker some tools write
 			}
 			if err := cache.ValidatePath(rel); err != nil {
-				return nil, cache.Permanent(fmt.Errorf("%s: %w", o.name(key), err))
+				return nil, cache.Permanent(fmt.Errorf("%s: %w", b.name(key), err))
 			}
 			if len(files) == MaxManifestFiles {
-				return nil, cache.Permanent(fmt.Errorf("%w: more than %d objects under %s", cache.ErrInvalid, MaxManifestFiles, o.name(prefix)))
+				return nil, cache.Permanent(fmt.Errorf("%w: more than %d objects under %s", cache.ErrInvalid, MaxManifestFiles, b.name(prefix)))
 			}
 			files = append(files, cache.File{Path: rel})
 		}
 	}
 	if len(files) == 0 {
-		return nil, cache.Permanent(fmt.Errorf("%w: no objects under %s", cache.ErrNotFound, o.name(prefix)))
+		return nil, cache.Permanent(fmt.Errorf("%w: no objects under %s", cache.ErrNotFound, b.name(prefix)))
 	}
 
 	// The listing names no checksums: ask each object for its own.
@@ -356,13 +356,13 @@ func (o s3Object) fromListing(ctx context.Context, ref Ref, prefix string) (*Res
 	g.SetLimit(s3HeadConcurrency)
 	for i := range files {
 		g.Go(func() error {
-			size, sum, err := o.head(gctx, prefix+files[i].Path)
+			size, sum, err := b.head(gctx, prefix+files[i].Path)
 			if err != nil {
 				return err
 			}
 			if sum == "" {
 				return cache.Permanent(fmt.Errorf("%w: %s has no full-object SHA-256 checksum: put a %s beside the objects, upload them with full-object SHA-256 checksums, or pin one object by digest (s3://%s/KEY#sha256:…)",
-					ErrUnverifiable, o.name(prefix+files[i].Path), S3ManifestName, o.bucket))
+					ErrUnverifiable, b.name(prefix+files[i].Path), S3ManifestName, b.bucket))
 			}
 			files[i].Descriptor = cache.Descriptor{Digest: sum, Size: size}
 			return nil
@@ -381,26 +381,26 @@ func (o s3Object) fromListing(ctx context.Context, ref Ref, prefix string) (*Res
 	for _, f := range files {
 		if size, ok := sizes[f.Digest]; ok {
 			if size != f.Size {
-				return nil, cache.Permanent(fmt.Errorf("%w: sha256 %s with sizes %d and %d under %s", cache.ErrInvalid, f.Digest, size, f.Size, o.name(prefix)))
+				return nil, cache.Permanent(fmt.Errorf("%w: sha256 %s with sizes %d and %d under %s", cache.ErrInvalid, f.Digest, size, f.Size, b.name(prefix)))
 			}
 			continue
 		}
 		sizes[f.Digest] = f.Size
-		res.Blobs[f.Digest] = o.blob(prefix+f.Path, f.Size)
+		res.Blobs[f.Digest] = b.blob(prefix+f.Path, f.Size)
 	}
 	return res, nil
 }
 
 // head returns an object's size and, where the store keeps one, its
 // full-object SHA-256 checksum as a digest ("" otherwise).
-func (o s3Object) head(ctx context.Context, key string) (int64, digest.Digest, error) {
-	out, err := o.c.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &o.bucket, Key: &key, ChecksumMode: types.ChecksumModeEnabled})
+func (b s3Bucket) head(ctx context.Context, key string) (int64, digest.Digest, error) {
+	out, err := b.c.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &b.bucket, Key: &key, ChecksumMode: types.ChecksumModeEnabled})
 	if err != nil {
-		return 0, "", o.classify("HEAD", key, err)
+		return 0, "", b.classify("HEAD", key, err)
 	}
 	size := aws.ToInt64(out.ContentLength)
 	if size < 0 {
-		return 0, "", cache.Permanent(fmt.Errorf("%w: %s: negative size %d", cache.ErrInvalid, o.name(key), size))
+		return 0, "", cache.Permanent(fmt.Errorf("%w: %s: negative size %d", cache.ErrInvalid, b.name(key), size))
 	}
 	return size, fullObjectSHA256(out.ChecksumSHA256, out.ChecksumType), nil
 }
@@ -423,26 +423,26 @@ func fullObjectSHA256(value *string, typ types.ChecksumType) digest.Digest {
 
 // blob reads an object of size bytes with ranged GetObject requests; the
 // response is checked as HTTPSource checks its own (checkRange).
-func (o s3Object) blob(key string, size int64) rangedBlob {
+func (b s3Bucket) blob(key string, size int64) rangedBlob {
 	return rangedBlob{size: size, fetch: func(ctx context.Context, off, end int64) (io.ReadCloser, error) {
 		rng := "bytes=" + strconv.FormatInt(off, 10) + "-" + strconv.FormatInt(end-1, 10)
-		out, err := o.c.GetObject(ctx, &s3.GetObjectInput{Bucket: &o.bucket, Key: &key, Range: &rng})
+		out, err := b.c.GetObject(ctx, &s3.GetObjectInput{Bucket: &b.bucket, Key: &key, Range: &rng})
 		if err != nil {
-			return nil, o.classify("GET", key, err)
+			return nil, b.classify("GET", key, err)
 		}
 		raw, ok := awsmiddleware.GetRawResponse(out.ResultMetadata).(*smithyhttp.Response)
 		if !ok {
 			out.Body.Close()
-			return nil, fmt.Errorf("GET %s: no HTTP response", o.name(key))
+			return nil, fmt.Errorf("GET %s: no HTTP response", b.name(key))
 		}
 		if err := checkRange(raw.Response, off, end, size); err != nil {
 			drainClose(out.Body)
-			return nil, fmt.Errorf("GET %s: %w", o.name(key), err)
+			return nil, fmt.Errorf("GET %s: %w", b.name(key), err)
 		}
 		if raw.StatusCode == http.StatusOK && off > 0 {
 			if _, err := io.CopyN(io.Discard, out.Body, off); err != nil {
 				out.Body.Close()
-				return nil, fmt.Errorf("GET %s: skipping %d bytes of a response that ignored Range: %w", o.name(key), off, err)
+				return nil, fmt.Errorf("GET %s: skipping %d bytes of a response that ignored Range: %w", b.name(key), off, err)
 			}
 		}
 		return out.Body, nil
@@ -452,8 +452,8 @@ func (o s3Object) blob(key string, size int64) rangedBlob {
 // classify wraps an SDK error with the request it failed and marks what
 // retrying cannot fix permanent, by HTTP status as statusError does; a 404
 // wraps errNoObject, a 416 cache.ErrSizeMismatch.
-func (o s3Object) classify(op, key string, err error) error {
-	err = fmt.Errorf("%s %s: %w", op, o.name(key), err)
+func (b s3Bucket) classify(op, key string, err error) error {
+	err = fmt.Errorf("%s %s: %w", op, b.name(key), err)
 	var re *awshttp.ResponseError
 	if !errors.As(err, &re) {
 		return err
@@ -472,4 +472,4 @@ func (o s3Object) classify(op, key string, err error) error {
 }
 
 // name is "s3://bucket/key" for messages.
-func (o s3Object) name(key string) string { return "s3://" + o.bucket + "/" + key }
+func (b s3Bucket) name(key string) string { return "s3://" + b.bucket + "/" + key }
