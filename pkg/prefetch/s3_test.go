@@ -90,8 +90,8 @@ func newS3Source(t *testing.T, srv *s3test.Server, opts ...prefetch.S3Option) *p
 	return src
 }
 
-// fetchS3 fetches ref through a queue into a fresh store and returns the
-// job's status and the model directory's files.
+// fetchS3 fetches ref through a queue into a fresh store (real cache) and
+// returns the job's final status.
 func fetchS3(t *testing.T, src prefetch.Source, ref string) (prefetch.JobStatus, error) {
 	t.Helper()
 	q := prefetch.NewQueue(openStore(t), src, prefetch.WithResolveRetries(1, 0))
