@@ -181,6 +181,8 @@ func TestS3Refusals(t *testing.T) {
 		"none/a.bin":      nil,
 		"composite/a.bin": {SHA256: s3test.FullObject(data).SHA256 + "-2", Type: "COMPOSITE"},
 		"typed/a.bin":     {SHA256: s3test.FullObject(data).SHA256, Type: "COMPOSITE"},
+		"untyped/a.bin":   {SHA256: s3test.FullObject(data).SHA256 + "-2"}, // a store that names no type
+		"old/a.bin":       {SHA256: s3test.FullObject(data).SHA256},        // nor for a full-object one
 		"wrong/a.bin":     &[]s3test.Checksum{s3test.FullObject([]byte("other"))}[0],
 		"wrong-url/a.bin": nil,
 	} {
@@ -199,6 +201,8 @@ func TestS3Refusals(t *testing.T) {
 		{"s3://models/none", "no full-object SHA-256 checksum"},
 		{"s3://models/composite", "no full-object SHA-256 checksum"},
 		{"s3://models/typed", "no full-object SHA-256 checksum"},
+		{"s3://models/untyped", "no full-object SHA-256 checksum"},
+		{"s3://models/old", ""},
 		{"s3://models/empty", "no objects under s3://models/empty/"},
 		{"s3://models/none@v1", "no such object version"},
 		{"s3://models/wrong-url", "has a url"},
@@ -209,7 +213,8 @@ func TestS3Refusals(t *testing.T) {
 		require.NoError(t, err)
 		res, err := src.Resolve(t.Context(), ref)
 		if tc.want == "" {
-			continue // resolves: the digest is checked as the bytes arrive (below)
+			require.NoError(t, err, tc.ref) // the digest is checked as the bytes arrive (below)
+			continue
 		}
 		require.Error(t, err, tc.ref)
 		assert.Nil(t, res)
