@@ -43,7 +43,9 @@ const s3HeadConcurrency = 16
 // S3-compatible store: MinIO, Ceph RGW, R2, GCS interop) and reads their
 // objects with ranged GetObject requests.
 //
-// Which files, and their sha256, come from, in order:
+// Where a model's files and their sha256 come from, in order (model.json
+// before checksums: it is the publisher's explicit list, and one request
+// rather than a HEAD per object):
 //
 //  1. s3://bucket/key#sha256:… names one object, pinned by that digest:
 //     a one-file model named as HTTPSource names a pinned URL's.
