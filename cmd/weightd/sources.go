@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/containerd/platforms"
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,9 +29,13 @@ type sourcesConfig struct {
 	HFEndpoint         string   `name:"hf-endpoint" help:"Hugging Face style hub that hf:// references resolve on (a mirror or private hub)." default:"https://huggingface.co" env:"HF_ENDPOINT"`
 	HFTokenFile        string   `name:"hf-token-file" help:"File holding the hub token; without it the HF_TOKEN environment variable is used, if set." env:"WEIGHTD_HF_TOKEN_FILE"`
 	DockerConfig       string   `help:"Docker config.json with registry credentials for oci:// references and the mirror." env:"WEIGHTD_DOCKER_CONFIG"`
-	AgentCredentials   []string `name:"agent-credentials" help:"Who besides the operator (CLI, local API, PrefetchPolicies) may have the agent's own credentials (hub token, Docker config) used for them: HOST=NAMESPACE[;NAMESPACE…] per registry or hub host, comma-separated; * as a namespace is every pod, the mirror's clients included. Default: the operator only." env:"WEIGHTD_AGENT_CREDENTIALS" sep:","`
+	AgentCredentials   []string `name:"agent-credentials" help:"Who besides the operator (CLI, local API, PrefetchPolicies) may have the agent's own credentials (hub token, Docker config, AWS credentials) used for them: HOST=NAMESPACE[;NAMESPACE…] per registry or hub host, or s3://BUCKET per bucket, comma-separated; * as a namespace is every pod, the mirror's clients included. Default: the operator only." env:"WEIGHTD_AGENT_CREDENTIALS" sep:","`
 	InsecureRegistries []string `help:"Registries spoken to over plain HTTP, host[:port], comma-separated (loopback ones always may)." env:"WEIGHTD_INSECURE_REGISTRIES" sep:","`
 	Platform           string   `help:"Platform whose image is picked from multi-platform indexes, os/arch[/variant] (default: this node's)." env:"WEIGHTD_PLATFORM"`
+	S3Endpoint         string   `name:"s3-endpoint" help:"Endpoint of the S3-compatible store s3:// references resolve on (MinIO, Ceph RGW, R2, GCS interop), http(s)://host[:port]; empty: AWS S3." env:"WEIGHTD_S3_ENDPOINT"`
+	S3Region           string   `name:"s3-region" help:"Region S3 requests are signed for; empty: the AWS configuration's (AWS_REGION), else us-east-1." env:"WEIGHTD_S3_REGION"`
+	S3PathStyle        bool     `name:"s3-path-style" help:"Address S3 buckets in the path (host/bucket/key) instead of the host name (bucket.host/key), as most self-hosted stores need." env:"WEIGHTD_S3_PATH_STYLE"`
+	S3AllowIMDS        bool     `name:"s3-allow-imds" help:"Let the agent's S3 credentials come from the instance metadata service (the node's instance role). Off by default: pods name the references, and would get what the node's role may read. Environment, shared config, IRSA web identity and EKS Pod Identity are always used." env:"WEIGHTD_S3_ALLOW_IMDS"`
 	FetchAllowCIDRs    []string `name:"fetch-allow-cidrs" help:"CIDRs or addresses that references may make the agent fetch from although they are loopback, link-local, cloud metadata or this node's own addresses (refused by default), comma-separated." env:"WEIGHTD_FETCH_ALLOW_CIDRS" sep:","`
 }
 
@@ -75,6 +80,13 @@ func (c sourcesConfig) sources(shared prefetch.SharedResolver, mirrored []string
 		}
 		trusted = append(trusted, u.Host)
 	}
+	if c.S3Endpoint != "" {
+		u, err := url.Parse(c.S3Endpoint)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--s3-endpoint %q: %w", c.S3Endpoint, err)
+		}
+		trusted = append(trusted, u.Host)
+	}
 	transport := &plainCredentials{base: prefetch.NewDialGuard(allow, trusted...).Transport(), log: log}
 	client := &http.Client{Transport: transport}
 
@@ -116,11 +128,51 @@ func (c sourcesConfig) sources(shared prefetch.SharedResolver, mirrored []string
 	if err != nil {
 		return nil, nil, err
 	}
+	s3, err := c.s3Source(client, creds, log)
+	if err != nil {
+		return nil, nil, err
+	}
 	return prefetch.Sources{
 		prefetch.KindHTTP: prefetch.NewHTTPSource(client, prefetch.WithVersion(version)),
 		prefetch.KindOCI:  oci,
 		prefetch.KindHF:   hf,
+		prefetch.KindS3:   s3,
 	}, oci, nil
+}
+
+// s3Source builds the S3 source with the AWS SDK's default credential
+// chain, IMDS only where --s3-allow-imds says. Credentials are tried once
+// here: an agent with none (most clusters without AWS) fetches anonymously
+// rather than failing every s3:// reference, public buckets included.
+func (c sourcesConfig) s3Source(client *http.Client, rules prefetch.AgentCredentials, log *slog.Logger) (*prefetch.S3Source, error) {
+	// newAgent has no context: it starts nothing that outlives it, and the
+	// look-up is bounded.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	opts := []prefetch.S3Option{prefetch.WithS3AgentCredentials(rules), prefetch.WithS3PathStyle(c.S3PathStyle)}
+	creds, region, err := prefetch.LoadS3Credentials(ctx, c.S3AllowIMDS)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := creds.Retrieve(ctx); err != nil {
+		log.Info("no AWS credentials found: s3:// references are fetched anonymously", "err", err)
+	} else {
+		opts = append(opts, prefetch.WithS3Credentials(creds))
+	}
+	if c.S3Region != "" {
+		region = c.S3Region
+	}
+	if region != "" {
+		opts = append(opts, prefetch.WithS3Region(region))
+	}
+	if c.S3Endpoint != "" {
+		opts = append(opts, prefetch.WithS3Endpoint(c.S3Endpoint))
+	}
+	s3, err := prefetch.NewS3Source(client, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("--s3-endpoint: %w", err)
+	}
+	return s3, nil
 }
 
 // plainCredentials warns, once per host, when a request carrying

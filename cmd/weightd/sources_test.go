@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/internal/hubtest"
+	"github.com/weightd/weightd/internal/s3test"
 	"github.com/weightd/weightd/internal/services"
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/prefetch"
@@ -92,6 +93,46 @@ func TestAgentHubModel(t *testing.T) {
 	info, err := os.Stat(filepath.Join(st.Dir, "model.safetensors"))
 	require.NoError(t, err)
 	assert.Equal(t, int64(3<<20+5), info.Size())
+}
+
+// TestAgentS3Model fetches a model from an S3-compatible server (gofakes3
+// on loopback) with the flags an operator sets for a self-hosted store; the
+// agent's credentials come from the environment through the SDK's default
+// chain, and the endpoint, being the operator's, is reachable on loopback
+// without --fetch-allow-cidrs.
+func TestAgentS3Model(t *testing.T) {
+	t.Setenv("AWS_ACCESS_KEY_ID", "agent")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "secret")
+	t.Setenv("AWS_CONFIG_FILE", filepath.Join(t.TempDir(), "none"))
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", filepath.Join(t.TempDir(), "none"))
+	srv, err := s3test.Start()
+	require.NoError(t, err)
+	t.Cleanup(func() { srv.Close() })
+	require.NoError(t, srv.CreateBucket(t.Context(), "models", false))
+	files := map[string]string{"config.json": `{"model_type":"llama"}`, "weights/model.safetensors": strings.Repeat("w", 3<<20+5)}
+	for p, data := range files {
+		_, err := srv.Put(t.Context(), "models", "tiny/"+p, []byte(data))
+		require.NoError(t, err)
+		srv.SetChecksum("models", "tiny/"+p, s3test.FullObject([]byte(data)))
+	}
+	srv.ResetRequests()
+
+	addr := startAgentWith(t, func(c *agentConfig) {
+		c.FetchAllowCIDRs = nil
+		c.S3Endpoint, c.S3PathStyle, c.S3Region = srv.URL, true, "eu-central-1"
+	})
+	st := fetchWait(t, addr, "s3://models/tiny")
+	require.Equal(t, prefetch.StateReady, st.State, st.Error)
+	for p, data := range files {
+		got, err := os.ReadFile(filepath.Join(st.Dir, p))
+		require.NoError(t, err)
+		assert.Equal(t, data, string(got), p)
+	}
+	reqs := srv.Requests()
+	require.NotEmpty(t, reqs)
+	for _, r := range reqs {
+		assert.True(t, r.Signed, "the operator's fetch carries the agent's credentials: %s %s", r.Method, r.Path)
+	}
 }
 
 func TestSplitImageName(t *testing.T) {

@@ -23,7 +23,8 @@ const AnyNamespace = "*"
 const UnknownNamespace = "?"
 
 // AgentCredentials says for whom the agent's own credentials (the hub
-// token, its Docker config and pull secrets) may be used, per source: the
+// token, its Docker config and pull secrets, its AWS credentials) may be
+// used, per source: the
 // operator's own requests (the CLI, the local API, PrefetchPolicies) always
 // may; a pod's only where a rule names its source and its namespace. The
 // zero value lets only the operator use them: a pod that names a private
@@ -33,16 +34,22 @@ type AgentCredentials struct {
 }
 
 // ParseAgentCredentials parses rules of the form "HOST=NS[;NS…]": HOST is a
-// registry host[:port] ("docker.io" for Docker Hub) or the hub's host, NS a
-// namespace or AnyNamespace. A host given twice has the union of its
-// namespaces.
+// registry host[:port] ("docker.io" for Docker Hub), the hub's host, or
+// "s3://BUCKET" for one bucket of the S3 source; NS a namespace or
+// AnyNamespace. A host given twice has the union of its namespaces.
 func ParseAgentCredentials(specs []string) (AgentCredentials, error) {
 	a := AgentCredentials{rules: make(map[string][]string)}
 	for _, spec := range specs {
 		host, nss, ok := strings.Cut(strings.TrimSpace(spec), "=")
 		h := credentialHost(host)
-		if !ok || !ociRegistryRE.MatchString(h) {
-			return AgentCredentials{}, fmt.Errorf("%w: agent credentials rule %q: want HOST=NAMESPACE[;NAMESPACE…]", cache.ErrInvalid, truncate(spec))
+		valid := ociRegistryRE.MatchString(h)
+		if bucket, isS3 := strings.CutPrefix(h, "s3://"); isS3 {
+			// Per bucket, not per endpoint: the agent's role may read
+			// many buckets, and a namespace should get only its own.
+			valid = validS3Bucket(bucket) == nil
+		}
+		if !ok || !valid {
+			return AgentCredentials{}, fmt.Errorf("%w: agent credentials rule %q: want HOST=NAMESPACE[;NAMESPACE…] (HOST a registry or hub host[:port], or s3://BUCKET)", cache.ErrInvalid, truncate(spec))
 		}
 		for ns := range strings.SplitSeq(nss, ";") {
 			ns = strings.TrimSpace(ns)

@@ -14,6 +14,9 @@
 //	hf://meta-llama/Llama-3.1-8B@main             a Hugging Face style hub repository at a branch, tag or commit ("main" if none)
 //	https://host/path/model.json                  a model manifest (see Manifest)
 //	https://host/path/file.bin#sha256:<64 hex>    one file pinned by its digest
+//	s3://bucket/prefix                            the model under an S3 prefix: its model.json, else the objects with their SHA-256 checksums
+//	s3://bucket/prefix@<version id>               the same, the model.json at that S3 object version
+//	s3://bucket/key#sha256:<64 hex>               one object pinned by its digest
 //
 // A reference that names immutable content (an OCI digest, a 40-hex hub
 // commit, a pinned file) is Pinned.
@@ -26,7 +29,8 @@
 // that reads it from the origin starting at any offset. HTTPSource,
 // OCISource (go-containerregistry: Docker config and pull-secret
 // credentials, token auth, platform selection from indexes) and HFSource
-// (the hub's revision, tree and resolve APIs) are the three kinds; Sources
+// (the hub's revision, tree and resolve APIs) and S3Source (the AWS SDK,
+// for AWS S3 and S3-compatible stores) are the four kinds; Sources
 // dispatches by kind. Sources stay small: they open ranges and classify
 // errors (cache.Permanent for what retrying cannot fix). Retries, resume,
 // stall detection and verification live in the cache.

@@ -953,7 +953,7 @@ func newQueueMetrics(modelLabels int) queueMetrics {
 		}, []string{"model"}),
 		models: NewLabelLimiter(modelLabels),
 	}
-	for _, k := range []Kind{KindHTTP, KindOCI, KindHF} {
+	for _, k := range []Kind{KindHTTP, KindOCI, KindHF, KindS3} {
 		for _, o := range []string{string(StateReady), string(StateFailed), "canceled"} {
 			m.jobs.WithLabelValues(string(k), o)
 		}

@@ -28,6 +28,10 @@ const (
 	// KindHF is a model repository on a Hugging Face style hub:
 	// hf://[org/]name[@revision].
 	KindHF Kind = "hf"
+	// KindS3 is a model under a prefix of an S3 (or S3-compatible) bucket:
+	// s3://bucket[/prefix][@version] or one object pinned by digest,
+	// s3://bucket/key#sha256:….
+	KindS3 Kind = "s3"
 )
 
 // Ref is a parsed, validated model reference. Which fields are set depends on
@@ -44,6 +48,12 @@ const (
 //
 // For KindHF, Repository is "org/name" (or a bare "name"), Revision the
 // branch, tag or commit ("main" when not given).
+//
+// For KindS3, URL is "s3://bucket/prefix" (Host the bucket, Path "/" and the
+// prefix without a trailing '/', or empty for the whole bucket), Revision
+// the S3 version id of the prefix's model.json when pinned by "@version",
+// and Digest the digest of the one object Path names when pinned by
+// "#sha256:…" (see S3Source).
 type Ref struct {
 	Kind       Kind
 	URL        *url.URL
@@ -63,6 +73,13 @@ type Ref struct {
 // ending in '/'). A query is kept as is (presigned object-store URLs need it).
 // A fragment, if present, must be exactly a canonical sha256 digest
 // ("sha256:" and 64 lowercase hex digits); it pins a single file.
+//
+// An S3 reference is s3://bucket[/prefix][@version] or
+// s3://bucket/key#sha256:<64 hex>: a bucket name as AWS allows it (3–63
+// lowercase letters, digits, '.' and '-'), a key prefix of non-empty
+// segments other than "." and "..", without '@', '#', '?' or '\', a version
+// being an S3 object version id; a digest pins one object and excludes a
+// version (see S3Source).
 //
 // Errors wrap cache.ErrInvalid.
 func ParseRef(s string) (Ref, error) {
@@ -93,8 +110,10 @@ func parseRef(s string) (Ref, error) {
 		return parseOCIRef(s[len("oci://"):])
 	case "hf":
 		return parseHFRef(s[len("hf://"):])
+	case "s3":
+		return parseS3Ref(s[len("s3://"):])
 	default:
-		return Ref{}, fmt.Errorf("%w: unsupported scheme %q (want oci, hf, https or http)", cache.ErrInvalid, truncate(scheme))
+		return Ref{}, fmt.Errorf("%w: unsupported scheme %q (want oci, hf, s3, https or http)", cache.ErrInvalid, truncate(scheme))
 	}
 }
 
@@ -176,6 +195,8 @@ func (r Ref) String() string {
 		return s
 	case KindHF:
 		return "hf://" + r.Repository + "@" + r.Revision
+	case KindS3:
+		return s3RefString(r)
 	}
 	if r.URL == nil {
 		return ""
@@ -192,14 +213,15 @@ func (r Ref) String() string {
 // answers: the repository for a hub model ("org/name"), the repository's
 // last component under the ones before it for a registry model, and for a
 // URL "<host>/<path>/<key>" (see HTTPSource), which no hub or registry
-// model and no other URL is named.
+// model and no other URL is named; an S3 reference likewise, from
+// "s3://bucket/prefix" (the key tells it from any https URL).
 func (r Ref) ModelName() string {
 	switch r.Kind {
 	case KindHF:
 		return r.Repository
 	case KindOCI:
 		return modelName(r.Repository)
-	case KindHTTP:
+	case KindHTTP, KindS3:
 		if r.URL != nil {
 			return urlModelName(r.URL)
 		}

@@ -58,7 +58,30 @@ func TestParseRefInvalid(t *testing.T) {
 		{"", "not of the form"},
 		{"example.com/model.json", "not of the form"},
 		{"ftp://example.com/model.json", "unsupported scheme"},
-		{"s3://bucket/model.bin", "unsupported scheme"},
+		{"gs://bucket/model.bin", "unsupported scheme"},
+		{"s3://", "bucket"},
+		{"s3://ab/m", "bucket"},
+		{"s3://Models/m", "bucket"},
+		{"s3://my_bucket/m", "bucket"},
+		{"s3://-models/m", "bucket"},
+		{"s3://a..b/m", "two adjacent periods"},
+		{"s3://192.168.1.1/m", "IP address"},
+		{"s3://models:9000/m", "bucket"},
+		{"s3://models//m", "empty"},
+		{"s3://models/a//b", "empty"},
+		{"s3://models/a/../b", `".."`},
+		{"s3://models/./b", `".."`},
+		{"s3://models/a?b", "not allowed"},
+		{"s3://models/a\\b", "not allowed"},
+		{"s3://models/m@", "version"},
+		{"s3://models/m@v 1", "printable ASCII"},
+		{"s3://models/m@v*1", "version"},
+		{"s3://models/m@v1@v2", "version"},
+		{"s3://models/m@" + strings.Repeat("v", 1025), "version"},
+		{"s3://models/" + strings.Repeat("a", 1025), "longer than 1024"},
+		{"s3://models#sha256:" + hex64, "must name an object key"},
+		{"s3://models/m.bin#sha256:" + hex64[:10], "fragment must be a sha256 digest"},
+		{"s3://models/m.bin@v1#sha256:" + hex64, "give one, not both"},
 		{"https:/example.com/model.json", "not of the form"},
 		{"https:///model.json", "host is missing"},
 		{"https://:443/model.json", "host is missing"},
@@ -98,6 +121,46 @@ func TestParseRefInvalid(t *testing.T) {
 			assert.Less(t, len(err.Error()), 400, "errors quote a truncated reference")
 		})
 	}
+}
+
+func TestParseS3Ref(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		in, canonical, bucket, prefix, version, digest string
+	}{
+		{in: "s3://models/llama/v1", bucket: "models", prefix: "llama/v1"},
+		{in: "S3://models/llama/v1/", canonical: "s3://models/llama/v1", bucket: "models", prefix: "llama/v1"},
+		{in: "s3://models", bucket: "models"},
+		{in: "s3://models/", canonical: "s3://models", bucket: "models"},
+		{in: "s3://my.bucket-1/Org/Model_v2.0", bucket: "my.bucket-1", prefix: "Org/Model_v2.0"},
+		{in: "s3://models/m@3/L4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY=", bucket: "models", prefix: "m", version: "3/L4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY="},
+		{in: "s3://models@null", bucket: "models", version: "null"},
+		{in: "s3://models/m/model.bin#sha256:" + hex64, bucket: "models", prefix: "m/model.bin", digest: "sha256:" + hex64},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			t.Parallel()
+			r, err := prefetch.ParseRef(tt.in)
+			require.NoError(t, err)
+			assert.Equal(t, prefetch.KindS3, r.Kind)
+			assert.Equal(t, tt.bucket, r.URL.Host)
+			assert.Equal(t, "/"+tt.prefix, r.URL.Path)
+			assert.Equal(t, tt.version, r.Revision)
+			assert.Equal(t, tt.digest, r.Digest.String())
+			want := tt.canonical
+			if want == "" {
+				want = tt.in
+			}
+			assert.Equal(t, want, r.String())
+			assert.Equal(t, want, r.Redacted())
+			assert.NoError(t, cache.ValidateModelName(r.ModelName()))
+		})
+	}
+	a, _ := prefetch.ParseRef("s3://models/llama")
+	b, _ := prefetch.ParseRef("https://models/llama")
+	c, _ := prefetch.ParseRef("s3://models/llama@v2")
+	assert.NotEqual(t, a.ModelName(), b.ModelName(), "no URL's model is laid out in an S3 model's place")
+	assert.Equal(t, a.ModelName(), c.ModelName(), "versions of one prefix are revisions of one model")
 }
 
 func TestRefRedacted(t *testing.T) {
@@ -152,6 +215,15 @@ func FuzzParseRef(f *testing.F) {
 		"oci://[::1]:5000/repo",
 		"hf://org/name@main",
 		"hf://gpt2@refs/pr/1",
+		"s3://models/llama/v1",
+		"s3://models/llama/v1/",
+		"s3://models",
+		"s3://models/m@3/L4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY=",
+		"s3://models/m/model.bin#sha256:" + hex64,
+		"s3://models/m@v1#sha256:" + hex64,
+		"s3://a..b/m",
+		"s3://models/a/../b",
+		"s3://1.2.3.4/m",
 		"",
 	} {
 		f.Add(s)
@@ -178,6 +250,15 @@ func FuzzParseRef(f *testing.F) {
 			if r.URL != nil || r.Repository == "" || r.Revision == "" || r.Digest != "" ||
 				strings.Contains(r.Repository+r.Revision, "..") || strings.ContainsAny(r.Repository+r.Revision, "@#?%\\ ") {
 				t.Fatalf("accepted %q as %+v", s, r)
+			}
+		case prefetch.KindS3:
+			if r.URL == nil || r.URL.Scheme != "s3" || len(r.URL.Host) < 3 || !strings.HasPrefix(r.URL.Path, "/") ||
+				strings.Contains(r.URL.Path, "//") || strings.Contains(r.URL.Path, "/../") || strings.HasSuffix(r.URL.Path, "/..") ||
+				strings.ContainsAny(r.URL.Path, "@#?\\") || strings.Trim(r.URL.Host, "abcdefghijklmnopqrstuvwxyz0123456789.-") != "" || (r.Digest != "" && r.Revision != "") {
+				t.Fatalf("accepted %q as %+v", s, r)
+			}
+			if err := cache.ValidateModelName(r.ModelName()); err != nil {
+				t.Fatalf("%q: model name: %v", s, err)
 			}
 		default:
 			t.Fatalf("accepted %q as kind %q", s, r.Kind)

@@ -118,7 +118,7 @@ func TestParseOCIAndHFRefInvalid(t *testing.T) {
 		{"hf://org/name@main/", "revision"},
 		{"hf://org/name@ma%in", "revision"},
 		{"hf://org/name@" + strings.Repeat("r", 256), "revision"},
-		{"s3://bucket/key", "unsupported scheme"},
+		{"gs://bucket/key", "unsupported scheme"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in[:min(len(tt.in), 60)], func(t *testing.T) {

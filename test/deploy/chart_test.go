@@ -60,6 +60,12 @@ var everything = []string{
 	"agent.credentialsFor[0].namespaces={team-a,team-b}",
 	"agent.credentialsFor[1].host=huggingface.co",
 	"agent.credentialsFor[1].namespaces={*}",
+	"agent.credentialsFor[2].host=s3://team-a-models",
+	"agent.credentialsFor[2].namespaces={team-a}",
+	"agent.s3.endpoint=http://minio.example:9000",
+	"agent.s3.region=eu-west-3",
+	"agent.s3.pathStyle=true",
+	"agent.serviceAccountAnnotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::111122223333:role/weightd",
 	"agent.extraArgs={--fast-gossip}",
 	"agent.extraEnv[0].name=WEIGHTD_UPLOAD_TCP",
 	"agent.extraEnv[0].value=",
@@ -431,11 +437,23 @@ func TestChartEverything(t *testing.T) {
 		"api":                "unix:///tmp/e2e/run/weightd/weightd.sock",
 		"upload-limit":       "500MiB",
 		"fetch-allow-cidrs":  "127.0.0.1/32,fd00::/8",
-		"agent-credentials":  "registry.example.com:5000=team-a;team-b,huggingface.co=*",
+		"agent-credentials":  "registry.example.com:5000=team-a;team-b,huggingface.co=*,s3://team-a-models=team-a",
+		"s3-endpoint":        "http://minio.example:9000",
+		"s3-region":          "eu-west-3",
+		"s3-path-style":      true,
 	} {
 		if cfg[k] != want {
 			t.Errorf("config %s = %#v, want %#v", k, cfg[k], want)
 		}
+	}
+	roles := 0
+	for _, o := range r.objects {
+		if o.GetKind() == "ServiceAccount" && o.GetAnnotations()["eks.amazonaws.com/role-arn"] == "arn:aws:iam::111122223333:role/weightd" {
+			roles++
+		}
+	}
+	if roles != 1 {
+		t.Errorf("%d ServiceAccounts with the agent's IRSA role, want 1 (the agent's)", roles)
 	}
 	if !slices.Contains(c.Args, "--join=10.0.0.1:17946,10.0.0.2:17946") || slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--join-dns") }) {
 		t.Errorf("args %v: want --join with the explicit peers and no --join-dns", c.Args)
@@ -543,6 +561,9 @@ func TestChartBadValues(t *testing.T) {
 		{[]string{"mirror.addr=localhost"}, `mirror.addr "localhost" is not a host:port`},
 		{[]string{"mirror.registeries={docker.io}"}, "additional properties 'registeries' not allowed"},
 		{[]string{"gossip.join={10.0.0.1}"}, `gossip.join: "10.0.0.1" is not a host:port`},
+		{[]string{"agent.s3.endpoint=minio:9000"}, "at '/agent/s3/endpoint'"},
+		{[]string{"agent.s3.pathstyle=true"}, "additional properties 'pathstyle' not allowed"},
+		{[]string{"agent.credentialsFor[0].host=s3://Team_A", "agent.credentialsFor[0].namespaces={a}"}, "at '/agent/credentialsFor/0/host'"},
 		{[]string{"gossip.port=70000"}, "at '/gossip/port': maximum"},
 		{[]string{"gossip.chunkPort=9464"}, "gossip.chunkPort and agent.metricsPort are both port 9464"},
 		{[]string{"mirror.addr=127.0.0.1:7946"}, "gossip.port and mirror.addr are both port 7946"},
