@@ -7,11 +7,20 @@
 // bridge. Every host has one IPv4 address in a /24 of 198.18.0.0/15 (the
 // benchmarking range) that exists only inside the testbed, so the root
 // namespace's interfaces, addresses and routes are never touched and no
-// packet of a testbed can leave it. Links can be shaped with tbf in both
+// packet of a testbed can leave it (but for Config.LinkRoot, below). Links can be shaped with tbf in both
 // directions: egress of the host's eth0 is its upload, egress of its bridge
 // port is its download. netem, fq and fq_codel do not exist on every kernel
 // weightd is tested on, so the testbed adds no latency; add it in Go if a
 // test needs it.
+//
+// Config.LinkRoot joins the testbed to the network namespace of the
+// process that creates it (the machine's own, where a kubelet and its pods'
+// host-network agents run): a veth pair from the bridge to that namespace,
+// whose end there (wdt<subnet index>) holds the subnet's last address, and
+// every host's default route through it. That interface and its /24 route
+// are the one thing such a testbed adds outside its namespaces; deleting the
+// bridge's namespace (Close, or the clean-up of a dead owner's testbed)
+// deletes them.
 //
 // Processes run inside a host through Host.Command (`ip netns exec`). The
 // filesystem is shared: unix sockets and files under a test directory are
@@ -68,6 +77,11 @@ type Config struct {
 	// LinkMbit shapes every host's link to this many Mbit/s in each
 	// direction; 0 leaves the links unshaped (several Gbit/s).
 	LinkMbit int
+	// LinkRoot joins the bridge to the creating process's network
+	// namespace, which then reaches the hosts, and they its addresses
+	// (see the package doc). It takes the subnet's last address, so the
+	// testbed holds at most MaxHosts-1 hosts.
+	LinkRoot bool
 }
 
 // Testbed is a set of hosts on one bridge. Its methods are safe for
@@ -78,6 +92,7 @@ type Testbed struct {
 	bridgeNS string
 	hosts    []*Host
 	tools    tools
+	rootAddr netip.Addr // the creating namespace's address; invalid without LinkRoot
 
 	mu       sync.Mutex
 	shaped   map[*Host]bool // hosts whose links carry a tbf qdisc
@@ -114,6 +129,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("name %q: want 1 to 32 of a-z, 0-9 and '-', not starting with '-'", c.Name)
 	case c.Hosts < 1 || c.Hosts > MaxHosts:
 		return fmt.Errorf("%d hosts: want 1 to %d", c.Hosts, MaxHosts)
+	case c.LinkRoot && c.Hosts == MaxHosts:
+		return fmt.Errorf("%d hosts and LinkRoot: want at most %d (the link takes an address)", c.Hosts, MaxHosts-1)
 	case c.LinkMbit < 0:
 		return fmt.Errorf("link of %d Mbit/s: want 0 (unshaped) or more", c.LinkMbit)
 	}
@@ -205,6 +222,11 @@ func New(ctx context.Context, cfg Config) (*Testbed, error) {
 			ip:   tl.ip,
 		})
 	}
+	if cfg.LinkRoot {
+		a := base
+		a[3] = MaxHosts
+		t.rootAddr = netip.AddrFrom4(a)
+	}
 	if err := t.build(ctx, cfg.LinkMbit); err != nil {
 		if cerr := t.Close(); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("cleaning up: %w", cerr))
@@ -235,6 +257,24 @@ func (t *Testbed) build(ctx context.Context, mbit int) error {
 			[]string{"-n", h.NS, "link", "set", "eth0", "up"},
 		)
 	}
+	if t.rootAddr.IsValid() {
+		// Created from this namespace, its end here named after the
+		// subnet: unique among live testbeds and within 15 bytes. A
+		// leftover of a dead testbed whose namespace is still being torn
+		// down is deleted first (an error: there was none).
+		b := t.subnet.Addr().As4()
+		dev := "wdt" + strconv.Itoa((int(b[1])-18)*256+int(b[2]))
+		_ = run(ctx, t.tools.ip, "link", "del", dev)
+		steps = append(steps,
+			[]string{"link", "add", dev, "type", "veth", "peer", "name", "root", "netns", br},
+			[]string{"-n", br, "link", "set", "root", "master", "br0", "up"},
+			[]string{"addr", "add", netip.PrefixFrom(t.rootAddr, t.subnet.Bits()).String(), "dev", dev},
+			[]string{"link", "set", dev, "up"},
+		)
+		for _, h := range t.hosts {
+			steps = append(steps, []string{"-n", h.NS, "route", "add", "default", "via", t.rootAddr.String()})
+		}
+	}
 	for _, s := range steps {
 		if err := run(ctx, t.tools.ip, s...); err != nil {
 			return err
@@ -255,6 +295,11 @@ func (t *Testbed) Name() string { return t.name }
 
 // Subnet returns the testbed's /24, in which every host has its address.
 func (t *Testbed) Subnet() netip.Prefix { return t.subnet }
+
+// RootAddr returns the address of the creating process's namespace on the
+// testbed's subnet, the hosts' default gateway; the zero Addr (invalid)
+// without Config.LinkRoot.
+func (t *Testbed) RootAddr() netip.Addr { return t.rootAddr }
 
 // Hosts returns the testbed's hosts, h0 first. The slice is the caller's.
 func (t *Testbed) Hosts() []*Host { return append([]*Host(nil), t.hosts...) }

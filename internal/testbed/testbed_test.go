@@ -27,6 +27,7 @@ func TestConfigRejected(t *testing.T) {
 		{Name: "-lead", Hosts: 2},
 		{Name: "has_underscore", Hosts: 2},
 		{Name: strings.Repeat("a", 33), Hosts: 2},
+		{Hosts: MaxHosts, LinkRoot: true},
 	} {
 		if tb, err := New(t.Context(), cfg); err == nil {
 			tb.Close()
@@ -373,5 +374,68 @@ func TestManyHosts(t *testing.T) {
 		if got, err := send(t, h, addr, h.Name); err != nil || got != h.Name {
 			t.Errorf("echo from %s to h0: %q, %v", h.Name, got, err)
 		}
+	}
+}
+
+// TestLinkRoot is not parallel: the link changes the root namespace's
+// interfaces, which other tests check are untouched.
+func TestLinkRoot(t *testing.T) {
+	Require(t)
+	before := rootView(t)
+	tb, err := New(t.Context(), Config{Hosts: 2, LinkRoot: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tb.Close() })
+	root := tb.RootAddr()
+	if !tb.Subnet().Contains(root) || slices.ContainsFunc(tb.Hosts(), func(h *Host) bool { return h.Addr == root }) {
+		t.Fatalf("root address %s: outside %s or a host's", root, tb.Subnet())
+	}
+
+	// A host reaches a server of this namespace, through its default route.
+	ln, err := net.Listen("tcp", netip.AddrPortFrom(root, 0).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			line, _ := bufio.NewReader(c).ReadString('\n')
+			fmt.Fprint(c, line)
+			c.Close()
+		}
+	}()
+	h := tb.Hosts()[1]
+	if got, err := send(t, h, ln.Addr().String(), "to the root"); err != nil || got != "to the root" {
+		t.Fatalf("echo from %s to the root namespace: %q, %v", h.Name, got, err)
+	}
+	// And this namespace reaches a host's server.
+	addr := netip.AddrPortFrom(h.Addr, 7000).String()
+	serve(t, h, "echo", addr)
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatalf("dialing %s from the root namespace: %v", addr, err)
+	}
+	fmt.Fprintln(c, "from the root")
+	got, err := bufio.NewReader(c).ReadString('\n')
+	c.Close()
+	if err != nil || got != "from the root\n" {
+		t.Fatalf("echo from the root namespace to %s: %q, %v", h.Name, got, err)
+	}
+
+	if err := tb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The root end goes with the bridge's namespace, asynchronously.
+	deadline := time.Now().Add(10 * time.Second)
+	for after := rootView(t); !slices.Equal(before, after); after = rootView(t) {
+		if time.Now().After(deadline) {
+			t.Fatalf("root namespace after Close:\nbefore %q\nafter  %q", before, after)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
