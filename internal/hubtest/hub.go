@@ -170,6 +170,22 @@ func listen(addr string) net.Listener {
 	return ln
 }
 
+// Serve serves the hub on l as well, until Close: a listener made in
+// another network namespace (internal/testbed's Host.Listen) puts the same
+// hub, its repositories, faults and counters, within that namespace's reach.
+// Links name the host each request was sent to. Not with WithSeparateCDN,
+// whose redirects name the CDN's own port.
+func (h *Hub) Serve(l net.Listener) {
+	if h.cdn != nil {
+		panic("hubtest: Serve with WithSeparateCDN")
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(h.serveHub)}
+	h.mu.Lock()
+	h.closers = append(h.closers, srv)
+	h.mu.Unlock()
+	go func() { _ = srv.Serve(l) }()
+}
+
 // base is the hub's URL as the client of r sees it.
 func (h *Hub) base(r *http.Request) string {
 	if r.Host == "" {

@@ -291,3 +291,23 @@ func TestHubAddr(t *testing.T) {
 	resp = get(t, base+"/api/models/org/model/tree/main")
 	assert.True(t, strings.HasPrefix(resp.Header.Get("Link"), "<"+base+"/api/models/org/model/tree/main?cursor="), resp.Header.Get("Link"))
 }
+
+func TestHubServe(t *testing.T) {
+	t.Parallel()
+	hub := hubtest.New()
+	hub.AddRepo("org/model", map[string]hubtest.Content{"a.bin": hubtest.As(hubtest.LFS, hubtest.String("a"))})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	hub.Serve(ln)
+	base := "http://" + ln.Addr().String()
+	resp := get(t, base+"/org/model/resolve/main/a.bin")
+	require.Equal(t, http.StatusFound, resp.StatusCode)
+	// The redirect names the listener the request came in on.
+	assert.True(t, strings.HasPrefix(resp.Header.Get("Location"), base+"/cdn/"), resp.Header.Get("Location"))
+	assert.Equal(t, "a", string(readAll(t, get(t, resp.Header.Get("Location")))))
+	assert.Equal(t, int64(1), hub.Stats().Requests[hubtest.RouteCDN], "one hub, whichever listener")
+
+	hub.Close()
+	_, err = http.Get(base + "/org/model/resolve/main/a.bin")
+	assert.Error(t, err, "the extra listener outlived Close")
+}
