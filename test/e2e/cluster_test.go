@@ -54,6 +54,9 @@ type cluster struct {
 	cacheRoot   string // the agent's cache on the host: <containerd root>/weightd
 	runDir      string // the agent's API socket's directory on the host
 	metricsPort int
+	gossipPort  int    // the agent's gossip (TCP and UDP) host port
+	chunkPort   int    // the agent's chunk server's host port
+	bin         string // the weightd executable in the agent's image
 	values      string // the chart's values file
 	tags        []string
 }
@@ -103,6 +106,7 @@ func newCluster(t *testing.T, ctx context.Context) *cluster {
 	archive := filepath.Join(c.dir, "weightd-image.tar")
 	bin, err := imagebuild.Compile(ctx, imagebuild.CompileOptions{ModuleDir: c.root, Out: filepath.Join(c.dir, "weightd"), Version: "e2e", Commit: "e2e"})
 	require.NoError(t, err)
+	c.bin = bin.Path
 	idx, err := imagebuild.Build(ctx, imagebuild.Options{Binaries: []imagebuild.Binary{bin}})
 	require.NoError(t, err)
 	for _, tag := range c.tags {
@@ -110,7 +114,7 @@ func newCluster(t *testing.T, ctx context.Context) *cluster {
 		require.NoError(t, c.node.ImportArchive(ctx, archive))
 	}
 
-	c.metricsPort = freePort(t)
+	c.metricsPort, c.gossipPort, c.chunkPort = freePort(t), freePort(t), freePort(t)
 	values := map[string]any{
 		"image": map[string]any{"repository": imageRepo, "tag": c.tags[0], "pullPolicy": "Never"},
 		"containerd": map[string]any{
@@ -119,7 +123,7 @@ func newCluster(t *testing.T, ctx context.Context) *cluster {
 			"configPath": c.node.Containerd.HostsDir,
 		},
 		"mirror": map[string]any{"addr": "127.0.0.1:" + strconv.Itoa(freePort(t)), "registries": []string{c.registry.Addr}},
-		"gossip": map[string]any{"port": freePort(t), "chunkPort": freePort(t)},
+		"gossip": map[string]any{"port": c.gossipPort, "chunkPort": c.chunkPort},
 		"agent": map[string]any{
 			"metricsPort": c.metricsPort,
 			"runDir":      c.runDir,
@@ -222,7 +226,14 @@ func (c *cluster) logAgent(t *testing.T) {
 // starts with prefix (name and labels), from its metrics port.
 func (c *cluster) metric(t *testing.T, prefix string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://127.0.0.1:" + strconv.Itoa(c.metricsPort) + "/metrics")
+	return metricAt(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(c.metricsPort)), prefix)
+}
+
+// metricAt returns the sum of the samples of a metric whose line starts with
+// prefix (name and labels), from the /metrics of an agent at addr.
+func metricAt(t *testing.T, addr, prefix string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)

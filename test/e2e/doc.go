@@ -11,6 +11,9 @@
 //
 // One node runs, in the machine's own network namespace: a second kubelet
 // in a network namespace would need the API server and the agents' host
-// ports routed into it, which this harness does not do yet. GPUs are not
-// covered (no GPU here), nor any managed cluster.
+// ports routed into it, which this harness does not do yet. A second agent
+// runs as a plain process, with no kubelet, in a network namespace joined
+// to the node's by a shaped link (internal/testbed): the node's peer, from
+// which a pod's CSI volume is filled. GPUs are not covered (no GPU here),
+// nor any managed cluster.
 package e2e

@@ -100,6 +100,13 @@ type benchLine struct {
 	CSIModelByName   bool    `json:"csi_model_by_name"`
 	CSIPodRunningS   float64 `json:"csi_pod_running_s"`
 	PlainPodRunningS float64 `json:"plain_pod_running_s"`
+	// A pod with the CSI volume of a model that only a peer holds (the hub
+	// sends none of its bytes): the model's size S, the peer's link B, S/B
+	// and the pod's creation to Running (issue 20: at most 1.1 × S/B + 2 s).
+	CSIPeerModelBytes  int64   `json:"csi_peer_model_bytes"`
+	CSIPeerLinkMbit    int     `json:"csi_peer_link_mbit"`
+	CSIPeerSOverB      float64 `json:"csi_peer_s_over_b"`
+	CSIPeerPodRunningS float64 `json:"csi_peer_pod_running_s"`
 }
 
 // TestKubelet installs weightd with its chart on a real node and checks,
@@ -137,6 +144,10 @@ func TestKubelet(t *testing.T) {
 	})
 	t.Run("CSIPersistentVolume", func(t *testing.T) {
 		c.csiPersistent(t, ctx, sleeper)
+	})
+	t.Run("CSIVolumeFromPeer", func(t *testing.T) {
+		f := c.csiFromPeer(t, ctx, sleeper)
+		line.CSIPeerModelBytes, line.CSIPeerLinkMbit, line.CSIPeerSOverB, line.CSIPeerPodRunningS = f.modelBytes, f.linkMbit, f.sOverB, f.runningS
 	})
 	t.Run("RollingUpdateKeepsCacheAndDownloads", func(t *testing.T) {
 		c.survives(t, ctx, sleeper, "org/rolled", 7, func() {
