@@ -19,6 +19,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -76,11 +77,36 @@ func requireAll(t *testing.T) string {
 	return helm
 }
 
+// lockMachine waits until no other real-kubelet cluster of this test runs
+// on the machine, and keeps others off until t's cleanups are done: two at
+// once broke each other's agents (a run by hand beside make test's).
+func lockMachine(t *testing.T, ctx context.Context) {
+	f, err := os.OpenFile(filepath.Join(os.TempDir(), "weightd-e2e.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	require.NoError(t, err)
+	t.Cleanup(func() { f.Close() }) // the lock goes with the file, after the cluster's own cleanups
+	for waited := false; ; waited = true {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return
+		}
+		require.ErrorIs(t, err, unix.EWOULDBLOCK)
+		if !waited {
+			t.Log("waiting for another real-kubelet e2e on this machine to finish")
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("another real-kubelet e2e held the machine: %v", ctx.Err())
+		case <-time.After(time.Second):
+		}
+	}
+}
+
 // newCluster starts the control plane, a node, a registry and a hub, builds
 // weightd's image as `make image` does, imports it under two tags (the
 // second for the rolling update) and installs the chart.
 func newCluster(t *testing.T, ctx context.Context) *cluster {
 	c := &cluster{helm: requireAll(t), dir: t.TempDir()}
+	lockMachine(t, ctx)
 	var err error
 	c.root, err = filepath.Abs("../..")
 	require.NoError(t, err)
