@@ -302,9 +302,12 @@ type countingWriter struct {
 	n *atomic.Int64
 }
 
+// Write counts p before writing it, so that a client that has read bytes
+// never finds them not yet counted; what is not written is taken back.
 func (w countingWriter) Write(p []byte) (int, error) {
+	w.n.Add(int64(len(p)))
 	n, err := w.w.Write(p)
-	w.n.Add(int64(n))
+	w.n.Add(int64(n - len(p)))
 	return n, err
 }
 
