@@ -15,12 +15,10 @@
 // and plain_pod_running_s: the median of three creations to Running of a pod
 // with the CSI volume of a model already on the node and of the same pod
 // without it, alternating in the same run (the volume's cost is the
-// difference); csi_peer_*: a pod with the CSI volume of a model (S =
-// csi_peer_model_bytes) that only a peer's agent holds, the hub sending none
-// of its weights, the peer in a network namespace whose link to the node is
-// shaped to B = csi_peer_link_mbit: S/B in seconds and the pod's creation to
-// Running (issue 20 asks for at most 1.1 × S/B + 2 s; nodes counts kubelets,
-// not that peer). The test does the work, so that the line is only printed when
+// difference); csi_peer_*: a pod with the CSI volume of a model that only a
+// peer's agent holds, over a link shaped to csi_peer_link_mbit: the model's
+// bytes, their time on that link (s_over_b) and the pod's creation to Running
+// (nodes counts kubelets, not that peer). The test does the work, so that the line is only printed when
 // every check passes; it needs what the test needs (root, `make test-deps`).
 //
 //	go run ./bench/e2e

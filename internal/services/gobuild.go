@@ -108,3 +108,31 @@ func (g goInstall) run(ctx context.Context) error {
 	}
 	return nil
 }
+
+// cachedTool returns the path of the one program install names, without
+// building it: an error wrapping notBuilt, naming the make target that
+// builds it, when it is not there.
+func cachedTool(install func() (goInstall, error), notBuilt error, target string) (string, error) {
+	g, err := install()
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(g.Dir, g.Bins[0])
+	if !g.built() {
+		return p, fmt.Errorf("%w: no %s in %s (make %s builds it)", notBuilt, g.What, g.Dir, target)
+	}
+	return p, nil
+}
+
+// buildTool returns the path of the one program install names, building it
+// unless it is there already.
+func buildTool(ctx context.Context, install func() (goInstall, error)) (string, error) {
+	g, err := install()
+	if err != nil {
+		return "", err
+	}
+	if err := g.run(ctx); err != nil {
+		return "", err
+	}
+	return filepath.Join(g.Dir, g.Bins[0]), nil
+}

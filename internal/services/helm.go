@@ -3,8 +3,6 @@ package services
 import (
 	"context"
 	"errors"
-	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -43,42 +41,19 @@ func helmInstall() (goInstall, error) {
 // CachedHelm returns the path of helm HelmVersion in HelmCacheDir without
 // building it: an error wrapping ErrHelmNotBuilt when it is not there.
 func CachedHelm() (string, error) {
-	g, err := helmInstall()
-	if err != nil {
-		return "", err
-	}
-	p := filepath.Join(g.Dir, "helm")
-	if !g.built() {
-		return p, fmt.Errorf("%w: no helm %s in %s (make helm builds it)", ErrHelmNotBuilt, HelmVersion, g.Dir)
-	}
-	return p, nil
+	return cachedTool(helmInstall, ErrHelmNotBuilt, "helm")
 }
 
 // BuildHelm returns the path of helm HelmVersion, building it from the Go
 // module proxy into HelmCacheDir unless it is there already: about 5
 // minutes on 2 cores with a cold Go build cache, nothing once built. It is
 // built and installed as BuildContainerd builds containerd.
-func BuildHelm(ctx context.Context) (string, error) {
-	g, err := helmInstall()
-	if err != nil {
-		return "", err
-	}
-	if err := g.run(ctx); err != nil {
-		return "", err
-	}
-	return filepath.Join(g.Dir, "helm"), nil
-}
+func BuildHelm(ctx context.Context) (string, error) { return buildTool(ctx, helmInstall) }
 
 // RequireHelm returns the path of the helm that `make helm` builds
 // (CachedHelm). Where it is not built the test skips, except under
 // CI=true, where it fails: `make test` builds it.
 func RequireHelm(tb testing.TB) string {
 	tb.Helper()
-	p, err := CachedHelm()
-	if errors.Is(err, ErrHelmNotBuilt) {
-		require(tb, err)
-	} else if err != nil {
-		tb.Fatal(err)
-	}
-	return p
+	return requireTool(tb, CachedHelm, ErrHelmNotBuilt)
 }

@@ -3,8 +3,6 @@ package services
 import (
 	"context"
 	"errors"
-	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -47,43 +45,19 @@ func promtoolInstall() (goInstall, error) {
 // PromtoolCacheDir without building it: an error wrapping
 // ErrPromtoolNotBuilt when it is not there.
 func CachedPromtool() (string, error) {
-	g, err := promtoolInstall()
-	if err != nil {
-		return "", err
-	}
-	p := filepath.Join(g.Dir, "promtool")
-	if !g.built() {
-		return p, fmt.Errorf("%w: no promtool %s in %s (make promtool builds it)", ErrPromtoolNotBuilt, PromtoolVersion, g.Dir)
-	}
-	return p, nil
+	return cachedTool(promtoolInstall, ErrPromtoolNotBuilt, "promtool")
 }
 
 // BuildPromtool returns the path of promtool PromtoolVersion, building it
 // from the Go module proxy into PromtoolCacheDir unless it is there
-// already: about 7 minutes on 2 idle cores with a cold Go build cache
-// (13 CPU-minutes), nothing once built. It is built and installed as BuildContainerd builds
-// containerd.
-func BuildPromtool(ctx context.Context) (string, error) {
-	g, err := promtoolInstall()
-	if err != nil {
-		return "", err
-	}
-	if err := g.run(ctx); err != nil {
-		return "", err
-	}
-	return filepath.Join(g.Dir, "promtool"), nil
-}
+// already: about 7 minutes on 2 cores with a cold Go build cache, nothing
+// once built. It is built and installed as BuildContainerd builds containerd.
+func BuildPromtool(ctx context.Context) (string, error) { return buildTool(ctx, promtoolInstall) }
 
 // RequirePromtool returns the path of the promtool that `make promtool`
 // builds (CachedPromtool). Where it is not built the test skips, except
 // under CI=true, where it fails: `make test` builds it.
 func RequirePromtool(tb testing.TB) string {
 	tb.Helper()
-	p, err := CachedPromtool()
-	if errors.Is(err, ErrPromtoolNotBuilt) {
-		require(tb, err)
-	} else if err != nil {
-		tb.Fatal(err)
-	}
-	return p
+	return requireTool(tb, CachedPromtool, ErrPromtoolNotBuilt)
 }

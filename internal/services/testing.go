@@ -117,3 +117,17 @@ func NewContainerdT(tb testing.TB, cfg ContainerdConfig) *Containerd {
 	})
 	return c
 }
+
+// requireTool returns cached's program for a test. Where it is not built
+// (notBuilt) the test skips, except under CI=true, where it fails: `make
+// test` builds it.
+func requireTool(tb testing.TB, cached func() (string, error), notBuilt error) string {
+	tb.Helper()
+	p, err := cached()
+	if errors.Is(err, notBuilt) {
+		require(tb, err)
+	} else if err != nil {
+		tb.Fatal(err)
+	}
+	return p
+}

@@ -338,22 +338,30 @@ func (n *node) evictsModel() bool {
 	return true
 }
 
+// publishedUnderBudget starts a node whose budget (3 MiB) fits org/model or
+// org/other but not both, and publishes org/model as vol-1 at root/target.
+func publishedUnderBudget(t *testing.T) (n *node, hub *hubtest.Hub, root string, opts nodeOpts, target string) {
+	t.Helper()
+	requireRoot(t)
+	hub = hubtest.New()
+	t.Cleanup(hub.Close)
+	modelRepo(hub)
+	hub.AddRepo("org/other", map[string]hubtest.Content{"w.bin": hubtest.Generated(2<<20, 11)})
+	root = t.TempDir()
+	opts = nodeOpts{budget: 3 << 20}
+	n = newNode(t, hub, root, opts)
+	target = filepath.Join(root, "target")
+	n.publishReady("vol-1", target, map[string]string{csi.AttrModel: "hf://org/model"})
+	t.Cleanup(func() { _ = unix.Unmount(target, unix.MNT_DETACH) })
+	return n, hub, root, opts, target
+}
+
 // TestAgentRestartKeepsPublishedVolume restarts the agent while a volume is
 // mounted: the mount stays and its blobs are still held against eviction;
 // once the mount is gone behind the agent's back, the next start releases
 // them.
 func TestAgentRestartKeepsPublishedVolume(t *testing.T) {
-	requireRoot(t)
-	hub := hubtest.New()
-	t.Cleanup(hub.Close)
-	modelRepo(hub)
-	hub.AddRepo("org/other", map[string]hubtest.Content{"w.bin": hubtest.Generated(2<<20, 11)})
-	root := t.TempDir()
-	opts := nodeOpts{budget: 3 << 20}
-	n := newNode(t, hub, root, opts)
-	target := filepath.Join(root, "target")
-	n.publishReady("vol-1", target, map[string]string{csi.AttrModel: "hf://org/model"})
-	t.Cleanup(func() { _ = unix.Unmount(target, unix.MNT_DETACH) })
+	n, hub, root, opts, target := publishedUnderBudget(t)
 	assert.False(t, n.evictsModel(), "a published volume holds its blobs")
 	n.stop()
 
@@ -620,17 +628,7 @@ func TestAnnouncePublished(t *testing.T) {
 // keyed by id alone: its hold comes back, and unpublishing it removes its
 // record and tree.
 func TestReconcileLegacyRecord(t *testing.T) {
-	requireRoot(t)
-	hub := hubtest.New()
-	t.Cleanup(hub.Close)
-	modelRepo(hub)
-	hub.AddRepo("org/other", map[string]hubtest.Content{"w.bin": hubtest.Generated(2<<20, 11)})
-	root := t.TempDir()
-	opts := nodeOpts{budget: 3 << 20}
-	n := newNode(t, hub, root, opts)
-	target := filepath.Join(root, "target")
-	n.publishReady("vol-1", target, map[string]string{csi.AttrModel: "hf://org/model"})
-	t.Cleanup(func() { _ = unix.Unmount(target, unix.MNT_DETACH) })
+	n, hub, root, opts, target := publishedUnderBudget(t)
 	n.stop()
 
 	// What the earlier agent left: the record and tree named by the id's hash.

@@ -100,9 +100,9 @@ type benchLine struct {
 	CSIModelByName   bool    `json:"csi_model_by_name"`
 	CSIPodRunningS   float64 `json:"csi_pod_running_s"`
 	PlainPodRunningS float64 `json:"plain_pod_running_s"`
-	// A pod with the CSI volume of a model that only a peer holds (the hub
-	// sends none of its bytes): the model's size S, the peer's link B, S/B
-	// and the pod's creation to Running (issue 20: at most 1.1 × S/B + 2 s).
+	// A pod with the CSI volume of a model that only a peer holds: the
+	// model's size, the peer's link, the model's time on it, and the pod's
+	// creation to Running.
 	CSIPeerModelBytes  int64   `json:"csi_peer_model_bytes"`
 	CSIPeerLinkMbit    int     `json:"csi_peer_link_mbit"`
 	CSIPeerSOverB      float64 `json:"csi_peer_s_over_b"`
