@@ -333,10 +333,14 @@ func (a *agent) MetricsAddr() string {
 	return a.metLn.Addr().String()
 }
 
-// ready is the API's readiness check: the prefetch queue is running.
+// ready is the API's readiness check: the prefetch queue is running and
+// the CSI plugin, when on, listens.
 func (a *agent) ready(context.Context) error {
 	if !a.running.Load() {
 		return errors.New("prefetch queue is not running")
+	}
+	if a.csi != nil && !a.csi.Listening() {
+		return errors.New("CSI plugin is not listening yet")
 	}
 	return nil
 }

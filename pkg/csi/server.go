@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sync/errgroup"
@@ -48,7 +49,12 @@ type Server struct {
 	socket          string
 	registrationDir string
 	log             *slog.Logger
+	listening       atomic.Bool
 }
+
+// Listening reports whether both sockets accept connections, so the agent
+// is not reported ready before the kubelet can reach its plugin.
+func (s *Server) Listening() bool { return s.listening.Load() }
 
 // NewServer returns a server for driver on the CSI endpoint (unix://…);
 // with registrationDir empty it serves no registration socket.
@@ -84,6 +90,8 @@ func (s *Server) Run(ctx context.Context) error {
 		servers = append(servers, regSrv)
 		listeners = append(listeners, regLis)
 	}
+	s.listening.Store(true)
+	defer s.listening.Store(false)
 	g, ctx := errgroup.WithContext(ctx)
 	for i := range servers {
 		g.Go(func() error { return servers[i].Serve(listeners[i]) })
