@@ -54,6 +54,7 @@ type SwarmConfig struct {
 	Refresh        time.Duration // the least time between two reads of one holder's chunk state; each read waits at the holder for news (default 50ms)
 	Settle         time.Duration // how long to let gossip settle before taking the origin role (default 1s)
 	BanFor         time.Duration // how long a lying or failing peer is shunned (default 5m)
+	OriginLinger   time.Duration // how long peers still see the origin role after a fill ends (default 1m)
 	MinRate        int64         // the slowest acceptable transfer, bytes/s: request timeouts scale with it (default 256 KiB/s; a transfer that stalls for 5 s ends sooner)
 	DownloadLimit  int64         // bytes/s for all chunk downloads together; 0 means no limit
 	// TLS, when set, is this node's side of mutual TLS with its peers
@@ -82,6 +83,9 @@ func (c SwarmConfig) withDefaults() SwarmConfig {
 	if c.BanFor <= 0 {
 		c.BanFor = 5 * time.Minute
 	}
+	if c.OriginLinger <= 0 {
+		c.OriginLinger = time.Minute
+	}
 	if c.MinRate <= 0 {
 		c.MinRate = 256 << 10
 	}
@@ -109,8 +113,8 @@ type Swarm struct {
 
 	mu     sync.Mutex
 	bans   map[string]time.Time
-	origin map[digest.Digest]bool // blobs this node fetches from the origin for the cluster
-	live   liveChunks             // chunks on their way here, which the chunk server relays
+	origin map[digest.Digest]int // blobs this node fetches from the origin for the cluster: holds of the role
+	live   liveChunks            // chunks on their way here, which the chunk server relays
 }
 
 type swarmMetrics struct {
@@ -143,7 +147,7 @@ func NewSwarm(dir Directory, client *http.Client, cfg SwarmConfig, log *slog.Log
 	}
 	cfg = cfg.withDefaults()
 	s := &Swarm{dir: dir, client: client, cfg: cfg, download: newLimiter(cfg.DownloadLimit), log: log,
-		bans: map[string]time.Time{}, origin: map[digest.Digest]bool{}}
+		bans: map[string]time.Time{}, origin: map[digest.Digest]int{}}
 	s.m = &swarmMetrics{
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weightd_p2p_received_bytes_total", Help: "Verified chunk bytes received, by source (peer or origin).",
@@ -275,15 +279,18 @@ func (s *Swarm) fillSmall(ctx context.Context, p *cache.Partial, origin cache.Ra
 func (s *Swarm) FetchesFromOrigin(d digest.Digest) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.origin[d]
+	return s.origin[d] > 0
 }
 
+// setOrigin takes (on) or gives back one hold on the origin role for d.
+// Holds are counted, so that a fill's lingering role, given back late,
+// never clears the role a later fill of the same blob has taken.
 func (s *Swarm) setOrigin(d digest.Digest, on bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if on {
-		s.origin[d] = true
-	} else {
+		s.origin[d]++
+	} else if s.origin[d]--; s.origin[d] <= 0 {
 		delete(s.origin, d)
 	}
 }
@@ -401,11 +408,7 @@ func (f *fill) run(parent context.Context) error {
 	defer func() {
 		cancel()
 		f.wg.Wait()
-		if f.originRole {
-			// Peers keep seeing the role until the blob is committed and
-			// its state says complete.
-			time.AfterFunc(time.Minute, func() { f.s.setOrigin(f.d, false) })
-		}
+		f.release()
 	}()
 	tick := time.NewTicker(f.s.cfg.Refresh / 2)
 	defer tick.Stop()
@@ -619,6 +622,14 @@ func (f *fill) decideOrigin() {
 		f.s.m.originRole.Inc()
 		f.s.setOrigin(f.d, true)
 		f.s.log.Info("fetching from the origin for the cluster", "digest", f.d, "rank", rank, "candidates", len(names))
+	}
+}
+
+// release ends the fill's hold on the origin role. Peers keep seeing the
+// role until the blob is committed and its state says complete.
+func (f *fill) release() {
+	if f.originRole {
+		time.AfterFunc(f.s.cfg.OriginLinger, func() { f.s.setOrigin(f.d, false) })
 	}
 }
 

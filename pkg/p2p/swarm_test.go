@@ -860,3 +860,24 @@ func TestRelayedChunkWaitsForTheFetchersHash(t *testing.T) {
 	delete(f.peers, "fetcher") // a blob a peer holds whole, say
 	require.Equal(t, hash(2), answer(ask(1, hash(2))), "no fetcher to hear from: the relay's word")
 }
+
+// A fill that ends lets the origin role linger for its peers; a later fill
+// of the same blob that takes the role keeps it when the first one's
+// lingering ends.
+func TestOriginRoleOutlivesAnEarlierFillsLinger(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{OriginLinger: 20 * time.Millisecond}, nil, nil)
+	require.NoError(t, err)
+	d := descOf(randomBlob(40, testChunk)).Digest
+	first := &fill{s: s, d: d, start: time.Now(), peers: map[string]*peerView{}, maxInFlight: 8}
+	first.decideOrigin()
+	require.True(t, first.originRole, "alone, it fetches from the origin")
+	first.release() // failed: the download is retried
+	retry := &fill{s: s, d: d, start: time.Now(), peers: map[string]*peerView{}, maxInFlight: 8}
+	retry.decideOrigin()
+	require.True(t, retry.originRole)
+	time.Sleep(100 * time.Millisecond)
+	require.True(t, s.FetchesFromOrigin(d), "the retry still fetches from the origin, and peers must see it")
+	retry.release()
+	require.Eventually(t, func() bool { return !s.FetchesFromOrigin(d) }, 5*time.Second, 10*time.Millisecond)
+}
