@@ -274,6 +274,9 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 	if a.mirror != nil {
 		apiOpts = append(apiOpts, api.WithMirror(func() api.MirrorStatus { return a.mirror.status(a.hosts) }))
 	}
+	if a.csi != nil {
+		apiOpts = append(apiOpts, api.WithVolumes(csiVolumes(a.csi, log.With("component", "csi"))))
+	}
 	if a.api, err = api.NewServer(api.QueueJobs(a.queue), a.store, apiOpts...); err != nil {
 		return nil, err
 	}

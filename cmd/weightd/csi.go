@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/csi"
 	"github.com/weightd/weightd/pkg/prefetch"
@@ -48,4 +49,21 @@ func newCSI(cfg csiConfig, root, nodeName string, store *cache.Store, queue *pre
 		log.Warn("reconciling CSI volumes with the node's mounts", "err", err)
 	}
 	return csi.NewServer(driver, cfg.CSIEndpoint, cfg.KubeletRegistrationDir)
+}
+
+// csiVolumes lists the plugin's published volumes for the API's status; a
+// record it cannot read is logged and left out.
+func csiVolumes(srv *csi.Server, log *slog.Logger) func() []api.Volume {
+	return func() []api.Volume {
+		vols, err := srv.Volumes()
+		if err != nil {
+			log.Warn("listing CSI volumes", "err", err)
+		}
+		out := make([]api.Volume, 0, len(vols))
+		for _, v := range vols {
+			out = append(out, api.Volume{ID: v.ID, Namespace: v.Namespace, Pod: v.Pod, PodUID: v.PodUID,
+				Name: v.Name, Ref: v.Ref, Blobs: v.Blobs, Bytes: v.Bytes})
+		}
+		return out
+	}
 }

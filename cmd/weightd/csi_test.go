@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/csi"
 )
@@ -36,7 +37,7 @@ func TestAgentServesCSIVolume(t *testing.T) {
 	dir := shortTempDir(t)
 	sock := filepath.Join(dir, "plugins", "csi.sock")
 	kubelet := filepath.Join(dir, "kubelet")
-	startAgentWith(t, func(c *agentConfig) {
+	addr := startAgentWith(t, func(c *agentConfig) {
 		c.csiConfig = csiConfig{CSIEndpoint: "unix://" + sock, KubeletRegistrationDir: filepath.Join(dir, "registry"), KubeletDir: kubelet}
 	})
 	if _, err := os.Stat(filepath.Join(dir, "registry", csi.RegistrationSocketName)); err != nil {
@@ -77,11 +78,27 @@ func TestAgentServesCSIVolume(t *testing.T) {
 			t.Errorf("%s: %v", f.Path, err)
 		}
 	}
+	// The agent's status shows what holds the model's blobs.
+	client, err := api.NewClient(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := client.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := api.Volume{ID: "csi-1", Namespace: "default", Pod: "p", PodUID: "uid", Name: "model", Ref: manifest, Blobs: 3, Bytes: 3 << 20}
+	if len(st.Volumes) != 1 || st.Volumes[0] != want {
+		t.Errorf("status volumes %+v, want %+v", st.Volumes, want)
+	}
 	if _, err := node.NodeUnpublishVolume(t.Context(), &csipb.NodeUnpublishVolumeRequest{VolumeId: "csi-1", TargetPath: target}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(target); !os.IsNotExist(err) {
 		t.Fatalf("target after unpublish: %v", err)
+	}
+	if st, err = client.Status(t.Context()); err != nil || len(st.Volumes) != 0 {
+		t.Errorf("status volumes after unpublish: %+v, %v", st.Volumes, err)
 	}
 }
 

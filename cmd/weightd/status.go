@@ -150,6 +150,24 @@ func renderStatus(w io.Writer, st api.Status, v statusView) {
 		fmt.Fprintf(w, "  (%d older finished jobs not shown; --json lists them)\n", hidden)
 	}
 
+	if len(st.Volumes) > 0 {
+		volumePod := func(vol api.Volume) string {
+			if vol.Pod == "" {
+				return "pod " + vol.PodUID // the kubelet did not name it
+			}
+			return vol.Namespace + "/" + vol.Pod
+		}
+		vols := slices.Clone(st.Volumes)
+		slices.SortFunc(vols, func(a, b api.Volume) int {
+			return cmp.Or(cmp.Compare(volumePod(a), volumePod(b)), cmp.Compare(a.Name, b.Name))
+		})
+		v.table(w, "VOLUMES", len(vols), []string{"POD", "VOLUME", "MODEL", "SIZE", "BLOBS"}, func(t *tabwriter.Writer) {
+			for _, vol := range vols {
+				row(t, clip(volumePod(vol), 30), clip(vol.Name, 12), clip(vol.Ref, 28), bytesize.IEC(vol.Bytes), fmt.Sprint(vol.Blobs))
+			}
+		})
+	}
+
 	gpus := slices.Clone(st.GPUs)
 	slices.SortFunc(gpus, func(a, b api.GPU) int { return cmp.Compare(a.Index, b.Index) })
 	v.table(w, "GPUS", len(gpus), []string{"GPU", "NAME", "MEMORY", "USED", "WARM BASES"}, func(t *tabwriter.Writer) {

@@ -82,6 +82,12 @@ func fakeStatus() (statusJobs, statusUsage, []api.Option) {
 				{Pod: "serving/sglang-qwen-0", Base: "org/qwen", Runtime: "sglang", Healthy: false, Slots: 2, Error: "connection refused"},
 			}
 		}),
+		api.WithVolumes(func() []api.Volume {
+			return []api.Volume{
+				{ID: "csi-b", Namespace: "team-b", Pod: "reader-0", Name: "model", Ref: "hf://org/tiny@main", Blobs: 3, Bytes: 1 << 20},
+				{ID: "csi-a", PodUID: "8d3f2a1c-5b6e-4c7d-9e0f-1a2b3c4d5e6f", Name: "weights", Ref: "oci://registry.example/org/llama:v1", Blobs: 7, Bytes: 12 << 30},
+			}
+		}),
 		api.WithModelLoads(func() []api.ModelLoad {
 			return []api.ModelLoad{
 				{Pod: "serving/vllm-llama-0", Model: "org/llama@main", Started: statusNow.Add(-2 * time.Hour), Seconds: 41.25, Files: 7},
@@ -136,6 +142,11 @@ JOBS
   00000000000000d4  queued    hf://org/queued@main          -                  -
   00000000000000c3: resolving oci://registry.example/org/app:v1: 401 Unauthorized
 
+VOLUMES
+  POD                             VOLUME   MODEL                         SIZE      BLOBS
+  pod 8d3f2a1c-5b6e-4c7d-9e0f-1…  weights  oci://registry.example/org/…  12.0 GiB  7
+  team-b/reader-0                 model    hf://org/tiny@main            1.0 MiB   3
+
 GPUS
   GPU  NAME                   MEMORY           USED                 WARM BASES
   0    NVIDIA H100 80GB HBM3  [##------]  25%  20.0 GiB / 80.0 GiB  org/llama
@@ -188,6 +199,7 @@ func TestStatusRenderEmptyAndLong(t *testing.T) {
 	assert.Contains(t, out.String(), "PEERS\n  none\n")
 	assert.Contains(t, out.String(), "  budget     no byte budget\n")
 	assert.NotContains(t, out.String(), "ADAPTERS")
+	assert.NotContains(t, out.String(), "VOLUMES", "a node without the CSI plugin")
 
 	// Many finished jobs: the unfinished and the last few finished are shown.
 	var st api.Status
@@ -203,6 +215,7 @@ func TestStatusRenderEmptyAndLong(t *testing.T) {
 	st.Warm = []api.WarmServer{{Pod: long, Base: long, Runtime: long, Error: long, Adapters: []api.LoadedAdapter{{Name: long}}}}
 	st.GPUs = []api.GPU{{Name: long, Bases: []string{long, long}}}
 	st.Loads = []api.ModelLoad{{Pod: long, Model: long}}
+	st.Volumes = []api.Volume{{Namespace: long, Pod: long, Name: long, Ref: long}}
 	st.Cache.Root = long
 	out.Reset()
 	renderStatus(&out, st, statusView{api: long, now: statusNow})

@@ -69,6 +69,25 @@ type Status struct {
 	Warm    []WarmServer         `json:"warmServers,omitempty"`
 	Loads   []ModelLoad          `json:"modelLoads,omitempty"`
 	Mirror  *MirrorStatus        `json:"mirror,omitempty"`
+	Volumes []Volume             `json:"volumes,omitempty"`
+}
+
+// Volume is a model the CSI plugin has mounted into a pod: its blobs are
+// held in the cache until the pod lets it go.
+type Volume struct {
+	ID        string `json:"id"`
+	Namespace string `json:"namespace,omitempty"`
+	Pod       string `json:"pod,omitempty"`
+	PodUID    string `json:"podUID,omitempty"`
+	Name      string `json:"name,omitempty"` // the pod's volume name
+	Ref       string `json:"ref"`
+	Blobs     int    `json:"blobs"`
+	Bytes     int64  `json:"bytes"`
+}
+
+// WithVolumes sets where GET /v1/status learns the CSI volumes.
+func WithVolumes(volumes func() []Volume) Option {
+	return func(s *Server) error { s.volumes = volumes; return nil }
 }
 
 // Peer is another agent this one shares chunks with.
@@ -102,6 +121,7 @@ type Server struct {
 	warm     func() []WarmServer
 	loads    func() []ModelLoad
 	mirror   func() MirrorStatus
+	volumes  func() []Volume
 	adapters Adapters
 	log      *slog.Logger
 	reqs     *prometheus.CounterVec
@@ -298,6 +318,9 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 	if s.mirror != nil {
 		m := s.mirror()
 		st.Mirror = &m
+	}
+	if s.volumes != nil {
+		st.Volumes = s.volumes()
 	}
 	writeJSON(w, http.StatusOK, st)
 }

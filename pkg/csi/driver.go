@@ -326,7 +326,7 @@ func (d *Driver) publish(id, target string, r Request, st prefetch.JobStatus) ([
 		return nil, status.Errorf(codes.InvalidArgument, "files %q matches none of the model's %d files", r.Files, len(all))
 	}
 	key := volumeKey(id, target)
-	rec := record{VolumeID: id, Target: target, Ref: r.Ref.Redacted(), Files: r.Files}
+	rec := record{VolumeID: id, Target: target, Namespace: r.Namespace, Pod: r.Pod, Ref: r.Ref.Redacted(), Files: r.Files}
 	for _, f := range l.Files {
 		if !slices.Contains(rec.Blobs, f.Digest) {
 			rec.Blobs = append(rec.Blobs, f.Digest)
@@ -427,21 +427,9 @@ func (d *Driver) release(key string) error {
 // Reconcile runs at start, before the fetch queue: a volume whose target is
 // still mounted regains its holds; one whose target is not is released.
 func (d *Driver) Reconcile() error {
-	entries, err := os.ReadDir(d.cfg.StateDir)
-	if err != nil {
-		return fmt.Errorf("csi: reading records: %w", err)
-	}
-	var errs []error
-	for _, e := range entries {
-		key, ok := strings.CutSuffix(e.Name(), ".json")
-		if !ok {
-			continue // a temporary file of an interrupted write
-		}
-		rec, err := readRecordFile(filepath.Join(d.cfg.StateDir, e.Name()))
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
+	recs, err := d.records()
+	errs := []error{err}
+	for key, rec := range recs {
 		if mounted, _ := isMount(rec.Target); mounted {
 			d.hold(key, rec.Blobs)
 			continue
@@ -458,6 +446,30 @@ func (d *Driver) writeRecord(key string, rec record) error {
 		return err
 	}
 	return cache.WriteFileAtomic(d.recordPath(key), b, 0o600)
+}
+
+// records reads every volume's record, by key; err joins the records that
+// could not be read.
+func (d *Driver) records() (map[string]record, error) {
+	entries, err := os.ReadDir(d.cfg.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("csi: reading records: %w", err)
+	}
+	recs := map[string]record{}
+	var errs []error
+	for _, e := range entries {
+		key, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok {
+			continue // a temporary file of an interrupted write
+		}
+		rec, err := readRecordFile(filepath.Join(d.cfg.StateDir, e.Name()))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		recs[key] = rec
+	}
+	return recs, errors.Join(errs...)
 }
 
 func readRecordFile(p string) (record, error) {

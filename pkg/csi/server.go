@@ -56,6 +56,9 @@ type Server struct {
 // is not reported ready before the kubelet can reach its plugin.
 func (s *Server) Listening() bool { return s.listening.Load() }
 
+// Volumes lists the published volumes (Driver.Volumes).
+func (s *Server) Volumes() ([]Volume, error) { return s.driver.Volumes() }
+
 // NewServer returns a server for driver on the CSI endpoint (unix://…);
 // with registrationDir empty it serves no registration socket.
 func NewServer(driver *Driver, endpoint, registrationDir string) (*Server, error) {

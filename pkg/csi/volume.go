@@ -35,11 +35,15 @@ func (e *brokenBlobError) Is(target error) bool { return target == ErrBrokenBlob
 // record is what the agent keeps per published volume, to hold its blobs again
 // and to clean up after a restart.
 type record struct {
-	VolumeID string          `json:"volumeID"`
-	Target   string          `json:"target"`
-	Ref      string          `json:"ref"`
-	Files    []string        `json:"files,omitempty"` // the globs asked for
-	Blobs    []digest.Digest `json:"blobs"`
+	VolumeID string `json:"volumeID"`
+	Target   string `json:"target"`
+	// Namespace and Pod are the asking pod's (empty in records written
+	// before they were kept, and without podInfoOnMount).
+	Namespace string          `json:"namespace,omitempty"`
+	Pod       string          `json:"pod,omitempty"`
+	Ref       string          `json:"ref"`
+	Files     []string        `json:"files,omitempty"` // the globs asked for
+	Blobs     []digest.Digest `json:"blobs"`
 }
 
 // volumeKey names a volume's tree and record. One volume id may be published
