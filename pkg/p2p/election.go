@@ -40,8 +40,7 @@ func rendezvous(d digest.Digest, names []string) []string {
 // nodes that want the blob (or the chosen one has not shown up after its
 // turn), and no peer already fetches it from the origin or holds it whole.
 // A node among the first of all live members takes it at once: no node can
-// rank above it, so waiting for gossip to settle would only delay the swarm
-// (by 1.25 s, 1.5% of a 512 MiB blob at 50 Mbit/s).
+// rank above it, so waiting for gossip to settle would only delay the swarm.
 func (f *fill) decideOrigin() {
 	fetchers, unknown, names := []string(nil), 0, []string{f.s.dir.LocalName()}
 	for name, pv := range f.peers {
@@ -175,9 +174,9 @@ func (f *fill) originShare() (share int, fetchers []string) {
 // flight and no known peer has or is receiving, so the origin
 // fetchers extend the swarm's prefix in order. With its own share done, it
 // helps the others: the highest such chunk of another share. A fetcher
-// whose downlink carries more flows falls behind (their shares ended up to
-// 10 s apart at 8 × 50 Mbit/s), and the origin's link, which every node
-// waits on, would send the rest of its share at a fraction of its rate.
+// whose downlink carries more flows falls behind, and the origin's link,
+// which every node waits on, would send the rest of its share at a
+// fraction of its rate.
 // The owner works from the front of its share and the helper from the
 // back, each skipping what the other says it fetches, so they meet without
 // fetching a chunk twice.
@@ -239,16 +238,9 @@ func (f *fill) stateLag() time.Duration {
 
 // fetcherPeerRequests bounds an origin fetcher's requests to peers while it
 // still has chunks to fetch from the origin. Its downlink carries both, and
-// TCP shares a link about evenly among its flows: with 6 peer requests
-// beside 2 to the origin, the origin's flows got a quarter of it, one
-// fetcher fell up to 15 s behind the other (8 × 50 Mbit/s, 512 MiB), and
-// the origin, which the whole swarm waits on, sent the laggard's share at a
-// fraction of its link. With 3 the fetchers finished their shares within
-// 1–4 s of each other, and the swarm 2.5% sooner; 2 starved the fetchers'
-// own downloads from peers, so that they finished last. Since peers relay
-// chunks on their way, the other nodes finish sooner, and with 3 the
-// fetchers came last, 2 s after them (8 × 100 Mbit/s): 4 gave 1.14 × S/B
-// where 3 gave 1.16–1.18, and 5 1.15.
+// TCP shares a link about evenly among its flows: more peer requests starve
+// the origin flows the whole swarm waits on, fewer starve the fetcher's own
+// download from peers (measurements in docs/swarm-tuning.md).
 const fetcherPeerRequests = 4
 
 // mayAskPeers reports whether another request may go to a peer, total
