@@ -12,4 +12,80 @@
 // Gossip is encrypted and authenticated with a shared keyring; a node
 // without a key of the cluster can neither join it nor read its gossip, and
 // everything decoded from the network is checked before use.
+//
+// # The swarm downloader
+//
+// A Swarm fills one blob (a fill) chunk by chunk from the peers that hold
+// it and from the origin. Membership and holders: the fill follows the
+// holders the Directory names, and also asks the members ranked first for
+// the blob (below) directly, since gossip can miss a holder. Of each it
+// reads the chunk state (PeerState: chunks verified and their hashes,
+// chunks on their way to it, chunks it already sent, whether it fetches
+// from the origin) at most once per Refresh; a read waits at the holder
+// until it has news. A member that holds none of the blob is not asked
+// again for a while; one that leaves the cluster is dropped after a grace.
+//
+// Origin election: only OriginFetchers nodes (default 2) fetch a blob from
+// the origin, so the origin serves about one copy. Every node ranks itself
+// and the holders it follows by rendezvous hashing (FNV of digest and
+// name): all compute the same order, and removing a name keeps the others'.
+// No node takes the role while a peer holds the blob whole, or while
+// OriginFetchers peers already say they fetch it. A node takes it at its
+// turn, Settle times one plus its rank past the first OriginFetchers, after
+// its fill began; at once when it is alone or among the first
+// OriginFetchers of all live members, as none can rank above it. It waits
+// while holders' states are still unread, within reason, and one that
+// waited for its turn asks the origin only Settle/4 after taking the role,
+// time for word of a rival ranked above it. When more nodes took the role,
+// one with OriginFetchers fetchers ranked above it yields.
+//
+// Origin shares: the fetchers split the chunks: chunk i is share i mod the
+// number of fetchers, in rendezvous order; each fetches the lowest chunk of
+// its share that no peer has or receives, and once done helps the fetcher
+// with the most left from the back of that share. While it has origin work
+// left, a fetcher keeps only a few requests to peers. The origin is never
+// banned: a slow answer is no failure, others back off, and the fill gives
+// up only on a permanent error, or after repeated failures and half a
+// minute without a byte. Peers still see the role for OriginLinger after
+// the fill ends. A blob of one chunk up to 1 MiB skips all this: a complete
+// holder, else the origin.
+//
+// Chunk picking: at most MaxInFlight requests per fill (and 64 MiB of
+// chunks), at most PerPeer to one peer over all fills. Origin requests go
+// first; then the lowest missing chunk from the byte a reader waits on
+// (Want); then the rarest missing chunk, among equally rare ones first one
+// its supplier has not yet sent to anyone. A chunk whose only holder
+// already sent it is left a while (holdoff) for the receiver to pass on.
+// Among suppliers, one holding the chunk unsent beats one receiving it,
+// which beats one that sent it; then the least loaded. An origin fetcher is
+// asked again for a chunk it sent only when no other supplier is free.
+// Endgame: once every missing chunk is asked for and no more are left than
+// the fill's request limit, each may get one duplicate request to another
+// peer than the first; those still running when the blob is complete are
+// cancelled.
+//
+// Relays: a node receiving a chunk says so in its state, and its chunk
+// server passes the chunk on while it arrives, piece by piece, holding back
+// the last piece until the chunk is verified and written here; the hash
+// follows in a trailer. A chunk so crosses the swarm in about one transfer
+// time however many hops it takes. A relay cut short is not its fault.
+//
+// Hash trust: a chunk from a holder must match the hash an origin fetcher
+// other than the sender advertises (it hashed the origin's bytes), else the
+// sender's own. A relayed chunk is checked once it has come: against an
+// origin fetcher's hash if one shows in that fetcher's state within a
+// second, else against the relay's word (its trailer or state).
+//
+// Bans and repair: a peer that sends a chunk that does not match, a state
+// that does not fit the blob, or fails three times in a row is banned for
+// BanFor; a busy or slow peer is only asked less for a while. After the
+// last chunk the whole blob is checked against its digest; should a wrong
+// chunk map have let bad chunks in, every chunk from a peer is fetched
+// again from the origin, the peers whose chunks differ are banned, and the
+// blob is checked again.
+//
+// Stall watchdog: a request's deadline is a few seconds plus the chunk at
+// MinRate, and a transfer ends sooner once no byte has come for five
+// seconds; one that brought bytes too slowly marks its peer slow, not
+// failing. DownloadLimit paces all transfers together.
 package p2p

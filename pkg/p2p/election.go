@@ -1,0 +1,287 @@
+package p2p
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/weightd/weightd/pkg/cache"
+)
+
+// rendezvous orders names by their hash with d: every node computes the same
+// order from the same set, and removing one name keeps the others' order.
+func rendezvous(d digest.Digest, names []string) []string {
+	type scored struct {
+		name  string
+		score uint64
+	}
+	all := make([]scored, len(names))
+	for i, n := range names {
+		h := fnv.New64a()
+		h.Write([]byte(d))
+		h.Write([]byte{0})
+		h.Write([]byte(n))
+		all[i] = scored{n, h.Sum64()}
+	}
+	slices.SortFunc(all, func(a, b scored) int { return cmp.Compare(b.score, a.score) })
+	out := make([]string, len(all))
+	for i, s := range all {
+		out[i] = s.name
+	}
+	return out
+}
+
+// decideOrigin takes the origin role when this node ranks first among the
+// nodes that want the blob (or the chosen one has not shown up after its
+// turn), and no peer already fetches it from the origin or holds it whole.
+// A node among the first of all live members takes it at once: no node can
+// rank above it, so waiting for gossip to settle would only delay the swarm.
+func (f *fill) decideOrigin() {
+	fetchers, unknown, names := []string(nil), 0, []string{f.s.dir.LocalName()}
+	for name, pv := range f.peers {
+		if f.s.Banned(name) {
+			continue
+		}
+		if !f.originRole && pv.known && pv.state.Complete {
+			return // a peer can serve every chunk
+		}
+		switch {
+		case !pv.known:
+			unknown++
+		case pv.state.Origin:
+			fetchers = append(fetchers, name)
+		}
+		names = append(names, name)
+	}
+	order := rendezvous(f.d, names)
+	if f.originRole {
+		// Two nodes took the role (a slow gossip, a partition that healed):
+		// the one ranked lower yields, so the origin serves one copy.
+		if len(fetchers) >= f.s.cfg.OriginFetchers {
+			mine := slices.Index(order, f.s.dir.LocalName())
+			above := 0
+			for _, p := range fetchers {
+				if slices.Index(order, p) < mine {
+					above++
+				}
+			}
+			if above >= f.s.cfg.OriginFetchers {
+				f.originRole = false
+				f.s.setOrigin(f.d, false)
+				f.s.log.Info("yielding the origin role", "digest", f.d, "to", fetchers)
+			}
+		}
+		return
+	}
+	if len(fetchers) >= f.s.cfg.OriginFetchers {
+		return
+	}
+	rank := slices.Index(order, f.s.dir.LocalName())
+	members := f.s.dir.Members()
+	alone := len(members) == 0 && len(f.peers) == 0
+	turn := f.s.cfg.Settle * time.Duration(1+max(0, rank-(f.s.cfg.OriginFetchers-1)))
+	// None can rank above a node among the first of all live members.
+	first := slices.Index(rendezvous(f.d, f.withMembers(members)), f.s.dir.LocalName()) < f.s.cfg.OriginFetchers
+	if first {
+		turn = 0
+	}
+	// Until every holder's chunk state has been read, one of them may
+	// already be the origin fetcher; wait for it, within reason.
+	if unknown > 0 && time.Since(f.start) < turn+5*f.s.cfg.Settle {
+		return
+	}
+	if alone || time.Since(f.start) >= turn {
+		f.originRole, f.originSince, f.originAtOnce = true, time.Now(), alone || first
+		f.s.m.originRole.Inc()
+		f.s.setOrigin(f.d, true)
+		f.s.log.Info("fetching from the origin for the cluster", "digest", f.d, "rank", rank, "candidates", len(names))
+	}
+}
+
+// withMembers is this node's name followed by the names of members (the
+// other live members).
+func (f *fill) withMembers(members []Peer) []string {
+	names := []string{f.s.dir.LocalName()}
+	for _, m := range members {
+		names = append(names, m.Name)
+	}
+	return names
+}
+
+// release ends the fill's hold on the origin role. Peers keep seeing the
+// role until the blob is committed and its state says complete.
+func (f *fill) release() {
+	if f.originRole {
+		time.AfterFunc(f.s.cfg.OriginLinger, func() { f.s.setOrigin(f.d, false) })
+	}
+}
+
+// useOrigin reports whether a request to the origin may start now. A node
+// that has just taken the role waits a quarter of Settle first, for word of
+// any node ranked above it that took the role at the same moment (it then
+// yields before the origin sends it a byte), unless none can rank above it.
+func (f *fill) useOrigin() bool {
+	now := time.Now()
+	return f.originRole && f.originInflight < min(f.s.cfg.OriginInFlight, f.maxInFlight) &&
+		now.After(f.originPause) && (f.originAtOnce || now.Sub(f.originSince) >= f.s.cfg.Settle/4)
+}
+
+// originShare is this node's share of the origin fetch: the chunks i with
+// i%len(fetchers) == share, where fetchers are the origin fetchers this
+// node knows of, itself included, in rendezvous order (share j is
+// fetchers[j]'s), and share is its place among them. Each chunk then
+// leaves the origin once, and each fetcher's upload, which must pass on
+// every chunk it fetches, carries only its share: one fetcher alone would
+// have to upload as fast as the origin sends, and the swarm would lag it
+// by whatever it lost.
+func (f *fill) originShare() (share int, fetchers []string) {
+	local := f.s.dir.LocalName()
+	fetching, candidates := []string{local}, []string{local}
+	for name, pv := range f.peers {
+		if f.s.Banned(name) {
+			continue
+		}
+		candidates = append(candidates, name)
+		if pv.known && pv.state.Origin {
+			fetching = append(fetching, name)
+		}
+	}
+	// Right after taking the role, the nodes that took it at the same
+	// moment (the first in rendezvous order) may not have said so yet.
+	if time.Since(f.originSince) < f.s.cfg.Settle {
+		if f.originAtOnce {
+			// It did not wait to learn who wants the blob: the other
+			// first members may, and not be followed yet.
+			candidates = slices.DeleteFunc(f.withMembers(f.s.dir.Members()), f.s.Banned)
+		}
+		for _, name := range rendezvous(f.d, candidates)[:min(len(candidates), f.s.cfg.OriginFetchers)] {
+			if !slices.Contains(fetching, name) {
+				fetching = append(fetching, name)
+			}
+		}
+	}
+	order := rendezvous(f.d, fetching)
+	return slices.Index(order, local), order
+}
+
+// nextFromOrigin is the chunk this node fetches next from the origin, or
+// -1: the lowest missing chunk of its origin share that it has not in
+// flight and no known peer has or is receiving, so the origin
+// fetchers extend the swarm's prefix in order. With its own share done, it
+// helps the others: the highest such chunk of another share. A fetcher
+// whose downlink carries more flows falls behind, and the origin's link,
+// which every node waits on, would send the rest of its share at a
+// fraction of its rate.
+// The owner works from the front of its share and the helper from the
+// back, each skipping what the other says it fetches, so they meet without
+// fetching a chunk twice.
+func (f *fill) nextFromOrigin(missing []int) int {
+	share, fetchers := f.originShare()
+	// It helps only fetchers it follows: it sees what they have and fetch.
+	followed := make([]bool, len(fetchers))
+	for j, name := range fetchers {
+		pv := f.peers[name]
+		followed[j] = pv != nil && pv.known && pv.state.Origin
+	}
+	untaken := make([][]int, len(fetchers)) // each share's chunks no node has or fetches
+	for _, i := range missing {
+		j := i % len(fetchers)
+		if f.inflight[i] != 0 || (j != share && !followed[j]) {
+			continue
+		}
+		taken := false
+		for _, pv := range f.peers {
+			if pv.known && (pv.state.Has(i) || pv.state.IsFetching(i)) && !f.s.Banned(pv.name) {
+				taken = true
+				break
+			}
+		}
+		if !taken {
+			untaken[j] = append(untaken[j], i)
+		}
+	}
+	if len(untaken[share]) > 0 {
+		return slices.Min(untaken[share])
+	}
+	// Help the fetcher with the most left, but leave it what it may ask
+	// for before word of it reaches here, and word of this node's request
+	// reaches it: its requests in flight, again for each origin chunk time
+	// in stateLag. Where the origin sends a chunk much sooner than that,
+	// helping would fetch chunks twice, and a lagging share costs little.
+	if f.originTime <= 0 {
+		return -1
+	}
+	leave := f.s.cfg.OriginInFlight * (1 + int(f.stateLag()/f.originTime))
+	behind := -1
+	for j, left := range untaken {
+		if j != share && len(left) > leave && (behind < 0 || len(left) > len(untaken[behind])) {
+			behind = j
+		}
+	}
+	if behind < 0 {
+		return -1
+	}
+	return slices.Max(untaken[behind])
+}
+
+// stateLag bounds how long word of a request takes from one origin
+// fetcher to another and back: each reads the other's state at most once
+// per Refresh, and a server looks for news every statePoll.
+func (f *fill) stateLag() time.Duration {
+	return 2 * (f.s.cfg.Refresh + statePoll)
+}
+
+// fetcherPeerRequests bounds an origin fetcher's requests to peers while it
+// still has chunks to fetch from the origin. Its downlink carries both, and
+// TCP shares a link about evenly among its flows: more peer requests starve
+// the origin flows the whole swarm waits on, fewer starve the fetcher's own
+// download from peers (measurements in docs/swarm-tuning.md).
+const fetcherPeerRequests = 4
+
+// mayAskPeers reports whether another request may go to a peer, total
+// being the requests in flight: not while this node is an origin fetcher
+// with origin work left and fetcherPeerRequests already out to peers.
+func (f *fill) mayAskPeers(total int, missing []int) bool {
+	if !f.originRole || total-f.originInflight < fetcherPeerRequests {
+		return true
+	}
+	return f.originInflight == 0 && f.nextFromOrigin(missing) < 0
+}
+
+// Origin failures the download tolerates: it gives up only after
+// originGiveUp failures in a row and originPatience without a byte from
+// the origin. The origin is not a peer: there is no other to turn to, and
+// a registry whose link is shared by many pulls is slow, not gone.
+const (
+	originGiveUp   = 5
+	originPatience = 30 * time.Second
+	originMaxPause = 5 * time.Second
+)
+
+// originFailed books a failed origin request. A slow answer (some bytes,
+// then the deadline) is not a failure: the origin answers, its link is
+// busy. Other failures back off, doubling up to originMaxPause.
+func (f *fill) originFailed(r chunkResult) error {
+	if errors.Is(r.err, cache.ErrPermanent) {
+		return fmt.Errorf("origin: %w", r.err)
+	}
+	now := time.Now()
+	if errors.Is(r.err, errSlow) {
+		f.originHeard = now
+		f.s.log.Debug("origin chunk too slow; asking again", "digest", f.d, "chunk", r.chunk, "err", r.err)
+		return nil
+	}
+	f.originFailures++
+	if f.originFailures >= originGiveUp && now.Sub(f.originHeard) >= originPatience {
+		return fmt.Errorf("origin failed %d times in a row, and sent nothing for %s: %w",
+			f.originFailures, now.Sub(f.originHeard).Round(time.Second), r.err)
+	}
+	f.originPause = now.Add(min(originMaxPause, 200*time.Millisecond<<min(f.originFailures-1, 5)))
+	f.s.log.Warn("origin chunk failed; retrying", "digest", f.d, "chunk", r.chunk, "failures", f.originFailures, "err", r.err)
+	return nil
+}

@@ -1,0 +1,208 @@
+package p2p
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/weightd/weightd/pkg/cache"
+)
+
+// slowOrigin is an origin whose every range takes delay to open.
+type slowOrigin struct {
+	*countingOrigin
+	delay time.Duration
+}
+
+func (o slowOrigin) OpenBoundedRange(ctx context.Context, off, n int64) (io.ReadCloser, error) {
+	select {
+	case <-time.After(o.delay):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return o.countingOrigin.OpenBoundedRange(ctx, off, n)
+}
+
+// An origin fetcher that is done with its share takes over part of a slower
+// fetcher's, and the origin still sends one copy.
+func TestOriginFetcherHelpsASlowerOne(t *testing.T) {
+	t.Parallel()
+	nodes := startSwarmCluster(t, 4, nil)
+	data := randomBlob(12, 40*testChunk)
+	var names []string
+	for _, n := range nodes {
+		names = append(names, n.name)
+	}
+	fetchers := rendezvous(descOf(data).Digest, names)[:2] // in share order
+	origin := &countingOrigin{data: data}
+	require.NoError(t, fetchAll(nodes, data, 30*time.Second, func(n *swarmNode) cache.RangeOpener {
+		if n.name == fetchers[0] {
+			return slowOrigin{origin, 600 * time.Millisecond}
+		}
+		return slowOrigin{origin, 150 * time.Millisecond}
+	}))
+	fromOrigin := map[string]float64{}
+	for _, n := range nodes {
+		fromOrigin[n.name] = testutil.ToFloat64(n.swarm.m.received.WithLabelValues("origin"))
+	}
+	t.Logf("origin served %.2f copies; by node: %v", float64(origin.sent.Load())/float64(len(data)), fromOrigin)
+	require.LessOrEqual(t, float64(origin.sent.Load())/float64(len(data)), 1.05, "the origin serves about one copy")
+	require.Greater(t, fromOrigin[fetchers[1]], float64(len(data))/2, "the faster fetcher took part of the slower one's share")
+}
+
+func TestRendezvousIsStable(t *testing.T) {
+	t.Parallel()
+	d := digest.FromString("blob")
+	names := []string{"a", "b", "c", "d", "e"}
+	order := rendezvous(d, names)
+	require.ElementsMatch(t, names, order)
+	require.Equal(t, order, rendezvous(d, []string{"e", "d", "c", "b", "a"}), "independent of input order")
+	without := rendezvous(d, append(append([]string{}, order[:2]...), order[3:]...))
+	require.Equal(t, append(append([]string{}, order[:2]...), order[3:]...), without, "removing one keeps the rest in order")
+	other := rendezvous(digest.FromString("another"), names)
+	firsts := map[string]bool{order[0]: true, other[0]: true}
+	for i := range 20 {
+		firsts[rendezvous(digest.FromString(fmt.Sprint(i)), names)[0]] = true
+	}
+	require.Greater(t, len(firsts), 2, "different blobs pick different origin fetchers")
+}
+
+// Gossip missed that the member ranked first for a blob holds it: the node
+// asks that member directly and fetches from it, where it would otherwise
+// take the origin role; the members that hold nothing answer 404.
+func TestSwarmAsksTheFirstRankedMembers(t *testing.T) {
+	t.Parallel()
+	data := randomBlob(18, 3*testChunk)
+	d := descOf(data).Digest
+	_, holder := serveStore(t, storeHolding(t, data))
+	_, empty := serveStore(t, newTestStore(t))
+	dir := staticDir{local: "me", peers: map[string]Peer{}}
+	first := slices.DeleteFunc(rendezvous(d, []string{"me", "a", "b", "c"}), func(n string) bool { return n == "me" })[0]
+	for _, name := range []string{"a", "b", "c"} {
+		addr := empty.URL
+		if name == first {
+			addr = holder.URL
+		}
+		dir.peers[name] = Peer{Name: name, Meta: NodeMeta{ChunkAddr: strings.TrimPrefix(addr, "http://")}}
+	}
+	s, err := NewSwarm(dir, nil, SwarmConfig{Settle: 100 * time.Millisecond}, nil, nil)
+	require.NoError(t, err)
+	store := newTestStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err = store.Fetch(ctx, descOf(data), s.Source(descOf(data), originGone{}), nil)
+	require.NoError(t, err, "fetched from the first-ranked member, not the origin")
+	require.False(t, s.FetchesFromOrigin(d))
+}
+
+// A node among the first OriginFetchers of all members in a blob's order
+// takes the origin role at once and may ask the origin straight away; the
+// others wait their turn.
+func TestFirstRankedMemberTakesTheOriginRoleAtOnce(t *testing.T) {
+	t.Parallel()
+	names := []string{"me", "a", "b", "c"}
+	dir := staticDir{local: "me", peers: map[string]Peer{}}
+	for _, n := range names[1:] {
+		dir.peers[n] = Peer{Name: n, Meta: NodeMeta{ChunkAddr: "127.0.0.1:1"}}
+	}
+	s, err := NewSwarm(dir, nil, SwarmConfig{Settle: time.Hour}, nil, nil)
+	require.NoError(t, err)
+	for i := range 8 {
+		d := descOf(randomBlob(uint64(30+i), testChunk)).Digest
+		rank := slices.Index(rendezvous(d, names), "me")
+		f := &fill{s: s, d: d, start: time.Now(), peers: map[string]*peerView{}, maxInFlight: 8}
+		f.decideOrigin()
+		require.Equal(t, rank < s.cfg.OriginFetchers, f.originRole, "rank %d of %d", rank, len(names))
+		require.Equal(t, f.originRole, f.useOrigin(), "rank %d: no node can rank above it, nothing to wait for", rank)
+	}
+}
+
+// An origin fetcher takes its own share from the front; with its share done
+// it takes another fetcher's from the back (where the origin is slow enough
+// for word of requests to keep up), and neither fetches a chunk the other
+// says it is fetching.
+func TestOriginFetchersMeetFromOppositeEnds(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	d := descOf(randomBlob(40, testChunk)).Digest
+	other := &peerView{name: "other", known: true,
+		state: PeerState{ChunkState: cache.ChunkState{Size: 8 * testChunk, ChunkSize: testChunk, Have: []byte{0}}, Origin: true}}
+	f := &fill{s: s, d: d, inflight: map[int]int{}, peers: map[string]*peerView{"other": other}, originRole: true}
+	share, fetchers := f.originShare()
+	require.Len(t, fetchers, 2)
+	var mine, theirs []int
+	for i := range 8 {
+		if i%2 == share {
+			mine = append(mine, i)
+		} else {
+			theirs = append(theirs, i)
+		}
+	}
+	all := []int{0, 1, 2, 3, 4, 5, 6, 7}
+
+	require.Equal(t, mine[0], f.nextFromOrigin(slices.Clone(all)), "its own share, from the front")
+	other.state.Fetching = setBit(nil, mine[0], true)
+	require.Equal(t, mine[1], f.nextFromOrigin(slices.Clone(all)), "not what the other fetches")
+
+	other.state.Fetching = setBit(nil, theirs[0], true)
+	f.originTime = time.Millisecond
+	require.Equal(t, -1, f.nextFromOrigin(slices.Clone(theirs)), "its share done; the origin sends a chunk sooner than word of a request travels")
+	f.originTime = time.Second
+	require.Equal(t, theirs[3], f.nextFromOrigin(slices.Clone(theirs)), "its share done: the other's, from the back")
+	f.inflight[theirs[3]] = 1
+	other.state.Have = setBit([]byte{0}, theirs[1], true)
+	require.Equal(t, -1, f.nextFromOrigin(slices.Clone(theirs)), "the other's next two chunks are left to it")
+}
+
+// An origin fetcher with chunks left to fetch from the origin keeps most of
+// its downlink for them: only fetcherPeerRequests requests go to peers.
+func TestOriginFetcherBoundsItsPeerRequests(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	other := &peerView{name: "other", known: true, inflight: fetcherPeerRequests,
+		state: PeerState{ChunkState: cache.ChunkState{Size: 4 * testChunk, ChunkSize: testChunk, Have: []byte{0b0001}}}}
+	f := &fill{s: s, inflight: map[int]int{}, peers: map[string]*peerView{"other": other}}
+	missing := []int{0, 1, 2, 3}
+
+	require.True(t, f.mayAskPeers(fetcherPeerRequests, missing), "not an origin fetcher")
+	f.originRole = true
+	require.False(t, f.mayAskPeers(fetcherPeerRequests, missing), "chunks 1 to 3 are still to come from the origin")
+	other.inflight--
+	require.True(t, f.mayAskPeers(fetcherPeerRequests-1, missing), "under the bound")
+	other.inflight++
+	other.state.Have = []byte{0b1111}
+	require.True(t, f.mayAskPeers(fetcherPeerRequests, missing), "a peer holds every chunk: no origin work left")
+	f.originInflight = 1
+	require.False(t, f.mayAskPeers(fetcherPeerRequests+1, missing), "a request to the origin is still in flight")
+}
+
+// A fill that ends lets the origin role linger for its peers; a later fill
+// of the same blob that takes the role keeps it when the first one's
+// lingering ends.
+func TestOriginRoleOutlivesAnEarlierFillsLinger(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{OriginLinger: 20 * time.Millisecond}, nil, nil)
+	require.NoError(t, err)
+	d := descOf(randomBlob(40, testChunk)).Digest
+	first := &fill{s: s, d: d, start: time.Now(), peers: map[string]*peerView{}, maxInFlight: 8}
+	first.decideOrigin()
+	require.True(t, first.originRole, "alone, it fetches from the origin")
+	first.release() // failed: the download is retried
+	retry := &fill{s: s, d: d, start: time.Now(), peers: map[string]*peerView{}, maxInFlight: 8}
+	retry.decideOrigin()
+	require.True(t, retry.originRole)
+	time.Sleep(100 * time.Millisecond)
+	require.True(t, s.FetchesFromOrigin(d), "the retry still fetches from the origin, and peers must see it")
+	retry.release()
+	require.Eventually(t, func() bool { return !s.FetchesFromOrigin(d) }, 5*time.Second, 10*time.Millisecond)
+}

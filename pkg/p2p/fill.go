@@ -1,0 +1,457 @@
+package p2p
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/weightd/weightd/pkg/cache"
+)
+
+// peerView is what one download knows of one holder.
+type peerView struct {
+	name      string
+	addr      string
+	state     PeerState
+	known     bool      // state has been read at least once
+	lastAlive time.Time // last time membership listed it alive
+	reading   bool      // a state request is in flight
+	readAt    time.Time
+	inflight  int
+	failures  int
+	busyTill  time.Time
+	chunkBusy map[int]time.Time // chunks it is sending to someone else now
+	sentSeen  map[int]time.Time // when we first saw it had sent a chunk we miss
+}
+
+type chunkResult struct {
+	chunk int
+	peer  string // "" for the origin
+	relay bool   // asked of a peer that was still receiving it
+	err   error
+	bytes int64
+	took  time.Duration
+}
+
+type stateResult struct {
+	peer  string
+	state PeerState
+	err   error
+}
+
+// fill is one blob's download through the swarm.
+type fill struct {
+	s      *Swarm
+	p      *cache.Partial
+	origin cache.RangeOpener
+	d      digest.Digest
+	start  time.Time
+
+	want           *atomic.Int64 // the byte a reader waits on (-1 none): its chunks go first
+	maxInFlight    int           // requests in flight, bounded by the chunk buffers they need
+	peers          map[string]*peerView
+	absent         map[string]time.Time // members that had none of the blob when asked, and when
+	probedAt       time.Time            // when the first-ranked members were last looked for
+	inflight       map[int]int          // chunk → requests in flight
+	supplierMu     sync.Mutex
+	supplier       map[int]string // chunk → the peer it came from ("" origin); written by request goroutines
+	asked          map[int]string // chunk → the peer first asked for it (endgame duplicates go elsewhere)
+	originRole     bool
+	originSince    time.Time // when this node took the origin role
+	originAtOnce   bool      // it took the role without waiting: alone, or among the first of all members
+	originInflight int
+	originFailures int       // origin requests failed in a row without an answer
+	originHeard    time.Time // when the origin last sent bytes (or the download began)
+	originPause    time.Time
+	chunkTime      time.Duration // recent time to fetch one chunk (moving average)
+	originTime     time.Duration // recent time to fetch one chunk from the origin (moving average)
+	wg             sync.WaitGroup
+	results        chan chunkResult
+	states         chan stateResult
+	hashQueries    chan hashQuery
+	hashWaits      []hashQuery // queries not answered yet
+}
+
+func (f *fill) run(parent context.Context) error {
+	// Requests run under ctx; the final check and repair under parent, after
+	// the endgame duplicates have been cancelled.
+	ctx, cancel := context.WithCancel(parent)
+	defer func() {
+		cancel()
+		f.wg.Wait()
+		f.release()
+	}()
+	tick := time.NewTicker(f.s.cfg.Refresh / 2)
+	defer tick.Stop()
+	for {
+		missing := f.p.Missing()
+		if len(missing) == 0 {
+			cancel() // endgame duplicates still running
+			f.wg.Wait()
+			return f.verify(parent)
+		}
+		f.refresh(ctx)
+		f.decideOrigin()
+		f.answerHashes()
+		if err := f.schedule(ctx, missing); err != nil {
+			return err
+		}
+		select {
+		case r := <-f.results:
+			if err := f.handle(r); err != nil {
+				return err
+			}
+		case st := <-f.states:
+			f.updateState(st)
+		case q := <-f.hashQueries:
+			f.hashWaits = append(f.hashWaits, q)
+		case <-tick.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// peerGrace is how long a holder that membership no longer lists is kept:
+// under load, failure detection flaps, and a peer that answers is still
+// worth asking (one that does not is soon banned).
+const peerGrace = 10 * time.Second
+
+// refresh learns new holders from gossip and re-reads chunk states; each
+// read waits at the holder until it has news.
+func (f *fill) refresh(ctx context.Context) {
+	now := time.Now()
+	for _, h := range f.s.dir.Holders(f.d) {
+		f.addPeer(h.Peer, now)
+	}
+	members := f.s.dir.Members()
+	alive := map[string]bool{}
+	for _, m := range members {
+		alive[m.Name] = true
+	}
+	// Gossip can miss a holder (it is UDP, and packets drop while links
+	// are full), and the origin role hinges on the nodes ranked first for
+	// the blob: ask those directly whether they hold it. Not more often
+	// than a quarter of Settle: addPeer asks an absent member again no
+	// sooner, and ranking the members costs a hash each.
+	if now.Sub(f.probedAt) >= f.s.cfg.Settle/4 {
+		f.probedAt = now
+		names := f.withMembers(members)
+		for _, name := range rendezvous(f.d, names)[:min(len(names), f.s.cfg.OriginFetchers+1)] {
+			f.addPeer(name, now)
+		}
+	}
+	for name, pv := range f.peers {
+		if alive[name] {
+			pv.lastAlive = now
+		} else if now.Sub(pv.lastAlive) > peerGrace && pv.inflight == 0 && !pv.reading {
+			delete(f.peers, name) // left the cluster
+			continue
+		}
+		if pv.reading || f.s.Banned(name) || (pv.known && pv.state.Complete) || now.Sub(pv.readAt) < f.s.cfg.Refresh {
+			continue
+		}
+		pv.reading, pv.readAt = true, now
+		known := pv.state
+		if !pv.known {
+			known.Have = nil
+		}
+		f.wg.Add(1)
+		go func(name, addr string) {
+			defer f.wg.Done()
+			st, err := f.s.readState(ctx, addr, f.d, f.p.Chunks(), pv.known, known)
+			select {
+			case f.states <- stateResult{peer: name, state: st, err: err}:
+			case <-ctx.Done():
+			}
+		}(name, pv.addr)
+	}
+}
+
+// absentFor is how long a member that had none of the blob when asked is
+// not asked again (gossip says when it starts to hold it). While the origin
+// role is being settled it is asked four times per Settle, so that nodes
+// asked for the blob at about the same time all count each other.
+const absentFor = 5 * time.Second
+
+// addPeer starts to follow peer's state of the blob, unless it is this
+// node, already followed, unknown or recently found absent.
+func (f *fill) addPeer(name string, now time.Time) {
+	again := absentFor
+	if now.Sub(f.start) < 2*f.s.cfg.Settle {
+		again = f.s.cfg.Settle / 4
+	}
+	if name == f.s.dir.LocalName() || f.peers[name] != nil || now.Sub(f.absent[name]) < again {
+		return
+	}
+	peer, ok := f.s.dir.Peer(name)
+	if !ok || peer.Meta.ChunkAddr == "" {
+		return
+	}
+	f.peers[name] = &peerView{name: name, addr: peer.Meta.ChunkAddr, lastAlive: now,
+		chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{}}
+}
+
+func (f *fill) updateState(r stateResult) {
+	pv := f.peers[r.peer]
+	if pv == nil {
+		return
+	}
+	pv.reading = false
+	if errors.Is(r.err, errNotHeld) && pv.inflight == 0 {
+		delete(f.peers, r.peer)
+		f.absent[r.peer] = time.Now()
+		return
+	}
+	if errors.Is(r.err, errStateTooBig) {
+		f.s.log.Warn("peer's chunk state is too big for the blob", "peer", r.peer, "digest", f.d, "err", r.err)
+		f.s.ban(r.peer, "bad_state")
+		return
+	}
+	if r.err != nil {
+		f.s.log.Debug("reading peer chunk state", "peer", r.peer, "digest", f.d, "err", r.err)
+		return
+	}
+	desc := f.p.Descriptor()
+	if r.state.Size != desc.Size || r.state.ChunkSize != f.p.ChunkSize() {
+		f.s.log.Warn("peer's chunk state does not fit the blob", "peer", r.peer, "digest", f.d,
+			"size", r.state.Size, "chunkSize", r.state.ChunkSize)
+		f.s.ban(r.peer, "bad_state")
+		return
+	}
+	pv.state, pv.known = r.state, true
+	now := time.Now()
+	for i := range f.p.Chunks() {
+		if _, seen := pv.sentSeen[i]; !seen && pv.state.WasSent(i) {
+			pv.sentSeen[i] = now
+		}
+	}
+}
+
+// schedule starts requests until the limits are reached: as an origin
+// fetcher, the first chunk of its share nobody has, from the origin; else
+// the next chunk a reader waits on, or the rarest chunk, that a peer with a
+// free slot has; else endgame duplicates.
+func (f *fill) schedule(ctx context.Context, missing []int) error {
+	total := f.inflightTotal()
+	rand.Shuffle(len(missing), func(i, j int) { missing[i], missing[j] = missing[j], missing[i] })
+	for total < f.maxInFlight {
+		// The origin first: its fetchers are the swarm's only way in, and
+		// every node waits on what they bring.
+		if f.useOrigin() {
+			if chunk := f.nextFromOrigin(missing); chunk >= 0 {
+				f.launchOrigin(ctx, chunk)
+				total++
+				continue
+			}
+		}
+		if !f.mayAskPeers(total, missing) {
+			return nil
+		}
+		chunk, peer := f.pickWanted(missing, f.p.ChunkSize())
+		if chunk < 0 {
+			chunk, peer = f.pickFromPeers(missing, false)
+		}
+		if chunk < 0 {
+			chunk, peer = f.pickFromPeers(missing, true)
+		}
+		if chunk < 0 {
+			return nil
+		}
+		f.launchPeer(ctx, chunk, peer)
+		total++
+	}
+	return nil
+}
+
+// inflightTotal is the requests in flight, to peers and the origin.
+func (f *fill) inflightTotal() int {
+	total := f.originInflight
+	for _, pv := range f.peers {
+		total += pv.inflight
+	}
+	return total
+}
+
+// launchPeer asks pv for chunk i. A peer that is still receiving the
+// chunk relays it as it comes, and gives its hash after the last byte:
+// which hash the chunk must have is settled then (askHash).
+func (f *fill) launchPeer(ctx context.Context, i int, pv *peerView) {
+	f.inflight[i]++
+	pv.inflight++
+	if f.inflight[i] == 1 {
+		f.asked[i] = pv.name
+	}
+	relay := !pv.state.Has(i)
+	var want []byte
+	if !relay {
+		want = f.trustedHash(i, pv.name, pv.state.Hash(i))
+	}
+	n := f.p.ChunkLen(i)
+	timeout := f.timeout(i)
+	toPeer := f.s.requestCounter(pv.name)
+	toPeer.Add(1)
+	f.wg.Add(1)
+	go func(name, addr string) {
+		defer f.wg.Done()
+		start := time.Now()
+		c := f.s.live.chunk(f.d, i, n)
+		claim, err := f.s.fetchChunk(ctx, addr, f.d, i, timeout, c)
+		if err == nil && want == nil {
+			want, err = f.askHash(ctx, i, name, claim)
+		}
+		if err == nil {
+			err = f.write(i, c.data(), want, name)
+		}
+		f.settle(i, c, err)
+		toPeer.Add(-1)
+		f.report(ctx, chunkResult{chunk: i, peer: name, relay: relay, err: err, bytes: n, took: time.Since(start)})
+	}(pv.name, pv.addr)
+}
+
+func (f *fill) launchOrigin(ctx context.Context, i int) {
+	f.inflight[i]++
+	f.originInflight++
+	n := f.p.ChunkLen(i)
+	off := int64(i) * f.p.ChunkSize()
+	timeout := f.timeout(i)
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		start := time.Now()
+		c := f.s.live.chunk(f.d, i, n)
+		err := f.s.fetchOrigin(ctx, f.origin, off, timeout, c)
+		if err == nil {
+			err = f.write(i, c.data(), nil, "")
+		}
+		f.settle(i, c, err)
+		f.report(ctx, chunkResult{chunk: i, err: err, bytes: n, took: time.Since(start)})
+	}()
+}
+
+// timeout bounds one request for chunk i.
+func (f *fill) timeout(i int) time.Duration { return f.s.requestTimeout(f.p.ChunkLen(i)) }
+
+// settle ends the transfer of chunk i into c: its relays complete if it
+// was written, and end short if not.
+func (f *fill) settle(i int, c *liveChunk, err error) {
+	var sum []byte
+	if err == nil {
+		sum = f.p.Hash(i)
+	}
+	c.settle(sum)
+}
+
+// write stores chunk i and records who supplied it (the first to, when
+// endgame duplicates race), for the repair after a failed final check.
+func (f *fill) write(i int, data, want []byte, supplier string) error {
+	write := f.p.WriteChunk
+	if supplier != "" {
+		write = f.p.WritePeerChunk
+	}
+	if err := write(i, data, want); err != nil {
+		return err
+	}
+	f.supplierMu.Lock()
+	_, dup := f.supplier[i]
+	if !dup {
+		f.supplier[i] = supplier
+	}
+	f.supplierMu.Unlock()
+	if !dup {
+		f.s.m.received.WithLabelValues(sourceOf(supplier)).Add(float64(len(data)))
+	}
+	return nil
+}
+
+func (f *fill) report(ctx context.Context, r chunkResult) {
+	select {
+	case f.results <- r:
+	case <-ctx.Done():
+	}
+}
+
+// handle books a finished request: credit or penalise its source.
+func (f *fill) handle(r chunkResult) error {
+	f.inflight[r.chunk]--
+	source := sourceOf(r.peer)
+	if r.peer == "" {
+		f.originInflight--
+	} else if pv := f.peers[r.peer]; pv != nil {
+		pv.inflight--
+	}
+	if r.err == nil {
+		f.s.m.latency.WithLabelValues(source).Observe(r.took.Seconds())
+		f.chunkTime = (3*f.chunkTime + r.took) / 4
+		f.s.log.Debug("chunk fetched", "digest", f.d, "chunk", r.chunk, "from", cmp.Or(r.peer, "origin"), "took", r.took, "inflight", f.inflightTotal())
+		if pv := f.peers[r.peer]; pv != nil {
+			pv.failures = 0
+		}
+		if r.peer == "" {
+			f.originFailures, f.originHeard = 0, time.Now()
+			f.originTime = (3*f.originTime + r.took) / 4
+		}
+		return nil
+	}
+	if errors.Is(r.err, context.Canceled) {
+		return nil
+	}
+	if errors.Is(r.err, cache.ErrDiskFull) {
+		return r.err
+	}
+	if r.peer == "" {
+		return f.originFailed(r)
+	}
+	pv := f.peers[r.peer]
+	switch {
+	case errors.Is(r.err, errChunkBusy):
+		if pv != nil {
+			pv.chunkBusy[r.chunk] = time.Now().Add(f.s.cfg.Refresh)
+		}
+	case errors.Is(r.err, errBusy):
+		if pv != nil {
+			pv.busyTill = time.Now().Add(f.s.cfg.Refresh)
+		}
+	case errors.Is(r.err, errSlow):
+		// Its upload is shared by many requesters: ask it less for a
+		// while, but a popular peer (the origin fetcher above all) is
+		// not banned for being popular.
+		f.s.log.Debug("peer too slow for a chunk", "peer", r.peer, "digest", f.d, "chunk", r.chunk, "err", r.err)
+		if pv != nil {
+			pv.busyTill = time.Now().Add(slowBackoff)
+		}
+	case errors.Is(r.err, cache.ErrDigestMismatch):
+		f.s.m.mismatches.Inc()
+		f.s.ban(r.peer, "corrupt_chunk")
+	case errors.Is(r.err, errRelayCut) || errors.Is(r.err, errNoHash) || (r.relay && errors.Is(r.err, errNotHeld)):
+		// The chunk failed on its way to the relay (or before it was
+		// asked), or came whole and its hash did not: not the relay's
+		// fault. Ask again after the next word of its state.
+		f.s.log.Debug("relayed chunk failed", "peer", r.peer, "digest", f.d, "chunk", r.chunk, "err", r.err)
+		if pv != nil {
+			pv.chunkBusy[r.chunk] = time.Now().Add(f.s.cfg.Refresh)
+			pv.readAt = time.Time{}
+		}
+	default:
+		f.s.log.Debug("peer chunk failed", "peer", r.peer, "digest", f.d, "chunk", r.chunk, "err", r.err)
+		if pv != nil {
+			pv.failures++
+			pv.busyTill = time.Now().Add(2 * f.s.cfg.Refresh)
+			pv.readAt = time.Time{} // re-read its state before asking again
+			if pv.failures >= 3 {
+				f.s.ban(r.peer, "failing")
+			}
+		}
+	}
+	return nil
+}
+
+// slowBackoff is how long a peer that sent a chunk too slowly is not asked
+// for another.
+const slowBackoff = 2 * time.Second

@@ -1,0 +1,88 @@
+package p2p
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// stallingPeer serves any chunk as n bytes long, sends the first sent of
+// them and then nothing more; it returns the server's address.
+func stallingPeer(t *testing.T, n, sent int) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", fmt.Sprint(n))
+		_, _ = w.Write(make([]byte, sent))
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
+}
+
+// A peer whose upload is shared by many sends a chunk slowly: it is asked
+// less for a while, never banned as failing; a peer that sends nothing is.
+func TestSlowPeerIsNotBannedAsFailing(t *testing.T) {
+	t.Parallel()
+	const n = 1 << 20
+	s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	d := descOf(randomBlob(16, n)).Digest
+	_, err = s.fetchChunk(context.Background(), stallingPeer(t, n, 64<<10), d, 0, 300*time.Millisecond, newLiveChunk(n))
+	require.ErrorIs(t, err, errSlow)
+
+	f := &fill{s: s, d: d, inflight: map[int]int{}, peers: map[string]*peerView{
+		"slow": {name: "slow"}, "dead": {name: "dead"},
+	}}
+	for range 3 {
+		for name, e := range map[string]error{"slow": err, "dead": errors.New("connection refused")} {
+			f.inflight[0]++
+			f.peers[name].inflight++
+			require.NoError(t, f.handle(chunkResult{chunk: 0, peer: name, err: e}))
+		}
+	}
+	require.False(t, s.Banned("slow"))
+	require.True(t, f.peers["slow"].busyTill.After(time.Now()), "a slow peer is asked less for a while")
+	require.True(t, s.Banned("dead"))
+
+	// A relay's chunk that fails on its way to it is not the relay's
+	// fault; a relay that cannot be reached is failing.
+	f.peers["relay"] = &peerView{name: "relay", chunkBusy: map[int]time.Time{}}
+	f.peers["gone"] = &peerView{name: "gone", chunkBusy: map[int]time.Time{}}
+	for range 3 {
+		for name, e := range map[string]error{"relay": fmt.Errorf("%w: %w", errRelayCut, io.ErrUnexpectedEOF), "gone": errors.New("connection refused")} {
+			f.inflight[0]++
+			f.peers[name].inflight++
+			require.NoError(t, f.handle(chunkResult{chunk: 0, peer: name, relay: true, err: e}))
+		}
+	}
+	require.False(t, s.Banned("relay"))
+	require.True(t, f.peers["relay"].chunkBusy[0].After(time.Now()), "asked for another chunk meanwhile")
+	require.True(t, s.Banned("gone"))
+}
+
+// A transfer ends once no byte has come for stallTimeout, long before its
+// deadline: as slow when some bytes came, as failed when none did.
+func TestStalledTransferEndsEarly(t *testing.T) {
+	t.Parallel()
+	const n = 1 << 20
+	for name, sent := range map[string]int{"some bytes": 64 << 10, "no bytes": 0} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
+			require.NoError(t, err)
+			d := descOf(randomBlob(17, n)).Digest
+			_, err = s.fetchChunk(context.Background(), stallingPeer(t, n, sent), d, 0, time.Hour, newLiveChunk(n))
+			require.ErrorIs(t, err, errStalled)
+			require.Equal(t, sent > 0, errors.Is(err, errSlow), "%v", err)
+		})
+	}
+}

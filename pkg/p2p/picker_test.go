@@ -1,0 +1,68 @@
+package p2p
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/weightd/weightd/pkg/cache"
+)
+
+// A holder serves one requester PerPeer chunks at once and refuses more:
+// the fills of an image's layers share that allowance, so one fill's
+// requests to a peer keep the others from asking it too.
+func TestPerPeerRequestsAcrossFills(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	holder := &peerView{name: "holder", known: true,
+		state: PeerState{ChunkState: cache.ChunkState{Size: 4 * testChunk, ChunkSize: testChunk, Have: []byte{0b1111}}}}
+	layer2 := &fill{s: s, inflight: map[int]int{}, asked: map[int]string{}, peers: map[string]*peerView{"holder": holder}}
+	now := time.Now()
+	pick, _ := layer2.supplierOf(0, false, now)
+	require.NotNil(t, pick, "the holder is free")
+
+	s.requestCounter("holder").Add(int32(s.cfg.PerPeer))
+	pick, _ = layer2.supplierOf(0, false, now)
+	require.Nil(t, pick, "layer 1's requests take the holder's allowance for this node")
+	s.requestCounter("holder").Add(-1)
+	pick, _ = layer2.supplierOf(0, false, now)
+	require.NotNil(t, pick, "one of layer 1's requests ended")
+}
+
+// An origin fetcher is asked for a chunk it already sent only when no
+// other holder of it is free, and, when it is the only holder, once its
+// receiver has had time to pass the chunk on.
+func TestOriginFetcherIsAskedForSentChunksLast(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	state := func(have byte, sent byte, origin bool) PeerState {
+		return PeerState{ChunkState: cache.ChunkState{Size: 3 * testChunk, ChunkSize: testChunk, Have: []byte{have}}, Sent: []byte{sent}, Origin: origin}
+	}
+	now := time.Now()
+	fetcher := &peerView{name: "fetcher", known: true, state: state(0b011, 0b001, true), sentSeen: map[int]time.Time{0: now}}
+	other := &peerView{name: "other", known: true, state: state(0b001, 0, false)}
+	f := &fill{s: s, inflight: map[int]int{}, peers: map[string]*peerView{"fetcher": fetcher, "other": other}}
+
+	chunk, peer := f.pickFromPeers([]int{0, 1}, false)
+	require.Equal(t, 1, chunk, "the unsent chunk")
+	require.Same(t, fetcher, peer)
+	chunk, peer = f.pickFromPeers([]int{0}, false)
+	require.Equal(t, 0, chunk)
+	require.Same(t, other, peer, "the other holder, not the fetcher's upload")
+
+	s.requestCounter("other").Store(int32(s.cfg.PerPeer))
+	chunk, peer = f.pickFromPeers([]int{0}, false)
+	require.Equal(t, 0, chunk)
+	require.Same(t, fetcher, peer, "no other holder is free: the fetcher, which sends a repeat when its upload has room")
+
+	delete(f.peers, "other")
+	chunk, _ = f.pickFromPeers([]int{0}, false)
+	require.Equal(t, -1, chunk, "its receiver passes chunk 0 on soon")
+	fetcher.sentSeen[0] = now.Add(-f.holdoff())
+	chunk, peer = f.pickFromPeers([]int{0}, false)
+	require.Equal(t, 0, chunk, "the receiver had time to pass it on, and did not")
+	require.Same(t, fetcher, peer)
+}
