@@ -52,12 +52,13 @@ func TestDemoAgentsShare(t *testing.T) {
 			t.Errorf("summary lacks %q:\n%s", want, stdout)
 		}
 	}
-	// The origin sent about one copy for three agents.
+	// The origin sent about one copy for three agents: the model's three
+	// files are 4 KiB, 3 MiB and 21 MiB, so demoOriginBound allows 4 chunks more.
 	m := regexp.MustCompile(`origin sent (\d+) bytes, ([\d.]+)× the model`).FindStringSubmatch(stdout)
 	if m == nil {
 		t.Fatalf("no origin bytes in the summary:\n%s", stdout)
 	}
-	if served, _ := strconv.ParseInt(m[1], 10, 64); served < 25165824 || served > 25165824*11/10 {
+	if served, _ := strconv.ParseInt(m[1], 10, 64); served < 25165824 || served > 25165824+4<<20 {
 		t.Errorf("origin sent %d bytes (%s× the model), want one copy", served, m[2])
 	}
 	// Every agent reports where its bytes came from, and some came from peers.
