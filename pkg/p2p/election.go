@@ -26,7 +26,7 @@ func rendezvous(d digest.Digest, names []string) []string {
 		h.Write([]byte(d))
 		h.Write([]byte{0})
 		h.Write([]byte(n))
-		all[i] = scored{n, h.Sum64()}
+		all[i] = scored{n, mix64(h.Sum64())}
 	}
 	slices.SortFunc(all, func(a, b scored) int { return cmp.Compare(b.score, a.score) })
 	out := make([]string, len(all))
@@ -34,6 +34,18 @@ func rendezvous(d digest.Digest, names []string) []string {
 		out[i] = s.name
 	}
 	return out
+}
+
+// mix64 is MurmurHash3's 64-bit finalizer. FNV-1a alone carries a name's
+// last byte into the low bits only, so among names that differ in their
+// last character (node-1 … node-8) one ranked first for half the blobs.
+func mix64(x uint64) uint64 {
+	x ^= x >> 33
+	x *= 0xff51afd7ed558ccd
+	x ^= x >> 33
+	x *= 0xc4ceb9fe1a85ec53
+	x ^= x >> 33
+	return x
 }
 
 // decideOrigin takes the origin role when this node ranks first among the
@@ -92,11 +104,11 @@ func (f *fill) decideOrigin() {
 	}
 	// Until every holder's chunk state has been read, one of them may
 	// already be the origin fetcher; wait for it, within reason.
-	if unknown > 0 && time.Since(f.start) < turn+5*f.s.cfg.Settle {
+	if unknown > 0 && f.s.cfg.Now().Sub(f.start) < turn+5*f.s.cfg.Settle {
 		return
 	}
-	if alone || time.Since(f.start) >= turn {
-		f.originRole, f.originSince, f.originAtOnce = true, time.Now(), alone || first
+	if alone || f.s.cfg.Now().Sub(f.start) >= turn {
+		f.originRole, f.originSince, f.originAtOnce = true, f.s.cfg.Now(), alone || first
 		f.s.m.originRole.Inc()
 		f.s.setOrigin(f.d, true)
 		f.s.log.Info("fetching from the origin for the cluster", "digest", f.d, "rank", rank, "candidates", len(names))
@@ -126,7 +138,7 @@ func (f *fill) release() {
 // any node ranked above it that took the role at the same moment (it then
 // yields before the origin sends it a byte), unless none can rank above it.
 func (f *fill) useOrigin() bool {
-	now := time.Now()
+	now := f.s.cfg.Now()
 	return f.originRole && f.originInflight < min(f.s.cfg.OriginInFlight, f.maxInFlight) &&
 		now.After(f.originPause) && (f.originAtOnce || now.Sub(f.originSince) >= f.s.cfg.Settle/4)
 }
@@ -153,7 +165,7 @@ func (f *fill) originShare() (share int, fetchers []string) {
 	}
 	// Right after taking the role, the nodes that took it at the same
 	// moment (the first in rendezvous order) may not have said so yet.
-	if time.Since(f.originSince) < f.s.cfg.Settle {
+	if f.s.cfg.Now().Sub(f.originSince) < f.s.cfg.Settle {
 		if f.originAtOnce {
 			// It did not wait to learn who wants the blob: the other
 			// first members may, and not be followed yet.
@@ -270,7 +282,7 @@ func (f *fill) originFailed(r chunkResult) error {
 	if errors.Is(r.err, cache.ErrPermanent) {
 		return fmt.Errorf("origin: %w", r.err)
 	}
-	now := time.Now()
+	now := f.s.cfg.Now()
 	if errors.Is(r.err, errSlow) {
 		f.originHeard = now
 		f.s.log.Debug("origin chunk too slow; asking again", "digest", f.d, "chunk", r.chunk, "err", r.err)

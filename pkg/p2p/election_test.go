@@ -11,6 +11,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/pkg/cache"
@@ -73,6 +74,28 @@ func TestRendezvousIsStable(t *testing.T) {
 		firsts[rendezvous(digest.FromString(fmt.Sprint(i)), names)[0]] = true
 	}
 	require.Greater(t, len(firsts), 2, "different blobs pick different origin fetchers")
+}
+
+// Every node is ranked first for about its share of blobs, also where the
+// node names differ only in their last character, as Kubernetes node names
+// often do: otherwise one node fetches most blobs from the origin.
+func TestRendezvousSpreadsTheFirstRank(t *testing.T) {
+	t.Parallel()
+	for _, names := range [][]string{
+		{"node-1", "node-2", "node-3", "node-4", "node-5", "node-6", "node-7", "node-8"},
+		{"me", "a", "b", "c", "d"},
+		{"gpu-a100-0", "gpu-a100-1", "gpu-a100-2", "gpu-a100-3"},
+	} {
+		const blobs = 8000
+		first := map[string]int{}
+		for i := range blobs {
+			first[rendezvous(digest.FromString(fmt.Sprint(i)), names)[0]]++
+		}
+		fair := blobs / len(names)
+		for _, n := range names {
+			assert.InDelta(t, fair, first[n], float64(fair)/5, "%s is first for %d of %d blobs among %v", n, first[n], blobs, names)
+		}
+	}
 }
 
 // Gossip missed that the member ranked first for a blob holds it: the node
@@ -205,4 +228,44 @@ func TestOriginRoleOutlivesAnEarlierFillsLinger(t *testing.T) {
 	require.True(t, s.FetchesFromOrigin(d), "the retry still fetches from the origin, and peers must see it")
 	retry.release()
 	require.Eventually(t, func() bool { return !s.FetchesFromOrigin(d) }, 5*time.Second, 10*time.Millisecond)
+}
+
+// A node ranked among the first OriginFetchers of all members takes the
+// origin role at once; one ranked lower, with no peer known to hold or
+// fetch the blob, waits one Settle first. Measured on the swarm's clock: a
+// table of ranks and elapsed times, no sleeping.
+func TestOriginTurnByRank(t *testing.T) {
+	t.Parallel()
+	names := []string{"me", "a", "b", "c", "d"}
+	dir := staticDir{local: "me", peers: map[string]Peer{}}
+	for _, n := range names[1:] {
+		dir.peers[n] = Peer{Name: n, Meta: NodeMeta{ChunkAddr: "127.0.0.1:1"}}
+	}
+	start := time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)
+	var now time.Time
+	s, err := NewSwarm(dir, nil, SwarmConfig{Settle: time.Second, Now: func() time.Time { return now }}, nil, nil)
+	require.NoError(t, err)
+	ranked := map[int]digest.Digest{} // rank of "me" → a blob where it has that rank
+	for i := uint64(0); len(ranked) < len(names); i++ {
+		d := descOf(randomBlob(100+i, testChunk)).Digest
+		if r := slices.Index(rendezvous(d, names), "me"); ranked[r] == "" {
+			ranked[r] = d
+		}
+	}
+	for _, c := range []struct {
+		rank    int
+		elapsed time.Duration
+		takes   bool
+	}{
+		{0, 0, true}, {1, 0, true}, // among the first two of all members: at once
+		{2, 0, false}, {2, time.Second - 1, false}, {2, time.Second, true},
+		{3, time.Second - 1, false}, {3, time.Second, true},
+		{4, 0, false}, {4, time.Hour, true},
+	} {
+		now = start.Add(c.elapsed)
+		f := &fill{s: s, d: ranked[c.rank], start: start, peers: map[string]*peerView{}, maxInFlight: 8}
+		f.decideOrigin()
+		require.Equal(t, c.takes, f.originRole, "rank %d after %v", c.rank, c.elapsed)
+		f.release()
+	}
 }

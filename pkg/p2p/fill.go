@@ -126,7 +126,7 @@ const peerGrace = 10 * time.Second
 // refresh learns new holders from gossip and re-reads chunk states; each
 // read waits at the holder until it has news.
 func (f *fill) refresh(ctx context.Context) {
-	now := time.Now()
+	now := f.s.cfg.Now()
 	for _, h := range f.s.dir.Holders(f.d) {
 		f.addPeer(h.Peer, now)
 	}
@@ -206,7 +206,7 @@ func (f *fill) updateState(r stateResult) {
 	pv.reading = false
 	if errors.Is(r.err, errNotHeld) && pv.inflight == 0 {
 		delete(f.peers, r.peer)
-		f.absent[r.peer] = time.Now()
+		f.absent[r.peer] = f.s.cfg.Now()
 		return
 	}
 	if errors.Is(r.err, errStateTooBig) {
@@ -226,7 +226,7 @@ func (f *fill) updateState(r stateResult) {
 		return
 	}
 	pv.state, pv.known = r.state, true
-	now := time.Now()
+	now := f.s.cfg.Now()
 	for i := range f.p.Chunks() {
 		if _, seen := pv.sentSeen[i]; !seen && pv.state.WasSent(i) {
 			pv.sentSeen[i] = now
@@ -300,7 +300,7 @@ func (f *fill) launchPeer(ctx context.Context, i int, pv *peerView) {
 	f.wg.Add(1)
 	go func(name, addr string) {
 		defer f.wg.Done()
-		start := time.Now()
+		start := f.s.cfg.Now()
 		c := f.s.live.chunk(f.d, i, n)
 		claim, err := f.s.fetchChunk(ctx, addr, f.d, i, timeout, c)
 		if err == nil && want == nil {
@@ -311,7 +311,7 @@ func (f *fill) launchPeer(ctx context.Context, i int, pv *peerView) {
 		}
 		f.settle(i, c, err)
 		toPeer.Add(-1)
-		f.report(ctx, chunkResult{chunk: i, peer: name, relay: relay, err: err, bytes: n, took: time.Since(start)})
+		f.report(ctx, chunkResult{chunk: i, peer: name, relay: relay, err: err, bytes: n, took: f.s.cfg.Now().Sub(start)})
 	}(pv.name, pv.addr)
 }
 
@@ -324,14 +324,14 @@ func (f *fill) launchOrigin(ctx context.Context, i int) {
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
-		start := time.Now()
+		start := f.s.cfg.Now()
 		c := f.s.live.chunk(f.d, i, n)
 		err := f.s.fetchOrigin(ctx, f.origin, off, timeout, c)
 		if err == nil {
 			err = f.write(i, c.data(), nil, "")
 		}
 		f.settle(i, c, err)
-		f.report(ctx, chunkResult{chunk: i, err: err, bytes: n, took: time.Since(start)})
+		f.report(ctx, chunkResult{chunk: i, err: err, bytes: n, took: f.s.cfg.Now().Sub(start)})
 	}()
 }
 
@@ -394,7 +394,7 @@ func (f *fill) handle(r chunkResult) error {
 			pv.failures = 0
 		}
 		if r.peer == "" {
-			f.originFailures, f.originHeard = 0, time.Now()
+			f.originFailures, f.originHeard = 0, f.s.cfg.Now()
 			f.originTime = (3*f.originTime + r.took) / 4
 		}
 		return nil
@@ -412,11 +412,11 @@ func (f *fill) handle(r chunkResult) error {
 	switch {
 	case errors.Is(r.err, errChunkBusy):
 		if pv != nil {
-			pv.chunkBusy[r.chunk] = time.Now().Add(f.s.cfg.Refresh)
+			pv.chunkBusy[r.chunk] = f.s.cfg.Now().Add(f.s.cfg.Refresh)
 		}
 	case errors.Is(r.err, errBusy):
 		if pv != nil {
-			pv.busyTill = time.Now().Add(f.s.cfg.Refresh)
+			pv.busyTill = f.s.cfg.Now().Add(f.s.cfg.Refresh)
 		}
 	case errors.Is(r.err, errSlow):
 		// Its upload is shared by many requesters: ask it less for a
@@ -424,7 +424,7 @@ func (f *fill) handle(r chunkResult) error {
 		// not banned for being popular.
 		f.s.log.Debug("peer too slow for a chunk", "peer", r.peer, "digest", f.d, "chunk", r.chunk, "err", r.err)
 		if pv != nil {
-			pv.busyTill = time.Now().Add(slowBackoff)
+			pv.busyTill = f.s.cfg.Now().Add(slowBackoff)
 		}
 	case errors.Is(r.err, cache.ErrDigestMismatch):
 		f.s.m.mismatches.Inc()
@@ -435,14 +435,14 @@ func (f *fill) handle(r chunkResult) error {
 		// fault. Ask again after the next word of its state.
 		f.s.log.Debug("relayed chunk failed", "peer", r.peer, "digest", f.d, "chunk", r.chunk, "err", r.err)
 		if pv != nil {
-			pv.chunkBusy[r.chunk] = time.Now().Add(f.s.cfg.Refresh)
+			pv.chunkBusy[r.chunk] = f.s.cfg.Now().Add(f.s.cfg.Refresh)
 			pv.readAt = time.Time{}
 		}
 	default:
 		f.s.log.Debug("peer chunk failed", "peer", r.peer, "digest", f.d, "chunk", r.chunk, "err", r.err)
 		if pv != nil {
 			pv.failures++
-			pv.busyTill = time.Now().Add(2 * f.s.cfg.Refresh)
+			pv.busyTill = f.s.cfg.Now().Add(2 * f.s.cfg.Refresh)
 			pv.readAt = time.Time{} // re-read its state before asking again
 			if pv.failures >= 3 {
 				f.s.ban(r.peer, "failing")

@@ -69,7 +69,7 @@ var errNoHash = errors.New("no hash to check the chunk against")
 
 // askHash waits for the loop's answer to a hashQuery.
 func (f *fill) askHash(ctx context.Context, i int, from string, claim []byte) ([]byte, error) {
-	q := hashQuery{chunk: i, from: from, claim: claim, since: time.Now(), reply: make(chan []byte, 1)}
+	q := hashQuery{chunk: i, from: from, claim: claim, since: f.s.cfg.Now(), reply: make(chan []byte, 1)}
 	select {
 	case f.hashQueries <- q:
 	case <-ctx.Done():
@@ -94,7 +94,7 @@ func (f *fill) askHash(ctx context.Context, i int, from string, claim []byte) ([
 // origin fetcher is followed: that one's word is due. (With none, the blob
 // is one a peer holds whole, or its fetchers are done or gone.)
 func (f *fill) answerHashes() {
-	now := time.Now()
+	now := f.s.cfg.Now()
 	waiting := f.hashWaits[:0]
 	for _, q := range f.hashWaits {
 		pv := f.peers[q.from]

@@ -36,7 +36,7 @@ func (f *fill) pickWanted(missing []int, chunkSize int64) (int, *peerView) {
 	first := int(f.want.Load() / chunkSize)
 	best := -1
 	var bestPeer *peerView
-	now := time.Now()
+	now := f.s.cfg.Now()
 	for _, i := range missing {
 		if i < first || i >= first+f.maxInFlight || (best >= 0 && i > best) || f.inflight[i] != 0 {
 			continue
@@ -67,7 +67,7 @@ func (f *fill) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 	// received it), so a holder's upload goes to distinct chunks.
 	best, bestScore := -1, 0
 	var bestPeer *peerView
-	now := time.Now()
+	now := f.s.cfg.Now()
 	for _, i := range missing {
 		if (!endgame && f.inflight[i] != 0) || (endgame && f.inflight[i] != 1) {
 			continue

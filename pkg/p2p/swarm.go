@@ -47,8 +47,12 @@ type SwarmConfig struct {
 	Settle         time.Duration // how long to let gossip settle before taking the origin role (default 1s)
 	BanFor         time.Duration // how long a lying or failing peer is shunned (default 5m)
 	OriginLinger   time.Duration // how long peers still see the origin role after a fill ends (default 1m)
-	MinRate        int64         // the slowest acceptable transfer, bytes/s: request timeouts scale with it (default 256 KiB/s; a transfer that stalls for 5 s ends sooner)
-	DownloadLimit  int64         // bytes/s for all chunk downloads together; 0 means no limit
+	// Now is the clock of the swarm's decisions (election, picking, backoff,
+	// bans), so that they can be driven in tests and simulations; nil is
+	// time.Now. Network timeouts keep the real clock.
+	Now           func() time.Time
+	MinRate       int64 // the slowest acceptable transfer, bytes/s: request timeouts scale with it (default 256 KiB/s; a transfer that stalls for 5 s ends sooner)
+	DownloadLimit int64 // bytes/s for all chunk downloads together; 0 means no limit
 	// TLS, when set, is this node's side of mutual TLS with its peers
 	// (peertls.Identity.ClientConfig): chunk servers are asked over
 	// https, and an answer counts only from a server whose certificate
@@ -74,6 +78,9 @@ func (c SwarmConfig) withDefaults() SwarmConfig {
 	}
 	if c.BanFor <= 0 {
 		c.BanFor = 5 * time.Minute
+	}
+	if c.Now == nil {
+		c.Now = time.Now
 	}
 	if c.OriginLinger <= 0 {
 		c.OriginLinger = time.Minute
@@ -206,8 +213,8 @@ func (src *swarmSource) Fill(ctx context.Context, p *cache.Partial) error {
 	if p.Chunks() == 1 && p.Descriptor().Size <= smallBlob {
 		return src.s.fillSmall(ctx, p, src.origin)
 	}
-	f := &fill{s: src.s, p: p, origin: src.origin, d: p.Descriptor().Digest, start: time.Now(), want: &src.want,
-		maxInFlight: max(2, min(src.s.cfg.MaxInFlight, int(maxInFlightBytes/p.ChunkSize()))), originHeard: time.Now(),
+	f := &fill{s: src.s, p: p, origin: src.origin, d: p.Descriptor().Digest, start: src.s.cfg.Now(), want: &src.want,
+		maxInFlight: max(2, min(src.s.cfg.MaxInFlight, int(maxInFlightBytes/p.ChunkSize()))), originHeard: src.s.cfg.Now(),
 		peers: map[string]*peerView{}, absent: map[string]time.Time{},
 		inflight: map[int]int{}, supplier: map[int]string{}, asked: map[int]string{},
 		results: make(chan chunkResult, src.s.cfg.MaxInFlight*2), states: make(chan stateResult, 64),
@@ -291,13 +298,14 @@ func (s *Swarm) setOrigin(d digest.Digest, on bool) {
 func (s *Swarm) Banned(peer string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return time.Now().Before(s.bans[peer])
+	return s.cfg.Now().Before(s.bans[peer])
 }
 
 func (s *Swarm) ban(peer, reason string) {
 	s.mu.Lock()
-	already := time.Now().Before(s.bans[peer])
-	s.bans[peer] = time.Now().Add(s.cfg.BanFor)
+	now := s.cfg.Now()
+	already := now.Before(s.bans[peer])
+	s.bans[peer] = now.Add(s.cfg.BanFor)
 	s.mu.Unlock()
 	if already {
 		return // several requests in flight failed the same way
