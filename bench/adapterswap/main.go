@@ -44,6 +44,7 @@ import (
 	"github.com/weightd/weightd/pkg/lora"
 	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 	"github.com/weightd/weightd/pkg/warmpool"
 	"github.com/weightd/weightd/pkg/warmpool/engine"
 )
@@ -145,7 +146,7 @@ func run(ctx context.Context, n, adapters int) (result, error) {
 		return result{}, err
 	}
 	defer store.Close()
-	queue := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
+	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
 	srv, err := loratest.NewVLLM(loratest.Options{Base: "base", Slots: adapters - 1})
 	if err != nil {
 		return result{}, err

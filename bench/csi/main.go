@@ -36,6 +36,7 @@ import (
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/csi"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 type result struct {
@@ -94,7 +95,7 @@ func run(nFiles int, fileSize int64, publishes int) (result, error) {
 	if err != nil {
 		return res, err
 	}
-	queue := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHF: src})
+	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHF: src})
 	driver, err := csi.NewDriver(store, queue, csi.Config{NodeID: "bench", StateDir: filepath.Join(dir, "state"), PublishWait: time.Minute})
 	if err != nil {
 		return res, err

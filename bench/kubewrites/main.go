@@ -45,6 +45,7 @@ import (
 	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/podrequest"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 type result struct {
@@ -163,7 +164,7 @@ func run(size int64, seconds float64) error {
 			log.Printf("origin: %v", err)
 		}
 	}()
-	ref := srv.URL() + "/" + origin.ManifestName
+	r := srv.URL() + "/" + origin.ManifestName
 
 	// The agent, with the defaults of `weightd agent`.
 	writes := &counter{}
@@ -180,7 +181,7 @@ func run(size int64, seconds float64) error {
 	}
 	defer store.Close()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	queue := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)},
+	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)},
 		prefetch.WithLogger(logger))
 	intake, err := kube.NewPodIntake(client, nodeName, queue, kube.WithIntakeLogger(logger))
 	if err != nil {
@@ -202,13 +203,13 @@ func run(size int64, seconds float64) error {
 	start := time.Now()
 	pods := env.Clientset().CoreV1().Pods("default")
 	_, err = pods.Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "llm", Annotations: map[string]string{podrequest.Models: ref}},
+		ObjectMeta: metav1.ObjectMeta{Name: "llm", Annotations: map[string]string{podrequest.Models: r}},
 		Spec:       corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "server", Image: "vllm/vllm-openai:v0.11.0"}}},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		return err
 	}
-	label := nodestate.Label(ref)
+	label := nodestate.Label(r)
 	deadline := start.Add(time.Duration(seconds*float64(time.Second))*5 + 5*time.Minute)
 	for {
 		p, err := pods.Get(ctx, "llm", metav1.GetOptions{})

@@ -44,6 +44,7 @@ import (
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 type result struct {
@@ -110,7 +111,7 @@ func run(ctx context.Context, work string, size int64, files, rounds, concurrenc
 	if err != nil {
 		return err
 	}
-	ref, err := prefetch.ParseRef("s3://bench/model")
+	parsed, err := ref.Parse("s3://bench/model")
 	if err != nil {
 		return err
 	}
@@ -130,7 +131,7 @@ func run(ctx context.Context, work string, size int64, files, rounds, concurrenc
 			return fmt.Errorf("ingest: %w", err)
 		}
 		s3, err := timed(filepath.Join(work, fmt.Sprintf("s3-%d", r)), func(store *cache.Store) error {
-			res, err := src.Resolve(ctx, ref)
+			res, err := src.Resolve(ctx, parsed)
 			if err != nil {
 				return err
 			}

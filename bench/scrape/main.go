@@ -46,6 +46,7 @@ import (
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 type scrapeResult struct {
@@ -176,7 +177,7 @@ func run(models, scrapes int, downloadBytes int64) error {
 		return err
 	}
 	defer store.Close()
-	queue := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHTTP: prefetch.NewHTTPSource(nil)},
+	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(nil)},
 		prefetch.WithRegisterer(reg), prefetch.WithJobConcurrency(8))
 	wg.Go(func() {
 		if err := queue.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {

@@ -17,6 +17,7 @@ import (
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // shortTempDir returns a temporary directory with a short path: unix socket
@@ -112,18 +113,18 @@ func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
 func TestFetchWait(t *testing.T) {
 	t.Parallel()
 	addr := startAgent(t)
-	ref, _ := startOrigin(t, 3, 3<<20)
+	r, _ := startOrigin(t, 3, 3<<20)
 
-	code, stdout, stderr := runCLI(t, "fetch", "--wait", "--api", addr, ref)
+	code, stdout, stderr := runCLI(t, "fetch", "--wait", "--api", addr, r)
 	if code != 0 {
 		t.Fatalf("exit %d; stderr:\n%s", code, stderr)
 	}
 	dir := strings.TrimSpace(stdout)
-	parsed, err := prefetch.ParseRef(ref)
+	parsed, err := ref.Parse(r)
 	if err != nil {
 		t.Fatal(err)
 	}
-	name := parsed.ModelName() // its URL's, not the manifest's "test/model"
+	name := prefetch.ModelName(parsed) // its URL's, not the manifest's "test/model"
 	if !strings.Contains(dir, "models--"+strings.ReplaceAll(name, "/", "--")+"/snapshots/") {
 		t.Fatalf("stdout %q, want the model directory", stdout)
 	}
@@ -135,13 +136,13 @@ func TestFetchWait(t *testing.T) {
 		t.Errorf("stderr %q, want a final progress line", stderr)
 	}
 
-	code, stdout, _ = runCLI(t, "fetch", "--wait", "--json", "--api", addr, ref)
+	code, stdout, _ = runCLI(t, "fetch", "--wait", "--json", "--api", addr, r)
 	var st prefetch.JobStatus
 	if err := json.Unmarshal([]byte(stdout), &st); code != 0 || err != nil || st.State != prefetch.StateReady || st.Dir != dir {
 		t.Fatalf("--json: exit %d, %v, %+v", code, err, st)
 	}
 
-	code, stdout, _ = runCLI(t, "fetch", "--api", addr, ref)
+	code, stdout, _ = runCLI(t, "fetch", "--api", addr, r)
 	if code != 0 || !strings.HasPrefix(stdout, "job ") {
 		t.Fatalf("without --wait: exit %d, %q", code, stdout)
 	}

@@ -5,7 +5,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/nodestate"
 	"github.com/weightd/weightd/pkg/podrequest"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // keyCmd prints the node label of a reference: what a preferred node
@@ -16,17 +16,17 @@ type keyCmd struct {
 }
 
 func (c *keyCmd) Run(e *env) error {
-	var ref prefetch.Ref
+	var r ref.Ref
 	var err error
 	if c.Image {
-		ref, err = podrequest.ImageRef(c.Ref)
+		r, err = podrequest.ImageRef(c.Ref)
 	} else {
-		ref, err = prefetch.ParseRef(c.Ref)
+		r, err = ref.Parse(c.Ref)
 	}
 	if err != nil {
 		return err
 	}
-	label := nodestate.Label(ref.String())
+	label := nodestate.Label(r.String())
 	_, err = fmt.Fprintf(e.stdout, `# %s
 key: %s
 label: %s=%s
@@ -40,6 +40,6 @@ affinity:
         - key: %s
           operator: In
           values: [%q]
-`, ref.Redacted(), nodestate.Key(ref.String()), label, nodestate.LabelReady, label, nodestate.LabelReady)
+`, r.Redacted(), nodestate.Key(r.String()), label, nodestate.LabelReady, label, nodestate.LabelReady)
 	return err
 }

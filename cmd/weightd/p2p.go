@@ -21,6 +21,7 @@ import (
 	"github.com/weightd/weightd/pkg/p2p"
 	"github.com/weightd/weightd/pkg/peertls"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // p2pConfig is the peer-to-peer part of the agent's configuration.
@@ -213,7 +214,7 @@ func (p *peering) blobSource(desc cache.Descriptor, upstream cache.RangeOpener) 
 // sharedResolve resolves a pinned reference once for the cluster (see
 // p2p.Swarm.SharedResolve) and remembers the answer for the peers that ask.
 // accept, the source's, checks a peer's answer.
-func (p *peering) sharedResolve(ctx context.Context, pinned prefetch.Ref, resolve func(context.Context) (cache.Model, error),
+func (p *peering) sharedResolve(ctx context.Context, pinned ref.Ref, resolve func(context.Context) (cache.Model, error),
 	accept func(cache.Model) error,
 ) (cache.Model, error) {
 	key := pinned.String()
@@ -236,18 +237,18 @@ type swarmSource struct {
 	log   *slog.Logger
 }
 
-func (s swarmSource) Resolve(ctx context.Context, ref prefetch.Ref) (*prefetch.Resolution, error) {
-	res, err := s.inner.Resolve(ctx, ref)
+func (s swarmSource) Resolve(ctx context.Context, r ref.Ref) (*prefetch.Resolution, error) {
+	res, err := s.inner.Resolve(ctx, r)
 	switch {
 	case err == nil && res.Verify == nil && res.Image == nil && len(res.Packed) == 0:
 		// Remembered, to serve peers and to resolve it again while the
 		// origin is down: a verified model that is just its files.
-		s.p.resolutions.Put(ref.String(), res.Model)
+		s.p.resolutions.Put(r.String(), res.Model)
 	case err == nil:
 		// Not remembered: not verified yet (a peer's listing), or more
 		// than its files (an image, packed layers).
 	default:
-		if res, err = s.resolveFromPeers(ctx, ref, err); err != nil {
+		if res, err = s.resolveFromPeers(ctx, r, err); err != nil {
 			return nil, err
 		}
 	}
@@ -285,27 +286,27 @@ func throughSwarm(res *prefetch.Resolution, wrap func(cache.Descriptor, cache.Ra
 	}
 }
 
-// resolveFromPeers is the fallback when the origin fails to resolve ref:
-// what this node itself resolved ref to before, or, for a file pinned by
+// resolveFromPeers is the fallback when the origin fails to resolve r:
+// what this node itself resolved r to before, or, for a file pinned by
 // digest, what a peer says (prefetch.CheckWithoutOrigin). Any other
 // reference fails: a peer's file list for it is unverifiable without the
 // origin. The blobs can then come only from peers.
-func (s swarmSource) resolveFromPeers(ctx context.Context, ref prefetch.Ref, originErr error) (*prefetch.Resolution, error) {
+func (s swarmSource) resolveFromPeers(ctx context.Context, r ref.Ref, originErr error) (*prefetch.Resolution, error) {
 	if errors.Is(originErr, cache.ErrPermanent) {
 		return nil, originErr // the origin answered: the reference is wrong
 	}
-	m, ok := s.p.resolutions.Get(ref.String())
+	m, ok := s.p.resolutions.Get(r.String())
 	if !ok {
-		if err := prefetch.NeedsOrigin(ref); err != nil {
+		if err := prefetch.NeedsOrigin(r); err != nil {
 			return nil, fmt.Errorf("%w (and it was not resolved here before: %v)", originErr, err)
 		}
 		var err error
-		m, err = s.p.swarm.ResolveFromPeers(ctx, ref.String(), func(m cache.Model) error { return prefetch.CheckWithoutOrigin(ref, m) })
+		m, err = s.p.swarm.ResolveFromPeers(ctx, r.String(), func(m cache.Model) error { return prefetch.CheckWithoutOrigin(r, m) })
 		if err != nil {
 			return nil, fmt.Errorf("%w (and no peer could resolve it: %v)", originErr, err)
 		}
 	}
-	s.log.Warn("origin unreachable; resolved as before or through a peer, fetching from peers only", "ref", ref.Redacted(), "err", originErr)
+	s.log.Warn("origin unreachable; resolved as before or through a peer, fetching from peers only", "ref", r.Redacted(), "err", originErr)
 	res := &prefetch.Resolution{Model: m, Blobs: make(map[digest.Digest]cache.RangeOpener, len(m.Files))}
 	for _, f := range m.Files {
 		res.Blobs[f.Digest] = unreachable{originErr}

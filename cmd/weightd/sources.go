@@ -21,6 +21,7 @@ import (
 	"github.com/weightd/weightd/pkg/containerd"
 	"github.com/weightd/weightd/pkg/mirror"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // sourcesConfig says where references are resolved and with which
@@ -133,10 +134,10 @@ func (c sourcesConfig) sources(shared prefetch.SharedResolver, mirrored []string
 		return nil, nil, err
 	}
 	return prefetch.Sources{
-		prefetch.KindHTTP: prefetch.NewHTTPSource(client, prefetch.WithVersion(version)),
-		prefetch.KindOCI:  oci,
-		prefetch.KindHF:   hf,
-		prefetch.KindS3:   s3,
+		ref.KindHTTP: prefetch.NewHTTPSource(client, prefetch.WithVersion(version)),
+		ref.KindOCI:  oci,
+		ref.KindHF:   hf,
+		ref.KindS3:   s3,
 	}, oci, nil
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/pagecache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 	"github.com/weightd/weightd/pkg/warmpool"
 )
 
@@ -107,11 +108,11 @@ func (f adapterFetcher) Fetch(ctx context.Context, ref string) (string, error) {
 	return j.Status().Dir, nil
 }
 
-// submitAndWait submits ref and waits for its job; a reference that does
-// not parse is an api.ErrBadRequest.
-func submitAndWait(ctx context.Context, q *prefetch.Queue, ref string, p prefetch.Priority, opts ...prefetch.SubmitOption) (*prefetch.Job, error) {
-	j, err := q.Submit(ref, p, opts...)
-	if errors.Is(err, cache.ErrInvalid) {
+// submitAndWait submits reference and waits for its job; a reference that
+// does not parse is an api.ErrBadRequest.
+func submitAndWait(ctx context.Context, q *prefetch.Queue, reference string, p prefetch.Priority, opts ...prefetch.SubmitOption) (*prefetch.Job, error) {
+	j, err := q.Submit(reference, p, opts...)
+	if errors.Is(err, ref.ErrInvalid) {
 		return nil, fmt.Errorf("%w: %w", api.ErrBadRequest, err)
 	}
 	if err != nil {

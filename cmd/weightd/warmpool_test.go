@@ -25,6 +25,7 @@ import (
 	"github.com/weightd/weightd/pkg/lora"
 	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 	"github.com/weightd/weightd/pkg/warmpool"
 	"github.com/weightd/weightd/pkg/warmpool/engine"
 )
@@ -83,7 +84,7 @@ func TestWarmPoolOnQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	queue := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
+	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
 	cfg := warmConfig{Warm: true, WarmHealthInterval: 20 * time.Millisecond, WarmDRAMBudget: 4 << 20}
 	dram, err := newDRAMTier(cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
@@ -209,7 +210,7 @@ func TestWarmPinBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	queue := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
+	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
 	cfg := warmConfig{Warm: true, WarmHealthInterval: 20 * time.Millisecond, WarmPinBudgetPercent: 50}
 	pool, err := newWarmPool(cfg, root, queue, store, nil, nil, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/weightd/weightd/internal/hubtest"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 func contentBytes(t *testing.T, c hubtest.Content) []byte {
@@ -66,7 +67,7 @@ func TestHubJSReadsTheCache(t *testing.T) {
 	t.Cleanup(func() { store.Close() })
 	src, err := prefetch.NewHFSource(nil, prefetch.WithHFEndpoint(hub.URL))
 	require.NoError(t, err)
-	q := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHF: src})
+	q := prefetch.NewQueue(store, prefetch.Sources{ref.KindHF: src})
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
 	wg.Go(func() { q.Run(ctx) })

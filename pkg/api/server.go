@@ -30,6 +30,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // MaxBodyBytes bounds a request body.
@@ -39,7 +40,7 @@ const MaxBodyBytes = 1 << 20
 // *prefetch.Queue.
 type Jobs interface {
 	// Submit starts (or joins) a fetch of ref at priority p. An error
-	// wrapping cache.ErrInvalid means the reference itself is wrong.
+	// wrapping ref.ErrInvalid means the reference itself is wrong.
 	Submit(ref string, p prefetch.Priority) (prefetch.JobStatus, error)
 	// Cancel cancels the job and returns its status, or false for an
 	// unknown id.
@@ -235,7 +236,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	}
 	st, err := s.jobs.Submit(req.Ref, p)
 	switch {
-	case errors.Is(err, cache.ErrInvalid):
+	case errors.Is(err, ref.ErrInvalid):
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	case err != nil:

@@ -17,6 +17,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // fakeJobs is a Jobs whose behaviour each test sets; it knows the jobs in
@@ -32,12 +33,12 @@ func newFakeJobs() *fakeJobs {
 	return &fakeJobs{status: make(map[string]prefetch.JobStatus), watchEnded: make(chan struct{}, 8)}
 }
 
-func (f *fakeJobs) Submit(ref string, p prefetch.Priority) (prefetch.JobStatus, error) {
-	r, err := prefetch.ParseRef(ref)
+func (f *fakeJobs) Submit(reference string, p prefetch.Priority) (prefetch.JobStatus, error) {
+	r, err := ref.Parse(reference)
 	if err != nil {
 		return prefetch.JobStatus{}, err
 	}
-	if strings.Contains(ref, "stopped") {
+	if strings.Contains(reference, "stopped") {
 		return prefetch.JobStatus{}, prefetch.ErrQueueStopped
 	}
 	st := prefetch.JobStatus{ID: "j1", Ref: r.Redacted(), State: prefetch.StateQueued, Priority: p, Created: time.Now()}

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // Volume attributes a pod author sets in volumeAttributes.
@@ -39,7 +40,7 @@ var ErrBadAttributes = errors.New("bad volume attributes")
 
 // Request is a volume's validated attributes.
 type Request struct {
-	Ref      prefetch.Ref
+	Ref      ref.Ref
 	Priority prefetch.Priority
 	// Files are globs (path.Match syntax); a pattern without a slash matches
 	// a file's base name, one with a slash its whole path. Empty means all.
@@ -66,11 +67,11 @@ func ParseAttributes(attrs map[string]string) (Request, error) {
 	if model == "" {
 		return Request{}, fmt.Errorf("%w: attribute %q is required (e.g. hf://org/name@main)", ErrBadAttributes, AttrModel)
 	}
-	ref, err := prefetch.ParseRef(model)
+	r, err := ref.Parse(model)
 	if err != nil {
 		return Request{}, fmt.Errorf("%w: model: %w", ErrBadAttributes, err)
 	}
-	req := Request{Ref: ref, Priority: prefetch.PriorityPod, Namespace: attrs[AttrPodNamespace], Pod: attrs[AttrPodName], PodUID: attrs[AttrPodUID]}
+	req := Request{Ref: r, Priority: prefetch.PriorityPod, Namespace: attrs[AttrPodNamespace], Pod: attrs[AttrPodName], PodUID: attrs[AttrPodUID]}
 	switch p := attrs[AttrPriority]; p {
 	case "", "pod":
 	case "background":

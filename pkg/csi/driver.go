@@ -21,6 +21,7 @@ import (
 	"github.com/weightd/weightd/internal/bytesize"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // DriverName is the CSI driver's name, as pods and the CSIDriver object name it.
@@ -269,20 +270,20 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 	return &csipb.NodePublishVolumeResponse{}, nil
 }
 
-// resolved names exactly what ref resolved to at revision: a hub commit,
+// resolved names exactly what r resolved to at revision: a hub commit,
 // or a registry manifest digest; other references name no revision of
 // their own.
-func resolved(ref prefetch.Ref, revision string) string {
-	switch ref.Kind {
-	case prefetch.KindHF:
-		ref.Revision = revision
-	case prefetch.KindOCI:
+func resolved(r ref.Ref, revision string) string {
+	switch r.Kind {
+	case ref.KindHF:
+		r.Revision = revision
+	case ref.KindOCI:
 		// A model artifact's revision is its manifest's sha256 (hex).
 		if d := digest.NewDigestFromEncoded(digest.SHA256, revision); d.Validate() == nil {
-			ref.Digest = d
+			r.Digest = d
 		}
 	}
-	return ref.Redacted()
+	return r.Redacted()
 }
 
 // volumeName is the pod's name for the volume mounted at target: the kubelet
@@ -314,7 +315,7 @@ func (d *Driver) publish(id, target string, r Request, st prefetch.JobStatus) ([
 		return nil, err
 	}
 	l := layout{Name: st.Model, Revision: st.Revision}
-	if r.Ref.Kind == prefetch.KindHF && r.Ref.Revision != st.Revision {
+	if r.Ref.Kind == ref.KindHF && r.Ref.Revision != st.Revision {
 		l.Ref = r.Ref.Revision
 	}
 	for _, f := range all {

@@ -31,6 +31,7 @@ import (
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/csi"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // requireRoot skips a test that bind-mounts when not root, except under
@@ -78,7 +79,7 @@ func newNode(t *testing.T, hub *hubtest.Hub, root string, o nodeOpts) *node {
 	require.NoError(t, err)
 	src, err := prefetch.NewHFSource(nil, prefetch.WithHFEndpoint(hub.URL), prefetch.WithHFVersion("test"))
 	require.NoError(t, err)
-	queue := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHF: src}, prefetch.WithResolveRetries(1, time.Millisecond))
+	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHF: src}, prefetch.WithResolveRetries(1, time.Millisecond))
 	driver, err := csi.NewDriver(store, queue, csi.Config{
 		NodeID: "node-a", StateDir: filepath.Join(root, "csi"), Allow: o.allow, TargetRoot: o.targetRoot, PublishWait: 10 * time.Second,
 		Announce: o.announce,

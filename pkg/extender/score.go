@@ -9,7 +9,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/nodestate"
 	"github.com/weightd/weightd/pkg/podrequest"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // maxReasonRefs bounds how many missing references a filter reason names.
@@ -17,7 +17,7 @@ const maxReasonRefs = 3
 
 // want is one reference a pod asks for, resolved once per request.
 type want struct {
-	ref prefetch.Ref
+	ref ref.Ref
 	// keys are the nodestate keys under which a node may hold it: its
 	// canonical reference, and for a reference pinned by both tag and
 	// digest also the digest alone (the kubelet lists an image by tag and by
@@ -70,11 +70,11 @@ func newPlan(req podrequest.Request, total func(key string) int64) plan {
 	return p
 }
 
-// keysOf is the nodestate keys a node may hold ref under.
-func keysOf(ref prefetch.Ref) []string {
-	keys := []string{nodestate.Key(ref.String())}
-	if ref.Kind == prefetch.KindOCI && ref.Digest != "" && ref.Tag != "" {
-		byDigest := ref
+// keysOf is the nodestate keys a node may hold r under.
+func keysOf(r ref.Ref) []string {
+	keys := []string{nodestate.Key(r.String())}
+	if r.Kind == ref.KindOCI && r.Digest != "" && r.Tag != "" {
+		byDigest := r
 		byDigest.Tag = ""
 		keys = append(keys, nodestate.Key(byDigest.String()))
 	}

@@ -25,6 +25,7 @@ import (
 	wcache "github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // writeCounter counts the write requests (anything but GET) a client sends.
@@ -151,7 +152,7 @@ func startAgent(t *testing.T, env *kubetest.Env, node, root string, o agentOpts)
 		t.Fatal(err)
 	}
 	a.blobs = &hidingBlobs{store: a.store}
-	a.queue = prefetch.NewQueue(a.store, prefetch.Sources{prefetch.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)},
+	a.queue = prefetch.NewQueue(a.store, prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)},
 		prefetch.WithResolveRetries(1, 0))
 	if a.intake, err = NewPodIntake(client, node, a.queue,
 		WithStatusInterval(200*time.Millisecond, 500*time.Millisecond), WithIntakeLogger(testLogger(t))); err != nil {

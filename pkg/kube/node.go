@@ -23,6 +23,7 @@ import (
 	wcache "github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/nodestate"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // Jobs is what the node publisher needs of the prefetch queue;
@@ -256,21 +257,21 @@ func (p *NodePublisher) restore(node *corev1.Node) {
 		if e.State != nodestate.StateReady && e.State != nodestate.StateFetching {
 			continue
 		}
-		ref, err := prefetch.ParseRef(e.Ref)
-		if err != nil || nodestate.Key(ref.String()) != e.Key {
+		r, err := ref.Parse(e.Ref)
+		if err != nil || nodestate.Key(r.String()) != e.Key {
 			continue // redacted (a signed URL) or not ours: cannot be fetched again
 		}
-		if _, ok := p.entries[ref.String()]; ok {
+		if _, ok := p.entries[r.String()]; ok {
 			continue // already followed
 		}
-		j, err := p.jobs.Submit(ref.String(), prefetch.PriorityBackground)
+		j, err := p.jobs.Submit(r.String(), prefetch.PriorityBackground)
 		if err != nil {
 			p.cfg.logger.Warn("resubmitting a reference of the node's cache summary", "ref", e.Ref, "err", err)
 			continue
 		}
 		st := j.Status()
-		p.entries[ref.String()] = &entry{
-			ref: ref.String(), shown: ref.Redacted(), jobID: j.ID(), created: st.Created,
+		p.entries[r.String()] = &entry{
+			ref: r.String(), shown: r.Redacted(), jobID: j.ID(), created: st.Created,
 			state: e.State, bytes: e.Bytes, total: e.Total, image: e.Image, changed: st.Created,
 		}
 		n++
@@ -402,11 +403,11 @@ func (p *NodePublisher) desired(node *corev1.Node) (labels map[string]string, su
 		}
 		n := 0
 		for _, base := range bases {
-			ref, err := prefetch.ParseRef(base)
+			r, err := ref.Parse(base)
 			if err != nil || n >= p.cfg.maxEntries {
 				continue
 			}
-			if l := nodestate.WarmLabel(ref.String()); labels[l] == "" {
+			if l := nodestate.WarmLabel(r.String()); labels[l] == "" {
 				labels[l] = nodestate.LabelReady
 				n++
 			}

@@ -19,6 +19,7 @@ import (
 	"github.com/weightd/weightd/pkg/nodestate"
 	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // TestPublisherFakeAPI runs the node publisher against client-go's fake
@@ -27,7 +28,7 @@ import (
 // model loses its label.
 func TestPublisherFakeAPI(t *testing.T) {
 	t.Parallel()
-	ref, _ := testOrigin(t, "test/model", 2, modelSize)
+	r, _ := testOrigin(t, "test/model", 2, modelSize)
 	old := "hf://org/gone@main"
 	before, err := nodestate.Summary{Entries: []nodestate.Entry{
 		{Key: nodestate.Key(old), Ref: old, State: nodestate.StateFailed},
@@ -42,7 +43,7 @@ func TestPublisherFakeAPI(t *testing.T) {
 	require.NoError(t, err)
 	defer store.Close()
 	blobs := &hidingBlobs{store: store}
-	queue := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
+	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
 	pub, err := NewNodePublisher(client, "n1", queue, blobs, WithNodeInterval(50*time.Millisecond, 200*time.Millisecond))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(t.Context())
@@ -52,14 +53,14 @@ func TestPublisherFakeAPI(t *testing.T) {
 	defer wg.Wait()
 	defer cancel()
 
-	_, err = queue.Submit(ref, prefetch.PriorityNormal)
+	_, err = queue.Submit(r, prefetch.PriorityNormal)
 	require.NoError(t, err)
 	get := func() *corev1.Node {
 		n, err := client.CoreV1().Nodes().Get(t.Context(), "n1", metav1.GetOptions{})
 		require.NoError(t, err)
 		return n
 	}
-	eventually(t, 20*time.Second, func() string { return nodeShows(t, get(), ref, true) })
+	eventually(t, 20*time.Second, func() string { return nodeShows(t, get(), r, true) })
 	n := get()
 	assert.Equal(t, "a", n.Labels["team"])
 	sum, err := nodestate.Decode(n.Annotations[nodestate.SummaryAnnotation])
@@ -73,7 +74,7 @@ func TestPublisherFakeAPI(t *testing.T) {
 	assert.Equal(t, writes, pub.Writes(), "no write when nothing changed")
 
 	blobs.hidden.Store(true)
-	eventually(t, 10*time.Second, func() string { return nodeShows(t, get(), ref, false) })
+	eventually(t, 10*time.Second, func() string { return nodeShows(t, get(), r, false) })
 	assert.Equal(t, "a", get().Labels["team"])
 }
 
@@ -96,17 +97,17 @@ func TestSameShape(t *testing.T) {
 // check of the node name is exercised too).
 func TestIntakeFakeAPI(t *testing.T) {
 	t.Parallel()
-	ref, _ := testOrigin(t, "test/model", 2, modelSize)
+	r, _ := testOrigin(t, "test/model", 2, modelSize)
 	client := fake.NewClientset(
-		newPod("p1", "n1", map[string]string{"weightd.io/models": ref}),
-		newPod("other-node", "n2", map[string]string{"weightd.io/models": ref}),
+		newPod("p1", "n1", map[string]string{"weightd.io/models": r}),
+		newPod("other-node", "n2", map[string]string{"weightd.io/models": r}),
 		newPod("bad", "n1", map[string]string{"weightd.io/models": "ftp://x/y"}),
-		newPod("missing", "n1", map[string]string{"weightd.io/models": strings.TrimSuffix(ref, "model.json") + "nope.json"}),
+		newPod("missing", "n1", map[string]string{"weightd.io/models": strings.TrimSuffix(r, "model.json") + "nope.json"}),
 	)
 	store, err := wcache.Open(t.TempDir())
 	require.NoError(t, err)
 	defer store.Close()
-	queue := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
+	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
 	in, err := NewPodIntake(client, "n1", queue, WithStatusInterval(50*time.Millisecond, 100*time.Millisecond), WithFirstStatusDelay(0))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(t.Context())
@@ -141,7 +142,7 @@ func TestIntakeFakeAPI(t *testing.T) {
 	})
 	assert.Empty(t, status("other-node"))
 	assert.Empty(t, status("bad"))
-	assert.True(t, strings.HasPrefix(status("missing"), "failed: "+strings.TrimSuffix(ref, "model.json")+"nope.json: "), status("missing"))
+	assert.True(t, strings.HasPrefix(status("missing"), "failed: "+strings.TrimSuffix(r, "model.json")+"nope.json: "), status("missing"))
 	assert.Equal(t, 3, in.Tracked(), "p1, missing, and bad (so it is reported once)")
 
 	// A finished pod is no longer followed.
@@ -162,12 +163,12 @@ func TestIntakeFakeAPI(t *testing.T) {
 // not set back to "fetching" while its job runs again.
 func TestIntakeSettledPod(t *testing.T) {
 	t.Parallel()
-	ref, _ := testOrigin(t, "test/model", 2, modelSize, origin.WithBandwidth(8<<20)) // about a second
-	client := fake.NewClientset(newPod("p1", "n1", map[string]string{"weightd.io/models": ref, "weightd.io/status": "ready"}))
+	r, _ := testOrigin(t, "test/model", 2, modelSize, origin.WithBandwidth(8<<20)) // about a second
+	client := fake.NewClientset(newPod("p1", "n1", map[string]string{"weightd.io/models": r, "weightd.io/status": "ready"}))
 	store, err := wcache.Open(t.TempDir())
 	require.NoError(t, err)
 	defer store.Close()
-	queue := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
+	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
 	in, err := NewPodIntake(client, "n1", queue, WithStatusInterval(50*time.Millisecond, 100*time.Millisecond), WithFirstStatusDelay(0))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(t.Context())
@@ -196,12 +197,12 @@ func TestIntakeSettledPod(t *testing.T) {
 // longer progress interval.
 func TestIntakeFinalStatusNotHeldBack(t *testing.T) {
 	t.Parallel()
-	ref, _ := testOrigin(t, "test/model", 2, modelSize, origin.WithBandwidth(8<<20)) // about a second
-	client := fake.NewClientset(newPod("p1", "n1", map[string]string{"weightd.io/models": ref}))
+	r, _ := testOrigin(t, "test/model", 2, modelSize, origin.WithBandwidth(8<<20)) // about a second
+	client := fake.NewClientset(newPod("p1", "n1", map[string]string{"weightd.io/models": r}))
 	store, err := wcache.Open(t.TempDir())
 	require.NoError(t, err)
 	defer store.Close()
-	queue := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
+	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
 	in, err := NewPodIntake(client, "n1", queue, WithStatusInterval(100*time.Millisecond, time.Hour), WithFirstStatusDelay(0))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(t.Context())

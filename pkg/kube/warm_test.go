@@ -26,6 +26,7 @@ import (
 	"github.com/weightd/weightd/pkg/nodestate"
 	"github.com/weightd/weightd/pkg/podrequest"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 	"github.com/weightd/weightd/pkg/warmpool"
 )
 
@@ -447,11 +448,11 @@ func testWarmPods(t *testing.T, env *kubetest.Env, nodeName string) {
 // testPodPrefetchReadySeconds: the intake observes, once per pod, the time
 // from taking a pod to all its references ready.
 func testPodPrefetchReadySeconds(t *testing.T, env *kubetest.Env, nodeName string) {
-	ref, _ := testOrigin(t, "test/model", 2, modelSize)
+	r, _ := testOrigin(t, "test/model", 2, modelSize)
 	store, err := wcache.Open(cacheDir(t), wcache.WithChunkSize(1<<20))
 	require.NoError(t, err)
 	defer store.Close()
-	queue := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
+	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
 	reg := prometheus.NewRegistry()
 	client, _ := countingClient(t, env)
 	in, err := NewPodIntake(client, nodeName, queue, WithIntakeRegisterer(reg), WithStatusInterval(100*time.Millisecond, 0))
@@ -464,8 +465,8 @@ func testPodPrefetchReadySeconds(t *testing.T, env *kubetest.Env, nodeName strin
 	defer wg.Wait()
 	defer cancel()
 
-	createPod(t, env, newPod("m1", nodeName, map[string]string{podrequest.Models: ref}))
-	createPod(t, env, newPod("m2", nodeName, map[string]string{podrequest.Models: ref}))
+	createPod(t, env, newPod("m1", nodeName, map[string]string{podrequest.Models: r}))
+	createPod(t, env, newPod("m2", nodeName, map[string]string{podrequest.Models: r}))
 	waitStatus(t, env, "m1", "ready", 30*time.Second)
 	waitStatus(t, env, "m2", "ready", 30*time.Second)
 	eventually(t, 10*time.Second, func() string {

@@ -44,7 +44,7 @@ const (
 	maxKeyName = 40
 )
 
-// Key returns the stable short key of a canonical reference (prefetch.Ref's
+// Key returns the stable short key of a canonical reference (ref.Ref's
 // String): a readable part taken from the reference's last path element
 // (lowercase letters, digits, '-', '.', '_'; at most 40 bytes), a '-', and
 // the first 12 hex digits of the reference's sha256. The readable part helps

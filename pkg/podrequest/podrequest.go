@@ -24,7 +24,7 @@ import (
 	"github.com/distribution/reference"
 
 	"github.com/weightd/weightd/pkg/cache"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // Pod annotations.
@@ -52,17 +52,17 @@ const (
 type Request struct {
 	// Models are the references of the models annotation, in order,
 	// without duplicates.
-	Models []prefetch.Ref
+	Models []ref.Ref
 	// Images are the pod's container images when PrefetchImages is "true",
 	// as oci:// references, without duplicates.
-	Images []prefetch.Ref
+	Images []ref.Ref
 	// RequireWarm is the RequireWarm annotation.
 	RequireWarm bool
 }
 
 // Refs is every reference of the request: models, then images.
-func (r Request) Refs() []prefetch.Ref {
-	return append(append([]prefetch.Ref(nil), r.Models...), r.Images...)
+func (r Request) Refs() []ref.Ref {
+	return append(append([]ref.Ref(nil), r.Models...), r.Images...)
 }
 
 // Empty reports whether the pod asks for nothing.
@@ -70,8 +70,9 @@ func (r Request) Empty() bool { return len(r.Models) == 0 && len(r.Images) == 0 
 
 // Parse reads a pod's request from its annotations and its container images
 // (init containers first, as they start first). A pod without weightd
-// annotations asks for nothing. Errors wrap cache.ErrInvalid and say which
-// annotation and reference is wrong.
+// annotations asks for nothing. Errors say which annotation and reference is
+// wrong, and wrap ref.ErrInvalid for a reference that does not parse,
+// cache.ErrInvalid for anything else.
 func Parse(annotations map[string]string, images []string) (Request, error) {
 	var r Request
 	var err error
@@ -88,13 +89,13 @@ func Parse(annotations map[string]string, images []string) (Request, error) {
 			if s == "" {
 				continue
 			}
-			ref, err := prefetch.ParseRef(s)
+			parsed, err := ref.Parse(s)
 			if err != nil {
 				return Request{}, fmt.Errorf("annotation %s, reference %d: %w", Models, i+1, err)
 			}
-			if !seen[ref.String()] {
-				seen[ref.String()] = true
-				r.Models = append(r.Models, ref)
+			if !seen[parsed.String()] {
+				seen[parsed.String()] = true
+				r.Models = append(r.Models, parsed)
 			}
 		}
 	}
@@ -104,13 +105,13 @@ func Parse(annotations map[string]string, images []string) (Request, error) {
 	}
 	if prefetchImages {
 		for _, image := range images {
-			ref, err := ImageRef(image)
+			parsed, err := ImageRef(image)
 			if err != nil {
 				return Request{}, fmt.Errorf("annotation %s: container image %q: %w", PrefetchImages, truncate(image), err)
 			}
-			if !seen[ref.String()] {
-				seen[ref.String()] = true
-				r.Images = append(r.Images, ref)
+			if !seen[parsed.String()] {
+				seen[parsed.String()] = true
+				r.Images = append(r.Images, parsed)
 			}
 		}
 	}
@@ -137,10 +138,10 @@ func parseBool(annotations map[string]string, key string) (bool, error) {
 // reference, normalised as the kubelet does: Docker Hub when no registry is
 // named, "library/" for official images, "latest" when neither tag nor
 // digest is given.
-func ImageRef(image string) (prefetch.Ref, error) {
+func ImageRef(image string) (ref.Ref, error) {
 	named, err := reference.ParseNormalizedNamed(image)
 	if err != nil {
-		return prefetch.Ref{}, fmt.Errorf("%w: %v", cache.ErrInvalid, err)
+		return ref.Ref{}, fmt.Errorf("%w: %v", ref.ErrInvalid, err)
 	}
 	named = reference.TagNameOnly(named)
 	s := "oci://" + reference.Domain(named) + "/" + reference.Path(named)
@@ -150,11 +151,11 @@ func ImageRef(image string) (prefetch.Ref, error) {
 	if d, ok := named.(reference.Digested); ok {
 		s += "@" + d.Digest().String()
 	}
-	ref, err := prefetch.ParseRef(s)
+	r, err := ref.Parse(s)
 	if err != nil {
-		return prefetch.Ref{}, errors.Unwrap(err)
+		return ref.Ref{}, errors.Unwrap(err)
 	}
-	return ref, nil
+	return r, nil
 }
 
 func truncate(s string) string {

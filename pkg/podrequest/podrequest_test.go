@@ -10,10 +10,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/pkg/cache"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
-func refStrings(refs []prefetch.Ref) []string {
+func refStrings(refs []ref.Ref) []string {
 	out := make([]string, len(refs))
 	for i, r := range refs {
 		out[i] = r.String()
@@ -67,7 +67,7 @@ func TestParseRejects(t *testing.T) {
 			t.Parallel()
 			_, err := Parse(tt.ann, tt.images)
 			require.Error(t, err)
-			assert.True(t, errors.Is(err, cache.ErrInvalid), "%v", err)
+			assert.True(t, invalid(err), "%v", err)
 			assert.Contains(t, err.Error(), tt.want)
 		})
 	}
@@ -79,19 +79,25 @@ func FuzzParse(f *testing.F) {
 	f.Fuzz(func(t *testing.T, models, images, image string) {
 		r, err := Parse(map[string]string{Models: models, PrefetchImages: images}, []string{image})
 		if err != nil {
-			if !errors.Is(err, cache.ErrInvalid) {
-				t.Fatalf("error %v does not wrap ErrInvalid", err)
+			if !invalid(err) {
+				t.Fatalf("error %v wraps neither ref.ErrInvalid nor cache.ErrInvalid", err)
 			}
 			return
 		}
 		if len(r.Refs()) > MaxRefs {
 			t.Fatalf("%d references", len(r.Refs()))
 		}
-		for _, ref := range r.Refs() {
-			again, err := prefetch.ParseRef(ref.String())
-			if err != nil || again.String() != ref.String() {
-				t.Fatalf("reference %q does not reparse: %v", ref, err)
+		for _, parsed := range r.Refs() {
+			again, err := ref.Parse(parsed.String())
+			if err != nil || again.String() != parsed.String() {
+				t.Fatalf("reference %q does not reparse: %v", parsed, err)
 			}
 		}
 	})
+}
+
+// invalid reports whether err wraps one of the sentinels Parse's errors
+// wrap: ref.ErrInvalid for a reference, cache.ErrInvalid for the rest.
+func invalid(err error) bool {
+	return errors.Is(err, ref.ErrInvalid) || errors.Is(err, cache.ErrInvalid)
 }

@@ -5,7 +5,7 @@ import (
 	"strings"
 
 	"github.com/weightd/weightd/pkg/cache"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 	"github.com/weightd/weightd/pkg/warmpool"
 	"github.com/weightd/weightd/pkg/warmpool/engine"
 )
@@ -79,7 +79,7 @@ const (
 
 // WarmServer is a warm server as its pod's annotations describe it.
 type WarmServer struct {
-	Base    prefetch.Ref
+	Base    ref.Ref
 	Runtime engine.Kind
 	Port    int
 	Slots   int
@@ -93,15 +93,16 @@ func IsWarmServer(labels map[string]string) bool {
 }
 
 // ParseWarmServer reads a warm server's description from its pod's
-// annotations. Every annotation but WarmMaxRank is required. Errors wrap
-// cache.ErrInvalid and name the annotation at fault.
+// annotations. Every annotation but WarmMaxRank is required. Errors name
+// the annotation at fault and wrap ref.ErrInvalid for a reference that
+// does not parse, cache.ErrInvalid for anything else.
 func ParseWarmServer(annotations map[string]string) (WarmServer, error) {
 	var s WarmServer
 	v, ok := annotations[WarmBase]
 	if !ok {
 		return WarmServer{}, fmt.Errorf("%w: annotation %s is missing", cache.ErrInvalid, WarmBase)
 	}
-	base, err := prefetch.ParseRef(strings.TrimSpace(v))
+	base, err := ref.Parse(strings.TrimSpace(v))
 	if err != nil {
 		return WarmServer{}, fmt.Errorf("annotation %s: %w", WarmBase, err)
 	}
@@ -154,8 +155,8 @@ func parseCount(annotations map[string]string, key string, lo, hi int, required 
 
 // AdapterRequest is a pod's request for a LoRA adapter.
 type AdapterRequest struct {
-	Base    prefetch.Ref
-	Adapter prefetch.Ref
+	Base    ref.Ref
+	Adapter ref.Ref
 	// Name is "" when the pod leaves it to the warm pool.
 	Name string
 }
@@ -164,8 +165,9 @@ type AdapterRequest struct {
 // ok is false when the pod asks for none (it has none of LoraBase,
 // LoraAdapter and LoraName). LoraBase and LoraAdapter go together; LoraName
 // is a name warmpool.ValidName accepts (1 to 64 letters, digits, '.', '_'
-// or '-', starting with a letter or digit). Errors wrap cache.ErrInvalid and name the
-// annotation at fault.
+// or '-', starting with a letter or digit). Errors name the annotation at
+// fault and wrap ref.ErrInvalid for a reference that does not parse,
+// cache.ErrInvalid for anything else.
 func ParseAdapterRequest(annotations map[string]string) (req AdapterRequest, ok bool, err error) {
 	base, hasBase := annotations[LoraBase]
 	adapter, hasAdapter := annotations[LoraAdapter]
@@ -181,10 +183,10 @@ func ParseAdapterRequest(annotations map[string]string) (req AdapterRequest, ok 
 		return AdapterRequest{}, true, fmt.Errorf("%w: annotation %s is missing (%s and %s go together)",
 			cache.ErrInvalid, missing, LoraBase, LoraAdapter)
 	}
-	if req.Base, err = prefetch.ParseRef(strings.TrimSpace(base)); err != nil {
+	if req.Base, err = ref.Parse(strings.TrimSpace(base)); err != nil {
 		return AdapterRequest{}, true, fmt.Errorf("annotation %s: %w", LoraBase, err)
 	}
-	if req.Adapter, err = prefetch.ParseRef(strings.TrimSpace(adapter)); err != nil {
+	if req.Adapter, err = ref.Parse(strings.TrimSpace(adapter)); err != nil {
 		return AdapterRequest{}, true, fmt.Errorf("annotation %s: %w", LoraAdapter, err)
 	}
 	if hasName {

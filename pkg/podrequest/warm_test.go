@@ -1,15 +1,13 @@
 package podrequest
 
 import (
-	"errors"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/weightd/weightd/pkg/cache"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 	"github.com/weightd/weightd/pkg/warmpool"
 	"github.com/weightd/weightd/pkg/warmpool/engine"
 )
@@ -74,7 +72,7 @@ func TestParseWarmServerRejects(t *testing.T) {
 			}
 			_, err := ParseWarmServer(a)
 			require.Error(t, err)
-			assert.True(t, errors.Is(err, cache.ErrInvalid), "%v", err)
+			assert.True(t, invalid(err), "%v", err)
 			assert.Contains(t, err.Error(), tt.want)
 		})
 	}
@@ -117,7 +115,7 @@ func TestParseAdapterRequest(t *testing.T) {
 		_, ok, err := ParseAdapterRequest(tt.ann)
 		assert.True(t, ok, name)
 		if assert.Error(t, err, name) {
-			assert.True(t, errors.Is(err, cache.ErrInvalid), "%s: %v", name, err)
+			assert.True(t, invalid(err), "%s: %v", name, err)
 			assert.Contains(t, err.Error(), tt.want, name)
 		}
 	}
@@ -130,8 +128,8 @@ func FuzzParseWarmServer(f *testing.F) {
 	f.Fuzz(func(t *testing.T, base, runtime, port, slots, rank string) {
 		s, err := ParseWarmServer(map[string]string{WarmBase: base, WarmRuntime: runtime, WarmPort: port, WarmSlots: slots, WarmMaxRank: rank})
 		if err != nil {
-			if !errors.Is(err, cache.ErrInvalid) {
-				t.Fatalf("error %v does not wrap ErrInvalid", err)
+			if !invalid(err) {
+				t.Fatalf("error %v wraps neither ref.ErrInvalid nor cache.ErrInvalid", err)
 			}
 			return
 		}
@@ -141,7 +139,7 @@ func FuzzParseWarmServer(f *testing.F) {
 		if s.Runtime != engine.VLLM && s.Runtime != engine.SGLang {
 			t.Fatalf("runtime %q", s.Runtime)
 		}
-		if again, err := prefetch.ParseRef(s.Base.String()); err != nil || again.String() != s.Base.String() {
+		if again, err := ref.Parse(s.Base.String()); err != nil || again.String() != s.Base.String() {
 			t.Fatalf("base %q does not reparse: %v", s.Base, err)
 		}
 	})
@@ -156,17 +154,17 @@ func FuzzParseAdapterRequest(f *testing.F) {
 			t.Fatal("a request with all three annotations asks for nothing")
 		}
 		if err != nil {
-			if !errors.Is(err, cache.ErrInvalid) {
-				t.Fatalf("error %v does not wrap ErrInvalid", err)
+			if !invalid(err) {
+				t.Fatalf("error %v wraps neither ref.ErrInvalid nor cache.ErrInvalid", err)
 			}
 			return
 		}
 		if r.Name != "" && !warmpool.ValidName(r.Name) {
 			t.Fatalf("name %q accepted", r.Name)
 		}
-		for _, ref := range []prefetch.Ref{r.Base, r.Adapter} {
-			if again, err := prefetch.ParseRef(ref.String()); err != nil || again.String() != ref.String() {
-				t.Fatalf("reference %q does not reparse: %v", ref, err)
+		for _, parsed := range []ref.Ref{r.Base, r.Adapter} {
+			if again, err := ref.Parse(parsed.String()); err != nil || again.String() != parsed.String() {
+				t.Fatalf("reference %q does not reparse: %v", parsed, err)
 			}
 		}
 	})

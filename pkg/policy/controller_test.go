@@ -43,6 +43,7 @@ import (
 	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/policy"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 var (
@@ -131,7 +132,7 @@ func startAgent(t *testing.T, kc kubernetes.Interface, dc dynamic.Interface, nod
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	src := prefetch.Sources{prefetch.KindHTTP: prefetch.NewHTTPSource(nil), prefetch.KindOCI: prefetch.NewOCISource()}
+	src := prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(nil), ref.KindOCI: prefetch.NewOCISource()}
 	q := prefetch.NewQueue(store, src, prefetch.WithResolveRetries(1, 0), prefetch.WithLogger(log))
 	c, err := policy.New(node, kc, dc, policy.FromQueue(q), store, policy.Config{
 		Debounce:     200 * time.Millisecond,

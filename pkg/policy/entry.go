@@ -11,6 +11,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/podrequest"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // Matches reports whether sel selects a node with the given labels. A nil
@@ -47,20 +48,20 @@ type Want struct {
 func Wants(s Spec) []Want {
 	var out []Want
 	seen := make(map[string]bool)
-	add := func(raw string, image bool, ref prefetch.Ref, err error) {
+	add := func(raw string, image bool, r ref.Ref, err error) {
 		if err != nil {
 			out = append(out, Want{Shown: redactRaw(raw), Image: image, Err: redactErr(err, raw)})
 			return
 		}
-		c := ref.String()
+		c := r.String()
 		if seen[c] {
 			return
 		}
 		seen[c] = true
-		out = append(out, Want{Ref: c, Shown: cut(ref.Redacted(), MaxRefLen), Image: image})
+		out = append(out, Want{Ref: c, Shown: cut(r.Redacted(), MaxRefLen), Image: image})
 	}
 	for _, m := range s.Models {
-		r, err := prefetch.ParseRef(m)
+		r, err := ref.Parse(m)
 		add(m, false, r, err)
 	}
 	for _, img := range s.Images {

@@ -14,8 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 func TestCRDCopyIsIdentical(t *testing.T) {
@@ -95,7 +95,7 @@ func TestWants(t *testing.T) {
 	assert.NotContains(t, ws[3].Err.Error()+ws[2].Err.Error(), "secret&bad")
 	assert.Equal(t, Want{Ref: "oci://docker.io/library/nginx:latest", Shown: "oci://docker.io/library/nginx:latest", Image: true}, ws[4])
 	assert.True(t, ws[5].Image)
-	assert.ErrorIs(t, ws[5].Err, cache.ErrInvalid)
+	assert.ErrorIs(t, ws[5].Err, ref.ErrInvalid)
 	assert.Contains(t, ws[5].Err.Error(), "parsing image")
 }
 

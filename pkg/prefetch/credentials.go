@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // AnyNamespace, in an AgentCredentials rule, lets every requester use the
@@ -42,11 +43,11 @@ func ParseAgentCredentials(specs []string) (AgentCredentials, error) {
 	for _, spec := range specs {
 		host, nss, ok := strings.Cut(strings.TrimSpace(spec), "=")
 		h := credentialHost(host)
-		valid := ociRegistryRE.MatchString(h)
+		valid := ref.ValidRegistry(h)
 		if bucket, isS3 := strings.CutPrefix(h, "s3://"); isS3 {
 			// Per bucket, not per endpoint: the agent's role may read
 			// many buckets, and a namespace should get only its own.
-			valid = validS3Bucket(bucket) == nil
+			valid = ref.CheckS3Bucket(bucket) == nil
 		}
 		if !ok || !valid {
 			return AgentCredentials{}, fmt.Errorf("%w: agent credentials rule %q: want HOST=NAMESPACE[;NAMESPACE…] (HOST a registry or hub host[:port], or s3://BUCKET)", cache.ErrInvalid, truncate(spec))

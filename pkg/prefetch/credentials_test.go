@@ -10,6 +10,7 @@ import (
 	"github.com/weightd/weightd/internal/hubtest"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 func TestAgentCredentials(t *testing.T) {
@@ -57,11 +58,11 @@ func TestHFTokenPerNamespace(t *testing.T) {
 	creds, err := prefetch.ParseAgentCredentials([]string{u.Host + "=team-a"})
 	require.NoError(t, err)
 	src := hfSource(t, hub.URL, prefetch.WithHFToken("secret"), prefetch.WithHFAgentCredentials(creds))
-	ref, err := prefetch.ParseRef("hf://team-a/private@main")
+	r, err := ref.Parse("hf://team-a/private@main")
 	require.NoError(t, err)
 
 	for ns, ok := range map[string]bool{"": true, "team-a": true, "team-b": false} {
-		_, err := src.Resolve(prefetch.WithRequester(t.Context(), ns), ref)
+		_, err := src.Resolve(prefetch.WithRequester(t.Context(), ns), r)
 		if ok {
 			require.NoError(t, err, "namespace %q", ns)
 			continue

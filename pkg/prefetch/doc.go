@@ -1,32 +1,22 @@
 // Package prefetch brings models and images onto the node before anything
-// asks for them: it parses references, resolves them through sources to
-// blobs named by digest, and runs the fetch queue that downloads those blobs
-// into the cache and materialises models as directories (or hands images to
-// an Importer).
+// asks for them: it resolves references through sources to blobs named by
+// digest, and runs the fetch queue that downloads those blobs into the
+// cache and materialises models as directories (or hands images to an
+// Importer).
 //
 // # References
 //
-// A reference names a model, an image or a single file where it can be
-// fetched from (see ParseRef):
-//
-//	oci://ghcr.io/org/llama:v1                    an image or a ModelPack model artifact, by tag ("latest" if none)
-//	oci://ghcr.io/org/llama@sha256:<64 hex>       the same, pinned by manifest or index digest
-//	hf://meta-llama/Llama-3.1-8B@main             a Hugging Face style hub repository at a branch, tag or commit ("main" if none)
-//	https://host/path/model.json                  a model manifest (see Manifest)
-//	https://host/path/file.bin#sha256:<64 hex>    one file pinned by its digest
-//	s3://bucket/prefix                            the model under an S3 prefix: its model.json, else the objects with their SHA-256 checksums
-//	s3://bucket/prefix@<version id>               the same, the model.json at that S3 object version
-//	s3://bucket/key#sha256:<64 hex>               one object pinned by its digest
-//
-// A reference that names immutable content (an OCI digest, a 40-hex hub
-// commit, a pinned file) is Pinned.
+// A reference (package ref, which holds the grammar) names a model, an
+// image or a single file where it can be fetched from: oci://, hf://,
+// https://, http:// or s3://. ModelName is the name a reference's model is
+// laid out under in the cache.
 //
 // # Sources
 //
-// A Source turns a Ref into a Resolution: the model's files (path, digest,
-// size), packed layers to unpack (ModelPack tar, gzip and zstd layers), or an
-// image for the container runtime, and for each blob a cache.RangeOpener
-// that reads it from the origin starting at any offset. HTTPSource,
+// A Source turns a ref.Ref into a Resolution: the model's files (path,
+// digest, size), packed layers to unpack (ModelPack tar, gzip and zstd
+// layers), or an image for the container runtime, and for each blob a
+// cache.RangeOpener that reads it from the origin starting at any offset. HTTPSource,
 // OCISource (go-containerregistry: Docker config and pull-secret
 // credentials, token auth, platform selection from indexes) and HFSource
 // (the hub's revision, tree and resolve APIs) and S3Source (the AWS SDK,

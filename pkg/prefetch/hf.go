@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // DefaultHFEndpoint is the hub HFSource asks when no endpoint is given.
@@ -48,7 +49,7 @@ const (
 	hfAPITimeout = 2 * time.Minute
 )
 
-// HFSource resolves KindHF references against a Hugging Face hub (or a
+// HFSource resolves ref.KindHF references against a Hugging Face hub (or a
 // mirror speaking its API) and reads their files.
 //
 // Resolving asks the hub which commit the revision names (unless the
@@ -111,7 +112,7 @@ func WithHFEndpoint(endpoint string) HFOption {
 			return fmt.Errorf("%w: hub endpoint %q: user information is not allowed (use a token)", cache.ErrInvalid, truncate(endpoint))
 		case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
 			return fmt.Errorf("%w: hub endpoint %q: no query or fragment allowed", cache.ErrInvalid, truncate(endpoint))
-		case u.Port() != "" && !validPort(u.Port()):
+		case u.Port() != "" && !ref.ValidPort(u.Port()):
 			return fmt.Errorf("%w: hub endpoint %q: port out of range", cache.ErrInvalid, truncate(endpoint))
 		}
 		u.Host = strings.ToLower(u.Host)
@@ -244,44 +245,44 @@ func origin(u *url.URL) string {
 
 // Resolve lists the repository's files at the commit the reference's
 // revision names and returns the model with one opener per blob.
-func (s *HFSource) Resolve(ctx context.Context, ref Ref) (*Resolution, error) {
-	if ref.Kind != KindHF || ref.Repository == "" || ref.Revision == "" {
-		return nil, cache.Permanent(fmt.Errorf("resolving %s: kind %q: %w", ref.Redacted(), ref.Kind, errors.ErrUnsupported))
+func (s *HFSource) Resolve(ctx context.Context, r ref.Ref) (*Resolution, error) {
+	if r.Kind != ref.KindHF || r.Repository == "" || r.Revision == "" {
+		return nil, cache.Permanent(fmt.Errorf("resolving %s: kind %q: %w", r.Redacted(), r.Kind, errors.ErrUnsupported))
 	}
 	if ns := Requester(ctx); s.anon != nil && !s.creds.Allow(s.endpoint.Host, ns) {
-		res, err := s.anon.Resolve(ctx, ref)
+		res, err := s.anon.Resolve(ctx, r)
 		if err != nil {
 			return nil, fmt.Errorf("%w (the agent's hub token is not used for namespace %q)", err, ns)
 		}
 		return res, nil
 	}
-	res, err := s.resolve(ctx, ref)
+	res, err := s.resolve(ctx, r)
 	if err != nil {
-		return nil, fmt.Errorf("resolving %s: %w", ref.Redacted(), err)
+		return nil, fmt.Errorf("resolving %s: %w", r.Redacted(), err)
 	}
 	// Set here, not in the listing shared with peers: the ref is this
 	// reference's, the listing at the commit any reference's (and a peer's
 	// listing names no ref of ours).
 	res.Model.Ref = ""
-	if !isCommit(ref.Revision) {
-		if err := cache.ValidateRef(ref.Revision); err != nil {
-			return nil, cache.Permanent(fmt.Errorf("resolving %s: %w", ref.Redacted(), err))
+	if !ref.IsCommit(r.Revision) {
+		if err := cache.ValidateRef(r.Revision); err != nil {
+			return nil, cache.Permanent(fmt.Errorf("resolving %s: %w", r.Redacted(), err))
 		}
-		res.Model.Ref = ref.Revision
+		res.Model.Ref = r.Revision
 	}
 	return res, nil
 }
 
-func (s *HFSource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
-	commit := ref.Revision
-	if !isCommit(commit) {
+func (s *HFSource) resolve(ctx context.Context, r ref.Ref) (*Resolution, error) {
+	commit := r.Revision
+	if !ref.IsCommit(commit) {
 		var err error
-		if commit, err = s.commit(ctx, ref.Repository, ref.Revision); err != nil {
+		if commit, err = s.commit(ctx, r.Repository, r.Revision); err != nil {
 			return nil, err
 		}
 	}
-	if s.shared == nil || s.distrusted(ref.Repository, commit) {
-		return s.resolveAt(ctx, ref.Repository, commit)
+	if s.shared == nil || s.distrusted(r.Repository, commit) {
+		return s.resolveAt(ctx, r.Repository, commit)
 	}
 	// The listing at a commit never changes: resolve it once for the
 	// cluster, taking another node's answer only as the hub confirms it.
@@ -289,14 +290,14 @@ func (s *HFSource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 		own     *Resolution
 		confirm hubConfirmation
 	)
-	m, err := s.shared(ctx, Ref{Kind: KindHF, Repository: ref.Repository, Revision: commit}, func(ctx context.Context) (cache.Model, error) {
-		res, err := confirm.resolve(ctx, s, ref.Repository, commit)
+	m, err := s.shared(ctx, ref.Ref{Kind: ref.KindHF, Repository: r.Repository, Revision: commit}, func(ctx context.Context) (cache.Model, error) {
+		res, err := confirm.resolve(ctx, s, r.Repository, commit)
 		if err != nil {
 			return cache.Model{}, err
 		}
 		own = res
 		return res.Model, nil
-	}, func(m cache.Model) error { return confirm.check(ctx, s, ref.Repository, commit, m) })
+	}, func(m cache.Model) error { return confirm.check(ctx, s, r.Repository, commit, m) })
 	switch {
 	case err != nil:
 		return nil, err
@@ -416,7 +417,7 @@ func (s *HFSource) commit(ctx context.Context, repo, revision string) (string, e
 	if err := json.Unmarshal(body, &info); err != nil {
 		return "", cache.Permanent(fmt.Errorf("%w: GET %s: model info: %v", cache.ErrInvalid, redact(u), err))
 	}
-	if !isCommit(info.SHA) {
+	if !ref.IsCommit(info.SHA) {
 		return "", cache.Permanent(fmt.Errorf("%w: GET %s: model info names commit %q, want 40 lowercase hex digits", cache.ErrInvalid, redact(u), truncate(info.SHA)))
 	}
 	return info.SHA, nil

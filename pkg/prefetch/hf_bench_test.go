@@ -8,6 +8,7 @@ import (
 	"github.com/weightd/weightd/internal/hubtest"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // BenchmarkHFFetch resolves a two-file model on an in-process hub, fetches it
@@ -25,7 +26,7 @@ func BenchmarkHFFetch(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			ref, err := prefetch.ParseRef("hf://org/model")
+			r, err := ref.Parse("hf://org/model")
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -39,7 +40,7 @@ func BenchmarkHFFetch(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				res, err := src.Resolve(b.Context(), ref)
+				res, err := src.Resolve(b.Context(), r)
 				if err != nil {
 					b.Fatal(err)
 				}

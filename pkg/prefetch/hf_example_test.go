@@ -9,6 +9,7 @@ import (
 	"github.com/weightd/weightd/internal/hubtest"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // An hf:// reference resolves to the repository's files at a commit, then
@@ -27,11 +28,11 @@ func ExampleHFSource() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	ref, err := prefetch.ParseRef("hf://org/tiny@main")
+	r, err := ref.Parse("hf://org/tiny@main")
 	if err != nil {
 		log.Fatal(err)
 	}
-	res, err := src.Resolve(context.Background(), ref)
+	res, err := src.Resolve(context.Background(), r)
 	if err != nil {
 		log.Fatal(err)
 	}

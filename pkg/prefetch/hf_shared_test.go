@@ -11,6 +11,7 @@ import (
 	"github.com/weightd/weightd/internal/hubtest"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // TestHFSharedResolve: a node that takes the listing from the node that
@@ -28,7 +29,7 @@ func TestHFSharedResolve(t *testing.T) {
 
 	// The first node resolves for the cluster.
 	var shared cache.Model
-	first := hfSource(t, hub.URL, prefetch.WithHFShared(func(ctx context.Context, pinned prefetch.Ref, resolve func(context.Context) (cache.Model, error), _ func(cache.Model) error) (cache.Model, error) {
+	first := hfSource(t, hub.URL, prefetch.WithHFShared(func(ctx context.Context, pinned ref.Ref, resolve func(context.Context) (cache.Model, error), _ func(cache.Model) error) (cache.Model, error) {
 		assert.Equal(t, "hf://org/model@"+commit, pinned.String(), "the shared key is the commit")
 		m, err := resolve(ctx)
 		shared = m
@@ -77,7 +78,7 @@ func TestHFSharedResolveSmallFileLie(t *testing.T) {
 	hub.AddRepo("org/model", map[string]hubtest.Content{"config.json": hubtest.String(honest)})
 
 	var shared cache.Model
-	_, err := hfResolve(t, hfSource(t, hub.URL, prefetch.WithHFShared(func(ctx context.Context, _ prefetch.Ref, resolve func(context.Context) (cache.Model, error), _ func(cache.Model) error) (cache.Model, error) {
+	_, err := hfResolve(t, hfSource(t, hub.URL, prefetch.WithHFShared(func(ctx context.Context, _ ref.Ref, resolve func(context.Context) (cache.Model, error), _ func(cache.Model) error) (cache.Model, error) {
 		m, err := resolve(ctx)
 		shared = m
 		return m, err
@@ -108,7 +109,7 @@ func TestHFSharedResolveSmallFileLie(t *testing.T) {
 // the source accepts it, else the source's own resolution. accepted is
 // whether the source must accept it.
 func fromPeer(t *testing.T, m cache.Model, accepted bool) prefetch.SharedResolver {
-	return func(ctx context.Context, _ prefetch.Ref, resolve func(context.Context) (cache.Model, error), accept func(cache.Model) error) (cache.Model, error) {
+	return func(ctx context.Context, _ ref.Ref, resolve func(context.Context) (cache.Model, error), accept func(cache.Model) error) (cache.Model, error) {
 		err := accept(m)
 		if accepted {
 			assert.NoError(t, err, "the source refused the peer's answer")

@@ -22,6 +22,7 @@ import (
 	"github.com/weightd/weightd/internal/hubtest"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // hfSource returns a source for hub.
@@ -32,9 +33,9 @@ func hfSource(t *testing.T, endpoint string, opts ...prefetch.HFOption) *prefetc
 	return src
 }
 
-func hfResolve(t *testing.T, src *prefetch.HFSource, ref string) (*prefetch.Resolution, error) {
+func hfResolve(t *testing.T, src *prefetch.HFSource, reference string) (*prefetch.Resolution, error) {
 	t.Helper()
-	r, err := prefetch.ParseRef(ref)
+	r, err := ref.Parse(reference)
 	require.NoError(t, err)
 	return src.Resolve(t.Context(), r)
 }
@@ -556,7 +557,7 @@ func TestHFSourceOptions(t *testing.T) {
 	}
 	src, err := prefetch.NewHFSource(nil)
 	require.NoError(t, err)
-	_, err = src.Resolve(t.Context(), prefetch.Ref{Kind: prefetch.KindOCI})
+	_, err = src.Resolve(t.Context(), ref.Ref{Kind: ref.KindOCI})
 	assert.ErrorIs(t, err, errors.ErrUnsupported)
 	assert.ErrorIs(t, err, cache.ErrPermanent)
 }
@@ -586,9 +587,9 @@ func TestHFStalledHubIsRetriable(t *testing.T) {
 	defer close(release)
 	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 	defer cancel()
-	ref, err := prefetch.ParseRef("hf://org/model")
+	parsed, err := ref.Parse("hf://org/model")
 	require.NoError(t, err)
-	_, err = hfSource(t, endpoint).Resolve(ctx, ref)
+	_, err = hfSource(t, endpoint).Resolve(ctx, parsed)
 	require.Error(t, err)
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.NotErrorIs(t, err, cache.ErrPermanent)

@@ -12,6 +12,7 @@ import (
 	"github.com/weightd/weightd/internal/hubtest"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // readRef returns the content of refs/<name> of model repo in store root.
@@ -96,7 +97,7 @@ func TestHFSharedListingCarriesNoRef(t *testing.T) {
 	commit := repo.Resolve("main")
 
 	var shared cache.Model
-	first := hfSource(t, hub.URL, prefetch.WithHFShared(func(ctx context.Context, _ prefetch.Ref, resolve func(context.Context) (cache.Model, error), _ func(cache.Model) error) (cache.Model, error) {
+	first := hfSource(t, hub.URL, prefetch.WithHFShared(func(ctx context.Context, _ ref.Ref, resolve func(context.Context) (cache.Model, error), _ func(cache.Model) error) (cache.Model, error) {
 		m, err := resolve(ctx)
 		shared = m
 		return m, err
@@ -110,9 +111,9 @@ func TestHFSharedListingCarriesNoRef(t *testing.T) {
 	peer := shared
 	peer.Ref = "evil"
 	second := hfSource(t, hub.URL, prefetch.WithHFShared(fromPeer(t, peer, true)))
-	for ref, want := range map[string]string{"hf://org/model@main": "main", "hf://org/model@" + commit: ""} {
-		res, err := hfResolve(t, second, ref)
+	for r, want := range map[string]string{"hf://org/model@main": "main", "hf://org/model@" + commit: ""} {
+		res, err := hfResolve(t, second, r)
 		require.NoError(t, err)
-		assert.Equal(t, want, res.Model.Ref, ref)
+		assert.Equal(t, want, res.Model.Ref, r)
 	}
 }

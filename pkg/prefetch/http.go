@@ -16,12 +16,14 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
-// HTTPSource resolves KindHTTP references: model manifests (see Manifest) and
-// single files pinned by digest. Its blobs are read with ranged GETs.
+// HTTPSource resolves ref.KindHTTP references: model manifests (see
+// Manifest) and single files pinned by digest. Its blobs are read with
+// ranged GETs.
 //
-// Either is laid out under the name of its URL (Ref.ModelName), never under
+// Either is laid out under the name of its URL (ModelName), never under
 // a name the document gives: a manifest naming another model (a hub's, or
 // another URL's) cannot put its files where that model's users load it.
 //
@@ -72,21 +74,21 @@ func NewHTTPSource(client *http.Client, opts ...HTTPOption) *HTTPSource {
 // Resolve fetches the manifest a reference names, or learns the size of the
 // single file it pins, and returns the model with one ranged-GET opener per
 // blob.
-func (s *HTTPSource) Resolve(ctx context.Context, ref Ref) (*Resolution, error) {
-	if ref.Kind != KindHTTP || ref.URL == nil {
-		return nil, cache.Permanent(fmt.Errorf("resolving %s: kind %q: %w", ref.Redacted(), ref.Kind, errors.ErrUnsupported))
+func (s *HTTPSource) Resolve(ctx context.Context, r ref.Ref) (*Resolution, error) {
+	if r.Kind != ref.KindHTTP || r.URL == nil {
+		return nil, cache.Permanent(fmt.Errorf("resolving %s: kind %q: %w", r.Redacted(), r.Kind, errors.ErrUnsupported))
 	}
 	var (
 		res *Resolution
 		err error
 	)
-	if ref.Digest != "" {
-		res, err = s.resolveFile(ctx, ref)
+	if r.Digest != "" {
+		res, err = s.resolveFile(ctx, r)
 	} else {
-		res, err = s.resolveManifest(ctx, ref.URL)
+		res, err = s.resolveManifest(ctx, r.URL)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("resolving %s: %w", ref.Redacted(), err)
+		return nil, fmt.Errorf("resolving %s: %w", r.Redacted(), err)
 	}
 	return res, nil
 }
@@ -123,18 +125,18 @@ func (s *HTTPSource) resolveManifest(ctx context.Context, u *url.URL) (*Resoluti
 	return res, nil
 }
 
-func (s *HTTPSource) resolveFile(ctx context.Context, ref Ref) (*Resolution, error) {
-	size, err := s.size(ctx, ref.URL)
+func (s *HTTPSource) resolveFile(ctx context.Context, r ref.Ref) (*Resolution, error) {
+	size, err := s.size(ctx, r.URL)
 	if err != nil {
 		return nil, err
 	}
-	m := singleFileModel(ref.URL, ref.Digest, size)
+	m := singleFileModel(r.URL, r.Digest, size)
 	if err := m.Validate(); err != nil {
 		return nil, cache.Permanent(err)
 	}
 	return &Resolution{
 		Model: m,
-		Blobs: map[digest.Digest]cache.RangeOpener{ref.Digest: s.blob(ref.URL, size)},
+		Blobs: map[digest.Digest]cache.RangeOpener{r.Digest: s.blob(r.URL, size)},
 	}, nil
 }
 
@@ -410,7 +412,7 @@ func redact(u *url.URL) string {
 	return c.String()
 }
 
-// urlModelName is the name of the model a URL names (Ref.ModelName):
+// urlModelName is the name of the model a URL names (ModelName):
 // "<host>/<path>/<key>", three parts where hubs' names have at most two, so
 // that no hub model is ever laid out in its place. Host (and "-<port>") and
 // path are sanitised for people to read, which loses bytes ('/' and ':'

@@ -97,7 +97,7 @@ func TestURLModelName(t *testing.T) {
 		"http://1:8080/a/model.json",
 		long,
 	} {
-		u, err := parseHTTPURL(s)
+		u, err := parseURL(s)
 		require.NoError(t, err, s)
 		name := urlModelName(u)
 		require.NoError(t, cache.ValidateModelName(name), s)
@@ -108,10 +108,10 @@ func TestURLModelName(t *testing.T) {
 		}
 		names[name] = s
 	}
-	u, _ := parseHTTPURL("https://models.example.com/llama-3-8b/model.json")
+	u, _ := parseURL("https://models.example.com/llama-3-8b/model.json")
 	assert.True(t, strings.HasPrefix(urlModelName(u), "models.example.com/llama-3-8b-model.json/"), urlModelName(u))
 	for _, s := range []string{"https://models.example.com/llama-3-8b/model.json?sig=1", "https://MODELS.example.com/llama-3-8b/model.json"} {
-		v, _ := parseHTTPURL(s)
+		v, _ := parseURL(s)
 		assert.Equal(t, urlModelName(u), urlModelName(v), "%s: the query and the host's case are no part of the name", s)
 	}
 }
@@ -144,4 +144,14 @@ func TestParseContentRange(t *testing.T) {
 		require.NoError(t, err, tt.in)
 		assert.Equal(t, []int64{tt.first, tt.last, tt.total}, []int64{first, last, total}, tt.in)
 	}
+}
+
+// parseURL parses s with its host lower-cased, as ref.Parse does.
+func parseURL(s string) (*url.URL, error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return nil, err
+	}
+	u.Host = strings.ToLower(u.Host)
+	return u, nil
 }

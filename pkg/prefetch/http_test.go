@@ -23,6 +23,7 @@ import (
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // blobData is a test blob and its digest.
@@ -38,9 +39,9 @@ func blobData(n int) ([]byte, digest.Digest) {
 // opener.
 func resolveFile(t *testing.T, src *prefetch.HTTPSource, rawURL string, d digest.Digest) (*prefetch.Resolution, cache.RangeOpener) {
 	t.Helper()
-	ref, err := prefetch.ParseRef(rawURL + "#" + d.String())
+	r, err := ref.Parse(rawURL + "#" + d.String())
 	require.NoError(t, err)
-	res, err := src.Resolve(t.Context(), ref)
+	res, err := src.Resolve(t.Context(), r)
 	require.NoError(t, err)
 	require.Contains(t, res.Blobs, d)
 	return res, res.Blobs[d]
@@ -267,12 +268,12 @@ func TestHTTPSourceResolveFile(t *testing.T) {
 			}))
 			defer srv.Close()
 			res, _ := resolveFile(t, prefetch.NewHTTPSource(srv.Client()), srv.URL+"/models/llama/w.bin", d)
-			ref, err := prefetch.ParseRef(srv.URL + "/models/llama/w.bin#" + d.String())
+			parsed, err := ref.Parse(srv.URL + "/models/llama/w.bin#" + d.String())
 			require.NoError(t, err)
 			host := strings.ReplaceAll(strings.TrimPrefix(srv.URL, "http://"), ":", "-")
-			require.True(t, strings.HasPrefix(ref.ModelName(), host+"/models-llama-w.bin/"), ref.ModelName())
+			require.True(t, strings.HasPrefix(prefetch.ModelName(parsed), host+"/models-llama-w.bin/"), prefetch.ModelName(parsed))
 			assert.Equal(t, cache.Model{
-				Name:     ref.ModelName(),
+				Name:     prefetch.ModelName(parsed),
 				Revision: d.Encoded()[:12],
 				Files:    []cache.File{{Path: "w.bin", Descriptor: cache.Descriptor{Digest: d, Size: int64(len(tt.data))}}},
 			}, res.Model)
@@ -297,12 +298,12 @@ func TestHTTPSourceResolveFileErrors(t *testing.T) {
 			t.Parallel()
 			srv := httptest.NewServer(tt.handler)
 			defer srv.Close()
-			ref, err := prefetch.ParseRef(srv.URL + "/w.bin#" + d.String())
+			r, err := ref.Parse(srv.URL + "/w.bin#" + d.String())
 			require.NoError(t, err)
-			_, err = prefetch.NewHTTPSource(srv.Client()).Resolve(t.Context(), ref)
+			_, err = prefetch.NewHTTPSource(srv.Client()).Resolve(t.Context(), r)
 			require.Error(t, err)
 			assert.Equal(t, tt.permanent, errors.Is(err, cache.ErrPermanent), err.Error())
-			assert.True(t, strings.HasPrefix(err.Error(), "resolving "+ref.String()), err.Error())
+			assert.True(t, strings.HasPrefix(err.Error(), "resolving "+r.String()), err.Error())
 		})
 	}
 }
@@ -330,12 +331,12 @@ func startOrigin(t *testing.T, spec origin.Spec, opts ...origin.ServerOption) (*
 func TestHTTPSourceResolveManifest(t *testing.T) {
 	t.Parallel()
 	s, m := startOrigin(t, origin.Spec{Name: "org/gen", Files: 5, TotalBytes: 1 << 20, Seed: 9})
-	ref, err := prefetch.ParseRef(s.URL() + "/" + origin.ManifestName)
+	r, err := ref.Parse(s.URL() + "/" + origin.ManifestName)
 	require.NoError(t, err)
-	res, err := prefetch.NewHTTPSource(nil).Resolve(t.Context(), ref)
+	res, err := prefetch.NewHTTPSource(nil).Resolve(t.Context(), r)
 	require.NoError(t, err)
 
-	assert.Equal(t, ref.ModelName(), res.Model.Name, "named after its URL, not as the manifest names itself")
+	assert.Equal(t, prefetch.ModelName(r), res.Model.Name, "named after its URL, not as the manifest names itself")
 	assert.Equal(t, m.Revision, res.Model.Revision, "a commit names the snapshot")
 	assert.Empty(t, res.Model.Ref)
 	require.Len(t, res.Model.Files, len(m.Files))
@@ -370,16 +371,16 @@ func TestHTTPSourceLaysManifestOutUnderItsURL(t *testing.T) {
 	}))
 	defer srv.Close()
 	src := prefetch.NewHTTPSource(srv.Client())
-	resolve := func(path string) (prefetch.Ref, cache.Model) {
-		ref, err := prefetch.ParseRef(srv.URL + path + "?X-Amz-Signature=1")
+	resolve := func(path string) (ref.Ref, cache.Model) {
+		parsed, err := ref.Parse(srv.URL + path + "?X-Amz-Signature=1")
 		require.NoError(t, err)
-		res, err := src.Resolve(t.Context(), ref)
+		res, err := src.Resolve(t.Context(), parsed)
 		require.NoError(t, err, path)
-		return ref, res.Model
+		return parsed, res.Model
 	}
 
-	ref, m := resolve("/a/model.json")
-	assert.Equal(t, ref.ModelName(), m.Name)
+	parsed, m := resolve("/a/model.json")
+	assert.Equal(t, prefetch.ModelName(parsed), m.Name)
 	assert.Len(t, strings.Split(m.Name, "/"), 3, "three parts: no hub names a model so")
 	assert.Equal(t, "main", m.Ref)
 	assert.Regexp(t, `^[0-9a-f]{40}$`, m.Revision)
@@ -398,12 +399,12 @@ func TestHTTPSourceLaysManifestOutUnderItsURL(t *testing.T) {
 
 	// The query (a presigned URL's signature) is no part of the name; the
 	// scheme is.
-	again, err := prefetch.ParseRef(srv.URL + "/a/model.json?X-Amz-Signature=2")
+	again, err := ref.Parse(srv.URL + "/a/model.json?X-Amz-Signature=2")
 	require.NoError(t, err)
-	assert.Equal(t, ref.ModelName(), again.ModelName())
-	https, err := prefetch.ParseRef(strings.Replace(srv.URL, "http://", "https://", 1) + "/a/model.json")
+	assert.Equal(t, prefetch.ModelName(parsed), prefetch.ModelName(again))
+	https, err := ref.Parse(strings.Replace(srv.URL, "http://", "https://", 1) + "/a/model.json")
 	require.NoError(t, err)
-	assert.NotEqual(t, ref.ModelName(), https.ModelName())
+	assert.NotEqual(t, prefetch.ModelName(parsed), prefetch.ModelName(https))
 }
 
 func TestHTTPSourceResolveManifestFileURLs(t *testing.T) {
@@ -427,9 +428,9 @@ func TestHTTPSourceResolveManifestFileURLs(t *testing.T) {
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
-	ref, err := prefetch.ParseRef(srv.URL + "/m/model.json")
+	parsed, err := ref.Parse(srv.URL + "/m/model.json")
 	require.NoError(t, err)
-	res, err := prefetch.NewHTTPSource(srv.Client()).Resolve(t.Context(), ref)
+	res, err := prefetch.NewHTTPSource(srv.Client()).Resolve(t.Context(), parsed)
 	require.NoError(t, err)
 	assert.Len(t, res.Model.Files, 2)
 	assert.Len(t, res.Blobs, 1, "one blob, two files")
@@ -479,9 +480,9 @@ func TestHTTPSourceResolveManifestErrors(t *testing.T) {
 			t.Parallel()
 			srv := httptest.NewServer(tt.handler)
 			defer srv.Close()
-			ref, err := prefetch.ParseRef(srv.URL + "/model.json")
+			r, err := ref.Parse(srv.URL + "/model.json")
 			require.NoError(t, err)
-			_, err = prefetch.NewHTTPSource(srv.Client()).Resolve(t.Context(), ref)
+			_, err = prefetch.NewHTTPSource(srv.Client()).Resolve(t.Context(), r)
 			require.Error(t, err)
 			assert.Equal(t, tt.permanent, errors.Is(err, cache.ErrPermanent), err.Error())
 			if tt.is != nil {
@@ -493,7 +494,7 @@ func TestHTTPSourceResolveManifestErrors(t *testing.T) {
 
 func TestHTTPSourceUnsupported(t *testing.T) {
 	t.Parallel()
-	_, err := prefetch.NewHTTPSource(nil).Resolve(t.Context(), prefetch.Ref{Kind: "oci"})
+	_, err := prefetch.NewHTTPSource(nil).Resolve(t.Context(), ref.Ref{Kind: "oci"})
 	assert.ErrorIs(t, err, errors.ErrUnsupported)
 	assert.ErrorIs(t, err, cache.ErrPermanent)
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // JobState is where a job is in its life.
@@ -56,7 +57,7 @@ type JobStatus struct {
 // methods are safe for concurrent use.
 type Job struct {
 	id  string
-	ref Ref
+	ref ref.Ref
 	// namespace is the requester's, "" for the operator (ForNamespace).
 	namespace string
 
@@ -78,11 +79,11 @@ type blobProgress struct {
 	files       int // files of the model that are this blob
 }
 
-func newJob(id string, ref Ref, p Priority, now time.Time) *Job {
+func newJob(id string, r ref.Ref, p Priority, now time.Time) *Job {
 	return &Job{
 		id:       id,
-		ref:      ref,
-		st:       JobStatus{ID: id, Ref: ref.Redacted(), State: StateQueued, Priority: p, Created: now},
+		ref:      r,
+		st:       JobStatus{ID: id, Ref: r.Redacted(), State: StateQueued, Priority: p, Created: now},
 		watchers: make(map[chan JobStatus]func() bool),
 		done:     make(chan struct{}),
 	}
@@ -92,7 +93,7 @@ func newJob(id string, ref Ref, p Priority, now time.Time) *Job {
 func (j *Job) ID() string { return j.id }
 
 // Ref returns the reference the job fetches.
-func (j *Job) Ref() Ref { return j.ref }
+func (j *Job) Ref() ref.Ref { return j.ref }
 
 // Status returns a snapshot of the job.
 func (j *Job) Status() JobStatus {

@@ -17,6 +17,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // Limits on manifests, which come from the network.
@@ -89,7 +90,7 @@ func (m *Manifest) Model() cache.Model {
 func (m *Manifest) layout(u *url.URL) cache.Model {
 	model := m.Model()
 	model.Name = urlModelName(u)
-	if !isCommit(m.Revision) {
+	if !ref.IsCommit(m.Revision) {
 		model.Ref, model.Revision = m.Revision, filesRevision(model.Files)
 	}
 	return model
@@ -212,8 +213,8 @@ func (m *Manifest) validate() error {
 // reference, or an absolute http(s) URL; printable ASCII, no user
 // information, no fragment.
 func checkFileURL(s string) error {
-	if len(s) > MaxRefLength {
-		return fmt.Errorf("%w: longer than %d bytes", cache.ErrInvalid, MaxRefLength)
+	if len(s) > ref.MaxLength {
+		return fmt.Errorf("%w: longer than %d bytes", cache.ErrInvalid, ref.MaxLength)
 	}
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; c <= ' ' || c >= 0x7f {
@@ -231,7 +232,9 @@ func checkFileURL(s string) error {
 		return fmt.Errorf("%w: user information in URLs is not allowed", cache.ErrInvalid)
 	}
 	if u.Scheme != "" || u.Host != "" {
-		return checkHTTPURL(u)
+		if err := ref.CheckHTTPURL(u); err != nil {
+			return fmt.Errorf("%w: %w", cache.ErrInvalid, err)
+		}
 	}
 	return nil
 }
@@ -239,22 +242,22 @@ func checkFileURL(s string) error {
 // fileURL returns the URL a manifest file is fetched from, given the URL the
 // manifest itself came from.
 func (f ManifestFile) fileURL(manifestURL *url.URL) (*url.URL, error) {
-	ref := f.URL
-	if ref == "" {
+	href := f.URL
+	if href == "" {
 		segs := strings.Split(f.Path, "/")
 		for i, s := range segs {
 			segs[i] = url.PathEscape(s)
 		}
 		// "./" keeps a first segment with a colon from reading as a scheme.
-		ref = "./" + strings.Join(segs, "/")
+		href = "./" + strings.Join(segs, "/")
 	}
-	rel, err := url.Parse(ref)
+	rel, err := url.Parse(href)
 	if err != nil {
 		return nil, fmt.Errorf("%w: file %q: url: %v", cache.ErrInvalid, truncate(f.Path), err)
 	}
 	u := manifestURL.ResolveReference(rel)
-	if err := checkHTTPURL(u); err != nil {
-		return nil, fmt.Errorf("file %q: url: %w", truncate(f.Path), err)
+	if err := ref.CheckHTTPURL(u); err != nil {
+		return nil, fmt.Errorf("%w: file %q: url: %w", cache.ErrInvalid, truncate(f.Path), err)
 	}
 	if manifestURL.Scheme == "https" && u.Scheme != "https" {
 		return nil, fmt.Errorf("%w: file %q: url: a manifest fetched over https may not send files over %s", cache.ErrInvalid, truncate(f.Path), u.Scheme)

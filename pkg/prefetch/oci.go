@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // DefaultMaxOCIManifestSize is the largest manifest or index an OCISource
@@ -45,7 +46,7 @@ var manifestAccept = strings.Join([]string{
 	MediaTypeOCIIndex, MediaTypeOCIManifest, MediaTypeDockerList, MediaTypeDockerManifest, MediaTypeModelManifest,
 }, ", ")
 
-// OCISource resolves KindOCI references: container images and ModelPack
+// OCISource resolves ref.KindOCI references: container images and ModelPack
 // model artifacts in OCI registries (the distribution API), with anonymous,
 // basic or bearer-token authentication through go-containerregistry.
 //
@@ -194,32 +195,32 @@ func NewOCISource(opts ...OCIOption) *OCISource {
 	return s
 }
 
-// Resolve fetches the manifest ref names (through its index, if any) and
+// Resolve fetches the manifest r names (through its index, if any) and
 // returns the model or image with one opener per blob.
-func (s *OCISource) Resolve(ctx context.Context, ref Ref) (*Resolution, error) {
-	if ref.Kind != KindOCI {
-		return nil, cache.Permanent(fmt.Errorf("resolving %s: kind %q: %w", ref.Redacted(), ref.Kind, errors.ErrUnsupported))
+func (s *OCISource) Resolve(ctx context.Context, r ref.Ref) (*Resolution, error) {
+	if r.Kind != ref.KindOCI {
+		return nil, cache.Permanent(fmt.Errorf("resolving %s: kind %q: %w", r.Redacted(), r.Kind, errors.ErrUnsupported))
 	}
-	res, err := s.resolve(ctx, ref)
+	res, err := s.resolve(ctx, r)
 	if err != nil {
-		return nil, fmt.Errorf("resolving %s: %w", ref.Redacted(), err)
+		return nil, fmt.Errorf("resolving %s: %w", r.Redacted(), err)
 	}
 	return res, nil
 }
 
-func (s *OCISource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
-	repo, err := s.repository(ref.Registry, ref.Repository)
+func (s *OCISource) resolve(ctx context.Context, r ref.Ref) (*Resolution, error) {
+	repo, err := s.repository(r.Registry, r.Repository)
 	if err != nil {
 		return nil, err
 	}
-	auth := RegistryAuth{Agent: s.creds.Allow(ref.Registry, Requester(ctx))}
+	auth := RegistryAuth{Agent: s.creds.Allow(r.Registry, Requester(ctx))}
 	public, err := s.anonymous(auth, repo)
 	if err != nil {
 		return nil, err
 	}
-	reference := ref.Tag
-	if ref.Digest != "" {
-		reference = ref.Digest.String()
+	reference := r.Tag
+	if r.Digest != "" {
+		reference = r.Digest.String()
 	}
 	ct, body, top, err := s.fetchManifest(ctx, repo, auth, reference, nil)
 	if err != nil {
@@ -264,7 +265,7 @@ func (s *OCISource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 		if err != nil {
 			return nil, cache.Permanent(fmt.Errorf("model manifest %s: %w", manifest.Digest, err))
 		}
-		res.Model = cache.Model{Name: modelName(ref.Repository), Revision: top.Encoded(), Files: files}
+		res.Model = cache.Model{Name: modelName(r.Repository), Revision: top.Encoded(), Files: files}
 		res.Packed = packed
 		clear(res.Blobs) // the manifest and index are not part of the model
 		for _, f := range files {
@@ -291,27 +292,27 @@ func (s *OCISource) resolve(ctx context.Context, ref Ref) (*Resolution, error) {
 			imageBlobs = append(imageBlobs, b)
 		}
 	}
-	res.Image = &Image{Name: imageName(repo, ref), Target: target, Blobs: imageBlobs, Public: public}
+	res.Image = &Image{Name: imageName(repo, r), Target: target, Blobs: imageBlobs, Public: public}
 	rev := top.Encoded()
-	if ref.Tag != "" {
-		rev = sanitize(ref.Tag, 128, rev)
+	if r.Tag != "" {
+		rev = sanitize(r.Tag, 128, rev)
 	}
-	res.Model = cache.Model{Name: modelName(ref.Repository), Revision: rev}
+	res.Model = cache.Model{Name: modelName(r.Repository), Revision: rev}
 	return res, nil
 }
 
 // imageName is the containerd name of an image: registry/repository:tag,
 // or @digest without a tag; Docker Hub is "docker.io".
-func imageName(repo name.Repository, ref Ref) string {
+func imageName(repo name.Repository, r ref.Ref) string {
 	reg := repo.RegistryStr()
 	if reg == name.DefaultRegistry {
 		reg = "docker.io"
 	}
 	n := reg + "/" + repo.RepositoryStr()
-	if ref.Tag != "" {
-		return n + ":" + ref.Tag
+	if r.Tag != "" {
+		return n + ":" + r.Tag
 	}
-	return n + "@" + ref.Digest.String()
+	return n + "@" + r.Digest.String()
 }
 
 // Manifest fetches the manifest or index reference (a tag or a digest)
@@ -336,7 +337,7 @@ func (s *OCISource) Manifest(ctx context.Context, auth RegistryAuth, registry, r
 		if _, err := cache.ParseDigest(reference); err != nil {
 			return "", nil, "", cache.Permanent(err)
 		}
-	} else if !ociTagRE.MatchString(reference) {
+	} else if !ref.ValidTag(reference) {
 		return "", nil, "", cache.Permanent(fmt.Errorf("%w: tag %q", cache.ErrInvalid, truncate(reference)))
 	}
 	ct, body, d, err := s.fetchManifest(ctx, repo, auth, reference, nil)
@@ -431,13 +432,8 @@ func (s *OCISource) BlobOpener(auth RegistryAuth, registry, repository string, d
 // go-containerregistry.
 func (s *OCISource) repository(registry, repository string) (name.Repository, error) {
 	registry = strings.ToLower(registry)
-	if !ociRegistryRE.MatchString(registry) || len(repository) > maxOCIRepository {
+	if !ref.ValidRegistry(registry) || !ref.ValidRepository(repository) {
 		return name.Repository{}, cache.Permanent(fmt.Errorf("%w: %q/%q is not a registry and a repository", cache.ErrInvalid, truncate(registry), truncate(repository)))
-	}
-	for c := range strings.SplitSeq(repository, "/") {
-		if !ociComponentRE.MatchString(c) {
-			return name.Repository{}, cache.Permanent(fmt.Errorf("%w: repository %q", cache.ErrInvalid, truncate(repository)))
-		}
 	}
 	var opts []name.Option
 	if s.insecure[registry] || isLoopbackHost(registry) {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // A ModelPack model in a registry resolves to its files: a raw layer is a
@@ -53,11 +54,11 @@ func ExampleOCISource_Resolve() {
 		log.Fatal(err)
 	}
 
-	ref, err := prefetch.ParseRef("oci://" + host + "/models/tiny:v1")
+	parsed, err := ref.Parse("oci://" + host + "/models/tiny:v1")
 	if err != nil {
 		log.Fatal(err)
 	}
-	res, err := prefetch.NewOCISource().Resolve(context.Background(), ref)
+	res, err := prefetch.NewOCISource().Resolve(context.Background(), parsed)
 	if err != nil {
 		log.Fatal(err)
 	}

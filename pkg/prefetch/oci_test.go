@@ -26,6 +26,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // agentAuth is how the mirror asks for what the agent's own credentials may
@@ -162,11 +163,11 @@ func (rg *ociRegistry) pushImage(t *testing.T, repo, tag, mt, arch string) ociIm
 }
 
 // ociRef parses a reference to the test registry.
-func ociRef(t *testing.T, host, rest string) prefetch.Ref {
+func ociRef(t *testing.T, host, rest string) ref.Ref {
 	t.Helper()
-	ref, err := prefetch.ParseRef("oci://" + host + "/" + rest)
+	r, err := ref.Parse("oci://" + host + "/" + rest)
 	require.NoError(t, err)
-	return ref
+	return r
 }
 
 // readAll reads a blob through its opener from off.
@@ -554,7 +555,7 @@ func TestOCIManifestForMirror(t *testing.T) {
 
 func TestOCIUnsupported(t *testing.T) {
 	t.Parallel()
-	_, err := prefetch.NewOCISource().Resolve(t.Context(), prefetch.Ref{Kind: prefetch.KindHF, Repository: "a/b", Revision: "main"})
+	_, err := prefetch.NewOCISource().Resolve(t.Context(), ref.Ref{Kind: ref.KindHF, Repository: "a/b", Revision: "main"})
 	assert.ErrorIs(t, err, cache.ErrPermanent)
 }
 

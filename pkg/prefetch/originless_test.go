@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // TestCheckWithoutOrigin: only a file pinned by digest is taken from
@@ -14,7 +15,7 @@ import (
 func TestCheckWithoutOrigin(t *testing.T) {
 	t.Parallel()
 	d := digest.FromString("adapter")
-	pinned, err := ParseRef("https://files.example/a/adapter.bin#" + d.String())
+	pinned, err := ref.Parse("https://files.example/a/adapter.bin#" + d.String())
 	require.NoError(t, err)
 	honest := singleFileModel(pinned.URL, d, 7)
 	require.NoError(t, CheckWithoutOrigin(pinned, honest))
@@ -31,11 +32,11 @@ func TestCheckWithoutOrigin(t *testing.T) {
 		require.ErrorIs(t, CheckWithoutOrigin(pinned, m), cache.ErrInvalid, "%+v", m)
 	}
 
-	for _, ref := range []string{"https://files.example/model.json", "hf://org/model@0123456789012345678901234567890123456789",
+	for _, s := range []string{"https://files.example/model.json", "hf://org/model@0123456789012345678901234567890123456789",
 		"oci://registry.example/org/model@" + d.String()} {
-		r, err := ParseRef(ref)
+		r, err := ref.Parse(s)
 		require.NoError(t, err)
-		require.ErrorIs(t, NeedsOrigin(r), ErrNeedsOrigin, ref)
-		require.ErrorIs(t, CheckWithoutOrigin(r, honest), ErrNeedsOrigin, ref)
+		require.ErrorIs(t, NeedsOrigin(r), ErrNeedsOrigin, s)
+		require.ErrorIs(t, CheckWithoutOrigin(r, honest), ErrNeedsOrigin, s)
 	}
 }

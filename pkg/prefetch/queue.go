@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // Store is what the queue needs of the cache; *cache.Store provides it.
@@ -359,13 +360,14 @@ func ForNamespace(ns string) SubmitOption {
 	return func(c *submitConfig) { c.namespace = ns }
 }
 
-// Submit parses ref and queues a job for it at priority p, or returns the
-// unfinished job already queued or running for the same canonical reference
-// and requester (raising its priority to p if it is still queued at a lower
-// one). A reference that does not parse is an error at once. A finished job
-// is never returned: submitting again after a failure starts a new job.
-func (q *Queue) Submit(ref string, p Priority, opts ...SubmitOption) (*Job, error) {
-	r, err := ParseRef(ref)
+// Submit parses reference and queues a job for it at priority p, or returns
+// the unfinished job already queued or running for the same canonical
+// reference and requester (raising its priority to p if it is still queued
+// at a lower one). A reference that does not parse is an error at once,
+// wrapping ref.ErrInvalid. A finished job is never returned: submitting
+// again after a failure starts a new job.
+func (q *Queue) Submit(reference string, p Priority, opts ...SubmitOption) (*Job, error) {
+	r, err := ref.Parse(reference)
 	if err != nil {
 		return nil, err
 	}
@@ -838,7 +840,7 @@ func (s *streamingImport) abort() {
 // retry calls fn until it succeeds, fails permanently, ctx ends or the
 // attempts run out, pausing with exponential backoff and jitter between
 // attempts.
-func retry[T any](ctx context.Context, q *Queue, what string, ref Ref, fn func() (T, error)) (T, error) {
+func retry[T any](ctx context.Context, q *Queue, what string, r ref.Ref, fn func() (T, error)) (T, error) {
 	backoff := q.cfg.resolveBackoff
 	for attempt := 1; ; attempt++ {
 		v, err := fn()
@@ -849,7 +851,7 @@ func retry[T any](ctx context.Context, q *Queue, what string, ref Ref, fn func()
 			return v, err
 		}
 		pause := backoff/2 + mathrand.N(backoff/2+1)
-		q.cfg.logger.Warn(what+" failed, retrying", "ref", ref.Redacted(), "attempt", attempt, "in", pause, "err", err)
+		q.cfg.logger.Warn(what+" failed, retrying", "ref", r.Redacted(), "attempt", attempt, "in", pause, "err", err)
 		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
@@ -900,7 +902,7 @@ func (q *Queue) finish(j *Job, dir string, err error, span trace.Span) {
 
 // jobKey is what jobs are shared by: the canonical reference and the
 // requester's namespace ("" for the operator).
-func jobKey(r Ref, namespace string) string {
+func jobKey(r ref.Ref, namespace string) string {
 	return r.String() + "\x00" + namespace
 }
 
@@ -953,7 +955,7 @@ func newQueueMetrics(modelLabels int) queueMetrics {
 		}, []string{"model"}),
 		models: NewLabelLimiter(modelLabels),
 	}
-	for _, k := range []Kind{KindHTTP, KindOCI, KindHF, KindS3} {
+	for _, k := range []ref.Kind{ref.KindHTTP, ref.KindOCI, ref.KindHF, ref.KindS3} {
 		for _, o := range []string{string(StateReady), string(StateFailed), "canceled"} {
 			m.jobs.WithLabelValues(string(k), o)
 		}

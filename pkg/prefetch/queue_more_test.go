@@ -20,6 +20,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 func TestQueuePriorities(t *testing.T) {
@@ -108,7 +109,7 @@ func TestQueueCancel(t *testing.T) {
 // imageSource resolves every reference to one image whose blobs it serves.
 type imageSource struct{ res *prefetch.Resolution }
 
-func (s imageSource) Resolve(context.Context, prefetch.Ref) (*prefetch.Resolution, error) {
+func (s imageSource) Resolve(context.Context, ref.Ref) (*prefetch.Resolution, error) {
 	return s.res, nil
 }
 

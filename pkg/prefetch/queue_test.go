@@ -27,6 +27,7 @@ import (
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 var _ prefetch.Store = (*cache.Store)(nil)
@@ -96,11 +97,11 @@ func TestQueueFetchesModel(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	q := prefetch.NewQueue(store, prefetch.NewHTTPSource(nil), prefetch.WithRegisterer(reg),
 		prefetch.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
-	ref := srv.URL() + "/" + origin.ManifestName
+	r := srv.URL() + "/" + origin.ManifestName
 
-	j, err := q.Submit(ref, prefetch.PriorityNormal)
+	j, err := q.Submit(r, prefetch.PriorityNormal)
 	require.NoError(t, err)
-	again, err := q.Submit(ref, prefetch.PriorityNormal)
+	again, err := q.Submit(r, prefetch.PriorityNormal)
 	require.NoError(t, err)
 	assert.Same(t, j, again, "same reference while unfinished: same job")
 	assert.Equal(t, prefetch.StateQueued, j.Status().State)
@@ -109,9 +110,9 @@ func TestQueueFetchesModel(t *testing.T) {
 	st, err := wait(t, j)
 	require.NoError(t, err)
 	assert.Equal(t, prefetch.StateReady, st.State)
-	pref, err := prefetch.ParseRef(ref)
+	pref, err := ref.Parse(r)
 	require.NoError(t, err)
-	assert.Equal(t, pref.ModelName(), st.Model, "named after its URL, not as the manifest names itself")
+	assert.Equal(t, prefetch.ModelName(pref), st.Model, "named after its URL, not as the manifest names itself")
 	assert.Equal(t, m.Revision, st.Revision)
 	assert.Equal(t, m.TotalBytes(), st.BytesTotal)
 	assert.Equal(t, st.BytesTotal, st.BytesDone)
@@ -120,7 +121,7 @@ func TestQueueFetchesModel(t *testing.T) {
 	assert.Empty(t, st.Error)
 	assert.False(t, st.Started.Before(st.Created))
 	assert.False(t, st.Finished.Before(st.Started))
-	want, err := store.ModelDir(pref.ModelName(), m.Revision)
+	want, err := store.ModelDir(prefetch.ModelName(pref), m.Revision)
 	require.NoError(t, err)
 	assert.Equal(t, want, st.Dir)
 	assertModelDir(t, st.Dir, dir, m)
@@ -128,7 +129,7 @@ func TestQueueFetchesModel(t *testing.T) {
 	assert.Less(t, egress, m.TotalBytes()+(64<<10), "each byte fetched about once")
 
 	// Finished jobs are not deduplicated: a new job, served from the cache.
-	j2, err := q.Submit(ref, prefetch.PriorityNormal)
+	j2, err := q.Submit(r, prefetch.PriorityNormal)
 	require.NoError(t, err)
 	assert.NotEqual(t, j.ID(), j2.ID())
 	st2, err := wait(t, j2)
@@ -256,7 +257,7 @@ func TestQueueSubmitInvalid(t *testing.T) {
 	t.Parallel()
 	q := prefetch.NewQueue(&fakeStore{}, &fakeSource{})
 	_, err := q.Submit("https://user:pw@example.com/model.json", prefetch.PriorityNormal)
-	assert.ErrorIs(t, err, cache.ErrInvalid)
+	assert.ErrorIs(t, err, ref.ErrInvalid)
 	assert.Empty(t, q.Jobs())
 }
 
@@ -268,7 +269,7 @@ type fakeSource struct {
 	resolves int
 }
 
-func (s *fakeSource) Resolve(_ context.Context, ref prefetch.Ref) (*prefetch.Resolution, error) {
+func (s *fakeSource) Resolve(_ context.Context, r ref.Ref) (*prefetch.Resolution, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.resolves++
@@ -277,7 +278,7 @@ func (s *fakeSource) Resolve(_ context.Context, ref prefetch.Ref) (*prefetch.Res
 		s.errs = s.errs[1:]
 		return nil, err
 	}
-	name := strings.Split(ref.URL.Path, "/")[1]
+	name := strings.Split(r.URL.Path, "/")[1]
 	m, ok := s.models[name]
 	if !ok {
 		return nil, cache.Permanent(fmt.Errorf("no model %q", name))

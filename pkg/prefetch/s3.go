@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // S3ManifestName is the key, under a reference's prefix, of the model.json
@@ -39,8 +40,8 @@ var ErrUnverifiable = errors.New("no sha256 to verify the object against")
 // checksums: a model has a few to a few thousand objects.
 const s3HeadConcurrency = 16
 
-// S3Source resolves KindS3 references against one S3 endpoint (AWS, or an
-// S3-compatible store: MinIO, Ceph RGW, R2, GCS interop) and reads their
+// S3Source resolves ref.KindS3 references against one S3 endpoint (AWS, or
+// an S3-compatible store: MinIO, Ceph RGW, R2, GCS interop) and reads their
 // objects with ranged GetObject requests.
 //
 // Where a model's files and their sha256 come from, in order (model.json
@@ -63,7 +64,7 @@ const s3HeadConcurrency = 16
 //     unverified is ever stored.
 //
 // A model is laid out under the name of "s3://bucket/prefix"
-// (Ref.ModelName), never under a name the store's content gives; a listed
+// (ModelName), never under a name the store's content gives; a listed
 // model's revision is the commit-like id of its files (see HTTPSource), a
 // manifest's as HTTPSource lays it out.
 //
@@ -107,7 +108,7 @@ func WithS3Endpoint(endpoint string) S3Option {
 			return fmt.Errorf("%w: S3 endpoint %q: want scheme://host[:port][/path]", cache.ErrInvalid, truncate(endpoint))
 		case u.User != nil || u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
 			return fmt.Errorf("%w: S3 endpoint %q: no user information, query or fragment allowed", cache.ErrInvalid, truncate(endpoint))
-		case u.Port() != "" && !validPort(u.Port()):
+		case u.Port() != "" && !ref.ValidPort(u.Port()):
 			return fmt.Errorf("%w: S3 endpoint %q: port out of range", cache.ErrInvalid, truncate(endpoint))
 		}
 		o.endpoint = endpoint
@@ -218,30 +219,30 @@ func LoadS3Credentials(ctx context.Context, allowIMDS bool) (aws.CredentialsProv
 
 // Resolve reads the model a reference names (see S3Source) and returns it
 // with one ranged-GetObject opener per blob.
-func (s *S3Source) Resolve(ctx context.Context, ref Ref) (*Resolution, error) {
-	if ref.Kind != KindS3 || ref.URL == nil {
-		return nil, cache.Permanent(fmt.Errorf("resolving %s: kind %q: %w", ref.Redacted(), ref.Kind, errors.ErrUnsupported))
+func (s *S3Source) Resolve(ctx context.Context, r ref.Ref) (*Resolution, error) {
+	if r.Kind != ref.KindS3 || r.URL == nil {
+		return nil, cache.Permanent(fmt.Errorf("resolving %s: kind %q: %w", r.Redacted(), r.Kind, errors.ErrUnsupported))
 	}
 	c, note := s.anon, ""
 	if ns := Requester(ctx); s.agent != nil {
-		if s.creds.Allow(s3CredentialHost(ref.URL.Host), ns) {
+		if s.creds.Allow(s3CredentialHost(r.URL.Host), ns) {
 			c = s.agent
 		} else {
 			note = fmt.Sprintf(" (the agent's S3 credentials are not used for namespace %q)", ns)
 		}
 	}
-	b := s3Bucket{c: c, bucket: ref.URL.Host}
+	b := s3Bucket{c: c, bucket: r.URL.Host}
 	var (
 		res *Resolution
 		err error
 	)
-	if ref.Digest != "" {
-		res, err = b.resolveObject(ctx, ref)
+	if r.Digest != "" {
+		res, err = b.resolveObject(ctx, r)
 	} else {
-		res, err = b.resolvePrefix(ctx, ref)
+		res, err = b.resolvePrefix(ctx, r)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("resolving %s: %w%s", ref.Redacted(), err, note)
+		return nil, fmt.Errorf("resolving %s: %w%s", r.Redacted(), err, note)
 	}
 	return res, nil
 }
@@ -255,37 +256,37 @@ type s3Bucket struct {
 	bucket string
 }
 
-func (b s3Bucket) resolveObject(ctx context.Context, ref Ref) (*Resolution, error) {
-	key := s3Prefix(ref)
+func (b s3Bucket) resolveObject(ctx context.Context, r ref.Ref) (*Resolution, error) {
+	key := r.KeyPrefix()
 	size, sum, err := b.head(ctx, key)
 	if err != nil {
 		return nil, err
 	}
-	if sum != "" && sum != ref.Digest {
-		return nil, cache.Permanent(fmt.Errorf("%w: %s: the store's SHA-256 checksum is %s, the reference pins %s", cache.ErrDigestMismatch, b.name(key), sum, ref.Digest))
+	if sum != "" && sum != r.Digest {
+		return nil, cache.Permanent(fmt.Errorf("%w: %s: the store's SHA-256 checksum is %s, the reference pins %s", cache.ErrDigestMismatch, b.name(key), sum, r.Digest))
 	}
-	m := singleFileModel(ref.URL, ref.Digest, size)
+	m := singleFileModel(r.URL, r.Digest, size)
 	if err := m.Validate(); err != nil {
 		return nil, cache.Permanent(err)
 	}
-	return &Resolution{Model: m, Blobs: map[digest.Digest]cache.RangeOpener{ref.Digest: b.blob(key, size)}}, nil
+	return &Resolution{Model: m, Blobs: map[digest.Digest]cache.RangeOpener{r.Digest: b.blob(key, size)}}, nil
 }
 
-func (b s3Bucket) resolvePrefix(ctx context.Context, ref Ref) (*Resolution, error) {
-	prefix := s3Prefix(ref)
+func (b s3Bucket) resolvePrefix(ctx context.Context, r ref.Ref) (*Resolution, error) {
+	prefix := r.KeyPrefix()
 	if prefix != "" {
 		prefix += "/"
 	}
-	m, err := b.manifest(ctx, prefix+S3ManifestName, ref.Revision)
+	m, err := b.manifest(ctx, prefix+S3ManifestName, r.Revision)
 	switch {
 	case err == nil:
-		return b.fromManifest(ref, prefix, m)
+		return b.fromManifest(r, prefix, m)
 	case !errors.Is(err, errNoObject):
 		return nil, err
-	case ref.Revision != "":
+	case r.Revision != "":
 		return nil, fmt.Errorf("%w: a version pins the prefix's %s, which has no such object version: %w", cache.ErrInvalid, S3ManifestName, err)
 	}
-	return b.fromListing(ctx, ref, prefix)
+	return b.fromListing(ctx, r, prefix)
 }
 
 // errNoObject is a 404: the key (or version) does not exist.
@@ -310,8 +311,8 @@ func (b s3Bucket) manifest(ctx context.Context, key, version string) (*Manifest,
 	return m, nil
 }
 
-func (b s3Bucket) fromManifest(ref Ref, prefix string, m *Manifest) (*Resolution, error) {
-	res := &Resolution{Model: m.layout(ref.URL), Blobs: make(map[digest.Digest]cache.RangeOpener, len(m.Files))}
+func (b s3Bucket) fromManifest(r ref.Ref, prefix string, m *Manifest) (*Resolution, error) {
+	res := &Resolution{Model: m.layout(r.URL), Blobs: make(map[digest.Digest]cache.RangeOpener, len(m.Files))}
 	for _, f := range m.Files {
 		if f.URL != "" {
 			return nil, cache.Permanent(fmt.Errorf("%w: %s: file %q has a url: an S3 model's files are read from the keys beside its %s", cache.ErrInvalid, b.name(prefix+S3ManifestName), truncate(f.Path), S3ManifestName))
@@ -323,7 +324,7 @@ func (b s3Bucket) fromManifest(ref Ref, prefix string, m *Manifest) (*Resolution
 	return res, nil
 }
 
-func (b s3Bucket) fromListing(ctx context.Context, ref Ref, prefix string) (*Resolution, error) {
+func (b s3Bucket) fromListing(ctx context.Context, r ref.Ref, prefix string) (*Resolution, error) {
 	var files []cache.File
 	p := s3.NewListObjectsV2Paginator(b.c, &s3.ListObjectsV2Input{Bucket: &b.bucket, Prefix: &prefix})
 	for p.HasMorePages() {
@@ -374,7 +375,7 @@ func (b s3Bucket) fromListing(ctx context.Context, ref Ref, prefix string) (*Res
 		return nil, err
 	}
 
-	m := cache.Model{Name: urlModelName(ref.URL), Revision: filesRevision(files), Files: files}
+	m := cache.Model{Name: urlModelName(r.URL), Revision: filesRevision(files), Files: files}
 	if err := m.Validate(); err != nil {
 		return nil, cache.Permanent(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/weightd/weightd/internal/s3test"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // s3Files is a small multi-file model, one file in a subdirectory and two
@@ -134,8 +135,8 @@ func TestS3ManifestModel(t *testing.T) {
 	st, err := fetchS3(t, newS3Source(t, srv), "s3://models/llama/v1")
 	require.NoError(t, err)
 	assert.Equal(t, prefetch.StateReady, st.State)
-	ref, _ := prefetch.ParseRef("s3://models/llama/v1")
-	assert.Equal(t, ref.ModelName(), st.Model)
+	parsed, _ := ref.Parse("s3://models/llama/v1")
+	assert.Equal(t, prefetch.ModelName(parsed), st.Model)
 	assertFiles(t, st.Dir, files)
 	for _, r := range srv.Requests() {
 		assert.True(t, r.Signed, "%s %s carried no credentials", r.Method, r.Path)
@@ -156,15 +157,15 @@ func TestS3ListingWithChecksums(t *testing.T) {
 	require.NoError(t, err)
 
 	src := newS3Source(t, srv)
-	ref, err := prefetch.ParseRef("s3://models/llama/")
+	r, err := ref.Parse("s3://models/llama/")
 	require.NoError(t, err)
-	res, err := src.Resolve(t.Context(), ref)
+	res, err := src.Resolve(t.Context(), r)
 	require.NoError(t, err)
 	require.Len(t, res.Model.Files, len(files))
 	for _, f := range res.Model.Files {
 		assert.Equal(t, digest.FromBytes(files[f.Path]), f.Digest, f.Path)
 	}
-	again, err := src.Resolve(t.Context(), ref)
+	again, err := src.Resolve(t.Context(), r)
 	require.NoError(t, err)
 	assert.Equal(t, res.Model.Revision, again.Model.Revision, "the same files, the same revision")
 
@@ -209,9 +210,9 @@ func TestS3Refusals(t *testing.T) {
 		{"s3://models/none/a.bin#" + digest.FromBytes([]byte("x")).String(), ""},
 		{"s3://missing-bucket/x", "NoSuchBucket"},
 	} {
-		ref, err := prefetch.ParseRef(tc.ref)
+		r, err := ref.Parse(tc.ref)
 		require.NoError(t, err)
-		res, err := src.Resolve(t.Context(), ref)
+		res, err := src.Resolve(t.Context(), r)
 		if tc.want == "" {
 			require.NoError(t, err, tc.ref) // the digest is checked as the bytes arrive (below)
 			continue
@@ -234,8 +235,8 @@ func TestS3Refusals(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, st.Error, "digest")
 	// A store checksum that disagrees with the pin is refused at once.
-	ref, _ := prefetch.ParseRef("s3://models/wrong/a.bin#" + digest.FromBytes(data).String())
-	_, err = src.Resolve(t.Context(), ref)
+	r, _ := ref.Parse("s3://models/wrong/a.bin#" + digest.FromBytes(data).String())
+	_, err = src.Resolve(t.Context(), r)
 	assert.ErrorIs(t, err, cache.ErrDigestMismatch)
 }
 
@@ -307,8 +308,8 @@ func TestS3RangedResume(t *testing.T) {
 	assert.True(t, strings.HasSuffix(ranges[1], "-1048575"))
 
 	// OpenBoundedRange reads exactly a chunk, as the swarm asks the origin.
-	ref, _ := prefetch.ParseRef("s3://models/r")
-	res, err := src.Resolve(t.Context(), ref)
+	parsed, _ := ref.Parse("s3://models/r")
+	res, err := src.Resolve(t.Context(), parsed)
 	require.NoError(t, err)
 	rc, err := res.Blobs[digest.FromBytes(shard)].(interface {
 		OpenBoundedRange(context.Context, int64, int64) (io.ReadCloser, error)
@@ -367,9 +368,9 @@ func TestS3AgentCredentials(t *testing.T) {
 		{prefetch.UnknownNamespace, "s3://team-a/m", false},
 	} {
 		srv.ResetRequests()
-		ref, err := prefetch.ParseRef(tc.ref)
+		parsed, err := ref.Parse(tc.ref)
 		require.NoError(t, err)
-		res, err := src.Resolve(prefetch.WithRequester(t.Context(), tc.ns), ref)
+		res, err := src.Resolve(prefetch.WithRequester(t.Context(), tc.ns), parsed)
 		require.NoError(t, err, "gofakes3 does not check signatures: every request succeeds")
 		for _, open := range res.Blobs {
 			rc, err := open.OpenRange(t.Context(), 0)

@@ -9,6 +9,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // Source resolves references of the kinds it knows to files and readers.
@@ -17,7 +18,7 @@ type Source interface {
 	// Resolve looks the reference up at its origin. A reference of a kind
 	// the source does not handle is an error wrapping errors.ErrUnsupported;
 	// errors that retrying cannot fix are wrapped with cache.Permanent.
-	Resolve(ctx context.Context, ref Ref) (*Resolution, error)
+	Resolve(ctx context.Context, r ref.Ref) (*Resolution, error)
 }
 
 // Resolution is a reference resolved: a model's files or an image's blobs,
@@ -100,17 +101,45 @@ type ImageBlob struct {
 // returns the model another node resolved if accept approves it, and calls
 // resolve (this node asks the origin) otherwise. Peers implement it
 // (p2p.Swarm.SharedResolve, which names a peer whose answer accept refuses).
-type SharedResolver func(ctx context.Context, pinned Ref, resolve func(context.Context) (cache.Model, error),
+type SharedResolver func(ctx context.Context, pinned ref.Ref, resolve func(context.Context) (cache.Model, error),
 	accept func(cache.Model) error) (cache.Model, error)
 
-// Sources sends each reference to the source registered for its kind.
-type Sources map[Kind]Source
-
-// Resolve resolves ref with the source of its kind.
-func (s Sources) Resolve(ctx context.Context, ref Ref) (*Resolution, error) {
-	src, ok := s[ref.Kind]
-	if !ok {
-		return nil, cache.Permanent(fmt.Errorf("resolving %s: no source for %q references is configured: %w", ref.Redacted(), ref.Kind, errors.ErrUnsupported))
+// ModelName is the name r's model is laid out under in the cache, derived
+// from the reference alone, never from what its source answers: the
+// repository for a hub model ("org/name"), the repository's last component
+// under the ones before it for a registry model, and for a URL
+// "<host>/<path>/<key>" (see HTTPSource), which no hub or registry model and
+// no other URL is named; an S3 reference likewise, from "s3://bucket/prefix"
+// (the key tells it from any https URL).
+func ModelName(r ref.Ref) string {
+	switch r.Kind {
+	case ref.KindHF:
+		return r.Repository
+	case ref.KindOCI:
+		return modelName(r.Repository)
+	case ref.KindHTTP, ref.KindS3:
+		if r.URL != nil {
+			return urlModelName(r.URL)
+		}
 	}
-	return src.Resolve(ctx, ref)
+	return ""
+}
+
+// Sources sends each reference to the source registered for its kind.
+type Sources map[ref.Kind]Source
+
+// Resolve resolves r with the source of its kind.
+func (s Sources) Resolve(ctx context.Context, r ref.Ref) (*Resolution, error) {
+	src, ok := s[r.Kind]
+	if !ok {
+		return nil, cache.Permanent(fmt.Errorf("resolving %s: no source for %q references is configured: %w", r.Redacted(), r.Kind, errors.ErrUnsupported))
+	}
+	return src.Resolve(ctx, r)
+}
+
+func truncate(s string) string {
+	if len(s) > 120 {
+		return s[:120] + "…"
+	}
+	return s
 }

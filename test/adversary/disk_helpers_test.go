@@ -29,6 +29,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // diskOrigin serves files from memory over HTTP with ranges and HEAD
@@ -162,11 +163,11 @@ type diskSources struct {
 	oci  *prefetch.OCISource
 }
 
-func (s diskSources) Resolve(ctx context.Context, ref prefetch.Ref) (*prefetch.Resolution, error) {
-	if ref.Kind == prefetch.KindOCI {
-		return s.oci.Resolve(ctx, ref)
+func (s diskSources) Resolve(ctx context.Context, r ref.Ref) (*prefetch.Resolution, error) {
+	if r.Kind == ref.KindOCI {
+		return s.oci.Resolve(ctx, r)
 	}
-	return s.http.Resolve(ctx, ref)
+	return s.http.Resolve(ctx, r)
 }
 
 // diskFetch submits ref and waits for its job to finish.

@@ -24,6 +24,7 @@ import (
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/kube"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 func TestHFTokenForAnyNamespace(t *testing.T) {
@@ -48,7 +49,7 @@ func TestHFTokenForAnyNamespace(t *testing.T) {
 	// a's repository, for team a's pods and the operator's prefetches.
 	hf, err := prefetch.NewHFSource(nil, prefetch.WithHFEndpoint(hub.URL), prefetch.WithHFToken(token))
 	require.NoError(t, err)
-	q := prefetch.NewQueue(store, prefetch.Sources{prefetch.KindHF: hf}, prefetch.WithResolveRetries(1, 0))
+	q := prefetch.NewQueue(store, prefetch.Sources{ref.KindHF: hf}, prefetch.WithResolveRetries(1, 0))
 
 	env := kubetest.NewT(t, kubetest.Config{})
 	cs := env.Clientset()
@@ -68,9 +69,9 @@ func TestHFTokenForAnyNamespace(t *testing.T) {
 	if !apierrors.IsAlreadyExists(err) {
 		require.NoError(t, err)
 	}
-	for name, ref := range map[string]string{"thief": "hf://" + private + "@main", "public": "hf://org/public-model@main"} {
+	for name, r := range map[string]string{"thief": "hf://" + private + "@main", "public": "hf://org/public-model@main"} {
 		_, err = cs.CoreV1().Pods(ns).Create(t.Context(), &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Annotations: map[string]string{"weightd.io/models": ref}},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Annotations: map[string]string{"weightd.io/models": r}},
 			Spec: corev1.PodSpec{
 				NodeName:   node,
 				Containers: []corev1.Container{{Name: "main", Image: "registry.k8s.io/pause:3.10"}},

@@ -28,6 +28,7 @@ import (
 	"github.com/weightd/weightd/internal/hubtest"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 func TestModelReplacement(t *testing.T) {
@@ -47,7 +48,7 @@ func TestModelReplacement(t *testing.T) {
 	t.Cleanup(func() { store.Close() })
 	hf, err := prefetch.NewHFSource(nil, prefetch.WithHFEndpoint(hub.URL))
 	require.NoError(t, err)
-	q := replaceQueue(t, store, prefetch.Sources{prefetch.KindHF: hf, prefetch.KindHTTP: prefetch.NewHTTPSource(nil)})
+	q := replaceQueue(t, store, prefetch.Sources{ref.KindHF: hf, ref.KindHTTP: prefetch.NewHTTPSource(nil)})
 
 	st, err := replaceFetch(t, q, "hf://"+victim+"@main")
 	require.NoError(t, err)
@@ -82,11 +83,11 @@ func TestModelReplacement(t *testing.T) {
 	t.Cleanup(attacker.Close)
 
 	for _, rev := range []string{commit, "main"} {
-		ref := attacker.URL + "/" + rev + "/model.json"
-		st, err := replaceFetch(t, q, ref)
+		reference := attacker.URL + "/" + rev + "/model.json"
+		st, err := replaceFetch(t, q, reference)
 		require.Equal(t, before, replaceTree(t, victimRepo),
-			"fetching %s (err %v) changed the victims' model: files, links or refs", ref, err)
-		require.NoError(t, err, ref)
+			"fetching %s (err %v) changed the victims' model: files, links or refs", reference, err)
+		require.NoError(t, err, reference)
 
 		// The attacker's files are laid out under a name of its own URL.
 		rel, err := filepath.Rel(filepath.Join(store.Root(), "models"), st.Dir)
@@ -102,9 +103,9 @@ func TestModelReplacement(t *testing.T) {
 
 	// The victims still load their own bytes, at their commit and through
 	// their branch.
-	ref, err := os.ReadFile(filepath.Join(victimRepo, "refs", "main"))
+	reference, err := os.ReadFile(filepath.Join(victimRepo, "refs", "main"))
 	require.NoError(t, err)
-	require.Equal(t, commit, string(ref))
+	require.Equal(t, commit, string(reference))
 	b, err := os.ReadFile(filepath.Join(victimRepo, "snapshots", commit, "model.safetensors"))
 	require.NoError(t, err)
 	require.Equal(t, "the victims' weights", string(b))

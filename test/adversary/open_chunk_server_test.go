@@ -22,6 +22,7 @@ import (
 	"github.com/weightd/weightd/internal/hubtest"
 	"github.com/weightd/weightd/pkg/peertls"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 func TestOpenChunkServer(t *testing.T) {
@@ -35,9 +36,9 @@ func TestOpenChunkServer(t *testing.T) {
 	})
 	sum := sha256.Sum256([]byte(secret))
 	blob := "sha256:" + hex.EncodeToString(sum[:])
-	ref, err := prefetch.ParseRef("hf://team-a/private@main")
+	r, err := ref.Parse("hf://team-a/private@main")
 	require.NoError(t, err)
-	key := sha256.Sum256([]byte(ref.String()))
+	key := sha256.Sum256([]byte(r.String()))
 	paths := map[string]string{
 		"the blob by its digest":    fmt.Sprintf("/v1/blobs/%s/chunks/0", blob),
 		"the blob's chunk state":    fmt.Sprintf("/v1/blobs/%s/state", blob),
@@ -53,7 +54,7 @@ func TestOpenChunkServer(t *testing.T) {
 		"WEIGHTD_FETCH_ALLOW_CIDRS=127.0.0.1/32"}, // the hub listens on loopback
 		"--no-load-trace", "--node-name", "node-a", "--gossip-addr", "127.0.0.1:0", "--chunk-addr", addr, "--hf-endpoint", hub.URL)
 	a.waitReady(t)
-	st := a.fetch(t, ref.String())
+	st := a.fetch(t, r.String())
 	require.Equal(t, prefetch.StateReady, st.State, st.Error)
 
 	// Outsiders: anything on the node network, without a certificate or

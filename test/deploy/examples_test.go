@@ -12,7 +12,7 @@ import (
 
 	"github.com/weightd/weightd/internal/kubetest"
 	"github.com/weightd/weightd/pkg/nodestate"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 const examples = repoRoot + "/deploy/examples"
@@ -47,13 +47,13 @@ func TestExampleCSIPod(t *testing.T) {
 	if _, ok := r.csiDrivers[v.CSI.Driver]; !ok || v.CSI.ReadOnly == nil || !*v.CSI.ReadOnly {
 		t.Errorf("csi volume %+v: want a read-only volume of the chart's driver (%v)", v.CSI, r.csiDrivers)
 	}
-	ref, err := prefetch.ParseRef(v.CSI.VolumeAttributes["model"])
+	parsed, err := ref.Parse(v.CSI.VolumeAttributes["model"])
 	if err != nil {
 		t.Fatalf("the model attribute: %v", err)
 	}
 	expr := pod.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution[0].Preference.MatchExpressions[0]
-	if expr.Key != nodestate.Label(ref.String()) || expr.Values[0] != nodestate.LabelReady {
-		t.Errorf("affinity on %s=%v, want `weightd key %s`'s label %s", expr.Key, expr.Values, ref, nodestate.Label(ref.String()))
+	if expr.Key != nodestate.Label(parsed.String()) || expr.Values[0] != nodestate.LabelReady {
+		t.Errorf("affinity on %s=%v, want `weightd key %s`'s label %s", expr.Key, expr.Values, parsed, nodestate.Label(parsed.String()))
 	}
 	c := pod.Spec.Containers[0]
 	var mount *corev1.VolumeMount

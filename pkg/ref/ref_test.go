@@ -1,4 +1,4 @@
-package prefetch_test
+package ref_test
 
 import (
 	"errors"
@@ -6,16 +6,52 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/opencontainers/go-digest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/weightd/weightd/pkg/cache"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 const hex64 = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
-func TestParseRef(t *testing.T) {
+// parseCanonical parses in, which must parse, and checks that its canonical
+// form is want (in itself when want is "") and parses as the same
+// reference.
+func parseCanonical(t *testing.T, in, want string) ref.Ref {
+	t.Helper()
+	r, err := ref.Parse(in)
+	require.NoError(t, err)
+	if want == "" {
+		want = in
+	}
+	assert.Equal(t, want, r.String())
+	again, err := ref.Parse(r.String())
+	require.NoError(t, err)
+	assert.Equal(t, r, again)
+	return r
+}
+
+// invalid is a reference that must not parse, and a part of the reason its
+// error must give.
+type invalid struct{ in, why string }
+
+func testInvalid(t *testing.T, tests []invalid) {
+	t.Helper()
+	for _, tt := range tests {
+		t.Run(tt.in[:min(len(tt.in), 60)], func(t *testing.T) {
+			t.Parallel()
+			_, err := ref.Parse(tt.in)
+			require.Error(t, err)
+			assert.ErrorIs(t, err, ref.ErrInvalid)
+			assert.ErrorContains(t, err, tt.why)
+			assert.True(t, strings.HasPrefix(err.Error(), "parsing reference "), err.Error())
+			assert.Less(t, len(err.Error()), 400, "errors quote a truncated reference")
+		})
+	}
+}
+
+func TestParseHTTP(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		in        string
@@ -29,32 +65,21 @@ func TestParseRef(t *testing.T) {
 		{in: "https://bucket.s3.amazonaws.com/w/model.bin?X-Amz-Signature=abc&X-Amz-Expires=60#sha256:" + hex64, digest: "sha256:" + hex64},
 		{in: "https://example.com/a%20b/file.bin#sha256:" + hex64, digest: "sha256:" + hex64},
 		{in: "https://example.com/model.json?"},
-		{in: "https://example.com/" + strings.Repeat("a", prefetch.MaxRefLength-len("https://example.com/"))},
+		{in: "https://example.com/" + strings.Repeat("a", ref.MaxLength-len("https://example.com/"))},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in[:min(len(tt.in), 60)], func(t *testing.T) {
 			t.Parallel()
-			r, err := prefetch.ParseRef(tt.in)
-			require.NoError(t, err)
-			assert.Equal(t, prefetch.KindHTTP, r.Kind)
+			r := parseCanonical(t, tt.in, tt.canonical)
+			assert.Equal(t, ref.KindHTTP, r.Kind)
 			assert.Equal(t, tt.digest, r.Digest.String())
-			want := tt.canonical
-			if want == "" {
-				want = tt.in
-			}
-			assert.Equal(t, want, r.String())
-			again, err := prefetch.ParseRef(r.String())
-			require.NoError(t, err)
-			assert.Equal(t, r.String(), again.String())
 		})
 	}
 }
 
-func TestParseRefInvalid(t *testing.T) {
+func TestParseInvalid(t *testing.T) {
 	t.Parallel()
-	tests := []struct {
-		in, why string
-	}{
+	testInvalid(t, []invalid{
 		{"", "not of the form"},
 		{"example.com/model.json", "not of the form"},
 		{"ftp://example.com/model.json", "unsupported scheme"},
@@ -101,7 +126,7 @@ func TestParseRefInvalid(t *testing.T) {
 		{"https://example.com/mödel.json", "printable ASCII"},
 		{"https://example.com/\x00", "printable ASCII"},
 		{"https://example.com/%zz", "invalid URL escape"},
-		{"https://example.com/" + strings.Repeat("a", prefetch.MaxRefLength), "longer than"},
+		{"https://example.com/" + strings.Repeat("a", ref.MaxLength), "longer than"},
 		{"https://example.com/file.bin#", "fragment must be a sha256 digest"},
 		{"https://example.com/file.bin#abc", "fragment must be a sha256 digest"},
 		{"https://example.com/file.bin#sha256:" + strings.ToUpper(hex64), "fragment must be a sha256 digest"},
@@ -109,21 +134,10 @@ func TestParseRefInvalid(t *testing.T) {
 		{"https://example.com/file.bin#sha512:" + hex64 + hex64, "fragment must be a sha256 digest"},
 		{"https://example.com/file.bin#sha256:" + hex64 + "#x", "fragment must be a sha256 digest"},
 		{"https://example.com/file.bin#sha256%3A" + hex64, "fragment must be a sha256 digest"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.in[:min(len(tt.in), 60)], func(t *testing.T) {
-			t.Parallel()
-			_, err := prefetch.ParseRef(tt.in)
-			require.Error(t, err)
-			assert.ErrorIs(t, err, cache.ErrInvalid)
-			assert.ErrorContains(t, err, tt.why)
-			assert.True(t, strings.HasPrefix(err.Error(), "parsing reference "), err.Error())
-			assert.Less(t, len(err.Error()), 400, "errors quote a truncated reference")
-		})
-	}
+	})
 }
 
-func TestParseS3Ref(t *testing.T) {
+func TestParseS3(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		in, canonical, bucket, prefix, version, digest string
@@ -140,44 +154,33 @@ func TestParseS3Ref(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
 			t.Parallel()
-			r, err := prefetch.ParseRef(tt.in)
-			require.NoError(t, err)
-			assert.Equal(t, prefetch.KindS3, r.Kind)
+			r := parseCanonical(t, tt.in, tt.canonical)
+			assert.Equal(t, ref.KindS3, r.Kind)
 			assert.Equal(t, tt.bucket, r.URL.Host)
 			assert.Equal(t, "/"+tt.prefix, r.URL.Path)
 			assert.Equal(t, tt.version, r.Revision)
 			assert.Equal(t, tt.digest, r.Digest.String())
-			want := tt.canonical
-			if want == "" {
-				want = tt.in
-			}
-			assert.Equal(t, want, r.String())
-			assert.Equal(t, want, r.Redacted())
-			assert.NoError(t, cache.ValidateModelName(r.ModelName()))
+			assert.Equal(t, r.String(), r.Redacted())
+			assert.Equal(t, tt.prefix, r.KeyPrefix())
 		})
 	}
-	a, _ := prefetch.ParseRef("s3://models/llama")
-	b, _ := prefetch.ParseRef("https://models/llama")
-	c, _ := prefetch.ParseRef("s3://models/llama@v2")
-	assert.NotEqual(t, a.ModelName(), b.ModelName(), "no URL's model is laid out in an S3 model's place")
-	assert.Equal(t, a.ModelName(), c.ModelName(), "versions of one prefix are revisions of one model")
 }
 
-func TestRefRedacted(t *testing.T) {
+func TestRedacted(t *testing.T) {
 	t.Parallel()
-	r, err := prefetch.ParseRef("https://b.example/w.bin?X-Amz-Signature=secret#sha256:" + hex64)
+	r, err := ref.Parse("https://b.example/w.bin?X-Amz-Signature=secret#sha256:" + hex64)
 	require.NoError(t, err)
 	assert.Equal(t, "https://b.example/w.bin?REDACTED#sha256:"+hex64, r.Redacted())
 	assert.Contains(t, r.String(), "secret", "String is the canonical reference, query included")
 
-	r, err = prefetch.ParseRef("https://b.example/model.json")
+	r, err = ref.Parse("https://b.example/model.json")
 	require.NoError(t, err)
 	assert.Equal(t, r.String(), r.Redacted())
-	assert.Empty(t, prefetch.Ref{}.String())
+	assert.Empty(t, ref.Ref{}.String())
 }
 
-func ExampleParseRef() {
-	r, err := prefetch.ParseRef("HTTPS://Weights.Example.com/llama/model-00001-of-00002.safetensors#sha256:" + hex64)
+func ExampleParse() {
+	r, err := ref.Parse("HTTPS://Weights.Example.com/llama/model-00001-of-00002.safetensors#sha256:" + hex64)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -185,15 +188,15 @@ func ExampleParseRef() {
 	fmt.Println(r.Kind, r.URL.Host, r.Digest.Encoded()[:12])
 	fmt.Println(r)
 
-	_, err = prefetch.ParseRef("https://user:secret@example.com/model.json")
-	fmt.Println(errors.Is(err, cache.ErrInvalid))
+	_, err = ref.Parse("https://user:secret@example.com/model.json")
+	fmt.Println(errors.Is(err, ref.ErrInvalid))
 	// Output:
 	// http weights.example.com 0123456789ab
 	// https://weights.example.com/llama/model-00001-of-00002.safetensors#sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef
 	// true
 }
 
-func FuzzParseRef(f *testing.F) {
+func FuzzParse(f *testing.F) {
 	for _, s := range []string{
 		"https://example.com/models/llama/model.json",
 		"http://127.0.0.1:8080/m/model.json",
@@ -229,47 +232,44 @@ func FuzzParseRef(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		r, err := prefetch.ParseRef(s)
+		r, err := ref.Parse(s)
 		if err != nil {
-			if !errors.Is(err, cache.ErrInvalid) {
-				t.Fatalf("error %v does not wrap cache.ErrInvalid", err)
+			if !errors.Is(err, ref.ErrInvalid) {
+				t.Fatalf("error %v does not wrap ref.ErrInvalid", err)
 			}
 			return
 		}
 		switch r.Kind {
-		case prefetch.KindHTTP:
+		case ref.KindHTTP:
 			if r.URL == nil || r.URL.User != nil || r.URL.Host == "" || r.URL.Fragment != "" {
 				t.Fatalf("accepted %q with URL %#v", s, r.URL)
 			}
-		case prefetch.KindOCI:
+		case ref.KindOCI:
 			if r.URL != nil || r.Registry == "" || r.Repository == "" || (r.Tag == "" && r.Digest == "") ||
 				strings.ContainsAny(r.Registry+r.Repository+r.Tag, "@#?\\ ") || strings.Contains(r.Repository, "..") {
 				t.Fatalf("accepted %q as %+v", s, r)
 			}
-		case prefetch.KindHF:
+		case ref.KindHF:
 			if r.URL != nil || r.Repository == "" || r.Revision == "" || r.Digest != "" ||
 				strings.Contains(r.Repository+r.Revision, "..") || strings.ContainsAny(r.Repository+r.Revision, "@#?%\\ ") {
 				t.Fatalf("accepted %q as %+v", s, r)
 			}
-		case prefetch.KindS3:
+		case ref.KindS3:
 			if r.URL == nil || r.URL.Scheme != "s3" || len(r.URL.Host) < 3 || !strings.HasPrefix(r.URL.Path, "/") ||
 				strings.Contains(r.URL.Path, "//") || strings.Contains(r.URL.Path, "/../") || strings.HasSuffix(r.URL.Path, "/..") ||
 				strings.ContainsAny(r.URL.Path, "@#?\\") || strings.Trim(r.URL.Host, "abcdefghijklmnopqrstuvwxyz0123456789.-") != "" || (r.Digest != "" && r.Revision != "") {
 				t.Fatalf("accepted %q as %+v", s, r)
 			}
-			if err := cache.ValidateModelName(r.ModelName()); err != nil {
-				t.Fatalf("%q: model name: %v", s, err)
-			}
 		default:
 			t.Fatalf("accepted %q as kind %q", s, r.Kind)
 		}
 		if r.Digest != "" {
-			if err := cache.ValidateDigest(r.Digest); err != nil {
+			if err := r.Digest.Validate(); err != nil || r.Digest.Algorithm() != digest.SHA256 {
 				t.Fatalf("accepted %q with digest %q: %v", s, r.Digest, err)
 			}
 		}
 		canon := r.String()
-		again, err := prefetch.ParseRef(canon)
+		again, err := ref.Parse(canon)
 		if err != nil {
 			t.Fatalf("canonical form %q of %q does not parse: %v", canon, s, err)
 		}

@@ -1,18 +1,21 @@
-package prefetch
+package ref
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
 	"strings"
 
 	"github.com/opencontainers/go-digest"
-
-	"github.com/weightd/weightd/pkg/cache"
 )
 
-// MaxRefLength is the longest reference ParseRef accepts, in bytes.
-const MaxRefLength = 4096
+// ErrInvalid is wrapped by every error about a reference that does not
+// follow the grammar; test for it with errors.Is.
+var ErrInvalid = errors.New("invalid reference")
+
+// MaxLength is the longest reference Parse accepts, in bytes.
+const MaxLength = 4096
 
 // Kind says which family of source a reference belongs to.
 type Kind string
@@ -50,10 +53,10 @@ const (
 // branch, tag or commit ("main" when not given).
 //
 // For KindS3, URL is "s3://bucket/prefix" (Host the bucket, Path "/" and the
-// prefix without a trailing '/', or empty for the whole bucket), Revision
-// the S3 version id of the prefix's model.json when pinned by "@version",
-// and Digest the digest of the one object Path names when pinned by
-// "#sha256:…" (see S3Source).
+// prefix without a trailing '/', or empty for the whole bucket; see
+// KeyPrefix), Revision the S3 version id of the prefix's model.json when
+// pinned by "@version", and Digest the digest of the one object Path names
+// when pinned by "#sha256:…".
 type Ref struct {
 	Kind       Kind
 	URL        *url.URL
@@ -64,60 +67,45 @@ type Ref struct {
 	Revision   string
 }
 
-// ParseRef parses and validates a model reference.
-//
-// An HTTP reference must be an absolute http or https URL of at most
-// MaxRefLength bytes, of printable ASCII only (no whitespace or control
-// characters; internationalised host names must be given in punycode), with a
-// host, no user information, and a path that names a file (not empty and not
-// ending in '/'). A query is kept as is (presigned object-store URLs need it).
-// A fragment, if present, must be exactly a canonical sha256 digest
-// ("sha256:" and 64 lowercase hex digits); it pins a single file.
-//
-// An S3 reference is s3://bucket[/prefix][@version] or
-// s3://bucket/key#sha256:<64 hex>: a bucket name as AWS allows it (3–63
-// lowercase letters, digits, '.' and '-'), a key prefix of non-empty
-// segments other than "." and "..", without '@', '#', '?' or '\', a version
-// being an S3 object version id; a digest pins one object and excludes a
-// version (see S3Source).
-//
-// Errors wrap cache.ErrInvalid.
-func ParseRef(s string) (Ref, error) {
-	r, err := parseRef(s)
+// Parse parses and validates a reference of any kind, following the
+// grammar in the package documentation. Errors wrap ErrInvalid and quote
+// the reference, truncated.
+func Parse(s string) (Ref, error) {
+	r, err := parse(s)
 	if err != nil {
 		return Ref{}, fmt.Errorf("parsing reference %q: %w", truncate(s), err)
 	}
 	return r, nil
 }
 
-func parseRef(s string) (Ref, error) {
-	if len(s) > MaxRefLength {
-		return Ref{}, fmt.Errorf("%w: longer than %d bytes", cache.ErrInvalid, MaxRefLength)
+func parse(s string) (Ref, error) {
+	if len(s) > MaxLength {
+		return Ref{}, fmt.Errorf("%w: longer than %d bytes", ErrInvalid, MaxLength)
 	}
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; c <= ' ' || c >= 0x7f {
-			return Ref{}, fmt.Errorf("%w: byte %#02x at offset %d: only printable ASCII without spaces is allowed", cache.ErrInvalid, c, i)
+			return Ref{}, fmt.Errorf("%w: byte %#02x at offset %d: only printable ASCII without spaces is allowed", ErrInvalid, c, i)
 		}
 	}
 	scheme, _, ok := strings.Cut(s, "://")
 	if !ok {
-		return Ref{}, fmt.Errorf("%w: not of the form scheme://…", cache.ErrInvalid)
+		return Ref{}, fmt.Errorf("%w: not of the form scheme://…", ErrInvalid)
 	}
 	switch strings.ToLower(scheme) {
 	case "http", "https":
-		return parseHTTPRef(s)
+		return parseHTTP(s)
 	case "oci":
-		return parseOCIRef(s[len("oci://"):])
+		return parseOCI(s[len("oci://"):])
 	case "hf":
-		return parseHFRef(s[len("hf://"):])
+		return parseHF(s[len("hf://"):])
 	case "s3":
-		return parseS3Ref(s[len("s3://"):])
+		return parseS3(s[len("s3://"):])
 	default:
-		return Ref{}, fmt.Errorf("%w: unsupported scheme %q (want oci, hf, s3, https or http)", cache.ErrInvalid, truncate(scheme))
+		return Ref{}, fmt.Errorf("%w: unsupported scheme %q (want oci, hf, s3, https or http)", ErrInvalid, truncate(scheme))
 	}
 }
 
-func parseHTTPRef(s string) (Ref, error) {
+func parseHTTP(s string) (Ref, error) {
 	rest, frag, hasFrag := strings.Cut(s, "#")
 	u, err := parseHTTPURL(rest)
 	if err != nil {
@@ -125,7 +113,7 @@ func parseHTTPRef(s string) (Ref, error) {
 	}
 	r := Ref{Kind: KindHTTP, URL: u}
 	if hasFrag {
-		d, err := cache.ParseDigest(frag)
+		d, err := parseDigest(frag)
 		if err != nil {
 			return Ref{}, fmt.Errorf("fragment must be a sha256 digest: %w", err)
 		}
@@ -135,7 +123,7 @@ func parseHTTPRef(s string) (Ref, error) {
 }
 
 // parseHTTPURL parses an absolute http(s) URL without fragment and applies
-// the rules of ParseRef to it. The host is lower-cased.
+// CheckHTTPURL to it. The host is lower-cased.
 func parseHTTPURL(s string) (*url.URL, error) {
 	u, err := url.Parse(s)
 	if err != nil {
@@ -143,43 +131,59 @@ func parseHTTPURL(s string) (*url.URL, error) {
 		if ue, ok := err.(*url.Error); ok {
 			err = ue.Err
 		}
-		return nil, fmt.Errorf("%w: %v", cache.ErrInvalid, err)
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
-	if err := checkHTTPURL(u); err != nil {
+	if err := CheckHTTPURL(u); err != nil {
 		return nil, err
 	}
 	u.Host = strings.ToLower(u.Host)
 	return u, nil
 }
 
-// checkHTTPURL checks an already parsed absolute URL: http or https, a host,
-// no user information, no opaque part, a path that names a file.
-func checkHTTPURL(u *url.URL) error {
+// CheckHTTPURL checks an already parsed absolute URL as Parse checks an
+// http reference: http or https, a host, no user information, no opaque
+// part, a port (if any) from 1 to 65535, a path that names a file. Errors
+// wrap ErrInvalid.
+func CheckHTTPURL(u *url.URL) error {
 	switch {
 	case u.Scheme != "http" && u.Scheme != "https":
-		return fmt.Errorf("%w: scheme %q is not http or https", cache.ErrInvalid, truncate(u.Scheme))
+		return fmt.Errorf("%w: scheme %q is not http or https", ErrInvalid, truncate(u.Scheme))
 	case u.Opaque != "":
-		return fmt.Errorf("%w: URL is opaque (want scheme://host/path)", cache.ErrInvalid)
+		return fmt.Errorf("%w: URL is opaque (want scheme://host/path)", ErrInvalid)
 	case u.User != nil:
-		return fmt.Errorf("%w: user information in URLs is not allowed (use a credential instead)", cache.ErrInvalid)
+		return fmt.Errorf("%w: user information in URLs is not allowed (use a credential instead)", ErrInvalid)
 	case u.Hostname() == "":
-		return fmt.Errorf("%w: host is missing", cache.ErrInvalid)
+		return fmt.Errorf("%w: host is missing", ErrInvalid)
 	case strings.HasSuffix(u.Host, ":"):
-		return fmt.Errorf("%w: empty port", cache.ErrInvalid)
-	case u.Port() != "" && !validPort(u.Port()):
-		return fmt.Errorf("%w: port %q out of range", cache.ErrInvalid, truncate(u.Port()))
+		return fmt.Errorf("%w: empty port", ErrInvalid)
+	case u.Port() != "" && !ValidPort(u.Port()):
+		return fmt.Errorf("%w: port %q out of range", ErrInvalid, truncate(u.Port()))
 	case u.Path == "" || strings.HasSuffix(u.Path, "/"):
-		return fmt.Errorf("%w: URL path must name a file", cache.ErrInvalid)
+		return fmt.Errorf("%w: URL path must name a file", ErrInvalid)
 	}
 	return nil
 }
 
-func validPort(p string) bool {
+// ValidPort reports whether p is a TCP port number from 1 to 65535.
+func ValidPort(p string) bool {
 	n, err := strconv.Atoi(p)
 	return err == nil && n >= 1 && n <= 65535
 }
 
-// String returns the canonical form of the reference: ParseRef(r.String())
+// parseDigest accepts only a canonical sha256 digest: "sha256:" and 64
+// lowercase hex digits.
+func parseDigest(s string) (digest.Digest, error) {
+	d := digest.Digest(s)
+	if !strings.HasPrefix(s, "sha256:") {
+		return "", fmt.Errorf("%w: digest %q: only sha256 is supported", ErrInvalid, truncate(s))
+	}
+	if err := d.Validate(); err != nil {
+		return "", fmt.Errorf("%w: digest %q: %v", ErrInvalid, truncate(s), err)
+	}
+	return d, nil
+}
+
+// String returns the canonical form of the reference: Parse(r.String())
 // yields an equal Ref. Two submissions of the same canonical string are the
 // same request.
 func (r Ref) String() string {
@@ -196,7 +200,7 @@ func (r Ref) String() string {
 	case KindHF:
 		return "hf://" + r.Repository + "@" + r.Revision
 	case KindS3:
-		return s3RefString(r)
+		return s3String(r)
 	}
 	if r.URL == nil {
 		return ""
@@ -208,27 +212,6 @@ func (r Ref) String() string {
 	return s
 }
 
-// ModelName is the name the reference's model is laid out under in the
-// cache, derived from the reference alone, never from what its source
-// answers: the repository for a hub model ("org/name"), the repository's
-// last component under the ones before it for a registry model, and for a
-// URL "<host>/<path>/<key>" (see HTTPSource), which no hub or registry
-// model and no other URL is named; an S3 reference likewise, from
-// "s3://bucket/prefix" (the key tells it from any https URL).
-func (r Ref) ModelName() string {
-	switch r.Kind {
-	case KindHF:
-		return r.Repository
-	case KindOCI:
-		return modelName(r.Repository)
-	case KindHTTP, KindS3:
-		if r.URL != nil {
-			return urlModelName(r.URL)
-		}
-	}
-	return ""
-}
-
 // Redacted is like String but replaces the query, which in presigned URLs
 // carries credentials, with "REDACTED". Use it in logs and status.
 func (r Ref) Redacted() string {
@@ -238,6 +221,20 @@ func (r Ref) Redacted() string {
 	u := *r.URL
 	u.RawQuery = "REDACTED"
 	return Ref{Kind: r.Kind, URL: &u, Digest: r.Digest}.String()
+}
+
+// Pinned reports whether the reference names immutable content: an OCI
+// digest, a hub commit (40 lowercase hex digits), or an HTTP file or S3
+// object pinned by digest. A pinned reference resolves the same everywhere,
+// always, so a resolution learned from a peer can be used without asking
+// the origin.
+func (r Ref) Pinned() bool {
+	switch r.Kind {
+	case KindHF:
+		return IsCommit(r.Revision)
+	default:
+		return r.Digest != ""
+	}
 }
 
 func truncate(s string) string {

@@ -1,4 +1,4 @@
-package prefetch
+package ref
 
 import (
 	"fmt"
@@ -6,8 +6,6 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
-
-	"github.com/weightd/weightd/pkg/cache"
 )
 
 var (
@@ -26,81 +24,84 @@ var (
 // maxS3Key is the longest object key S3 allows, in bytes.
 const maxS3Key = 1024
 
-// parseS3Ref parses what follows "s3://": bucket[/prefix][@version] or
+// parseS3 parses what follows "s3://": bucket[/prefix][@version] or
 // bucket/key#sha256:<64 hex>. The prefix is a key prefix of '/'-separated
 // segments, none empty, "." or "..", without '@', '#', '?' or '\'; a
 // trailing '/' is dropped.
-func parseS3Ref(s string) (Ref, error) {
+func parseS3(s string) (Ref, error) {
 	rest, frag, pinned := strings.Cut(s, "#")
 	loc, version, versioned := strings.Cut(rest, "@")
 	bucket, prefix, _ := strings.Cut(loc, "/")
 	prefix = strings.TrimSuffix(prefix, "/")
-	if err := validS3Bucket(bucket); err != nil {
+	if err := CheckS3Bucket(bucket); err != nil {
 		return Ref{}, err
 	}
-	if err := validS3Prefix(prefix); err != nil {
+	if err := checkS3Prefix(prefix); err != nil {
 		return Ref{}, err
 	}
 	r := Ref{Kind: KindS3, URL: &url.URL{Scheme: "s3", Host: bucket, Path: "/" + prefix}}
 	if versioned {
 		if len(version) > maxS3Key || !s3VersionRE.MatchString(version) {
-			return Ref{}, fmt.Errorf("%w: version %q: want an S3 version id (letters, digits, '.', '_', '+', '/', '=', '-')", cache.ErrInvalid, truncate(version))
+			return Ref{}, fmt.Errorf("%w: version %q: want an S3 version id (letters, digits, '.', '_', '+', '/', '=', '-')", ErrInvalid, truncate(version))
 		}
 		r.Revision = version
 	}
 	if pinned {
-		d, err := cache.ParseDigest(frag)
+		d, err := parseDigest(frag)
 		switch {
 		case err != nil:
 			return Ref{}, fmt.Errorf("fragment must be a sha256 digest: %w", err)
 		case versioned:
-			return Ref{}, fmt.Errorf("%w: a digest pins one object; a version pins a prefix's model.json: give one, not both", cache.ErrInvalid)
+			return Ref{}, fmt.Errorf("%w: a digest pins one object; a version pins a prefix's model.json: give one, not both", ErrInvalid)
 		case prefix == "":
-			return Ref{}, fmt.Errorf("%w: a reference pinned by digest must name an object key", cache.ErrInvalid)
+			return Ref{}, fmt.Errorf("%w: a reference pinned by digest must name an object key", ErrInvalid)
 		}
 		r.Digest = d
 	}
 	return r, nil
 }
 
-func validS3Bucket(b string) error {
+// CheckS3Bucket checks an S3 bucket name as Parse does: 3 to 63 lowercase
+// letters, digits, '.' and '-', a letter or digit at each end, no two
+// adjacent periods, not an IP address. Errors wrap ErrInvalid.
+func CheckS3Bucket(b string) error {
 	switch {
 	case !s3BucketRE.MatchString(b):
-		return fmt.Errorf("%w: bucket %q: want 3 to 63 lowercase letters, digits, '.' and '-', starting and ending with a letter or digit", cache.ErrInvalid, truncate(b))
+		return fmt.Errorf("%w: bucket %q: want 3 to 63 lowercase letters, digits, '.' and '-', starting and ending with a letter or digit", ErrInvalid, truncate(b))
 	case strings.Contains(b, ".."):
-		return fmt.Errorf("%w: bucket %q: two adjacent periods", cache.ErrInvalid, truncate(b))
+		return fmt.Errorf("%w: bucket %q: two adjacent periods", ErrInvalid, truncate(b))
 	}
 	if _, err := netip.ParseAddr(b); err == nil {
-		return fmt.Errorf("%w: bucket %q: an IP address is not a bucket name", cache.ErrInvalid, truncate(b))
+		return fmt.Errorf("%w: bucket %q: an IP address is not a bucket name", ErrInvalid, truncate(b))
 	}
 	return nil
 }
 
-func validS3Prefix(p string) error {
+func checkS3Prefix(p string) error {
 	if p == "" {
 		return nil // the whole bucket
 	}
 	if len(p) > maxS3Key {
-		return fmt.Errorf("%w: prefix longer than %d bytes", cache.ErrInvalid, maxS3Key)
+		return fmt.Errorf("%w: prefix longer than %d bytes", ErrInvalid, maxS3Key)
 	}
 	if i := strings.IndexAny(p, "@#?\\"); i >= 0 {
-		return fmt.Errorf("%w: prefix %q: %q is not allowed in it", cache.ErrInvalid, truncate(p), p[i])
+		return fmt.Errorf("%w: prefix %q: %q is not allowed in it", ErrInvalid, truncate(p), p[i])
 	}
 	for seg := range strings.SplitSeq(p, "/") {
 		if seg == "" || seg == "." || seg == ".." {
-			return fmt.Errorf("%w: prefix %q: empty, \".\" and \"..\" segments are not allowed", cache.ErrInvalid, truncate(p))
+			return fmt.Errorf("%w: prefix %q: empty, \".\" and \"..\" segments are not allowed", ErrInvalid, truncate(p))
 		}
 	}
 	return nil
 }
 
-// s3RefString is the canonical form of an S3 reference.
-func s3RefString(r Ref) string {
+// s3String is the canonical form of an S3 reference.
+func s3String(r Ref) string {
 	if r.URL == nil {
 		return ""
 	}
 	s := "s3://" + r.URL.Host
-	if p := s3Prefix(r); p != "" {
+	if p := r.KeyPrefix(); p != "" {
 		s += "/" + p
 	}
 	if r.Revision != "" {
@@ -112,6 +113,12 @@ func s3RefString(r Ref) string {
 	return s
 }
 
-// s3Prefix is the reference's key prefix (or pinned object's key), without
-// leading or trailing '/'.
-func s3Prefix(r Ref) string { return strings.TrimPrefix(r.URL.Path, "/") }
+// KeyPrefix is an S3 reference's key prefix, or its pinned object's key,
+// without leading or trailing '/': empty for the whole bucket and for
+// other kinds of reference.
+func (r Ref) KeyPrefix() string {
+	if r.Kind != KindS3 || r.URL == nil {
+		return ""
+	}
+	return strings.TrimPrefix(r.URL.Path, "/")
+}
