@@ -6,7 +6,6 @@ import (
 
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/ref"
-	"github.com/weightd/weightd/pkg/warmpool"
 	"github.com/weightd/weightd/pkg/warmpool/engine"
 )
 
@@ -164,7 +163,7 @@ type AdapterRequest struct {
 // ParseAdapterRequest reads a pod's adapter request from its annotations;
 // ok is false when the pod asks for none (it has none of LoraBase,
 // LoraAdapter and LoraName). LoraBase and LoraAdapter go together; LoraName
-// is a name warmpool.ValidName accepts (1 to 64 letters, digits, '.', '_'
+// is a name engine.ValidAdapterName accepts (1 to 64 letters, digits, '.', '_'
 // or '-', starting with a letter or digit). Errors name the annotation at
 // fault and wrap ref.ErrInvalid for a reference that does not parse,
 // cache.ErrInvalid for anything else.
@@ -191,7 +190,7 @@ func ParseAdapterRequest(annotations map[string]string) (req AdapterRequest, ok 
 	}
 	if hasName {
 		req.Name = strings.TrimSpace(name)
-		if !warmpool.ValidName(req.Name) {
+		if !engine.ValidAdapterName(req.Name) {
 			return AdapterRequest{}, true, fmt.Errorf("%w: annotation %s: %q is not 1 to 64 letters, digits, '.', '_' or '-' starting with a letter or digit",
 				cache.ErrInvalid, LoraName, truncate(name))
 		}

@@ -8,7 +8,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/pkg/ref"
-	"github.com/weightd/weightd/pkg/warmpool"
 	"github.com/weightd/weightd/pkg/warmpool/engine"
 )
 
@@ -159,7 +158,7 @@ func FuzzParseAdapterRequest(f *testing.F) {
 			}
 			return
 		}
-		if r.Name != "" && !warmpool.ValidName(r.Name) {
+		if r.Name != "" && !engine.ValidAdapterName(r.Name) {
 			t.Fatalf("name %q accepted", r.Name)
 		}
 		for _, parsed := range []ref.Ref{r.Base, r.Adapter} {

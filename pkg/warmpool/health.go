@@ -131,7 +131,7 @@ func (p *Pool) check(ctx context.Context, s *server) {
 	listed := make(map[string]bool, len(list))
 	for _, a := range list {
 		listed[a.Name] = true
-		if end, ok := s.unloading[a.Name]; s.adapters[a.Name] != nil || !ValidName(a.Name) || ok && (end == 0 || end > before) {
+		if end, ok := s.unloading[a.Name]; s.adapters[a.Name] != nil || !engine.ValidAdapterName(a.Name) || ok && (end == 0 || end > before) {
 			continue
 		}
 		// Loaded by an earlier agent (or by hand): adopt it.

@@ -345,7 +345,7 @@ func (p *Pool) EnsureFor(ctx context.Context, owner string, req api.AdapterReque
 	if name == "" {
 		name = AdapterName(req.Ref)
 	}
-	if !ValidName(name) {
+	if !engine.ValidAdapterName(name) {
 		return api.AdapterAnswer{}, fmt.Errorf("%w: adapter name %q: want 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit", api.ErrBadRequest, name)
 	}
 	key := flightKey(req.Base, name)

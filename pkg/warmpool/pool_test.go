@@ -474,7 +474,7 @@ func TestAdapterName(t *testing.T) {
 		"https://host/" + strings.Repeat("x", 99): strings.Repeat("x", 55) + "-",
 	} {
 		got := AdapterName(ref)
-		if !ValidName(got) || !strings.HasPrefix(got, prefix) || len(got) != len(prefix)+8 {
+		if !engine.ValidAdapterName(got) || !strings.HasPrefix(got, prefix) || len(got) != len(prefix)+8 {
 			t.Errorf("AdapterName(%q) = %q, want %s + 8 hex digits", ref, got, prefix)
 		}
 	}
@@ -482,8 +482,8 @@ func TestAdapterName(t *testing.T) {
 		t.Error("two revisions share a name")
 	}
 	for _, bad := range []string{"", ".", "..", "-x", "a/b", "a b", strings.Repeat("a", 65)} {
-		if ValidName(bad) {
-			t.Errorf("ValidName(%q)", bad)
+		if engine.ValidAdapterName(bad) {
+			t.Errorf("engine.ValidAdapterName(%q)", bad)
 		}
 	}
 }
@@ -493,7 +493,7 @@ func FuzzAdapterName(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, ref string) {
-		if n := AdapterName(ref); !ValidName(n) {
+		if n := AdapterName(ref); !engine.ValidAdapterName(n) {
 			t.Fatalf("AdapterName(%q) = %q, not a valid name", ref, n)
 		}
 	})

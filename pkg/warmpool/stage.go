@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -17,17 +16,9 @@ import (
 	"github.com/weightd/weightd/pkg/cache"
 )
 
-// nameRE is what an adapter name may be: a runtime model name and a
-// directory name at once (no slash, no leading dot, bounded).
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
-
-// ValidName reports whether name can name an adapter: 1 to 64 letters,
-// digits, '.', '_' or '-', starting with a letter or digit.
-func ValidName(name string) bool { return nameRE.MatchString(name) }
-
 // AdapterName derives the model name of the adapter at ref: the last element
 // of its path, without tag, revision, query or fragment, reduced to the
-// characters ValidName allows, then "-" and 8 hex digits of the reference's
+// characters engine.ValidAdapterName allows, then "-" and 8 hex digits of the reference's
 // sha256, so that two references never share a name by accident.
 // "hf://org/sql-lora@main" becomes "sql-lora-1a2b3c4d".
 func AdapterName(ref string) string {

@@ -6,7 +6,16 @@ package engine
 import (
 	"context"
 	"errors"
+	"regexp"
 )
+
+// adapterNameRE is what an adapter name may be: a runtime model name and a
+// directory name at once (no slash, no leading dot, bounded).
+var adapterNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+// ValidAdapterName reports whether name can name an adapter: 1 to 64
+// letters, digits, '.', '_' or '-', starting with a letter or digit.
+func ValidAdapterName(name string) bool { return adapterNameRE.MatchString(name) }
 
 // Kind names a runtime.
 type Kind string
