@@ -38,11 +38,11 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/internal/loratest"
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/lora"
-	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 	"github.com/weightd/weightd/pkg/warmpool"
@@ -132,7 +132,7 @@ func run(ctx context.Context, n, adapters int) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	orig := origin.NewServer(ln, originDir)
+	orig := genmodel.NewServer(ln, originDir)
 	refs := make([]string, adapters)
 	for i := range refs {
 		name := fmt.Sprintf("lora-%d", i)

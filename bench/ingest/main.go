@@ -29,8 +29,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/pkg/api"
-	"github.com/weightd/weightd/pkg/origin"
 )
 
 type result struct {
@@ -71,7 +71,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	srv := origin.NewServer(ln, originDir)
+	srv := genmodel.NewServer(ln, originDir)
 	go func() {
 		if err := srv.Run(ctx); err != nil {
 			log.Print(err)
@@ -96,7 +96,7 @@ func main() {
 
 func runSize(ctx context.Context, work, originDir, originURL, bin string, size int64) (result, error) {
 	sub := fmt.Sprintf("s%d", size)
-	m, err := origin.Generate(filepath.Join(originDir, sub), origin.Spec{Name: "bench/ingest", Files: 1, TotalBytes: size, Seed: uint64(size)})
+	m, err := genmodel.Generate(filepath.Join(originDir, sub), genmodel.Spec{Name: "bench/ingest", Files: 1, TotalBytes: size, Seed: uint64(size)})
 	if err != nil {
 		return result{}, err
 	}

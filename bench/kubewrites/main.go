@@ -7,7 +7,7 @@
 // in this process, wired like `weightd agent --kubeconfig` with the default
 // intervals and rate limits: a cache, a prefetch queue, the pod intake and
 // the node publisher (pkg/kube), its client wrapped in a RoundTripper that
-// counts every request that is not a GET. An origin (pkg/origin) serves a
+// counts every request that is not a GET. An origin (internal/genmodel) serves a
 // generated model of --size, throttled so that it takes about --seconds. It
 // creates a pod bound to the node asking for the model and counts the
 // agent's writes (status patches, Events, node applies) from then until the
@@ -38,11 +38,11 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/internal/kubetest"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/kube"
 	"github.com/weightd/weightd/pkg/nodestate"
-	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/podrequest"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
@@ -151,20 +151,20 @@ func run(size int64, seconds float64) error {
 
 	// The origin: a generated model, throttled.
 	modelDir := filepath.Join(work, "origin")
-	if _, err := origin.Generate(modelDir, origin.Spec{Name: "bench/kube-writes", Files: 8, TotalBytes: size, Seed: 1}); err != nil {
+	if _, err := genmodel.Generate(modelDir, genmodel.Spec{Name: "bench/kube-writes", Files: 8, TotalBytes: size, Seed: 1}); err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
-	srv := origin.NewServer(ln, modelDir, origin.WithBandwidth(int64(float64(size)/seconds)))
+	srv := genmodel.NewServer(ln, modelDir, genmodel.WithBandwidth(int64(float64(size)/seconds)))
 	go func() {
 		if err := srv.Run(ctx); err != nil {
 			log.Printf("origin: %v", err)
 		}
 	}()
-	r := srv.URL() + "/" + origin.ManifestName
+	r := srv.URL() + "/" + genmodel.ManifestName
 
 	// The agent, with the defaults of `weightd agent`.
 	writes := &counter{}

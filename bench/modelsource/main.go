@@ -45,10 +45,10 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
+	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/internal/hubtest"
 	"github.com/weightd/weightd/internal/services"
 	"github.com/weightd/weightd/pkg/api"
-	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -99,7 +99,7 @@ func main() {
 
 func run(ctx context.Context, work, bin string, size int64, files, rounds int) error {
 	modelDir := filepath.Join(work, "model")
-	m, err := origin.Generate(modelDir, origin.Spec{Name: "bench/model", Files: files, TotalBytes: size, Seed: 42})
+	m, err := genmodel.Generate(modelDir, genmodel.Spec{Name: "bench/model", Files: files, TotalBytes: size, Seed: 42})
 	if err != nil {
 		return err
 	}
@@ -109,7 +109,7 @@ func run(ctx context.Context, work, bin string, size int64, files, rounds int) e
 	if err != nil {
 		return err
 	}
-	httpOrigin := origin.NewServer(ln, modelDir)
+	httpOrigin := genmodel.NewServer(ln, modelDir)
 	go func() { _ = httpOrigin.Run(ctx) }()
 
 	hub := hubtest.New()
@@ -137,7 +137,7 @@ func run(ctx context.Context, work, bin string, size int64, files, rounds int) e
 	}
 
 	sources := []struct{ name, ref string }{
-		{"http", httpOrigin.URL() + "/" + origin.ManifestName},
+		{"http", httpOrigin.URL() + "/" + genmodel.ManifestName},
 		{"hf", "hf://bench/model@main"},
 		{"oci", "oci://" + ociRef},
 	}
@@ -211,7 +211,7 @@ func fetchOnce(ctx context.Context, bin, root, hubURL, registry, ref string) (ti
 
 // pushModelPack pushes the model as a ModelPack artifact, one raw layer per
 // file, and returns its reference (registry/repository:tag).
-func pushModelPack(ctx context.Context, registry, dir string, m *origin.Manifest) (string, error) {
+func pushModelPack(ctx context.Context, registry, dir string, m *genmodel.Manifest) (string, error) {
 	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 	img = mutate.ConfigMediaType(img, types.MediaType(prefetch.MediaTypeModelConfig))
 	for _, f := range m.Files {

@@ -9,7 +9,7 @@
 // minutes) served inside the origin host's namespace too, so that agents
 // there reach it (Env.NetnsKubeconfig); registers Nodes node-a and node-b
 // and installs the PrefetchPolicy CRD; serves a generated model of S bytes
-// from the origin host (pkg/origin: the bench re-executes itself there); and
+// from the origin host (internal/genmodel: the bench re-executes itself there); and
 // starts a `weightd agent` on node-a and node-b, joined into one swarm, each
 // with --kubeconfig and its Node's --node-name.
 //
@@ -57,10 +57,10 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/weightd/weightd/internal/benchnet"
+	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/internal/kubetest"
 	"github.com/weightd/weightd/internal/testbed"
 	"github.com/weightd/weightd/pkg/kube"
-	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/podrequest"
 	"github.com/weightd/weightd/pkg/policy"
 	"github.com/weightd/weightd/pkg/prefetch"
@@ -201,7 +201,7 @@ func run(ctx context.Context, o options) error {
 	}
 
 	originDir := filepath.Join(work, "origin")
-	if _, err := origin.Generate(originDir, origin.Spec{Name: "bench/pod-ready", Files: o.files, TotalBytes: size, Seed: 1}); err != nil {
+	if _, err := genmodel.Generate(originDir, genmodel.Spec{Name: "bench/pod-ready", Files: o.files, TotalBytes: size, Seed: 1}); err != nil {
 		return err
 	}
 
@@ -249,7 +249,7 @@ func run(ctx context.Context, o options) error {
 	log.Printf("API server up in %v, at %s for the hosts", time.Since(start).Round(time.Millisecond), env.NetnsHost)
 
 	addr := netip.AddrPortFrom(originHost.Addr, originPort)
-	ref := "http://" + addr.String() + "/" + origin.ManifestName
+	ref := "http://" + addr.String() + "/" + genmodel.ManifestName
 	control := filepath.Join(work, "origin.sock")
 	stopOrigin, err := benchnet.StartOrigin(ctx, originHost, exe, originDir, addr.String(), control)
 	if err != nil {

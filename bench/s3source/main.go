@@ -40,9 +40,9 @@ import (
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/internal/s3test"
 	"github.com/weightd/weightd/pkg/cache"
-	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 )
@@ -85,7 +85,7 @@ func main() {
 
 func run(ctx context.Context, work string, size int64, files, rounds, concurrency int) error {
 	modelDir := filepath.Join(work, "model")
-	m, err := origin.Generate(modelDir, origin.Spec{Name: "bench/model", Files: files, TotalBytes: size, Seed: 42})
+	m, err := genmodel.Generate(modelDir, genmodel.Spec{Name: "bench/model", Files: files, TotalBytes: size, Seed: 42})
 	if err != nil {
 		return err
 	}
@@ -97,7 +97,7 @@ func run(ctx context.Context, work string, size int64, files, rounds, concurrenc
 	if err := srv.CreateBucket(ctx, "bench", false); err != nil {
 		return err
 	}
-	for _, p := range append([]string{origin.ManifestName}, paths(m)...) {
+	for _, p := range append([]string{genmodel.ManifestName}, paths(m)...) {
 		data, err := os.ReadFile(filepath.Join(modelDir, p))
 		if err != nil {
 			return err
@@ -189,7 +189,7 @@ func timed(root string, fill func(*cache.Store) error) (time.Duration, error) {
 	return time.Since(start), nil
 }
 
-func paths(m *origin.Manifest) []string {
+func paths(m *genmodel.Manifest) []string {
 	ps := make([]string, len(m.Files))
 	for i, f := range m.Files {
 		ps[i] = f.Path

@@ -4,7 +4,7 @@
 // It builds the agent's metric-bearing core directly (cmd/weightd is not
 // importable): a cache.Store and a prefetch.Queue on one registry, with the
 // Go and process collectors the agent also registers. The queue fetches
-// 1,000 small generated models from a local origin (pkg/origin) into the
+// 1,000 small generated models from a local origin (internal/genmodel) into the
 // store, so every per-model metric has seen 1,000 models. Then it serves the
 // registry through promhttp on loopback and times GETs of /metrics (the
 // median of -scrapes). Then it fetches one large model and scrapes every 10
@@ -43,8 +43,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/pkg/cache"
-	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 )
@@ -96,7 +96,7 @@ func serveOrigin(dir string) error {
 		_, _ = io.Copy(io.Discard, os.Stdin)
 		cancel()
 	}()
-	return origin.NewServer(ln, dir).Run(ctx)
+	return genmodel.NewServer(ln, dir).Run(ctx)
 }
 
 // startOrigin runs this program again as the origin serving dir on
@@ -151,12 +151,12 @@ func run(models, scrapes int, downloadBytes int64) error {
 	// The origin: models small models, and one large one.
 	originDir := filepath.Join(work, "origin")
 	for i := range models {
-		spec := origin.Spec{Name: fmt.Sprintf("bench/model-%04d", i), Files: 2, TotalBytes: 16 << 10, Seed: uint64(i)}
-		if _, err := origin.Generate(filepath.Join(originDir, fmt.Sprintf("m%04d", i)), spec); err != nil {
+		spec := genmodel.Spec{Name: fmt.Sprintf("bench/model-%04d", i), Files: 2, TotalBytes: 16 << 10, Seed: uint64(i)}
+		if _, err := genmodel.Generate(filepath.Join(originDir, fmt.Sprintf("m%04d", i)), spec); err != nil {
 			return err
 		}
 	}
-	if _, err := origin.Generate(filepath.Join(originDir, "large"), origin.Spec{Name: "bench/large", Files: 8, TotalBytes: downloadBytes, Seed: 1}); err != nil {
+	if _, err := genmodel.Generate(filepath.Join(originDir, "large"), genmodel.Spec{Name: "bench/large", Files: 8, TotalBytes: downloadBytes, Seed: 1}); err != nil {
 		return err
 	}
 	originURL, stopOrigin, err := startOrigin(originDir)
@@ -186,7 +186,7 @@ func run(models, scrapes int, downloadBytes int64) error {
 	})
 	jobs := make([]*prefetch.Job, models)
 	for i := range jobs {
-		if jobs[i], err = queue.Submit(fmt.Sprintf("%s/m%04d/%s", originURL, i, origin.ManifestName), prefetch.PriorityBackground); err != nil {
+		if jobs[i], err = queue.Submit(fmt.Sprintf("%s/m%04d/%s", originURL, i, genmodel.ManifestName), prefetch.PriorityBackground); err != nil {
 			return err
 		}
 	}
@@ -219,7 +219,7 @@ func run(models, scrapes int, downloadBytes int64) error {
 	}
 
 	// The same scrape while the large model downloads.
-	large, err := queue.Submit(originURL+"/large/"+origin.ManifestName, prefetch.PriorityPod)
+	large, err := queue.Submit(originURL+"/large/"+genmodel.ManifestName, prefetch.PriorityPod)
 	if err != nil {
 		return err
 	}

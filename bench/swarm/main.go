@@ -5,7 +5,7 @@
 //
 // It builds a testbed (internal/testbed: network namespaces on a bridge, so
 // it needs root and iproute2) of one origin host and N agent hosts, every
-// link shaped to B in both directions. The origin (pkg/origin, serving a
+// link shaped to B in both directions. The origin (internal/genmodel, serving a
 // generated blob) runs in the origin host: the bench re-executes itself
 // there, and reads the origin's egress through a unix socket. The naive
 // baseline re-executes the bench in each agent host as a downloader, all
@@ -59,8 +59,8 @@ import (
 	"time"
 
 	"github.com/weightd/weightd/internal/benchnet"
+	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/internal/testbed"
-	"github.com/weightd/weightd/pkg/origin"
 )
 
 // originPort is the origin's port on the origin host.
@@ -184,7 +184,7 @@ type bench struct {
 	work     string // the temporary directory
 	exe      string // this program, to re-execute in the hosts
 	size     int64
-	file     origin.File
+	file     genmodel.File
 	url      string // the blob on the origin
 	control  string // the origin's control socket
 	hosts    []*testbed.Host
@@ -225,7 +225,7 @@ func run(ctx context.Context, o options) error {
 	}
 
 	originDir := filepath.Join(b.work, "origin")
-	m, err := origin.Generate(originDir, origin.Spec{Name: "bench/swarm", Files: 1, TotalBytes: b.size, Seed: 1})
+	m, err := genmodel.Generate(originDir, genmodel.Spec{Name: "bench/swarm", Files: 1, TotalBytes: b.size, Seed: 1})
 	if err != nil {
 		return err
 	}

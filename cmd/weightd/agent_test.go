@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/pkg/api"
-	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 )
@@ -79,17 +79,17 @@ func startAgentWith(t *testing.T, edit func(*agentConfig)) string {
 }
 
 // startOrigin serves a generated model and returns the manifest's URL.
-func startOrigin(t *testing.T, files int, size int64) (string, *origin.Server) {
+func startOrigin(t *testing.T, files int, size int64) (string, *genmodel.Server) {
 	t.Helper()
 	dir := t.TempDir()
-	if _, err := origin.Generate(dir, origin.Spec{Name: "test/model", Files: files, TotalBytes: size, Seed: 7}); err != nil {
+	if _, err := genmodel.Generate(dir, genmodel.Spec{Name: "test/model", Files: files, TotalBytes: size, Seed: 7}); err != nil {
 		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := origin.NewServer(ln, dir)
+	srv := genmodel.NewServer(ln, dir)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx) }()
@@ -99,7 +99,7 @@ func startOrigin(t *testing.T, files int, size int64) (string, *origin.Server) {
 			t.Errorf("origin: %v", err)
 		}
 	})
-	return srv.URL() + "/" + origin.ManifestName, srv
+	return srv.URL() + "/" + genmodel.ManifestName, srv
 }
 
 // runCLI runs the command line in-process and returns its exit code and output.

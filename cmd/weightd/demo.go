@@ -19,8 +19,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/weightd/weightd/internal/bytesize"
+	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/pkg/api"
-	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/peertls"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
@@ -94,7 +94,7 @@ type demoFetch struct {
 
 // demoResult is what the demo measured.
 type demoResult struct {
-	manifest    *origin.Manifest
+	manifest    *genmodel.Manifest
 	ref         string
 	chunkSize   int64
 	first       []demoFetch // one per agent, all asked at once
@@ -128,12 +128,12 @@ func (c *demoCmd) Run(e *env) (err error) {
 
 	fmt.Fprintf(e.stderr, "generating %s: %d files, %s in %s\n", demoModel, c.Files, bytesize.IEC(int64(c.Size)), originDir)
 	t0 := time.Now()
-	m, err := origin.Generate(originDir, origin.Spec{Name: demoModel, Files: c.Files, TotalBytes: int64(c.Size), Seed: 1})
+	m, err := genmodel.Generate(originDir, genmodel.Spec{Name: demoModel, Files: c.Files, TotalBytes: int64(c.Size), Seed: 1})
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(e.stderr, "generated in %s\n", time.Since(t0).Round(time.Millisecond))
-	manifestInfo, err := os.Stat(filepath.Join(originDir, origin.ManifestName))
+	manifestInfo, err := os.Stat(filepath.Join(originDir, genmodel.ManifestName))
 	if err != nil {
 		return err
 	}
@@ -142,7 +142,7 @@ func (c *demoCmd) Run(e *env) (err error) {
 	if err != nil {
 		return fmt.Errorf("listening for the origin: %w", err)
 	}
-	org := origin.NewServer(ln, originDir)
+	org := genmodel.NewServer(ln, originDir)
 	// The agents talk mutual TLS, as in a cluster, with a CA of the demo's.
 	var ca peertls.Files
 	if c.Agents > 1 {
@@ -294,7 +294,7 @@ func (c *demoCmd) workDir() (string, func() error, error) {
 // blob's two origin fetchers meet from opposite ends of its chunks, and
 // where word of each other's requests comes late (a busy CPU) both fetch
 // the chunk or two where they meet.
-func demoOriginBound(m *origin.Manifest, chunkSize int64) int64 {
+func demoOriginBound(m *genmodel.Manifest, chunkSize int64) int64 {
 	bound := m.TotalBytes()
 	for _, f := range m.Files {
 		if f.Size > chunkSize {
@@ -309,7 +309,7 @@ func demoOriginBound(m *origin.Manifest, chunkSize int64) int64 {
 // the first fetch it again, check that the origin sent about one copy, that
 // every agent holds the same files and that the second fetch came from the
 // cache, and read the agents' metrics.
-func demoScript(ctx context.Context, agents []*demoAgent, org *origin.Server, m *origin.Manifest, manifestSize, chunkSize int64, progressTo io.Writer) (*demoResult, error) {
+func demoScript(ctx context.Context, agents []*demoAgent, org *genmodel.Server, m *genmodel.Manifest, manifestSize, chunkSize int64, progressTo io.Writer) (*demoResult, error) {
 	for _, a := range agents {
 		readyCtx, cancel := context.WithTimeout(ctx, demoStartTimeout)
 		err := a.client.WaitReady(readyCtx)
@@ -323,7 +323,7 @@ func demoScript(ctx context.Context, agents []*demoAgent, org *origin.Server, m 
 			return nil, err
 		}
 	}
-	res := &demoResult{manifest: m, ref: org.URL() + "/" + origin.ManifestName, chunkSize: chunkSize, first: make([]demoFetch, len(agents))}
+	res := &demoResult{manifest: m, ref: org.URL() + "/" + genmodel.ManifestName, chunkSize: chunkSize, first: make([]demoFetch, len(agents))}
 
 	if len(agents) == 1 {
 		fmt.Fprintf(progressTo, "first fetch of %s\n", res.ref)

@@ -15,8 +15,8 @@ import (
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/pkg/cache"
-	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -79,9 +79,9 @@ func (r *otlpReceiver) spans() (names []string, resource map[string]string, path
 func fetchTraced(t *testing.T, tp trace.TracerProvider) {
 	t.Helper()
 	dir := t.TempDir()
-	_, err := origin.Generate(dir, origin.Spec{Name: "org/model", Files: 2, TotalBytes: 64 << 10})
+	_, err := genmodel.Generate(dir, genmodel.Spec{Name: "org/model", Files: 2, TotalBytes: 64 << 10})
 	require.NoError(t, err)
-	org := httptest.NewServer(origin.NewServer(nil, dir))
+	org := httptest.NewServer(genmodel.NewServer(nil, dir))
 	t.Cleanup(org.Close)
 	store, err := cache.Open(t.TempDir())
 	require.NoError(t, err)

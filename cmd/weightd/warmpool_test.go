@@ -19,11 +19,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/internal/loratest"
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/lora"
-	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 	"github.com/weightd/weightd/pkg/warmpool"
@@ -66,7 +66,7 @@ func serveAdapter(t *testing.T, dir, name string) string {
 func TestWarmPoolOnQueue(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	if _, err := origin.Generate(filepath.Join(dir, "base"), origin.Spec{Name: "test/base", Files: 2, TotalBytes: 1 << 20, Seed: 3}); err != nil {
+	if _, err := genmodel.Generate(filepath.Join(dir, "base"), genmodel.Spec{Name: "test/base", Files: 2, TotalBytes: 1 << 20, Seed: 3}); err != nil {
 		t.Fatal(err)
 	}
 	adapterPath := serveAdapter(t, dir, "sql")
@@ -74,8 +74,8 @@ func TestWarmPoolOnQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	orig := origin.NewServer(ln, dir)
-	baseRef := orig.URL() + "/base/" + origin.ManifestName
+	orig := genmodel.NewServer(ln, dir)
+	baseRef := orig.URL() + "/base/" + genmodel.ManifestName
 	adapterRef := orig.URL() + adapterPath
 
 	root := t.TempDir()
@@ -193,7 +193,7 @@ func TestWarmPinBudget(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	for i, name := range []string{"base-a", "base-b"} {
-		if _, err := origin.Generate(filepath.Join(dir, name), origin.Spec{Name: "test/" + name, Files: 2, TotalBytes: 1 << 20, Seed: uint64(i)}); err != nil {
+		if _, err := genmodel.Generate(filepath.Join(dir, name), genmodel.Spec{Name: "test/" + name, Files: 2, TotalBytes: 1 << 20, Seed: uint64(i)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -201,7 +201,7 @@ func TestWarmPinBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	orig := origin.NewServer(ln, dir)
+	orig := genmodel.NewServer(ln, dir)
 	root := t.TempDir()
 	// 3 MiB of budget, half of it for warm pins: one base of 1 MiB fits,
 	// two do not.
@@ -235,7 +235,7 @@ func TestWarmPinBudget(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer srv.Close()
-		specs = append(specs, warmpool.ServerSpec{Pod: "ai/" + name, UID: name, Base: orig.URL() + "/" + name + "/" + origin.ManifestName,
+		specs = append(specs, warmpool.ServerSpec{Pod: "ai/" + name, UID: name, Base: orig.URL() + "/" + name + "/" + genmodel.ManifestName,
 			Runtime: engine.VLLM, Endpoint: srv.URL(), Slots: 1})
 	}
 	pinned := func(pod string) int {

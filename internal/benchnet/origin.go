@@ -17,8 +17,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/internal/testbed"
-	"github.com/weightd/weightd/pkg/origin"
 )
 
 // StartOrigin runs the origin in host h and waits (10 s at most) until it
@@ -85,7 +85,7 @@ func ServeOrigin(dir, listen, control string) error {
 	if err != nil {
 		return err
 	}
-	srv := origin.NewServer(ln, dir)
+	srv := genmodel.NewServer(ln, dir)
 	cln, err := net.Listen("unix", control)
 	if err != nil {
 		ln.Close()

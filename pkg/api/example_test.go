@@ -9,9 +9,9 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/cache"
-	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -25,10 +25,10 @@ func Example() {
 	defer os.RemoveAll(dir)
 
 	// An origin serving a generated two-file model.
-	if _, err := origin.Generate(filepath.Join(dir, "origin"), origin.Spec{Name: "org/model", Files: 2, TotalBytes: 1 << 20}); err != nil {
+	if _, err := genmodel.Generate(filepath.Join(dir, "origin"), genmodel.Spec{Name: "org/model", Files: 2, TotalBytes: 1 << 20}); err != nil {
 		log.Fatal(err)
 	}
-	org := httptest.NewServer(origin.NewServer(nil, filepath.Join(dir, "origin")))
+	org := httptest.NewServer(genmodel.NewServer(nil, filepath.Join(dir, "origin")))
 	defer org.Close()
 
 	// The agent side: cache, queue, API server.

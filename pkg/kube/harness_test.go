@@ -21,9 +21,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/internal/kubetest"
 	wcache "github.com/weightd/weightd/pkg/cache"
-	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 )
@@ -93,17 +93,17 @@ func (h *hidingBlobs) Stat(d digest.Digest) (wcache.Info, error) {
 }
 
 // testOrigin serves a generated model and returns its reference.
-func testOrigin(t *testing.T, name string, files int, size int64, opts ...origin.ServerOption) (string, *origin.Server) {
+func testOrigin(t *testing.T, name string, files int, size int64, opts ...genmodel.ServerOption) (string, *genmodel.Server) {
 	t.Helper()
 	dir := t.TempDir()
-	if _, err := origin.Generate(dir, origin.Spec{Name: name, Files: files, TotalBytes: size, Seed: 7}); err != nil {
+	if _, err := genmodel.Generate(dir, genmodel.Spec{Name: name, Files: files, TotalBytes: size, Seed: 7}); err != nil {
 		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := origin.NewServer(ln, dir, opts...)
+	srv := genmodel.NewServer(ln, dir, opts...)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx) }()
@@ -111,7 +111,7 @@ func testOrigin(t *testing.T, name string, files int, size int64, opts ...origin
 		cancel()
 		<-done
 	})
-	return srv.URL() + "/" + origin.ManifestName, srv
+	return srv.URL() + "/" + genmodel.ManifestName, srv
 }
 
 // agent is the part of a weightd agent this package deals with: a cache, a

@@ -16,8 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/pkg/nodestate"
-	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/podrequest"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
@@ -58,7 +58,7 @@ func nodeShows(t *testing.T, n *corev1.Node, ref string, want bool) string {
 func TestPodToReady(t *testing.T) {
 	const nodeName = "gpu-1"
 	env := startEnv(t, nodeName)
-	ref, srv := testOrigin(t, "test/model", 4, modelSize, origin.WithBandwidth(4<<20)) // about two seconds
+	ref, srv := testOrigin(t, "test/model", 4, modelSize, genmodel.WithBandwidth(4<<20)) // about two seconds
 	// Labels of others, one even under weightd's prefix: never touched.
 	_, err := env.Clientset().CoreV1().Nodes().Patch(t.Context(), nodeName, types.MergePatchType,
 		[]byte(`{"metadata":{"labels":{"team":"a","models.weightd.io/by-hand":"ready"}}}`), metav1.PatchOptions{})
@@ -164,7 +164,7 @@ func TestManyPods(t *testing.T) {
 	const qps, burst = 100, 100
 	env := startEnv(t, nodeName)
 	refs := make([]string, 4)
-	origins := make([]*origin.Server, len(refs))
+	origins := make([]*genmodel.Server, len(refs))
 	for i := range refs {
 		refs[i], origins[i] = testOrigin(t, fmt.Sprintf("test/model-%d", i), 2, modelSize)
 	}

@@ -15,9 +15,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/weightd/weightd/internal/genmodel"
 	wcache "github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/nodestate"
-	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 )
@@ -163,7 +163,7 @@ func TestIntakeFakeAPI(t *testing.T) {
 // not set back to "fetching" while its job runs again.
 func TestIntakeSettledPod(t *testing.T) {
 	t.Parallel()
-	r, _ := testOrigin(t, "test/model", 2, modelSize, origin.WithBandwidth(8<<20)) // about a second
+	r, _ := testOrigin(t, "test/model", 2, modelSize, genmodel.WithBandwidth(8<<20)) // about a second
 	client := fake.NewClientset(newPod("p1", "n1", map[string]string{"weightd.io/models": r, "weightd.io/status": "ready"}))
 	store, err := wcache.Open(t.TempDir())
 	require.NoError(t, err)
@@ -197,7 +197,7 @@ func TestIntakeSettledPod(t *testing.T) {
 // longer progress interval.
 func TestIntakeFinalStatusNotHeldBack(t *testing.T) {
 	t.Parallel()
-	r, _ := testOrigin(t, "test/model", 2, modelSize, origin.WithBandwidth(8<<20)) // about a second
+	r, _ := testOrigin(t, "test/model", 2, modelSize, genmodel.WithBandwidth(8<<20)) // about a second
 	client := fake.NewClientset(newPod("p1", "n1", map[string]string{"weightd.io/models": r}))
 	store, err := wcache.Open(t.TempDir())
 	require.NoError(t, err)

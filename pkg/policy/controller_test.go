@@ -38,9 +38,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/internal/kubetest"
 	"github.com/weightd/weightd/pkg/cache"
-	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/policy"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
@@ -99,14 +99,14 @@ func uniq(s string) string { return fmt.Sprintf("%s-%d", s, seq.Add(1)) }
 
 // startOrigin serves a generated model until the test ends and returns its
 // manifest reference.
-func startOrigin(t *testing.T, spec origin.Spec) (string, *origin.Manifest) {
+func startOrigin(t *testing.T, spec genmodel.Spec) (string, *genmodel.Manifest) {
 	t.Helper()
 	dir := t.TempDir()
-	m, err := origin.Generate(dir, spec)
+	m, err := genmodel.Generate(dir, spec)
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	s := origin.NewServer(ln, dir)
+	s := genmodel.NewServer(ln, dir)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
@@ -114,7 +114,7 @@ func startOrigin(t *testing.T, spec origin.Spec) (string, *origin.Manifest) {
 		cancel()
 		assert.NoError(t, <-done)
 	})
-	return s.URL() + "/" + origin.ManifestName, m
+	return s.URL() + "/" + genmodel.ManifestName, m
 }
 
 // agent is what one node runs: a cache, a prefetch queue, the controller.
@@ -221,7 +221,7 @@ func setLabels(t *testing.T, kc kubernetes.Interface, node string, labels map[st
 	require.NoError(t, err)
 }
 
-func fileDigests(m *origin.Manifest) []digest.Digest {
+func fileDigests(m *genmodel.Manifest) []digest.Digest {
 	var ds []digest.Digest
 	for _, f := range m.Files {
 		if !slices.Contains(ds, f.Digest()) {
@@ -237,7 +237,7 @@ func fileDigests(m *origin.Manifest) []digest.Digest {
 func TestPolicyLifecycle(t *testing.T) {
 	t.Parallel()
 	e, kc, dc := kube(t)
-	ref, m := startOrigin(t, origin.Spec{Name: "org/lifecycle", Files: 4, TotalBytes: 1<<20 + 3, Seed: 7})
+	ref, m := startOrigin(t, genmodel.Spec{Name: "org/lifecycle", Files: 4, TotalBytes: 1<<20 + 3, Seed: 7})
 	node, name := uniq("life-1"), uniq("life")
 	_, err := e.CreateNode(t.Context(), node, map[string]string{"pool": "life"})
 	require.NoError(t, err)
@@ -309,8 +309,8 @@ func TestPolicyLifecycle(t *testing.T) {
 func TestPolicyFailures(t *testing.T) {
 	t.Parallel()
 	e, kc, dc := kube(t)
-	ref, m := startOrigin(t, origin.Spec{Name: "org/partial", Files: 2, TotalBytes: 64 << 10, Seed: 8})
-	missing := strings.TrimSuffix(ref, origin.ManifestName) + "nothing/model.json"
+	ref, m := startOrigin(t, genmodel.Spec{Name: "org/partial", Files: 2, TotalBytes: 64 << 10, Seed: 8})
+	missing := strings.TrimSuffix(ref, genmodel.ManifestName) + "nothing/model.json"
 	node, name := uniq("fail-1"), uniq("fail")
 	_, err := e.CreateNode(t.Context(), node, map[string]string{"pool": "fail"})
 	require.NoError(t, err)
@@ -367,8 +367,8 @@ func TestPolicyFailures(t *testing.T) {
 func TestPolicyManyNodes(t *testing.T) {
 	t.Parallel()
 	e, kc, dc := kube(t)
-	refA, _ := startOrigin(t, origin.Spec{Name: "org/many-a", Files: 3, TotalBytes: 256 << 10, Seed: 9})
-	refB, _ := startOrigin(t, origin.Spec{Name: "org/many-b", Files: 2, TotalBytes: 128 << 10, Seed: 10})
+	refA, _ := startOrigin(t, genmodel.Spec{Name: "org/many-a", Files: 3, TotalBytes: 256 << 10, Seed: 9})
+	refB, _ := startOrigin(t, genmodel.Spec{Name: "org/many-b", Files: 2, TotalBytes: 128 << 10, Seed: 10})
 	nodes := []string{uniq("many-1"), uniq("many-2"), uniq("many-3")}
 	pa, pb := uniq("many-a"), uniq("many-b")
 	for _, n := range nodes {
@@ -426,7 +426,7 @@ func TestPolicyManyNodes(t *testing.T) {
 func TestPolicyAgentRestart(t *testing.T) {
 	t.Parallel()
 	e, kc, dc := kube(t)
-	ref, m := startOrigin(t, origin.Spec{Name: "org/restart", Files: 2, TotalBytes: 64 << 10, Seed: 11})
+	ref, m := startOrigin(t, genmodel.Spec{Name: "org/restart", Files: 2, TotalBytes: 64 << 10, Seed: 11})
 	node, name := uniq("restart-1"), uniq("restart")
 	_, err := e.CreateNode(t.Context(), node, map[string]string{"pool": "restart"})
 	require.NoError(t, err)
@@ -539,8 +539,8 @@ func TestPolicyAPIServerRestart(t *testing.T) {
 	e := kubetest.NewT(t, kubeConfig)
 	kc, dc := kubernetes.NewForConfigOrDie(e.Config), dynamic.NewForConfigOrDie(e.Config)
 	require.NoError(t, policy.InstallCRD(t.Context(), dc))
-	ref1, m1 := startOrigin(t, origin.Spec{Name: "org/restart-a", Files: 2, TotalBytes: 64 << 10, Seed: 12})
-	ref2, _ := startOrigin(t, origin.Spec{Name: "org/restart-b", Files: 2, TotalBytes: 64 << 10, Seed: 13})
+	ref1, m1 := startOrigin(t, genmodel.Spec{Name: "org/restart-a", Files: 2, TotalBytes: 64 << 10, Seed: 12})
+	ref2, _ := startOrigin(t, genmodel.Spec{Name: "org/restart-b", Files: 2, TotalBytes: 64 << 10, Seed: 13})
 	node, name := uniq("apirestart-1"), uniq("apirestart")
 	_, err := e.CreateNode(t.Context(), node, map[string]string{"pool": "r"})
 	require.NoError(t, err)
@@ -670,7 +670,7 @@ func TestPolicyLeastPrivilege(t *testing.T) {
 	}}, metav1.CreateOptions{})
 	require.True(t, apierrors.IsForbidden(err), "the agent may not create policies: %v", err)
 
-	ref, _ := startOrigin(t, origin.Spec{Name: "org/rbac", Files: 2, TotalBytes: 64 << 10, Seed: 14})
+	ref, _ := startOrigin(t, genmodel.Spec{Name: "org/rbac", Files: 2, TotalBytes: 64 << 10, Seed: 14})
 	node, pname := uniq("rbac-1"), uniq("rbac")
 	_, err = e.CreateNode(t.Context(), node, map[string]string{"pool": "rbac"})
 	require.NoError(t, err)

@@ -20,8 +20,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/pkg/cache"
-	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 )
@@ -310,14 +310,14 @@ func TestHTTPSourceResolveFileErrors(t *testing.T) {
 
 // startOrigin generates a model and serves it; it returns the server and the
 // manifest.
-func startOrigin(t *testing.T, spec origin.Spec, opts ...origin.ServerOption) (*origin.Server, *origin.Manifest) {
+func startOrigin(t *testing.T, spec genmodel.Spec, opts ...genmodel.ServerOption) (*genmodel.Server, *genmodel.Manifest) {
 	t.Helper()
 	dir := t.TempDir()
-	m, err := origin.Generate(dir, spec)
+	m, err := genmodel.Generate(dir, spec)
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	s := origin.NewServer(ln, dir, opts...)
+	s := genmodel.NewServer(ln, dir, opts...)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
@@ -330,8 +330,8 @@ func startOrigin(t *testing.T, spec origin.Spec, opts ...origin.ServerOption) (*
 
 func TestHTTPSourceResolveManifest(t *testing.T) {
 	t.Parallel()
-	s, m := startOrigin(t, origin.Spec{Name: "org/gen", Files: 5, TotalBytes: 1 << 20, Seed: 9})
-	r, err := ref.Parse(s.URL() + "/" + origin.ManifestName)
+	s, m := startOrigin(t, genmodel.Spec{Name: "org/gen", Files: 5, TotalBytes: 1 << 20, Seed: 9})
+	r, err := ref.Parse(s.URL() + "/" + genmodel.ManifestName)
 	require.NoError(t, err)
 	res, err := prefetch.NewHTTPSource(nil).Resolve(t.Context(), r)
 	require.NoError(t, err)

@@ -24,8 +24,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/pkg/cache"
-	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 )
@@ -65,7 +65,7 @@ func openStore(t *testing.T, opts ...cache.Option) *cache.Store {
 
 // assertModelDir checks that dir holds the files of m with the bytes the
 // origin serves from originDir.
-func assertModelDir(t *testing.T, dir, originDir string, m *origin.Manifest) {
+func assertModelDir(t *testing.T, dir, originDir string, m *genmodel.Manifest) {
 	t.Helper()
 	for _, f := range m.Files {
 		got, err := os.ReadFile(filepath.Join(dir, f.Path))
@@ -77,13 +77,13 @@ func assertModelDir(t *testing.T, dir, originDir string, m *origin.Manifest) {
 }
 
 // startOriginDir is startOrigin that also returns the served directory.
-func startOriginDir(t *testing.T, spec origin.Spec, opts ...origin.ServerOption) (*origin.Server, *origin.Manifest, string) {
+func startOriginDir(t *testing.T, spec genmodel.Spec, opts ...genmodel.ServerOption) (*genmodel.Server, *genmodel.Manifest, string) {
 	t.Helper()
 	s, m := startOrigin(t, spec, opts...)
 	// startOrigin serves a fresh temporary directory; regenerate the same
 	// (deterministic) model to compare against.
 	dir := t.TempDir()
-	again, err := origin.Generate(dir, spec)
+	again, err := genmodel.Generate(dir, spec)
 	require.NoError(t, err)
 	require.Equal(t, m, again)
 	return s, m, dir
@@ -91,13 +91,13 @@ func startOriginDir(t *testing.T, spec origin.Spec, opts ...origin.ServerOption)
 
 func TestQueueFetchesModel(t *testing.T) {
 	t.Parallel()
-	spec := origin.Spec{Name: "org/llama", Files: 6, TotalBytes: 3<<20 + 17, Seed: 1}
+	spec := genmodel.Spec{Name: "org/llama", Files: 6, TotalBytes: 3<<20 + 17, Seed: 1}
 	srv, m, dir := startOriginDir(t, spec)
 	store := openStore(t)
 	reg := prometheus.NewPedanticRegistry()
 	q := prefetch.NewQueue(store, prefetch.NewHTTPSource(nil), prefetch.WithRegisterer(reg),
 		prefetch.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
-	r := srv.URL() + "/" + origin.ManifestName
+	r := srv.URL() + "/" + genmodel.ManifestName
 
 	j, err := q.Submit(r, prefetch.PriorityNormal)
 	require.NoError(t, err)
@@ -135,7 +135,7 @@ func TestQueueFetchesModel(t *testing.T) {
 	st2, err := wait(t, j2)
 	require.NoError(t, err)
 	assert.Equal(t, st.Dir, st2.Dir)
-	assert.Equal(t, egress+int64(len(mustRead(t, filepath.Join(dir, origin.ManifestName)))), srv.BytesServed(), "only the manifest again")
+	assert.Equal(t, egress+int64(len(mustRead(t, filepath.Join(dir, genmodel.ManifestName)))), srv.BytesServed(), "only the manifest again")
 
 	got, ok := q.Job(j.ID())
 	require.True(t, ok)
@@ -186,7 +186,7 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name, outcome string) f
 
 func TestQueueSingleFile(t *testing.T) {
 	t.Parallel()
-	srv, m, dir := startOriginDir(t, origin.Spec{Name: "org/one", Files: 1, TotalBytes: 500_000, Seed: 2})
+	srv, m, dir := startOriginDir(t, genmodel.Spec{Name: "org/one", Files: 1, TotalBytes: 500_000, Seed: 2})
 	q := prefetch.NewQueue(openStore(t), prefetch.NewHTTPSource(nil))
 	runQueue(t, q)
 	f := m.Files[0]
@@ -200,14 +200,14 @@ func TestQueueSingleFile(t *testing.T) {
 
 func TestQueueSurvivesFaultyOrigin(t *testing.T) {
 	t.Parallel()
-	spec := origin.Spec{Name: "org/faulty", Files: 3, TotalBytes: 2 << 20, Seed: 3}
+	spec := genmodel.Spec{Name: "org/faulty", Files: 3, TotalBytes: 2 << 20, Seed: 3}
 	srv, m, dir := startOriginDir(t, spec,
-		origin.WithDrop(origin.Fault{Path: "model.safetensors", After: 300 << 10, Times: 2}),
-		origin.WithStall(origin.Fault{Path: "tokenizer.json", After: 1000, Times: 1}),
+		genmodel.WithDrop(genmodel.Fault{Path: "model.safetensors", After: 300 << 10, Times: 2}),
+		genmodel.WithStall(genmodel.Fault{Path: "tokenizer.json", After: 1000, Times: 1}),
 	)
 	q := prefetch.NewQueue(openStore(t), prefetch.NewHTTPSource(nil))
 	runQueue(t, q)
-	j, err := q.Submit(srv.URL()+"/"+origin.ManifestName, prefetch.PriorityNormal)
+	j, err := q.Submit(srv.URL()+"/"+genmodel.ManifestName, prefetch.PriorityNormal)
 	require.NoError(t, err)
 	st, err := wait(t, j)
 	require.NoError(t, err, "the cache retries and resumes")
@@ -216,12 +216,12 @@ func TestQueueSurvivesFaultyOrigin(t *testing.T) {
 
 func TestQueueCorruptOriginFailsThenRecovers(t *testing.T) {
 	t.Parallel()
-	spec := origin.Spec{Name: "org/corrupt", Files: 1, TotalBytes: 1 << 20, Seed: 4}
-	srv, m, dir := startOriginDir(t, spec, origin.WithCorrupt(origin.Fault{After: 12345, Times: 1}))
+	spec := genmodel.Spec{Name: "org/corrupt", Files: 1, TotalBytes: 1 << 20, Seed: 4}
+	srv, m, dir := startOriginDir(t, spec, genmodel.WithCorrupt(genmodel.Fault{After: 12345, Times: 1}))
 	reg := prometheus.NewRegistry()
 	q := prefetch.NewQueue(openStore(t), prefetch.NewHTTPSource(nil), prefetch.WithRegisterer(reg))
 	runQueue(t, q)
-	ref := srv.URL() + "/" + origin.ManifestName
+	ref := srv.URL() + "/" + genmodel.ManifestName
 
 	j, err := q.Submit(ref, prefetch.PriorityNormal)
 	require.NoError(t, err)
@@ -242,7 +242,7 @@ func TestQueueCorruptOriginFailsThenRecovers(t *testing.T) {
 
 func TestQueuePermanentErrorNotRetried(t *testing.T) {
 	t.Parallel()
-	srv, _ := startOrigin(t, origin.Spec{Name: "org/x", Files: 1, TotalBytes: 10})
+	srv, _ := startOrigin(t, genmodel.Spec{Name: "org/x", Files: 1, TotalBytes: 10})
 	q := prefetch.NewQueue(openStore(t), prefetch.NewHTTPSource(nil), prefetch.WithResolveRetries(5, time.Hour))
 	runQueue(t, q)
 	j, err := q.Submit(srv.URL()+"/missing/model.json", prefetch.PriorityNormal)
@@ -676,12 +676,12 @@ func BenchmarkQueueIngest(b *testing.B) {
 		for _, files := range []int{1, 4} {
 			b.Run(fmt.Sprintf("%dMiB/files=%d", size>>20, files), func(b *testing.B) {
 				dir := b.TempDir()
-				spec := origin.Spec{Name: "org/bench", Files: files, TotalBytes: size, Seed: 1}
-				m, err := origin.Generate(dir, spec)
+				spec := genmodel.Spec{Name: "org/bench", Files: files, TotalBytes: size, Seed: 1}
+				m, err := genmodel.Generate(dir, spec)
 				require.NoError(b, err)
 				ln, err := net.Listen("tcp", "127.0.0.1:0")
 				require.NoError(b, err)
-				srv := origin.NewServer(ln, dir)
+				srv := genmodel.NewServer(ln, dir)
 				ctx, cancel := context.WithCancel(b.Context())
 				defer cancel()
 				go srv.Run(ctx)
@@ -694,7 +694,7 @@ func BenchmarkQueueIngest(b *testing.B) {
 					qctx, qcancel := context.WithCancel(ctx)
 					done := make(chan error, 1)
 					go func() { done <- q.Run(qctx) }()
-					j, err := q.Submit(srv.URL()+"/"+origin.ManifestName, prefetch.PriorityNormal)
+					j, err := q.Submit(srv.URL()+"/"+genmodel.ManifestName, prefetch.PriorityNormal)
 					require.NoError(b, err)
 					_, err = j.Wait(ctx)
 					require.NoError(b, err)

@@ -24,9 +24,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/internal/testbed"
 	"github.com/weightd/weightd/pkg/api"
-	"github.com/weightd/weightd/pkg/origin"
 	"github.com/weightd/weightd/pkg/peertls"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
@@ -69,7 +69,7 @@ func runOrigin() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	srv := origin.NewServer(ln, os.Getenv("WEIGHTD_ORIGIN_DIR"))
+	srv := genmodel.NewServer(ln, os.Getenv("WEIGHTD_ORIGIN_DIR"))
 	ctl, err := net.Listen("unix", os.Getenv("WEIGHTD_ORIGIN_CONTROL"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -109,7 +109,7 @@ func newCluster(t *testing.T, agents int) *cluster {
 	tb := testbed.NewT(t, testbed.Config{Hosts: agents + 1, LinkMbit: linkMbit})
 	dir := shortTempDir(t)
 	c := &cluster{t: t, tb: tb, dir: dir, hosts: tb.Hosts(), control: filepath.Join(dir, "origin.sock")}
-	m, err := origin.Generate(filepath.Join(dir, "origin"), origin.Spec{Name: "test/blob", Files: 1, TotalBytes: blobSize, Seed: 7})
+	m, err := genmodel.Generate(filepath.Join(dir, "origin"), genmodel.Spec{Name: "test/blob", Files: 1, TotalBytes: blobSize, Seed: 7})
 	require.NoError(t, err)
 	originHost := c.hosts[0]
 	cmd := originHost.Command(t.Context(), os.Args[0])

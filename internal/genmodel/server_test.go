@@ -1,4 +1,4 @@
-package origin_test
+package genmodel_test
 
 import (
 	"context"
@@ -15,22 +15,22 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/weightd/weightd/pkg/origin"
+	"github.com/weightd/weightd/internal/genmodel"
 )
 
 // serve generates a one-file model of size bytes and serves it; it returns
 // the server and the file's bytes.
-func serve(t *testing.T, size int64, opts ...origin.ServerOption) (*origin.Server, []byte) {
+func serve(t *testing.T, size int64, opts ...genmodel.ServerOption) (*genmodel.Server, []byte) {
 	t.Helper()
 	dir := t.TempDir()
-	_, err := origin.Generate(dir, origin.Spec{Name: "org/m", Files: 1, TotalBytes: size, Seed: 7})
+	_, err := genmodel.Generate(dir, genmodel.Spec{Name: "org/m", Files: 1, TotalBytes: size, Seed: 7})
 	require.NoError(t, err)
 	data, err := os.ReadFile(filepath.Join(dir, "model.safetensors"))
 	require.NoError(t, err)
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	s := origin.NewServer(ln, dir, opts...)
+	s := genmodel.NewServer(ln, dir, opts...)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
@@ -48,7 +48,7 @@ func serve(t *testing.T, size int64, opts ...origin.ServerOption) (*origin.Serve
 
 // get GETs path with an optional Range header and returns the response with
 // its body read, and the error reading the body.
-func get(t *testing.T, s *origin.Server, path, rng string) (*http.Response, []byte, error) {
+func get(t *testing.T, s *genmodel.Server, path, rng string) (*http.Response, []byte, error) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, s.URL()+path, nil)
 	require.NoError(t, err)
@@ -100,7 +100,7 @@ func TestServerManifestAndMethods(t *testing.T) {
 	t.Parallel()
 	s, data := serve(t, 4096)
 
-	resp, body, err := get(t, s, "/"+origin.ManifestName, "")
+	resp, body, err := get(t, s, "/"+genmodel.ManifestName, "")
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
@@ -123,10 +123,10 @@ func TestServerCountsBytes(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
 		name string
-		opts []origin.ServerOption
+		opts []genmodel.ServerOption
 	}{
 		{"sendfile", nil},
-		{"paced", []origin.ServerOption{origin.WithBandwidth(1 << 30)}},
+		{"paced", []genmodel.ServerOption{genmodel.WithBandwidth(1 << 30)}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -143,7 +143,7 @@ func TestServerCountsBytes(t *testing.T) {
 
 func TestServerDrop(t *testing.T) {
 	t.Parallel()
-	s, data := serve(t, 1<<20, origin.WithDrop(origin.Fault{Path: "model.safetensors", After: 100_000, Times: 1}))
+	s, data := serve(t, 1<<20, genmodel.WithDrop(genmodel.Fault{Path: "model.safetensors", After: 100_000, Times: 1}))
 
 	resp, body, err := get(t, s, "/model.safetensors", "")
 	require.Error(t, err, "the body is cut short")
@@ -156,13 +156,13 @@ func TestServerDrop(t *testing.T) {
 	assert.Equal(t, data[100_000:], body)
 
 	// Other files are unaffected.
-	_, _, err = get(t, s, "/"+origin.ManifestName, "")
+	_, _, err = get(t, s, "/"+genmodel.ManifestName, "")
 	require.NoError(t, err)
 }
 
 func TestServerDropEveryResponse(t *testing.T) {
 	t.Parallel()
-	s, data := serve(t, 200_000, origin.WithDrop(origin.Fault{After: 50_000}))
+	s, data := serve(t, 200_000, genmodel.WithDrop(genmodel.Fault{After: 50_000}))
 	for range 3 {
 		_, body, err := get(t, s, "/model.safetensors", "")
 		require.Error(t, err)
@@ -176,7 +176,7 @@ func TestServerDropEveryResponse(t *testing.T) {
 
 func TestServerStall(t *testing.T) {
 	t.Parallel()
-	s, data := serve(t, 1<<20, origin.WithStall(origin.Fault{After: 64 << 10, Times: 1}))
+	s, data := serve(t, 1<<20, genmodel.WithStall(genmodel.Fault{After: 64 << 10, Times: 1}))
 
 	ctx, cancel := context.WithCancel(t.Context())
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.URL()+"/model.safetensors", nil)
@@ -211,11 +211,11 @@ func TestServerStall(t *testing.T) {
 func TestServerStallReleasedOnShutdown(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	_, err := origin.Generate(dir, origin.Spec{Name: "org/m", Files: 1, TotalBytes: 1 << 20})
+	_, err := genmodel.Generate(dir, genmodel.Spec{Name: "org/m", Files: 1, TotalBytes: 1 << 20})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	s := origin.NewServer(ln, dir, origin.WithStall(origin.Fault{After: 1000}))
+	s := genmodel.NewServer(ln, dir, genmodel.WithStall(genmodel.Fault{After: 1000}))
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
@@ -253,7 +253,7 @@ func TestServerCorrupt(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			s, data := serve(t, 200_000, origin.WithCorrupt(origin.Fault{After: at, Times: 1}))
+			s, data := serve(t, 200_000, genmodel.WithCorrupt(genmodel.Fault{After: at, Times: 1}))
 			_, body, err := get(t, s, "/model.safetensors", tt.rng)
 			require.NoError(t, err)
 			want := append([]byte(nil), data[tt.from:]...)
@@ -274,7 +274,7 @@ func TestServerCorrupt(t *testing.T) {
 
 func TestServerWithoutRanges(t *testing.T) {
 	t.Parallel()
-	s, data := serve(t, 100_000, origin.WithoutRanges())
+	s, data := serve(t, 100_000, genmodel.WithoutRanges())
 	resp, body, err := get(t, s, "/model.safetensors", "bytes=500-")
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
@@ -284,7 +284,7 @@ func TestServerWithoutRanges(t *testing.T) {
 func TestServerBandwidth(t *testing.T) {
 	t.Parallel()
 	const rate = 2 << 20 // bytes per second
-	s, data := serve(t, 1<<20, origin.WithBandwidth(rate))
+	s, data := serve(t, 1<<20, genmodel.WithBandwidth(rate))
 	start := time.Now()
 	// Two concurrent downloads share the rate: 2 MiB at 2 MiB/s.
 	errs := make(chan error, 2)
@@ -307,10 +307,10 @@ func TestServerBandwidth(t *testing.T) {
 func TestServerHandler(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	_, err := origin.Generate(dir, origin.Spec{Name: "org/m", Files: 2, TotalBytes: 10_000})
+	_, err := genmodel.Generate(dir, genmodel.Spec{Name: "org/m", Files: 2, TotalBytes: 10_000})
 	require.NoError(t, err)
 	// Run is optional: the server is an http.Handler.
-	s := origin.NewServer(nil, dir)
+	s := genmodel.NewServer(nil, dir)
 	rec := httptest.NewRecorder()
 	req, err := http.NewRequest(http.MethodGet, "/config.json", nil)
 	require.NoError(t, err)

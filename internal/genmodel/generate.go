@@ -1,5 +1,6 @@
-// Package origin is an embedded HTTP origin that serves generated models, for
-// the demo, tests and benchmarks.
+// Package genmodel generates models and serves them over HTTP, for the
+// demo, tests and benchmarks: an embedded stand-in for a model's upstream
+// (what the swarm calls the origin).
 //
 // Generate writes a model of random-looking files with realistic names and
 // a model.json manifest (the format pkg/prefetch reads). Server serves a
@@ -10,7 +11,7 @@
 //
 // The package depends on no other weightd package, so that any package's
 // tests, the cache's included, can use it.
-package origin
+package genmodel
 
 import (
 	"crypto/sha256"

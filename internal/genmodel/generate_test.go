@@ -1,4 +1,4 @@
-package origin_test
+package genmodel_test
 
 import (
 	"crypto/sha256"
@@ -12,28 +12,28 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/weightd/weightd/pkg/origin"
+	"github.com/weightd/weightd/internal/genmodel"
 )
 
 func TestGenerate(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name  string
-		spec  origin.Spec
+		spec  genmodel.Spec
 		paths []string
 	}{
-		{"one file", origin.Spec{Name: "org/one", Files: 1, TotalBytes: 100_000, Seed: 1},
+		{"one file", genmodel.Spec{Name: "org/one", Files: 1, TotalBytes: 100_000, Seed: 1},
 			[]string{"model.safetensors"}},
-		{"two files", origin.Spec{Name: "org/two", Files: 2, TotalBytes: 100_000, Seed: 2},
+		{"two files", genmodel.Spec{Name: "org/two", Files: 2, TotalBytes: 100_000, Seed: 2},
 			[]string{"config.json", "model.safetensors"}},
-		{"three files", origin.Spec{Name: "org/three", Files: 3, TotalBytes: 100_000, Seed: 3},
+		{"three files", genmodel.Spec{Name: "org/three", Files: 3, TotalBytes: 100_000, Seed: 3},
 			[]string{"config.json", "tokenizer.json", "model.safetensors"}},
-		{"sharded", origin.Spec{Name: "org/sharded", Files: 5, TotalBytes: 3<<20 + 7, Seed: 4},
+		{"sharded", genmodel.Spec{Name: "org/sharded", Files: 5, TotalBytes: 3<<20 + 7, Seed: 4},
 			[]string{"config.json", "tokenizer.json", "model-00001-of-00003.safetensors",
 				"model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors"}},
-		{"empty", origin.Spec{Name: "org/empty", Files: 3, TotalBytes: 0},
+		{"empty", genmodel.Spec{Name: "org/empty", Files: 3, TotalBytes: 0},
 			[]string{"config.json", "tokenizer.json", "model.safetensors"}},
-		{"fewer bytes than files", origin.Spec{Name: "org/tiny", Files: 6, TotalBytes: 3},
+		{"fewer bytes than files", genmodel.Spec{Name: "org/tiny", Files: 6, TotalBytes: 3},
 			[]string{"config.json", "tokenizer.json", "model-00001-of-00004.safetensors",
 				"model-00002-of-00004.safetensors", "model-00003-of-00004.safetensors", "model-00004-of-00004.safetensors"}},
 	}
@@ -41,7 +41,7 @@ func TestGenerate(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			dir := t.TempDir()
-			m, err := origin.Generate(dir, tt.spec)
+			m, err := genmodel.Generate(dir, tt.spec)
 			require.NoError(t, err)
 			assert.Equal(t, tt.spec.Name, m.Name)
 			assert.Regexp(t, `^[0-9a-f]{40}$`, m.Revision)
@@ -62,9 +62,9 @@ func TestGenerate(t *testing.T) {
 			}
 			assert.Equal(t, tt.paths, paths)
 
-			onDisk, err := os.ReadFile(filepath.Join(dir, origin.ManifestName))
+			onDisk, err := os.ReadFile(filepath.Join(dir, genmodel.ManifestName))
 			require.NoError(t, err)
-			var got origin.Manifest
+			var got genmodel.Manifest
 			require.NoError(t, json.Unmarshal(onDisk, &got))
 			assert.Equal(t, *m, got)
 		})
@@ -73,15 +73,15 @@ func TestGenerate(t *testing.T) {
 
 func TestGenerateDeterministic(t *testing.T) {
 	t.Parallel()
-	spec := origin.Spec{Name: "org/det", Files: 4, TotalBytes: 1 << 20, Seed: 42}
-	a, err := origin.Generate(t.TempDir(), spec)
+	spec := genmodel.Spec{Name: "org/det", Files: 4, TotalBytes: 1 << 20, Seed: 42}
+	a, err := genmodel.Generate(t.TempDir(), spec)
 	require.NoError(t, err)
-	b, err := origin.Generate(t.TempDir(), spec)
+	b, err := genmodel.Generate(t.TempDir(), spec)
 	require.NoError(t, err)
 	assert.Equal(t, a, b, "same spec, same model")
 
 	spec.Seed++
-	c, err := origin.Generate(t.TempDir(), spec)
+	c, err := genmodel.Generate(t.TempDir(), spec)
 	require.NoError(t, err)
 	assert.NotEqual(t, a.Revision, c.Revision)
 	for i := range a.Files {
@@ -95,13 +95,13 @@ func TestGenerateDeterministic(t *testing.T) {
 
 func TestGenerateInvalid(t *testing.T) {
 	t.Parallel()
-	for _, spec := range []origin.Spec{
+	for _, spec := range []genmodel.Spec{
 		{Name: "", Files: 1},
 		{Name: "org/x", Files: 0},
-		{Name: "org/x", Files: origin.MaxFiles + 1},
+		{Name: "org/x", Files: genmodel.MaxFiles + 1},
 		{Name: "org/x", Files: 1, TotalBytes: -1},
 	} {
-		_, err := origin.Generate(t.TempDir(), spec)
+		_, err := genmodel.Generate(t.TempDir(), spec)
 		assert.Error(t, err, "%+v", spec)
 	}
 }
@@ -113,7 +113,7 @@ func BenchmarkGenerate(b *testing.B) {
 				dir := b.TempDir()
 				b.SetBytes(size)
 				for i := 0; b.Loop(); i++ {
-					if _, err := origin.Generate(dir, origin.Spec{Name: "org/bench", Files: files, TotalBytes: size, Seed: uint64(i)}); err != nil {
+					if _, err := genmodel.Generate(dir, genmodel.Spec{Name: "org/bench", Files: files, TotalBytes: size, Seed: uint64(i)}); err != nil {
 						b.Fatal(err)
 					}
 				}
