@@ -68,6 +68,13 @@ func resolutionKey(ref string) string {
 	return hex.EncodeToString(sum[:])
 }
 
+// ResolverOrder is the order in which members are chosen to resolve ref
+// for the cluster: the first live one resolves it. Exported for the attack
+// tests, whose attacker picks a name that ranks first.
+func ResolverOrder(ref string, names []string) []string {
+	return rendezvous(digest.Digest(resolutionKey(ref)), names)
+}
+
 // maxResolutionSize bounds a peer's answer.
 const maxResolutionSize = 16 << 20
 

@@ -11,7 +11,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"net"
 	"os"
@@ -174,23 +173,11 @@ func (l *liar) resolutionsServed(t *testing.T) float64 {
 // rendezvous order of every reference in refs, against the members others:
 // the attacker reads the hashing from the source and picks its node name.
 func resolverName(refs []string, others ...string) string {
-	score := func(ref, name string) uint64 {
-		sum := sha256.Sum256([]byte(ref))
-		h := fnv.New64a()
-		h.Write([]byte(hex.EncodeToString(sum[:])))
-		h.Write([]byte{0})
-		h.Write([]byte(name))
-		return h.Sum64()
-	}
 	for i := 0; ; i++ {
 		name := fmt.Sprintf("resolver-%d", i)
 		first := true
 		for _, ref := range refs {
-			for _, o := range others {
-				if score(ref, o) >= score(ref, name) {
-					first = false
-				}
-			}
+			first = first && p2p.ResolverOrder(ref, append([]string{name}, others...))[0] == name
 		}
 		if first {
 			return name
