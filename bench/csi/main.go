@@ -34,6 +34,7 @@ import (
 
 	"github.com/weightd/weightd/internal/hubtest"
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/csi"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
@@ -184,7 +185,7 @@ func bytesCopied(store *cache.Store, target string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	var m cache.Model
+	var m content.Model
 	if err := json.Unmarshal(b, &m); err != nil {
 		return 0, err
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 type result struct {
@@ -58,16 +59,16 @@ func main() {
 	}
 	defer s.Close()
 
-	m := cache.Model{Name: "bench/materialize", Revision: "main"}
+	m := content.Model{Name: "bench/materialize", Revision: "main"}
 	rng := rand.NewChaCha8([32]byte{42})
 	buf := make([]byte, *fileSize<<10)
 	for i := range *files {
 		_, _ = rng.Read(buf) // ChaCha8.Read never fails
-		desc := cache.Descriptor{Digest: digest.FromBytes(buf), Size: int64(len(buf))}
+		desc := content.Descriptor{Digest: digest.FromBytes(buf), Size: int64(len(buf))}
 		if _, err := s.Fetch(context.Background(), desc, memory(bytes.Clone(buf)), nil); err != nil {
 			log.Fatal(err)
 		}
-		m.Files = append(m.Files, cache.File{Path: fmt.Sprintf("shards/model-%05d-of-%05d.safetensors", i+1, *files), Descriptor: desc})
+		m.Files = append(m.Files, content.File{Path: fmt.Sprintf("shards/model-%05d-of-%05d.safetensors", i+1, *files), Descriptor: desc})
 	}
 
 	before, err := writtenBytes()

@@ -43,6 +43,7 @@ import (
 	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/internal/s3test"
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 )
@@ -119,10 +120,10 @@ func run(ctx context.Context, work string, size int64, files, rounds, concurrenc
 	var bestIngest, bestS3 time.Duration
 	for r := range rounds {
 		ingest, err := timed(filepath.Join(work, fmt.Sprintf("ingest%d", r)), func(store *cache.Store) error {
-			openers := make(map[digest.Digest]cache.RangeOpener, len(m.Files))
-			descs := make([]cache.Descriptor, len(m.Files))
+			openers := make(map[digest.Digest]content.RangeOpener, len(m.Files))
+			descs := make([]content.Descriptor, len(m.Files))
 			for i, f := range m.Files {
-				descs[i] = cache.Descriptor{Digest: f.Digest(), Size: f.Size}
+				descs[i] = content.Descriptor{Digest: f.Digest(), Size: f.Size}
 				openers[f.Digest()] = fileOpener(filepath.Join(modelDir, f.Path))
 			}
 			return fetchAll(ctx, store, descs, openers, concurrency)
@@ -135,7 +136,7 @@ func run(ctx context.Context, work string, size int64, files, rounds, concurrenc
 			if err != nil {
 				return err
 			}
-			descs := make([]cache.Descriptor, len(res.Model.Files))
+			descs := make([]content.Descriptor, len(res.Model.Files))
 			for i, f := range res.Model.Files {
 				descs[i] = f.Descriptor
 			}
@@ -160,7 +161,7 @@ func run(ctx context.Context, work string, size int64, files, rounds, concurrenc
 }
 
 // fetchAll fetches every blob into store, n at a time.
-func fetchAll(ctx context.Context, store *cache.Store, descs []cache.Descriptor, openers map[digest.Digest]cache.RangeOpener, n int) error {
+func fetchAll(ctx context.Context, store *cache.Store, descs []content.Descriptor, openers map[digest.Digest]content.RangeOpener, n int) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.SetLimit(n)
 	for _, d := range descs {

@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/weightd/weightd/pkg/api"
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/csi"
 )
 
@@ -69,7 +69,7 @@ func TestAgentServesCSIVolume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var m cache.Model
+	var m content.Model
 	if b, err := os.ReadFile(filepath.Join(target, "model.json")); err != nil || json.Unmarshal(b, &m) != nil || len(m.Files) != 3 {
 		t.Fatalf("model.json: %v %+v", err, m)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/p2p"
 	"github.com/weightd/weightd/pkg/peertls"
 	"github.com/weightd/weightd/pkg/prefetch"
@@ -204,7 +205,7 @@ func (p *peering) source(inner prefetch.Source, log *slog.Logger) prefetch.Sourc
 
 // blobSource routes a blob the registry mirror misses through the swarm
 // when there are peers to share it with.
-func (p *peering) blobSource(desc cache.Descriptor, upstream cache.RangeOpener) cache.RangeOpener {
+func (p *peering) blobSource(desc content.Descriptor, upstream content.RangeOpener) content.RangeOpener {
 	if len(p.membership.Members()) == 0 {
 		return upstream
 	}
@@ -214,11 +215,11 @@ func (p *peering) blobSource(desc cache.Descriptor, upstream cache.RangeOpener) 
 // sharedResolve resolves a pinned reference once for the cluster (see
 // p2p.Swarm.SharedResolve) and remembers the answer for the peers that ask.
 // accept, the source's, checks a peer's answer.
-func (p *peering) sharedResolve(ctx context.Context, pinned ref.Ref, resolve func(context.Context) (cache.Model, error),
-	accept func(cache.Model) error,
-) (cache.Model, error) {
+func (p *peering) sharedResolve(ctx context.Context, pinned ref.Ref, resolve func(context.Context) (content.Model, error),
+	accept func(content.Model) error,
+) (content.Model, error) {
 	key := pinned.String()
-	own := func(ctx context.Context) (cache.Model, error) {
+	own := func(ctx context.Context) (content.Model, error) {
 		m, err := resolve(ctx)
 		if err == nil {
 			p.resolutions.Put(key, m)
@@ -264,8 +265,8 @@ func (s swarmSource) Resolve(ctx context.Context, r ref.Ref) (*prefetch.Resoluti
 
 // throughSwarm routes every blob of res through wrap: a model's files, its
 // packed layers and an image's blobs alike.
-func throughSwarm(res *prefetch.Resolution, wrap func(cache.Descriptor, cache.RangeOpener) cache.RangeOpener) {
-	descs := make([]cache.Descriptor, 0, len(res.Blobs))
+func throughSwarm(res *prefetch.Resolution, wrap func(content.Descriptor, content.RangeOpener) content.RangeOpener) {
+	descs := make([]content.Descriptor, 0, len(res.Blobs))
 	for _, f := range res.Model.Files {
 		descs = append(descs, f.Descriptor)
 	}
@@ -292,7 +293,7 @@ func throughSwarm(res *prefetch.Resolution, wrap func(cache.Descriptor, cache.Ra
 // reference fails: a peer's file list for it is unverifiable without the
 // origin. The blobs can then come only from peers.
 func (s swarmSource) resolveFromPeers(ctx context.Context, r ref.Ref, originErr error) (*prefetch.Resolution, error) {
-	if errors.Is(originErr, cache.ErrPermanent) {
+	if errors.Is(originErr, content.ErrPermanent) {
 		return nil, originErr // the origin answered: the reference is wrong
 	}
 	m, ok := s.p.resolutions.Get(r.String())
@@ -301,13 +302,13 @@ func (s swarmSource) resolveFromPeers(ctx context.Context, r ref.Ref, originErr 
 			return nil, fmt.Errorf("%w (and it was not resolved here before: %v)", originErr, err)
 		}
 		var err error
-		m, err = s.p.swarm.ResolveFromPeers(ctx, r.String(), func(m cache.Model) error { return prefetch.CheckWithoutOrigin(r, m) })
+		m, err = s.p.swarm.ResolveFromPeers(ctx, r.String(), func(m content.Model) error { return prefetch.CheckWithoutOrigin(r, m) })
 		if err != nil {
 			return nil, fmt.Errorf("%w (and no peer could resolve it: %v)", originErr, err)
 		}
 	}
 	s.log.Warn("origin unreachable; resolved as before or through a peer, fetching from peers only", "ref", r.Redacted(), "err", originErr)
-	res := &prefetch.Resolution{Model: m, Blobs: make(map[digest.Digest]cache.RangeOpener, len(m.Files))}
+	res := &prefetch.Resolution{Model: m, Blobs: make(map[digest.Digest]content.RangeOpener, len(m.Files))}
 	for _, f := range m.Files {
 		res.Blobs[f.Digest] = unreachable{originErr}
 	}

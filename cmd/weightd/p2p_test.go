@@ -9,14 +9,14 @@ import (
 	"github.com/opencontainers/go-digest"
 	"github.com/stretchr/testify/require"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/peertls"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
 type wrappedOpener struct {
-	cache.RangeOpener
-	desc cache.Descriptor
+	content.RangeOpener
+	desc content.Descriptor
 }
 
 type nopOpener struct{}
@@ -27,23 +27,23 @@ func (nopOpener) OpenRange(context.Context, int64) (io.ReadCloser, error) { retu
 // layers and image blobs alike, each once.
 func TestThroughSwarmWrapsEveryBlob(t *testing.T) {
 	t.Parallel()
-	desc := func(s string) cache.Descriptor {
-		return cache.Descriptor{Digest: digest.FromString(s), Size: int64(len(s))}
+	desc := func(s string) content.Descriptor {
+		return content.Descriptor{Digest: digest.FromString(s), Size: int64(len(s))}
 	}
 	file, packed, manifest, layer := desc("file"), desc("packed"), desc("manifest"), desc("layer")
 	res := &prefetch.Resolution{
-		Model:  cache.Model{Files: []cache.File{{Path: "a", Descriptor: file}, {Path: "b", Descriptor: file}}},
+		Model:  content.Model{Files: []content.File{{Path: "a", Descriptor: file}, {Path: "b", Descriptor: file}}},
 		Packed: []prefetch.PackedLayer{{Descriptor: packed}},
 		Image:  &prefetch.Image{Blobs: []prefetch.ImageBlob{{Descriptor: manifest}, {Descriptor: layer}}},
-		Blobs:  map[digest.Digest]cache.RangeOpener{},
+		Blobs:  map[digest.Digest]content.RangeOpener{},
 	}
-	for _, d := range []cache.Descriptor{file, packed, manifest, layer} {
+	for _, d := range []content.Descriptor{file, packed, manifest, layer} {
 		res.Blobs[d.Digest] = nopOpener{}
 	}
-	throughSwarm(res, func(d cache.Descriptor, op cache.RangeOpener) cache.RangeOpener {
+	throughSwarm(res, func(d content.Descriptor, op content.RangeOpener) content.RangeOpener {
 		return wrappedOpener{RangeOpener: op, desc: d}
 	})
-	for _, d := range []cache.Descriptor{file, packed, manifest, layer} {
+	for _, d := range []content.Descriptor{file, packed, manifest, layer} {
 		w, ok := res.Blobs[d.Digest].(wrappedOpener)
 		require.True(t, ok, "blob %s goes through the swarm", d.Digest)
 		require.Equal(t, d, w.desc)

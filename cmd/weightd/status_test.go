@@ -19,6 +19,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -26,7 +27,7 @@ import (
 type statusJobs struct{ list []prefetch.JobStatus }
 
 func (statusJobs) Submit(string, prefetch.Priority) (prefetch.JobStatus, error) {
-	return prefetch.JobStatus{}, cache.ErrInvalid
+	return prefetch.JobStatus{}, content.ErrInvalid
 }
 func (statusJobs) Cancel(string) (prefetch.JobStatus, bool) { return prefetch.JobStatus{}, false }
 func (statusJobs) Status(string) (prefetch.JobStatus, bool) { return prefetch.JobStatus{}, false }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/pagecache"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
@@ -163,7 +164,7 @@ func (b *basePinner) Keep(ctx context.Context, s warmpool.ServerSpec) error {
 // pin pins blobs for owner, unless the blobs pinned for every warm server
 // would then exceed the share of the cache budget; it returns the blobs'
 // paths.
-func (b *basePinner) pin(base, owner string, blobs []cache.Descriptor) ([]string, error) {
+func (b *basePinner) pin(base, owner string, blobs []content.Descriptor) ([]string, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	limit := b.store.Usage().BudgetBytes / 100 * int64(b.share)

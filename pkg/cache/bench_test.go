@@ -8,6 +8,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // BenchmarkFetch measures verified ingest from memory into the store: the
@@ -96,13 +98,13 @@ func BenchmarkMaterialize(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		m := Model{Name: "bench/m", Revision: "main"}
+		m := content.Model{Name: "bench/m", Revision: "main"}
 		for i := range files {
 			data := randomBytes(uint64(i), 4096)
 			if _, err := s.Fetch(context.Background(), descOf(data), &memSource{data: data}, nil); err != nil {
 				b.Fatal(err)
 			}
-			m.Files = append(m.Files, File{Path: fmt.Sprintf("d%d/f%d", i%10, i), Descriptor: descOf(data)})
+			m.Files = append(m.Files, content.File{Path: fmt.Sprintf("d%d/f%d", i%10, i), Descriptor: descOf(data)})
 		}
 		forget := func() {
 			if err := s.db.Update(func(tx *bolt.Tx) error {

@@ -1,6 +1,10 @@
 package cache
 
-import "github.com/opencontainers/go-digest"
+import (
+	"github.com/opencontainers/go-digest"
+
+	"github.com/weightd/weightd/pkg/content"
+)
 
 // ChunkMap is ChunkState without the hashes: it appends to buf[:0] the
 // bitmap of the chunks of d this store can serve, of a download in
@@ -10,7 +14,7 @@ import "github.com/opencontainers/go-digest"
 // them: ChunkState copies the whole hash list, 32 bytes a chunk.
 // ErrNotFound when the store has none of d.
 func (s *Store) ChunkMap(d digest.Digest, buf []byte) (have []byte, complete bool, err error) {
-	if err := ValidateDigest(d); err != nil {
+	if err := content.ValidateDigest(d); err != nil {
 		return nil, false, err
 	}
 	if p := s.inFlight(d); p != nil {

@@ -9,6 +9,8 @@ import (
 
 	"github.com/opencontainers/go-digest"
 	"github.com/stretchr/testify/require"
+
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // ChunkMap tells what ChunkState tells of which chunks are there, into the
@@ -22,12 +24,12 @@ func TestChunkMap(t *testing.T) {
 	for i := range data {
 		data[i] = byte(i / cs)
 	}
-	desc := Descriptor{Digest: digest.FromBytes(data), Size: int64(len(data))}
+	desc := content.Descriptor{Digest: digest.FromBytes(data), Size: int64(len(data))}
 
 	_, _, err = s.ChunkMap(desc.Digest, nil)
-	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, err, content.ErrNotFound)
 	_, _, err = s.ChunkMap("sha256:nope", nil)
-	require.ErrorIs(t, err, ErrInvalid)
+	require.ErrorIs(t, err, content.ErrInvalid)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	written, done := make(chan struct{}), make(chan error, 1)
@@ -59,7 +61,7 @@ func TestChunkMap(t *testing.T) {
 	// Once the download has stopped, its chunks are not served.
 	require.Eventually(t, func() bool {
 		_, _, err := s.ChunkMap(desc.Digest, buf)
-		return errors.Is(err, ErrNotFound)
+		return errors.Is(err, content.ErrNotFound)
 	}, 10*time.Second, time.Millisecond)
 
 	_, err = s.Fetch(context.Background(), desc, Bytes(data), nil)

@@ -8,6 +8,8 @@ import (
 	"os"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // EventKind says what happened to a blob.
@@ -60,7 +62,7 @@ func (c ChunkState) Hash(i int) []byte {
 // ChunkState reports the chunks of d this store can serve: all of a complete
 // blob, or the verified chunks of a download in flight. ErrNotFound otherwise.
 func (s *Store) ChunkState(d digest.Digest) (ChunkState, error) {
-	if err := ValidateDigest(d); err != nil {
+	if err := content.ValidateDigest(d); err != nil {
 		return ChunkState{}, err
 	}
 	if p := s.inFlight(d); p != nil {
@@ -88,12 +90,12 @@ func (s *Store) ChunkState(d digest.Digest) (ChunkState, error) {
 // [off, off+n) of the returned file, which the caller closes; the file stays
 // readable even if the blob is committed or evicted meanwhile.
 func (s *Store) OpenChunk(d digest.Digest, i int) (f *os.File, off, n int64, err error) {
-	if err := ValidateDigest(d); err != nil {
+	if err := content.ValidateDigest(d); err != nil {
 		return nil, 0, 0, err
 	}
 	if p := s.inFlight(d); p != nil {
 		if !p.Has(i) {
-			return nil, 0, 0, fmt.Errorf("chunk %d of %s: %w", i, d, ErrNotFound)
+			return nil, 0, 0, fmt.Errorf("chunk %d of %s: %w", i, d, content.ErrNotFound)
 		}
 		// Open by path: a fresh descriptor the caller may seek and close.
 		f, err := os.Open(s.partialData(d))
@@ -103,7 +105,7 @@ func (s *Store) OpenChunk(d digest.Digest, i int) (f *os.File, off, n int64, err
 			f, err = os.Open(p)
 		}
 		if err != nil {
-			return nil, 0, 0, fmt.Errorf("chunk %d of %s: %w", i, d, ErrNotFound)
+			return nil, 0, 0, fmt.Errorf("chunk %d of %s: %w", i, d, content.ErrNotFound)
 		}
 		return f, int64(i) * p.cs, p.ChunkLen(i), nil
 	}
@@ -113,7 +115,7 @@ func (s *Store) OpenChunk(d digest.Digest, i int) (f *os.File, off, n int64, err
 	}
 	info, _ := s.Stat(d)
 	if i < 0 || i >= chunkCount(info.Size, cs) {
-		return nil, 0, 0, fmt.Errorf("chunk %d of %s: %w", i, d, ErrNotFound)
+		return nil, 0, 0, fmt.Errorf("chunk %d of %s: %w", i, d, content.ErrNotFound)
 	}
 	if f, err = s.Open(d); err != nil {
 		return nil, 0, 0, err
@@ -125,21 +127,21 @@ func (s *Store) OpenChunk(d digest.Digest, i int) (f *os.File, off, n int64, err
 // ChunkHash returns the sha256 of chunk i of d, of the complete blob or of a
 // download in flight once that chunk is verified; ErrNotFound otherwise.
 func (s *Store) ChunkHash(d digest.Digest, i int) ([]byte, error) {
-	if err := ValidateDigest(d); err != nil {
+	if err := content.ValidateDigest(d); err != nil {
 		return nil, err
 	}
 	if p := s.inFlight(d); p != nil {
 		if h := p.Hash(i); h != nil {
 			return h, nil
 		}
-		return nil, fmt.Errorf("chunk %d of %s: %w", i, d, ErrNotFound)
+		return nil, fmt.Errorf("chunk %d of %s: %w", i, d, content.ErrNotFound)
 	}
 	_, hashes, err := s.chunkHashes(d)
 	if err != nil {
 		return nil, err
 	}
 	if i < 0 || (i+1)*sha256.Size > len(hashes) {
-		return nil, fmt.Errorf("chunk %d of %s: %w", i, d, ErrNotFound)
+		return nil, fmt.Errorf("chunk %d of %s: %w", i, d, content.ErrNotFound)
 	}
 	return bytes.Clone(hashes[i*sha256.Size : (i+1)*sha256.Size]), nil
 }

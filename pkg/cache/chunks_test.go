@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // fillerFunc adapts a function to ChunkFiller (and RangeOpener, which Fetch
@@ -90,10 +92,10 @@ func TestFillRefusesCorruptChunkAndCatchesWrongChunkMap(t *testing.T) {
 	_, err := s.Fetch(context.Background(), descOf(data), fillerFunc(func(ctx context.Context, p *Partial) error {
 		good := sha256.Sum256(chunkOf(data, cs, 2))
 		// A corrupt chunk against the right hash is refused and not marked.
-		require.ErrorIs(t, p.WriteChunk(2, bad, good[:]), ErrDigestMismatch)
+		require.ErrorIs(t, p.WriteChunk(2, bad, good[:]), content.ErrDigestMismatch)
 		require.False(t, p.Has(2))
-		require.ErrorIs(t, p.WriteChunk(2, bad[:10], good[:]), ErrSizeMismatch)
-		require.ErrorIs(t, p.WriteChunk(9, bad, nil), ErrInvalid)
+		require.ErrorIs(t, p.WriteChunk(2, bad[:10], good[:]), content.ErrSizeMismatch)
+		require.ErrorIs(t, p.WriteChunk(9, bad, nil), content.ErrInvalid)
 		// A lying chunk map: the corrupt chunk with its own hash passes the
 		// chunk check, but the whole-blob check catches it.
 		for i := range 4 {
@@ -103,7 +105,7 @@ func TestFillRefusesCorruptChunkAndCatchesWrongChunkMap(t *testing.T) {
 			}
 			require.NoError(t, p.WriteChunk(i, c, want))
 		}
-		require.ErrorIs(t, p.Verify(), ErrDigestMismatch)
+		require.ErrorIs(t, p.Verify(), content.ErrDigestMismatch)
 		// The swarm refetches the suspect chunk from a trusted source.
 		p.Invalidate(2)
 		require.Equal(t, []int{2}, p.Missing())
@@ -127,9 +129,9 @@ func TestFillWithWrongChunkMapIsNotCommitted(t *testing.T) {
 		}
 		return nil
 	}), nil)
-	require.ErrorIs(t, err, ErrDigestMismatch)
+	require.ErrorIs(t, err, content.ErrDigestMismatch)
 	_, err = s.Stat(descOf(data).Digest)
-	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, err, content.ErrNotFound)
 	requireOnlyVerifiedBlobs(t, s.Root())
 }
 
@@ -140,7 +142,7 @@ func TestChunksOfDownloadInFlightAreServable(t *testing.T) {
 	data := randomBytes(83, 3*cs)
 	d := descOf(data).Digest
 	_, _, _, err := s.OpenChunk(d, 0)
-	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, err, content.ErrNotFound)
 
 	_, err = s.Fetch(context.Background(), descOf(data), fillerFunc(func(ctx context.Context, p *Partial) error {
 		require.NoError(t, p.WriteChunk(1, chunkOf(data, cs, 1), nil))
@@ -156,10 +158,10 @@ func TestChunksOfDownloadInFlightAreServable(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, sum[:], h)
 		_, err = s.ChunkHash(d, 0)
-		require.ErrorIs(t, err, ErrNotFound)
+		require.ErrorIs(t, err, content.ErrNotFound)
 
 		_, _, _, err = s.OpenChunk(d, 0)
-		require.ErrorIs(t, err, ErrNotFound, "a chunk not yet verified is never served")
+		require.ErrorIs(t, err, content.ErrNotFound, "a chunk not yet verified is never served")
 		f, off, n, err := s.OpenChunk(d, 1)
 		require.NoError(t, err)
 		got := make([]byte, n)
@@ -180,13 +182,13 @@ func TestChunksOfDownloadInFlightAreServable(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, chunkOf(data, cs, 2), got)
 	_, _, _, err = s.OpenChunk(d, 3)
-	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, err, content.ErrNotFound)
 	sum := sha256.Sum256(chunkOf(data, cs, 2))
 	h, err := s.ChunkHash(d, 2)
 	require.NoError(t, err)
 	require.Equal(t, sum[:], h, "of the complete blob")
 	_, err = s.ChunkHash(d, 3)
-	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, err, content.ErrNotFound)
 }
 
 func TestFillResumesScatteredChunksAfterRestart(t *testing.T) {

@@ -7,6 +7,8 @@ import (
 
 	"github.com/opencontainers/go-digest"
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // space is what the store may use and what its filesystem has.
@@ -39,7 +41,7 @@ func (s *Store) space() (space, error) {
 // reserve makes room for desc under the budget, evicting least recently used
 // blobs and idle partial downloads if needed, and returns the partial data
 // file, allocated to its full size. A blob that cannot fit is ErrDiskFull.
-func (s *Store) reserve(desc Descriptor) (*os.File, error) {
+func (s *Store) reserve(desc content.Descriptor) (*os.File, error) {
 	s.evictMu.Lock()
 	defer s.evictMu.Unlock()
 
@@ -212,7 +214,7 @@ func (s *Store) evict(d digest.Digest, isPartial bool) error {
 // pins or holds it, since its bytes are no longer the verified ones, and the
 // next Fetch downloads it again.
 func (s *Store) Discard(d digest.Digest) error {
-	if err := ValidateDigest(d); err != nil {
+	if err := content.ValidateDigest(d); err != nil {
 		return err
 	}
 	size, err := s.removeBlob(d, true)

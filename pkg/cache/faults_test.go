@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/internal/testdisk"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 func TestDiskFull(t *testing.T) {
@@ -61,7 +62,7 @@ func TestDiskFull(t *testing.T) {
 	_, err = s.Fetch(context.Background(), descOf(other), &memSource{data: other}, nil)
 	require.NoError(t, err)
 	_, err = s.Stat(descOf(data).Digest)
-	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, err, content.ErrNotFound)
 	requireOnlyVerifiedBlobs(t, s.Root())
 }
 
@@ -99,7 +100,7 @@ func TestHelperIngestProcess(t *testing.T) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	desc := Descriptor{Digest: digest.Digest(os.Getenv("WEIGHTD_HELPER_DIGEST")), Size: size}
+	desc := content.Descriptor{Digest: digest.Digest(os.Getenv("WEIGHTD_HELPER_DIGEST")), Size: size}
 	if _, err := s.Fetch(context.Background(), desc, httpOpener{os.Getenv("WEIGHTD_HELPER_URL")}, nil); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(3)
@@ -190,7 +191,7 @@ func TestKilledDuringIngest(t *testing.T) {
 			f.Close()
 			require.True(t, bytes.Equal(data, got), "round %d: a readable blob is the right blob", round)
 		} else {
-			require.ErrorIs(t, err, ErrNotFound)
+			require.ErrorIs(t, err, content.ErrNotFound)
 		}
 		if st := s.readState(desc); st != nil {
 			progress = append(progress, st.Hashed)

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/weightd/weightd/pkg/content"
 )
 
 func FuzzValidatePath(f *testing.F) {
@@ -14,7 +16,7 @@ func FuzzValidatePath(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, p string) {
-		if ValidatePath(p) != nil {
+		if content.ValidatePath(p) != nil {
 			return
 		}
 		// An accepted path stays inside any directory it is joined to.
@@ -33,7 +35,7 @@ func FuzzParseDigest(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		d, err := ParseDigest(s)
+		d, err := content.ParseDigest(s)
 		if err != nil {
 			return
 		}
@@ -48,7 +50,7 @@ func FuzzValidateModelName(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, name string) {
-		if ValidateModelName(name) != nil {
+		if content.ValidateModelName(name) != nil {
 			return
 		}
 		dir := "models--" + strings.ReplaceAll(name, "/", "--")
@@ -72,7 +74,7 @@ func FuzzPartialState(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { s.Close() })
-	desc := Descriptor{Digest: digest.Digest("sha256:" + strings.Repeat("a", 64)), Size: 10}
+	desc := content.Descriptor{Digest: digest.Digest("sha256:" + strings.Repeat("a", 64)), Size: 10}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if err := os.WriteFile(s.partialStatePath(desc.Digest), b, 0o600); err != nil {
 			t.Fatal(err)

@@ -15,6 +15,8 @@ import (
 
 	"github.com/opencontainers/go-digest"
 	"github.com/stretchr/testify/require"
+
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // randomBytes returns n reproducible, incompressible bytes.
@@ -25,8 +27,8 @@ func randomBytes(seed uint64, n int) []byte {
 	return b
 }
 
-func descOf(b []byte) Descriptor {
-	return Descriptor{Digest: digest.FromBytes(b), Size: int64(len(b))}
+func descOf(b []byte) content.Descriptor {
+	return content.Descriptor{Digest: digest.FromBytes(b), Size: int64(len(b))}
 }
 
 // memSource serves a blob from memory with faults a test can switch on.

@@ -16,6 +16,8 @@ import (
 
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/weightd/weightd/pkg/content"
 )
 
 const (
@@ -32,7 +34,7 @@ type hashState interface {
 // flight is one download of one blob, shared by every caller that asks for
 // the blob while it runs.
 type flight struct {
-	desc     Descriptor
+	desc     content.Descriptor
 	started  time.Time
 	done     atomic.Int64
 	peers    atomic.Int64 // of done, the bytes peers sent
@@ -46,14 +48,14 @@ type flight struct {
 	partial   *Partial // set once the data file is open
 
 	subsMu sync.Mutex
-	subs   map[int]Progress
+	subs   map[int]content.Progress
 	nextID int
 
 	info Info // set before finished is closed
 	err  error
 }
 
-func (f *flight) subscribe(p Progress) int {
+func (f *flight) subscribe(p content.Progress) int {
 	f.subsMu.Lock()
 	defer f.subsMu.Unlock()
 	f.nextID++
@@ -87,7 +89,7 @@ func (f *flight) report(done, peers int64) {
 // its size and sha256 match desc. Concurrent Fetches of one blob share one
 // download (the first caller's src is used); the download stops when every
 // caller has gone, keeping its progress for the next Fetch.
-func (s *Store) Fetch(ctx context.Context, desc Descriptor, src RangeOpener, progress Progress) (Info, error) {
+func (s *Store) Fetch(ctx context.Context, desc content.Descriptor, src content.RangeOpener, progress content.Progress) (Info, error) {
 	if err := desc.Validate(); err != nil {
 		return Info{}, err
 	}
@@ -100,7 +102,7 @@ func (s *Store) Fetch(ctx context.Context, desc Descriptor, src RangeOpener, pro
 	if r, ok := s.blobs[d]; ok {
 		s.mu.Unlock()
 		if r.Size != desc.Size {
-			return Info{}, fmt.Errorf("blob %s is %d bytes, not %d: %w", d, r.Size, desc.Size, ErrSizeMismatch)
+			return Info{}, fmt.Errorf("blob %s is %d bytes, not %d: %w", d, r.Size, desc.Size, content.ErrSizeMismatch)
 		}
 		s.m.hits.Inc()
 		s.touch(d)
@@ -112,7 +114,7 @@ func (s *Store) Fetch(ctx context.Context, desc Descriptor, src RangeOpener, pro
 	f := s.flights[d]
 	if f != nil && f.desc.Size != desc.Size {
 		s.mu.Unlock()
-		return Info{}, fmt.Errorf("blob %s is being fetched as %d bytes, not %d: %w", d, f.desc.Size, desc.Size, ErrSizeMismatch)
+		return Info{}, fmt.Errorf("blob %s is being fetched as %d bytes, not %d: %w", d, f.desc.Size, desc.Size, content.ErrSizeMismatch)
 	}
 	if f == nil || f.abandoned {
 		var after <-chan struct{}
@@ -145,11 +147,11 @@ func (s *Store) Fetch(ctx context.Context, desc Descriptor, src RangeOpener, pro
 
 // startFlight registers and starts a download, once after (an abandoned
 // download of the same blob) has finished, if not nil; s.mu must be held.
-func (s *Store) startFlight(desc Descriptor, src RangeOpener, after <-chan struct{}) *flight {
+func (s *Store) startFlight(desc content.Descriptor, src content.RangeOpener, after <-chan struct{}) *flight {
 	ctx, cancel := context.WithCancel(s.ctx)
 	f := &flight{
 		desc: desc, started: time.Now(), finished: make(chan struct{}),
-		cancel: cancel, subs: make(map[int]Progress), after: after,
+		cancel: cancel, subs: make(map[int]content.Progress), after: after,
 	}
 	s.flights[desc.Digest] = f
 	s.m.misses.Inc()
@@ -189,7 +191,7 @@ type ChunkFiller interface {
 
 // download runs one flight: reserve and allocate space, resume or start the
 // partial file, fill it (streaming or chunk by chunk), verify and commit.
-func (s *Store) download(ctx context.Context, f *flight, src RangeOpener) (Info, error) {
+func (s *Store) download(ctx context.Context, f *flight, src content.RangeOpener) (Info, error) {
 	if err := ctx.Err(); err != nil {
 		return Info{}, err
 	}
@@ -230,7 +232,7 @@ func (s *Store) download(ctx context.Context, f *flight, src RangeOpener) (Info,
 	}
 	s.emit(Event{Kind: EventRemoved, Digest: desc.Digest})
 	switch {
-	case errors.Is(err, ErrDigestMismatch), errors.Is(err, ErrSizeMismatch):
+	case errors.Is(err, content.ErrDigestMismatch), errors.Is(err, content.ErrSizeMismatch):
 		s.m.verificationFailures.Inc()
 		s.dropPartial(desc, false)
 	case errors.Is(err, ErrDiskFull):
@@ -250,7 +252,7 @@ func (s *Store) download(ctx context.Context, f *flight, src RangeOpener) (Info,
 
 // dropPartial releases a download's reservation and either keeps its files
 // as an idle partial or deletes them.
-func (s *Store) dropPartial(desc Descriptor, keep bool) {
+func (s *Store) dropPartial(desc content.Descriptor, keep bool) {
 	if !keep {
 		s.removePartial(desc.Digest)
 	}
@@ -283,7 +285,7 @@ type chunkDone struct {
 // hash the whole blob, and write plus hash each chunk. The committer marks a
 // chunk present once both stages are done with it, so the chunk server can
 // serve it at once, and checkpoints the progress every interval.
-func (s *Store) transfer(ctx context.Context, f *flight, src RangeOpener, p *Partial) error {
+func (s *Store) transfer(ctx context.Context, f *flight, src content.RangeOpener, p *Partial) error {
 	desc := f.desc
 	p.mu.Lock()
 	from := p.st.Hashed
@@ -393,7 +395,7 @@ func (s *Store) transfer(ctx context.Context, f *flight, src RangeOpener, p *Par
 // handing each to emit. A failed or stalled request is retried from the next
 // byte needed, with exponential backoff and jitter; attempts that make
 // progress reset the count. Errors marked Permanent end it at once.
-func (s *Store) read(ctx context.Context, src RangeOpener, desc Descriptor, from int64,
+func (s *Store) read(ctx context.Context, src content.RangeOpener, desc content.Descriptor, from int64,
 	chunkEnd func(int64) int64, free chan *piece, emit func(*piece) error) error {
 	next := from
 	failures := 0
@@ -406,7 +408,7 @@ func (s *Store) read(ctx context.Context, src RangeOpener, desc Descriptor, from
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if errors.Is(err, ErrPermanent) {
+		if errors.Is(err, content.ErrPermanent) {
 			return err
 		}
 		if next > before {
@@ -431,7 +433,7 @@ func (s *Store) read(ctx context.Context, src RangeOpener, desc Descriptor, from
 
 // readAttempt runs one request of src from *next, advancing *next as pieces
 // are emitted. It returns nil once the whole blob has been read.
-func (s *Store) readAttempt(ctx context.Context, src RangeOpener, desc Descriptor, next *int64,
+func (s *Store) readAttempt(ctx context.Context, src content.RangeOpener, desc content.Descriptor, next *int64,
 	chunkEnd func(int64) int64, free chan *piece, emit func(*piece) error) error {
 	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -475,7 +477,7 @@ func (s *Store) readAttempt(ctx context.Context, src RangeOpener, desc Descripto
 	}
 	var one [1]byte
 	if n, _ := r.Read(one[:]); n > 0 {
-		return Permanent(fmt.Errorf("%w: source sent more than %d bytes", ErrSizeMismatch, desc.Size))
+		return content.Permanent(fmt.Errorf("%w: source sent more than %d bytes", content.ErrSizeMismatch, desc.Size))
 	}
 	return nil
 }
@@ -514,7 +516,7 @@ func (s *Store) commit(p *Partial) (Info, error) {
 	}
 	if got := digest.NewDigest(digest.SHA256, h); got != st.Digest {
 		s.log.Warn("downloaded blob does not match its digest", "want", st.Digest, "got", got)
-		return Info{}, fmt.Errorf("%w: got %s", ErrDigestMismatch, got)
+		return Info{}, fmt.Errorf("%w: got %s", content.ErrDigestMismatch, got)
 	}
 	if err := fdatasync(p.file); err != nil {
 		return Info{}, fmt.Errorf("syncing %s: %w", p.file.Name(), err)

@@ -16,13 +16,15 @@ import (
 	"github.com/opencontainers/go-digest"
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
+
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // ModelDir is where the snapshot of model name at revision rev is (or would
 // be) materialised: models/models--org--name/snapshots/<rev>, the layout of
 // the Hugging Face hub cache, so HF_HUB_CACHE=<root>/models finds it.
 func (s *Store) ModelDir(name, rev string) (string, error) {
-	m := Model{Name: name, Revision: rev}
+	m := content.Model{Name: name, Revision: rev}
 	if err := m.Validate(); err != nil {
 		return "", err
 	}
@@ -41,7 +43,7 @@ func LinkedBlob(target string) (d digest.Digest, ok bool) {
 	if !strings.HasSuffix(filepath.Clean(parent), filepath.Join("blobs", "sha256")) {
 		return "", false
 	}
-	d, err := ParseDigest("sha256:" + encoded)
+	d, err := content.ParseDigest("sha256:" + encoded)
 	return d, err == nil
 }
 
@@ -70,7 +72,7 @@ func LinkedBlob(target string) (d digest.Digest, ok bool) {
 // snapshotIntact) is left as it is, and so is a ref that already holds the
 // revision: materialising a cached model again writes nothing, bar the
 // blobs' access times.
-func (s *Store) Materialize(m Model) (string, error) {
+func (s *Store) Materialize(m content.Model) (string, error) {
 	if err := m.Validate(); err != nil {
 		return "", err
 	}
@@ -81,7 +83,7 @@ func (s *Store) Materialize(m Model) (string, error) {
 		r, ok := s.blobs[f.Digest]
 		if !ok || r.Size != f.Size {
 			s.mu.RUnlock()
-			return "", fmt.Errorf("materialising %s@%s: file %q (%s): %w", m.Name, m.Revision, f.Path, f.Digest, ErrNotFound)
+			return "", fmt.Errorf("materialising %s@%s: file %q (%s): %w", m.Name, m.Revision, f.Path, f.Digest, content.ErrNotFound)
 		}
 	}
 	s.mu.RUnlock()
@@ -169,7 +171,7 @@ type snapshotRecord struct {
 // record was lost), or the index records m there (it was damaged since).
 // Anything else there is another model's snapshot under m's name and
 // revision: ErrSnapshotConflict. modelsMu is held.
-func (s *Store) mayLayOut(m Model, final, key string) error {
+func (s *Store) mayLayOut(m content.Model, final, key string) error {
 	if _, err := os.Lstat(final); errors.Is(err, fs.ErrNotExist) {
 		return nil
 	} else if err != nil {
@@ -184,7 +186,7 @@ func (s *Store) mayLayOut(m Model, final, key string) error {
 // recorded reports whether the index record under key is of model m: the
 // same file at each path, or, in a record from before paths were kept, the
 // same blobs in the same order.
-func (s *Store) recorded(m Model, key string) bool {
+func (s *Store) recorded(m content.Model, key string) bool {
 	var rec snapshotRecord
 	var found bool
 	_ = s.db.View(func(tx *bolt.Tx) error {
@@ -227,14 +229,14 @@ const (
 	refPerm         os.FileMode = 0o644
 )
 
-// refs lists the refs Materialize writes for m, each → the revision it
-// holds: m.Ref, and the revision itself when it is not a commit.
-func (m Model) refs() map[string]string {
+// modelRefs lists the refs Materialize writes for m, each → the revision
+// it holds: m.Ref, and the revision itself when it is not a commit.
+func modelRefs(m content.Model) map[string]string {
 	refs := make(map[string]string, 2)
 	if m.Ref != "" {
 		refs[m.Ref] = m.Revision
 	}
-	if !commitRE.MatchString(m.Revision) {
+	if !content.IsCommit(m.Revision) {
 		refs[m.Revision] = m.Revision
 	}
 	return refs
@@ -243,13 +245,13 @@ func (m Model) refs() map[string]string {
 // writeRefs makes the refs directory of model m and points each of m's refs
 // at its revision, writing (atomically, synced) only those that hold
 // anything else. modelsMu is held.
-func (s *Store) writeRefs(m Model) error {
+func (s *Store) writeRefs(m content.Model) error {
 	repo := s.repoDir(m.Name)
 	refsDir := filepath.Join(repo, "refs")
 	if err := mkdirSynced(repo, refsDir, refsDirPerm); err != nil {
 		return err
 	}
-	for name, rev := range m.refs() {
+	for name, rev := range modelRefs(m) {
 		p := filepath.Join(refsDir, filepath.FromSlash(name))
 		if refIntact(p, rev) {
 			continue
@@ -284,7 +286,7 @@ func mkdirSynced(base, dir string, perm os.FileMode) error {
 	}
 	rel, err := filepath.Rel(base, dir)
 	if err != nil || !filepath.IsLocal(rel) {
-		return fmt.Errorf("%w: directory %s is not under %s", ErrInvalid, dir, base)
+		return fmt.Errorf("%w: directory %s is not under %s", content.ErrInvalid, dir, base)
 	}
 	p := base
 	for seg := range strings.SplitSeq(rel, string(filepath.Separator)) {
@@ -315,7 +317,7 @@ func mkdirSynced(base, dir string, perm os.FileMode) error {
 // not intact, and is laid out again if it is m's (mayLayOut). Refs are no
 // part of it: writeRefs checks and mends them on their own. modelsMu is
 // held.
-func (s *Store) snapshotIntact(m Model, final, key string, recJSON []byte) bool {
+func (s *Store) snapshotIntact(m content.Model, final, key string, recJSON []byte) bool {
 	var indexed bool
 	_ = s.db.View(func(tx *bolt.Tx) error {
 		indexed = bytes.Equal(tx.Bucket(bucketModels).Get([]byte(key)), recJSON)
@@ -328,7 +330,7 @@ func (s *Store) snapshotIntact(m Model, final, key string, recJSON []byte) bool 
 // links Materialize makes for model m, one per file to its blob, and the
 // directories they are in, nothing else; with modes, every directory also
 // has the mode Materialize gives it.
-func (s *Store) snapshotHolds(m Model, final string, modes bool) bool {
+func (s *Store) snapshotHolds(m content.Model, final string, modes bool) bool {
 	want := make(map[string]string, len(m.Files)) // path under final → link target
 	dirs := map[string]bool{".": true}
 	for _, f := range m.Files {
@@ -384,7 +386,7 @@ func (s *Store) snapshotHolds(m Model, final string, modes bool) bool {
 // syncSnapshot fsyncs every directory of model m's snapshot at final, the
 // snapshots directory holding it, and the refs directory and those holding
 // m's refs (found there, the ref files themselves were synced when written).
-func (s *Store) syncSnapshot(m Model, final string) error {
+func (s *Store) syncSnapshot(m content.Model, final string) error {
 	dirs := []string{final, filepath.Dir(final)}
 	for _, f := range m.Files {
 		for d := path.Dir(f.Path); d != "."; d = path.Dir(d) {
@@ -394,7 +396,7 @@ func (s *Store) syncSnapshot(m Model, final string) error {
 		}
 	}
 	refsDir := filepath.Join(s.repoDir(m.Name), "refs")
-	for name := range m.refs() {
+	for name := range modelRefs(m) {
 		for d := path.Dir(name); ; d = path.Dir(d) {
 			if p := filepath.Join(refsDir, filepath.FromSlash(d)); !slices.Contains(dirs, p) {
 				dirs = append(dirs, p)
@@ -426,7 +428,7 @@ func (s *Store) linkTarget(final, rel string, d digest.Digest) (string, error) {
 // linkFiles creates, under dir, one relative symlink per file pointing at its
 // blob as seen from final (where dir will be renamed to), gives every
 // directory it made (dir too) the mode snapshotDirPerm and fsyncs them.
-func (s *Store) linkFiles(dir, final string, files []File) error {
+func (s *Store) linkFiles(dir, final string, files []content.File) error {
 	dirs := []string{dir}
 	for _, f := range files {
 		rel := filepath.FromSlash(f.Path)

@@ -15,6 +15,8 @@ import (
 	"github.com/opencontainers/go-digest"
 	"github.com/stretchr/testify/require"
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // snapshotFixture is a store holding the blobs of a small model with a file
@@ -22,16 +24,16 @@ import (
 // a spare blob that is no file of it.
 type snapshotFixture struct {
 	s     *Store
-	m     Model
+	m     content.Model
 	files map[string][]byte
-	spare Descriptor
+	spare content.Descriptor
 }
 
 func newSnapshotFixture(t *testing.T, opts ...Option) *snapshotFixture {
 	t.Helper()
 	f := &snapshotFixture{
 		s: openStore(t, t.TempDir(), opts...),
-		m: Model{Name: "org/tiny", Revision: "0123456789abcdef0123456789abcdef01234567", Ref: "main"},
+		m: content.Model{Name: "org/tiny", Revision: "0123456789abcdef0123456789abcdef01234567", Ref: "main"},
 		files: map[string][]byte{
 			"config.json":              []byte(`{"model_type":"llama"}`),
 			"model.safetensors":        randomBytes(90, 100<<10),
@@ -42,7 +44,7 @@ func newSnapshotFixture(t *testing.T, opts ...Option) *snapshotFixture {
 		b := f.files[p]
 		_, err := f.s.Fetch(context.Background(), descOf(b), &memSource{data: b}, nil)
 		require.NoError(t, err)
-		f.m.Files = append(f.m.Files, File{Path: p, Descriptor: descOf(b)})
+		f.m.Files = append(f.m.Files, content.File{Path: p, Descriptor: descOf(b)})
 	}
 	spare := []byte("not a file of the model")
 	_, err := f.s.Fetch(context.Background(), descOf(spare), &memSource{data: spare}, nil)
@@ -151,7 +153,7 @@ func TestMaterializeLeavesIntactSnapshotAlone(t *testing.T) {
 	// A commit revision without a ref, and a revision that is not a commit
 	// (a source without commits: it refers to itself), are left alone all
 	// the same.
-	for _, m := range []Model{
+	for _, m := range []content.Model{
 		{Name: f.m.Name, Revision: "89abcdef0123456789abcdef0123456789abcdef", Files: f.m.Files},
 		{Name: f.m.Name, Revision: "v2", Files: f.m.Files},
 	} {
@@ -255,7 +257,7 @@ func TestMaterializeMovesRefs(t *testing.T) {
 
 func TestModelValidateRef(t *testing.T) {
 	t.Parallel()
-	m := Model{Name: "org/tiny", Revision: "0123456789abcdef0123456789abcdef01234567"}
+	m := content.Model{Name: "org/tiny", Revision: "0123456789abcdef0123456789abcdef01234567"}
 	for _, ref := range []string{"main", "v1.0", "refs/pr/1", "release_2-x", "a/b/c", strings.Repeat("a", 255)} {
 		m.Ref = ref
 		require.NoError(t, m.Validate(), ref)
@@ -265,7 +267,7 @@ func TestModelValidateRef(t *testing.T) {
 		"0123456789abcdef0123456789abcdef01234567", strings.Repeat("a", 256), "ma:in", "main~1",
 	} {
 		m.Ref = ref
-		require.ErrorIs(t, m.Validate(), ErrInvalid, "%q", ref)
+		require.ErrorIs(t, m.Validate(), content.ErrInvalid, "%q", ref)
 	}
 }
 
@@ -398,9 +400,9 @@ func TestMaterializeNeverReplacesSnapshotWithOtherFiles(t *testing.T) {
 		return rec
 	}
 	before, rec := idOf(t, dir), record()
-	for name, files := range map[string][]File{
+	for name, files := range map[string][]content.File{
 		"fewer files":       f.m.Files[:2],
-		"one more file":     append(slices.Clone(f.m.Files), File{Path: "modeling_evil.py", Descriptor: f.spare}),
+		"one more file":     append(slices.Clone(f.m.Files), content.File{Path: "modeling_evil.py", Descriptor: f.spare}),
 		"renamed file":      {f.m.Files[0], {Path: "weights.safetensors", Descriptor: f.m.Files[1].Descriptor}, f.m.Files[2]},
 		"other content":     {{Path: "config.json", Descriptor: f.spare}, f.m.Files[1], f.m.Files[2]},
 		"paths swapped":     {{Path: f.m.Files[0].Path, Descriptor: f.m.Files[2].Descriptor}, f.m.Files[1], {Path: f.m.Files[2].Path, Descriptor: f.m.Files[0].Descriptor}},
@@ -426,7 +428,7 @@ func TestMaterializeNeverReplacesSnapshotWithOtherFiles(t *testing.T) {
 	s2 := openStore(t, f.s.Root())
 	require.NoError(t, s2.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketModels).Delete([]byte(key)) }))
 	m := f.m
-	m.Files = []File{{Path: "config.json", Descriptor: f.spare}, f.m.Files[1], f.m.Files[2]}
+	m.Files = []content.File{{Path: "config.json", Descriptor: f.spare}, f.m.Files[1], f.m.Files[2]}
 	_, err = s2.Materialize(m)
 	require.ErrorIs(t, err, ErrSnapshotConflict)
 	require.Equal(t, before, idOf(t, dir))
@@ -516,7 +518,7 @@ func TestEvictionFollowsAccessesNotYetWritten(t *testing.T) {
 	_, err = s.Fetch(context.Background(), descOf(blobs[3]), &memSource{data: blobs[3]}, nil)
 	require.NoError(t, err)
 	_, err = s.Stat(descOf(blobs[1]).Digest)
-	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, err, content.ErrNotFound)
 	_, err = s.Stat(descOf(blobs[0]).Digest)
 	require.NoError(t, err, "a blob used recently is kept")
 }
@@ -571,8 +573,8 @@ func TestPruneRemovesRefsToRemovedSnapshots(t *testing.T) {
 		require.NoError(t, err)
 	}
 	// main moves on to a commit of the spare blob alone.
-	second := Model{Name: first.Name, Revision: "fedcba9876543210fedcba9876543210fedcba98", Ref: "main",
-		Files: []File{{Path: "config.json", Descriptor: f.spare}}}
+	second := content.Model{Name: first.Name, Revision: "fedcba9876543210fedcba9876543210fedcba98", Ref: "main",
+		Files: []content.File{{Path: "config.json", Descriptor: f.spare}}}
 	dir2, err := f.s.Materialize(second)
 	require.NoError(t, err)
 

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // Option configures a Store.
@@ -56,7 +58,7 @@ const DefaultAccessGranularity = 5 * time.Second
 func withAccessGranularity(d time.Duration) Option {
 	return func(o *options) error {
 		if d < 0 {
-			return fmt.Errorf("%w: access granularity %v", ErrInvalid, d)
+			return fmt.Errorf("%w: access granularity %v", content.ErrInvalid, d)
 		}
 		o.accessGranularity = d
 		return nil
@@ -68,7 +70,7 @@ func withAccessGranularity(d time.Duration) Option {
 func WithChunkSize(n int64) Option {
 	return func(o *options) error {
 		if n <= 0 || n%(64<<10) != 0 {
-			return fmt.Errorf("%w: chunk size %d is not a positive multiple of 64 KiB", ErrInvalid, n)
+			return fmt.Errorf("%w: chunk size %d is not a positive multiple of 64 KiB", content.ErrInvalid, n)
 		}
 		o.chunkSize = n
 		return nil
@@ -81,7 +83,7 @@ func WithChunkSize(n int64) Option {
 func WithBudget(maxBytes int64, maxPercent float64) Option {
 	return func(o *options) error {
 		if maxBytes < 0 || maxPercent < 0 || maxPercent > 100 {
-			return fmt.Errorf("%w: budget %d bytes, %v%%", ErrInvalid, maxBytes, maxPercent)
+			return fmt.Errorf("%w: budget %d bytes, %v%%", content.ErrInvalid, maxBytes, maxPercent)
 		}
 		o.budgetBytes, o.budgetPercent = maxBytes, maxPercent
 		return nil
@@ -114,7 +116,7 @@ const (
 func WithMinFree(minBytes int64, minPercent float64) Option {
 	return func(o *options) error {
 		if minBytes < 0 || minPercent < 0 || minPercent >= 100 {
-			return fmt.Errorf("%w: free-space floor %d bytes, %v%%", ErrInvalid, minBytes, minPercent)
+			return fmt.Errorf("%w: free-space floor %d bytes, %v%%", content.ErrInvalid, minBytes, minPercent)
 		}
 		o.minFreeBytes, o.minFreePercent = minBytes, minPercent
 		return nil
@@ -125,7 +127,7 @@ func WithMinFree(minBytes int64, minPercent float64) Option {
 func WithLogger(l *slog.Logger) Option {
 	return func(o *options) error {
 		if l == nil {
-			return fmt.Errorf("%w: nil logger", ErrInvalid)
+			return fmt.Errorf("%w: nil logger", content.ErrInvalid)
 		}
 		o.logger = l
 		return nil
@@ -145,7 +147,7 @@ func WithRegisterer(r prometheus.Registerer) Option {
 func WithStallTimeout(d time.Duration) Option {
 	return func(o *options) error {
 		if d <= 0 {
-			return fmt.Errorf("%w: stall timeout %v", ErrInvalid, d)
+			return fmt.Errorf("%w: stall timeout %v", content.ErrInvalid, d)
 		}
 		o.stallTimeout = d
 		return nil
@@ -158,7 +160,7 @@ func WithStallTimeout(d time.Duration) Option {
 func WithRetries(attempts int, backoff time.Duration) Option {
 	return func(o *options) error {
 		if attempts < 1 || backoff < 0 {
-			return fmt.Errorf("%w: retries %d, backoff %v", ErrInvalid, attempts, backoff)
+			return fmt.Errorf("%w: retries %d, backoff %v", content.ErrInvalid, attempts, backoff)
 		}
 		o.attempts, o.backoff = attempts, backoff
 		return nil
@@ -171,7 +173,7 @@ func WithRetries(attempts int, backoff time.Duration) Option {
 func WithCheckpointInterval(d time.Duration) Option {
 	return func(o *options) error {
 		if d < 0 {
-			return fmt.Errorf("%w: checkpoint interval %v", ErrInvalid, d)
+			return fmt.Errorf("%w: checkpoint interval %v", content.ErrInvalid, d)
 		}
 		o.checkpoint = d
 		return nil

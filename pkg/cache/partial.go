@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/weightd/weightd/pkg/content"
 )
 
 const partialStateVersion = 2
@@ -50,7 +52,7 @@ func (st *partialState) clone() partialState {
 	return c
 }
 
-func newPartialState(desc Descriptor, chunkSize int64) *partialState {
+func newPartialState(desc content.Descriptor, chunkSize int64) *partialState {
 	n := chunkCount(desc.Size, chunkSize)
 	return &partialState{
 		Version: partialStateVersion, Digest: desc.Digest, Size: desc.Size, ChunkSize: chunkSize,
@@ -65,7 +67,7 @@ func newPartialState(desc Descriptor, chunkSize int64) *partialState {
 // concurrent use.
 type Partial struct {
 	s    *Store
-	desc Descriptor
+	desc content.Descriptor
 	file *os.File
 	f    *flight
 	n    int
@@ -85,7 +87,7 @@ type Partial struct {
 }
 
 // Descriptor is the blob being downloaded.
-func (p *Partial) Descriptor() Descriptor { return p.desc }
+func (p *Partial) Descriptor() content.Descriptor { return p.desc }
 
 // ChunkSize is the size of every chunk but the last.
 func (p *Partial) ChunkSize() int64 { return p.cs }
@@ -164,14 +166,14 @@ func (p *Partial) WritePeerChunk(i int, data []byte, want []byte) error {
 
 func (p *Partial) writeChunk(i int, data []byte, want []byte, fromPeer bool) error {
 	if i < 0 || i >= p.n {
-		return fmt.Errorf("%w: chunk %d of %d", ErrInvalid, i, p.n)
+		return fmt.Errorf("%w: chunk %d of %d", content.ErrInvalid, i, p.n)
 	}
 	if int64(len(data)) != p.ChunkLen(i) {
-		return fmt.Errorf("%w: chunk %d is %d bytes, want %d", ErrSizeMismatch, i, len(data), p.ChunkLen(i))
+		return fmt.Errorf("%w: chunk %d is %d bytes, want %d", content.ErrSizeMismatch, i, len(data), p.ChunkLen(i))
 	}
 	sum := sha256.Sum256(data)
 	if want != nil && !bytes.Equal(sum[:], want) {
-		return fmt.Errorf("%w: chunk %d", ErrDigestMismatch, i)
+		return fmt.Errorf("%w: chunk %d", content.ErrDigestMismatch, i)
 	}
 	done := p.claim(i)
 	if done == nil {
@@ -313,7 +315,7 @@ func (p *Partial) hashPrefix(known int, data, sum []byte) error {
 // present. A mismatch (ErrDigestMismatch) means a chunk map was wrong.
 func (p *Partial) Verify() error {
 	if missing := p.Missing(); len(missing) > 0 {
-		return fmt.Errorf("%w: %d chunks of %s still missing", ErrInvalid, len(missing), p.desc.Digest)
+		return fmt.Errorf("%w: %d chunks of %s still missing", content.ErrInvalid, len(missing), p.desc.Digest)
 	}
 	p.hashMu.Lock()
 	defer p.hashMu.Unlock()
@@ -321,7 +323,7 @@ func (p *Partial) Verify() error {
 		return err
 	}
 	if got := digest.NewDigest(digest.SHA256, p.whole); got != p.desc.Digest {
-		return fmt.Errorf("%w: got %s", ErrDigestMismatch, got)
+		return fmt.Errorf("%w: got %s", content.ErrDigestMismatch, got)
 	}
 	return nil
 }
@@ -427,7 +429,7 @@ func (s *Store) loadPartials() error {
 			hex, _ = strings.CutSuffix(name, ".state")
 		}
 		d := digest.NewDigestFromEncoded(digest.SHA256, hex)
-		if ValidateDigest(d) != nil || (!isData && !strings.HasSuffix(name, ".state")) {
+		if content.ValidateDigest(d) != nil || (!isData && !strings.HasSuffix(name, ".state")) {
 			os.Remove(filepath.Join(dir, name)) // temp files of an interrupted state write
 			continue
 		}
@@ -450,7 +452,7 @@ func (s *Store) loadPartials() error {
 
 // readState returns the saved progress of d if it is usable for desc with the
 // store's chunk size, and nil otherwise.
-func (s *Store) readState(desc Descriptor) *partialState {
+func (s *Store) readState(desc content.Descriptor) *partialState {
 	b, err := os.ReadFile(s.partialStatePath(desc.Digest))
 	if err != nil {
 		return nil

@@ -11,6 +11,8 @@ import (
 	"sync"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // Put stores the bytes of r as a blob named by their sha256 and returns its
@@ -53,14 +55,14 @@ func (s *Store) Put(ctx context.Context, r io.Reader, size int64) (Info, error) 
 	}
 	switch {
 	case n > limit && size >= 0:
-		return Info{}, fmt.Errorf("spooling blob: %w: more than the %d bytes declared", ErrSizeMismatch, size)
+		return Info{}, fmt.Errorf("spooling blob: %w: more than the %d bytes declared", content.ErrSizeMismatch, size)
 	case n > limit:
 		s.m.diskFull.Inc()
 		return Info{}, fmt.Errorf("spooling blob: %w: content of no declared size is larger than the %d bytes the cache has room for", ErrDiskFull, limit)
 	case size >= 0 && n != size:
-		return Info{}, fmt.Errorf("spooling blob: %w: %d bytes, %d declared", ErrSizeMismatch, n, size)
+		return Info{}, fmt.Errorf("spooling blob: %w: %d bytes, %d declared", content.ErrSizeMismatch, n, size)
 	}
-	desc := Descriptor{Digest: digest.NewDigestFromBytes(digest.SHA256, h.Sum(nil)), Size: n}
+	desc := content.Descriptor{Digest: digest.NewDigestFromBytes(digest.SHA256, h.Sum(nil)), Size: n}
 	if info, err := s.Stat(desc.Digest); err == nil {
 		return info, nil
 	}
@@ -138,7 +140,7 @@ func (b Bytes) OpenRange(ctx context.Context, off int64) (io.ReadCloser, error) 
 // OpenBoundedRange reads bytes [off, off+n) of b.
 func (b Bytes) OpenBoundedRange(_ context.Context, off, n int64) (io.ReadCloser, error) {
 	if off < 0 || n < 0 || off > int64(len(b)) || n > int64(len(b))-off {
-		return nil, Permanent(fmt.Errorf("%w: bytes %d+%d outside a blob of %d bytes", ErrInvalid, off, n, len(b)))
+		return nil, content.Permanent(fmt.Errorf("%w: bytes %d+%d outside a blob of %d bytes", content.ErrInvalid, off, n, len(b)))
 	}
 	return io.NopCloser(bytes.NewReader(b[off : off+n])), nil
 }

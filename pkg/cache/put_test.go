@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 func TestPut(t *testing.T) {
@@ -78,12 +79,12 @@ func TestPutBounded(t *testing.T) {
 	// Longer than declared: stopped one byte past it.
 	r = &countingReader{r: zeros{}}
 	_, err = s.Put(t.Context(), r, 1000)
-	require.ErrorIs(t, err, cache.ErrSizeMismatch)
+	require.ErrorIs(t, err, content.ErrSizeMismatch)
 	assert.LessOrEqual(t, r.n, int64(1000+32<<10), "read about the declared size, no more")
 
 	// Shorter than declared.
 	_, err = s.Put(t.Context(), bytes.NewReader(make([]byte, 10)), 11)
-	require.ErrorIs(t, err, cache.ErrSizeMismatch)
+	require.ErrorIs(t, err, content.ErrSizeMismatch)
 
 	// No declared size: bounded by the room left under the budget.
 	r = &countingReader{r: zeros{}}
@@ -128,5 +129,5 @@ func TestBytesOpener(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "llo", buf.String())
 	_, err = cache.Bytes("hello").OpenRange(t.Context(), 6)
-	assert.ErrorIs(t, err, cache.ErrPermanent)
+	assert.ErrorIs(t, err, content.ErrPermanent)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/internal/testdisk"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // TestNeverFitsEvictsNothing: a size that cannot fit even with every
@@ -30,7 +31,7 @@ func TestNeverFitsEvictsNothing(t *testing.T) {
 	require.NoError(t, s.Pin(stored[0], "test"))
 	for _, size := range []int64{1 << 55, 8<<20 - 1<<20 + 1} { // 2^55; more than the budget less the pinned blob
 		data := randomBytes(70, 16)
-		_, err := s.Fetch(context.Background(), Descriptor{Digest: digest.FromBytes(data), Size: size}, &memSource{data: data}, nil)
+		_, err := s.Fetch(context.Background(), content.Descriptor{Digest: digest.FromBytes(data), Size: size}, &memSource{data: data}, nil)
 		require.ErrorIs(t, err, ErrDiskFull, "size %d", size)
 		require.ErrorContains(t, err, "cannot fit")
 	}
@@ -56,7 +57,7 @@ func TestNeverFitsEvictsNothing(t *testing.T) {
 func TestMinFree(t *testing.T) {
 	disk := testdisk.Tmpfs(t, 32<<20)
 	_, err := Open(filepath.Join(disk, "bad"), WithMinFree(0, 100))
-	require.ErrorIs(t, err, ErrInvalid)
+	require.ErrorIs(t, err, content.ErrInvalid)
 	reg := prometheus.NewRegistry()
 	s := openStore(t, filepath.Join(disk, "cache"), WithRegisterer(reg), WithMinFree(0, 25), WithBudget(0, 0))
 	total, _, err := fsSpace(disk)
@@ -76,7 +77,7 @@ func TestMinFree(t *testing.T) {
 	_, err = s.Fetch(context.Background(), descOf(next), &memSource{data: next}, nil)
 	require.NoError(t, err)
 	_, err = s.Stat(descOf(old).Digest)
-	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, err, content.ErrNotFound)
 	_, free, err := fsSpace(disk)
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, free, floor)

@@ -17,6 +17,8 @@ import (
 	"github.com/opencontainers/go-digest"
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
+
+	"github.com/weightd/weightd/pkg/content"
 )
 
 var (
@@ -156,7 +158,7 @@ func (s *Store) load() error {
 		return b.ForEach(func(k, v []byte) error {
 			d := digest.NewDigestFromEncoded(digest.SHA256, string(k))
 			var r record
-			if ValidateDigest(d) != nil || json.Unmarshal(v, &r) != nil {
+			if content.ValidateDigest(d) != nil || json.Unmarshal(v, &r) != nil {
 				s.log.Warn("dropping malformed index record", "key", string(k))
 				return b.Delete(k)
 			}
@@ -176,7 +178,7 @@ func (s *Store) load() error {
 	for _, e := range entries {
 		d := digest.NewDigestFromEncoded(digest.SHA256, e.Name())
 		info, err := e.Info()
-		if err != nil || !info.Mode().IsRegular() || ValidateDigest(d) != nil {
+		if err != nil || !info.Mode().IsRegular() || content.ValidateDigest(d) != nil {
 			s.log.Warn("removing stray file from blobs", "name", e.Name())
 			os.Remove(filepath.Join(blobsDir(s.root), e.Name()))
 			continue
@@ -266,7 +268,7 @@ func (s *Store) Root() string { return s.root }
 
 // BlobPath is where the complete blob d lives (whether or not it is there).
 func (s *Store) BlobPath(d digest.Digest) (string, error) {
-	if err := ValidateDigest(d); err != nil {
+	if err := content.ValidateDigest(d); err != nil {
 		return "", err
 	}
 	return filepath.Join(blobsDir(s.root), d.Encoded()), nil
@@ -274,14 +276,14 @@ func (s *Store) BlobPath(d digest.Digest) (string, error) {
 
 // Stat describes the complete blob d, or returns ErrNotFound.
 func (s *Store) Stat(d digest.Digest) (Info, error) {
-	if err := ValidateDigest(d); err != nil {
+	if err := content.ValidateDigest(d); err != nil {
 		return Info{}, err
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	r, ok := s.blobs[d]
 	if !ok {
-		return Info{}, fmt.Errorf("blob %s: %w", d, ErrNotFound)
+		return Info{}, fmt.Errorf("blob %s: %w", d, content.ErrNotFound)
 	}
 	return r.info(d), nil
 }
@@ -295,7 +297,7 @@ func (s *Store) Open(d digest.Digest) (*os.File, error) {
 	p, _ := s.BlobPath(d)
 	f, err := os.Open(p)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("blob %s: %w", d, ErrNotFound)
+		return nil, fmt.Errorf("blob %s: %w", d, content.ErrNotFound)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("opening blob %s: %w", d, err)
@@ -365,11 +367,11 @@ func (s *Store) Unpin(d digest.Digest, owner string) error {
 }
 
 func (s *Store) updatePins(d digest.Digest, owner string, pin bool) error {
-	if err := ValidateDigest(d); err != nil {
+	if err := content.ValidateDigest(d); err != nil {
 		return err
 	}
 	if owner == "" {
-		return fmt.Errorf("%w: empty pin owner", ErrInvalid)
+		return fmt.Errorf("%w: empty pin owner", content.ErrInvalid)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -378,7 +380,7 @@ func (s *Store) updatePins(d digest.Digest, owner string, pin bool) error {
 		if !pin {
 			return nil
 		}
-		return fmt.Errorf("pinning blob %s: %w", d, ErrNotFound)
+		return fmt.Errorf("pinning blob %s: %w", d, content.ErrNotFound)
 	}
 	next := *r
 	next.Pins = clonePins(r.Pins)
@@ -421,7 +423,7 @@ func (s *Store) updateGauges() {
 }
 
 func (r *record) info(d digest.Digest) Info {
-	info := Info{Descriptor: Descriptor{Digest: d, Size: r.Size}, LastAccess: r.LastAccess}
+	info := Info{Descriptor: content.Descriptor{Digest: d, Size: r.Size}, LastAccess: r.LastAccess}
 	for owner := range r.Pins {
 		info.Pins = append(info.Pins, owner)
 	}
@@ -482,7 +484,7 @@ func (s *Store) chunkHashes(d digest.Digest) (int64, []byte, error) {
 	}
 	s.mu.Unlock()
 	if !ok {
-		return 0, nil, fmt.Errorf("blob %s: %w", d, ErrNotFound)
+		return 0, nil, fmt.Errorf("blob %s: %w", d, content.ErrNotFound)
 	}
 	if err := s.putBlob(d, r); err != nil {
 		s.log.Warn("saving chunk hashes", "digest", d, "err", err)

@@ -15,6 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
+
+	"github.com/weightd/weightd/pkg/content"
 )
 
 func TestFetchStoresVerifiedBlob(t *testing.T) {
@@ -65,7 +67,7 @@ func TestFetchRejectsBadInput(t *testing.T) {
 	t.Parallel()
 	s := openStore(t, t.TempDir())
 	data := randomBytes(1, 1000)
-	for name, desc := range map[string]Descriptor{
+	for name, desc := range map[string]content.Descriptor{
 		"empty digest":   {Size: 1},
 		"sha512":         {Digest: digest.SHA512.FromBytes(data), Size: 1000},
 		"short hex":      {Digest: "sha256:abcd", Size: 1000},
@@ -74,12 +76,12 @@ func TestFetchRejectsBadInput(t *testing.T) {
 		"negative size":  {Digest: digest.FromBytes(data), Size: -1},
 	} {
 		_, err := s.Fetch(context.Background(), desc, &memSource{data: data}, nil)
-		require.ErrorIs(t, err, ErrInvalid, name)
+		require.ErrorIs(t, err, content.ErrInvalid, name)
 	}
 	_, err := s.Stat("sha256:zz")
-	require.ErrorIs(t, err, ErrInvalid)
+	require.ErrorIs(t, err, content.ErrInvalid)
 	_, err = s.Open(digest.FromBytes(data))
-	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, err, content.ErrNotFound)
 }
 
 func TestFetchDigestMismatchCommitsNothing(t *testing.T) {
@@ -90,9 +92,9 @@ func TestFetchDigestMismatchCommitsNothing(t *testing.T) {
 	lie := bytes.Clone(data)
 	lie[200<<10] ^= 1
 	_, err := s.Fetch(context.Background(), descOf(data), &memSource{data: lie}, nil)
-	require.ErrorIs(t, err, ErrDigestMismatch)
+	require.ErrorIs(t, err, content.ErrDigestMismatch)
 	_, err = s.Stat(descOf(data).Digest)
-	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, err, content.ErrNotFound)
 	entries, _ := os.ReadDir(blobsDir(s.Root()))
 	require.Empty(t, entries)
 	entries, _ = os.ReadDir(partialDir(s.Root()))
@@ -110,7 +112,7 @@ func TestFetchSizeMismatch(t *testing.T) {
 	data := randomBytes(3, 100<<10)
 	longer := append(bytes.Clone(data), 'x')
 	_, err := s.Fetch(context.Background(), descOf(data), &memSource{data: longer}, nil)
-	require.ErrorIs(t, err, ErrSizeMismatch)
+	require.ErrorIs(t, err, content.ErrSizeMismatch)
 
 	// A source that always ends early is retried, then fails clearly.
 	short := &memSource{data: data[:50<<10]}
@@ -145,9 +147,9 @@ func TestFetchPermanentErrorIsNotRetried(t *testing.T) {
 	t.Parallel()
 	s := openStore(t, t.TempDir())
 	data := randomBytes(6, 1000)
-	src := &memSource{data: data, openErr: Permanent(io.ErrUnexpectedEOF)}
+	src := &memSource{data: data, openErr: content.Permanent(io.ErrUnexpectedEOF)}
 	_, err := s.Fetch(context.Background(), descOf(data), src, nil)
-	require.ErrorIs(t, err, ErrPermanent)
+	require.ErrorIs(t, err, content.ErrPermanent)
 	require.Len(t, src.opens(), 1)
 }
 
@@ -253,7 +255,7 @@ func TestRestartReconcilesIndexWithDisk(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"pod:x"}, info.Pins, "pins survive restarts")
 	_, err = s2.Stat(descOf(b).Digest)
-	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, err, content.ErrNotFound)
 	_, err = os.Stat(filepath.Join(blobsDir(root), "junk"))
 	require.ErrorIs(t, err, os.ErrNotExist)
 	// The chunk map is still there after a restart.
@@ -291,7 +293,7 @@ func TestEvictionIsLRUAndSparesPins(t *testing.T) {
 	// blobs[1] is now the least recently used unpinned blob.
 	require.NoError(t, fetch(blobs[3]))
 	_, err := s.Stat(descOf(blobs[1]).Digest)
-	require.ErrorIs(t, err, ErrNotFound, "LRU blob evicted")
+	require.ErrorIs(t, err, content.ErrNotFound, "LRU blob evicted")
 	for _, i := range []int{0, 2, 3} {
 		_, err := s.Stat(descOf(blobs[i]).Digest)
 		require.NoError(t, err, "blob %d kept", i)
@@ -322,11 +324,11 @@ func TestMaterializeLinksWithoutCopy(t *testing.T) {
 		"model-00002-of-00002.safetensors": randomBytes(31, 100<<10),
 		"tokenizer/tokenizer.json":         []byte(`{}`),
 	}
-	m := Model{Name: "org/tiny", Revision: "main"}
+	m := content.Model{Name: "org/tiny", Revision: "main"}
 	for p, b := range files {
 		_, err := s.Fetch(context.Background(), descOf(b), &memSource{data: b}, nil)
 		require.NoError(t, err)
-		m.Files = append(m.Files, File{Path: p, Descriptor: descOf(b)})
+		m.Files = append(m.Files, content.File{Path: p, Descriptor: descOf(b)})
 	}
 	dir, err := s.Materialize(m)
 	require.NoError(t, err)
@@ -367,24 +369,24 @@ func TestMaterializeRejectsMissingBlobsAndBadPaths(t *testing.T) {
 	t.Parallel()
 	s := openStore(t, t.TempDir())
 	data := randomBytes(40, 10)
-	_, err := s.Materialize(Model{Name: "org/m", Revision: "main", Files: []File{{Path: "a", Descriptor: descOf(data)}}})
-	require.ErrorIs(t, err, ErrNotFound)
+	_, err := s.Materialize(content.Model{Name: "org/m", Revision: "main", Files: []content.File{{Path: "a", Descriptor: descOf(data)}}})
+	require.ErrorIs(t, err, content.ErrNotFound)
 	_, err = s.Fetch(context.Background(), descOf(data), &memSource{data: data}, nil)
 	require.NoError(t, err)
 	for _, p := range []string{"../escape", "/abs", "a/../../b", "a\x00b", "", "a//b", "./a", `a\b`} {
-		_, err := s.Materialize(Model{Name: "org/m", Revision: "main", Files: []File{{Path: p, Descriptor: descOf(data)}}})
-		require.ErrorIs(t, err, ErrInvalid, "path %q", p)
+		_, err := s.Materialize(content.Model{Name: "org/m", Revision: "main", Files: []content.File{{Path: p, Descriptor: descOf(data)}}})
+		require.ErrorIs(t, err, content.ErrInvalid, "path %q", p)
 	}
 	for _, name := range []string{"", "a/b/c/d", "../x", "org/.hidden", "org--x/y", "org/x y"} {
-		_, err := s.Materialize(Model{Name: name, Revision: "main"})
-		require.ErrorIs(t, err, ErrInvalid, "name %q", name)
+		_, err := s.Materialize(content.Model{Name: name, Revision: "main"})
+		require.ErrorIs(t, err, content.ErrInvalid, "name %q", name)
 	}
-	_, err = s.Materialize(Model{Name: "org/m", Revision: "../main"})
-	require.ErrorIs(t, err, ErrInvalid)
-	_, err = s.Materialize(Model{Name: "org/m", Revision: "main", Files: []File{
+	_, err = s.Materialize(content.Model{Name: "org/m", Revision: "../main"})
+	require.ErrorIs(t, err, content.ErrInvalid)
+	_, err = s.Materialize(content.Model{Name: "org/m", Revision: "main", Files: []content.File{
 		{Path: "a", Descriptor: descOf(data)}, {Path: "a/b", Descriptor: descOf(data)},
 	}})
-	require.ErrorIs(t, err, ErrInvalid)
+	require.ErrorIs(t, err, content.ErrInvalid)
 }
 
 func TestHoldProtectsFromEviction(t *testing.T) {
@@ -399,13 +401,13 @@ func TestHoldProtectsFromEviction(t *testing.T) {
 	_, err := s.Stat(descOf(a).Digest)
 	require.NoError(t, err, "held blob kept although least recently used")
 	_, err = s.Stat(descOf(b).Digest)
-	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, err, content.ErrNotFound)
 	release()
 	release() // idempotent
 	_, err = s.Fetch(context.Background(), descOf(b), &memSource{data: b}, nil)
 	require.NoError(t, err)
 	_, err = s.Stat(descOf(a).Digest)
-	require.ErrorIs(t, err, ErrNotFound, "released blob is evictable again")
+	require.ErrorIs(t, err, content.ErrNotFound, "released blob is evictable again")
 }
 
 // A blob changed on disk by hand is discarded whatever holds it, and the
@@ -426,7 +428,7 @@ func TestDiscardChangedBlob(t *testing.T) {
 
 	require.NoError(t, s.Discard(d))
 	_, err = s.Stat(d)
-	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, err, content.ErrNotFound)
 	_, err = os.Stat(p)
 	require.ErrorIs(t, err, os.ErrNotExist)
 	require.NoError(t, s.Discard(d), "discarding what is gone is no error")

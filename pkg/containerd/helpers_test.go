@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -57,7 +58,7 @@ func (b bytesOpener) OpenRange(_ context.Context, off int64) (io.ReadCloser, err
 // put stores b in the cache and returns its blob.
 func put(t testing.TB, s *cache.Store, mediaType string, b []byte) prefetch.ImageBlob {
 	t.Helper()
-	d := cache.Descriptor{Digest: digest.FromBytes(b), Size: int64(len(b))}
+	d := content.Descriptor{Digest: digest.FromBytes(b), Size: int64(len(b))}
 	_, err := s.Fetch(t.Context(), d, bytesOpener(b), nil)
 	require.NoError(t, err)
 	return prefetch.ImageBlob{Descriptor: d, MediaType: mediaType}
@@ -116,7 +117,7 @@ func bigTarLayer(t testing.TB, s *cache.Store, dir string, size int64) (prefetch
 	fi, err := f.Stat()
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
-	d := cache.Descriptor{Digest: digest.NewDigest(digest.SHA256, h), Size: fi.Size()}
+	d := content.Descriptor{Digest: digest.NewDigest(digest.SHA256, h), Size: fi.Size()}
 	_, err = s.Fetch(t.Context(), d, fileOpener{path}, nil)
 	require.NoError(t, err)
 	require.NoError(t, os.Remove(path))

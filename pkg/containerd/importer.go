@@ -142,7 +142,7 @@ func (im *Importer) Close() error {
 // updated) only once every blob is in containerd and the image is unpacked.
 //
 // Errors: an image that cannot be valid (a manifest naming a blob the image
-// lacks, no manifest for the platform) is wrapped with cache.Permanent; a
+// lacks, no manifest for the platform) is wrapped with content.Permanent; a
 // blob missing from the cache wraps the opener's error; containerd not
 // answering wraps ErrUnreachable. Nothing is left half-imported: a retry
 // picks up where a failed import stopped.

@@ -25,6 +25,7 @@ import (
 	"github.com/weightd/weightd/internal/services"
 	"github.com/weightd/weightd/pkg/cache"
 	ctrimport "github.com/weightd/weightd/pkg/containerd"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -277,7 +278,7 @@ func TestImportContainerdDownThenRestarted(t *testing.T) {
 	err := e.im.Import(t.Context(), fx.img)
 	require.Error(t, err)
 	assert.ErrorIs(t, err, ctrimport.ErrUnreachable)
-	assert.NotErrorIs(t, err, cache.ErrPermanent, "worth retrying")
+	assert.NotErrorIs(t, err, content.ErrPermanent, "worth retrying")
 	assert.Contains(t, err.Error(), "containerd at "+e.ctd.Address+" unreachable")
 	assert.EqualValues(t, 1, imports(t, e.reg, "error"))
 
@@ -344,7 +345,7 @@ type missingOpener struct {
 
 func (m missingOpener) Open(d digest.Digest) (*os.File, error) {
 	if d == m.missing {
-		return nil, cache.ErrNotFound
+		return nil, content.ErrNotFound
 	}
 	return m.Store.Open(d)
 }
@@ -359,7 +360,7 @@ func TestImportBlobMissingFromCache(t *testing.T) {
 
 	err = im.Import(t.Context(), fx.img)
 	require.Error(t, err)
-	assert.ErrorIs(t, err, cache.ErrNotFound)
+	assert.ErrorIs(t, err, content.ErrNotFound)
 	assert.Contains(t, err.Error(), fx.layers[1].String())
 	assert.Contains(t, err.Error(), "not in the cache")
 	e.requireNoRecord(t, fx.img.Name)
@@ -392,7 +393,7 @@ func TestImportInvalidImages(t *testing.T) {
 			tc.mutate(fx.img)
 			err := im.Import(t.Context(), fx.img)
 			require.Error(t, err)
-			assert.ErrorIs(t, err, cache.ErrPermanent)
+			assert.ErrorIs(t, err, content.ErrPermanent)
 			assert.Contains(t, err.Error(), tc.want)
 		})
 	}

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // Linking a blob instead of writing it.
@@ -36,7 +37,7 @@ import (
 // So that it never registers bytes that do not match their digest, a blob
 // is hashed again, through the open file that is linked, before the link is
 // made: a blob corrupted in the cache after it was verified fails the
-// import (cache.ErrDigestMismatch) rather than reaching containerd.
+// import (content.ErrDigestMismatch) rather than reaching containerd.
 
 // contentPlugin is the type of containerd's content store plugin, which
 // exports its root directory.
@@ -139,7 +140,7 @@ func verifyBlob(b *planBlob) error {
 		return fmt.Errorf("reading blob %s in the cache: %w", b.desc.Digest, err)
 	}
 	if n != b.desc.Size || !v.Verified() {
-		return fmt.Errorf("blob %s in the cache does not match its digest: %w", b.desc.Digest, cache.ErrDigestMismatch)
+		return fmt.Errorf("blob %s in the cache does not match its digest: %w", b.desc.Digest, content.ErrDigestMismatch)
 	}
 	return nil
 }

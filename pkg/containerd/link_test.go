@@ -18,8 +18,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/weightd/weightd/pkg/cache"
 	ctrimport "github.com/weightd/weightd/pkg/containerd"
+	wcontent "github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -198,7 +198,7 @@ func TestImportCorruptCacheBlobNotLinked(t *testing.T) {
 
 	err = e.im.Import(t.Context(), fx.img)
 	require.Error(t, err)
-	assert.ErrorIs(t, err, cache.ErrDigestMismatch)
+	assert.ErrorIs(t, err, wcontent.ErrDigestMismatch)
 	assert.NotErrorIs(t, err, ctrimport.ErrUnreachable)
 	e.requireNoRecord(t, fx.img.Name)
 	_, err = os.Lstat(e.contentBlob(bad))

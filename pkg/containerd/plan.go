@@ -18,7 +18,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -72,11 +72,11 @@ func (p *plan) close() {
 }
 
 // errInvalidImage marks an image that no retry can import; it is wrapped
-// with cache.Permanent.
+// with content.Permanent.
 var errInvalidImage = errors.New("invalid image")
 
 func invalid(format string, args ...any) error {
-	return cache.Permanent(fmt.Errorf("%w: "+format, append([]any{errInvalidImage}, args...)...))
+	return content.Permanent(fmt.Errorf("%w: "+format, append([]any{errInvalidImage}, args...)...))
 }
 
 // newPlan checks what img says of itself, reading nothing from the cache.
@@ -154,7 +154,7 @@ func (p *plan) open(b *planBlob, blobs BlobOpener) error {
 	}
 	if fi.Size() != b.desc.Size {
 		f.Close()
-		return fmt.Errorf("image %s: blob %s is %d bytes in the cache, not %d: %w", p.name, b.desc.Digest, fi.Size(), b.desc.Size, cache.ErrSizeMismatch)
+		return fmt.Errorf("image %s: blob %s is %d bytes in the cache, not %d: %w", p.name, b.desc.Digest, fi.Size(), b.desc.Size, content.ErrSizeMismatch)
 	}
 	b.file = f
 	return nil

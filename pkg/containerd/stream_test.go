@@ -17,6 +17,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/cache"
 	ctrimport "github.com/weightd/weightd/pkg/containerd"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -43,7 +44,7 @@ func (a *arrivingStore) Open(d digest.Digest) (*os.File, error) {
 	ok := a.released[d]
 	a.mu.Unlock()
 	if !ok {
-		return nil, cache.ErrNotFound
+		return nil, content.ErrNotFound
 	}
 	return a.Store.Open(d)
 }
@@ -198,9 +199,9 @@ func TestStreamingImportBlobMissing(t *testing.T) {
 		_ = imp.Blob(t.Context(), b.Digest) // after the failure: its error
 	}
 	err = imp.Commit(t.Context())
-	require.ErrorIs(t, err, cache.ErrNotFound)
+	require.ErrorIs(t, err, content.ErrNotFound)
 	assert.Contains(t, err.Error(), fx.layers[2].String())
-	assert.NotErrorIs(t, err, cache.ErrPermanent, "worth retrying")
+	assert.NotErrorIs(t, err, content.ErrPermanent, "worth retrying")
 	e.requireNoRecord(t, fx.img.Name)
 	e.requireCollected(t, fx.img)
 }
@@ -259,7 +260,7 @@ func TestStreamingBeginWhileImporting(t *testing.T) {
 	require.NoError(t, err)
 	_, err = im.Begin(t.Context(), fx.img)
 	require.ErrorContains(t, err, "under way")
-	assert.NotErrorIs(t, err, cache.ErrPermanent)
+	assert.NotErrorIs(t, err, content.ErrPermanent)
 	first.Abort()
 
 	second, err := im.Begin(t.Context(), fx.img)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/weightd/weightd/internal/bytesize"
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 )
@@ -309,7 +310,7 @@ func progress(ref string, st prefetch.JobStatus) string {
 }
 
 // publish mounts the ready model st at target and returns the files it shows.
-func (d *Driver) publish(id, target string, r Request, st prefetch.JobStatus) ([]cache.File, error) {
+func (d *Driver) publish(id, target string, r Request, st prefetch.JobStatus) ([]content.File, error) {
 	all, err := modelFiles(d.store, st.Dir)
 	if err != nil {
 		return nil, err

@@ -29,6 +29,7 @@ import (
 
 	"github.com/weightd/weightd/internal/hubtest"
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/csi"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
@@ -203,7 +204,7 @@ func TestPublishModelVolume(t *testing.T) {
 	t.Cleanup(func() { _ = unix.Unmount(target, unix.MNT_DETACH) })
 
 	require.True(t, mounted(t, target))
-	var m cache.Model
+	var m content.Model
 	b, err := os.ReadFile(filepath.Join(target, "model.json"))
 	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal(b, &m))
@@ -393,7 +394,7 @@ func TestPublishDetectsBlobChangedByHand(t *testing.T) {
 	first := filepath.Join(n.root, "first")
 	n.publishReady("vol-1", first, map[string]string{csi.AttrModel: "hf://org/model"})
 	t.Cleanup(func() { _ = unix.Unmount(first, unix.MNT_DETACH) })
-	var m cache.Model
+	var m content.Model
 	b, err := os.ReadFile(filepath.Join(first, "model.json"))
 	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal(b, &m))

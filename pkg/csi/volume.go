@@ -14,6 +14,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // ErrBrokenBlob means a blob the cache lists is missing or not the size it
@@ -65,8 +66,8 @@ func legacyKey(volumeID string) string {
 
 // modelFiles lists the files of the materialised snapshot dir (relative
 // symlinks into the store's blobs) with their digests and verified sizes.
-func modelFiles(store *cache.Store, dir string) ([]cache.File, error) {
-	var files []cache.File
+func modelFiles(store *cache.Store, dir string) ([]content.File, error) {
+	var files []content.File
 	err := filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
 		if err != nil || e.IsDir() {
 			return err
@@ -87,7 +88,7 @@ func modelFiles(store *cache.Store, dir string) ([]cache.File, error) {
 		if err != nil {
 			return fmt.Errorf("snapshot entry %s: %w", rel, err)
 		}
-		files = append(files, cache.File{Path: filepath.ToSlash(rel), Descriptor: info.Descriptor})
+		files = append(files, content.File{Path: filepath.ToSlash(rel), Descriptor: info.Descriptor})
 		return nil
 	})
 	return files, err
@@ -95,7 +96,7 @@ func modelFiles(store *cache.Store, dir string) ([]cache.File, error) {
 
 // verifyBlob checks that the blob file is the regular file of the size the
 // cache verified.
-func verifyBlob(store *cache.Store, desc cache.Descriptor) (string, error) {
+func verifyBlob(store *cache.Store, desc content.Descriptor) (string, error) {
 	p, err := store.BlobPath(desc.Digest)
 	if err != nil {
 		return "", err
@@ -113,7 +114,7 @@ func verifyBlob(store *cache.Store, desc cache.Descriptor) (string, error) {
 // layout is the tree a volume shows the pod.
 type layout struct {
 	Name, Revision, Ref string
-	Files               []cache.File
+	Files               []content.File
 }
 
 // build writes the volume's tree into dir (which must not exist) as hard
@@ -121,7 +122,7 @@ type layout struct {
 func (l layout) build(store *cache.Store, dir string) error {
 	snap := filepath.Join(dir, "hub", hubRepoDir(l.Name), "snapshots", l.Revision)
 	for _, f := range l.Files {
-		if err := cache.ValidatePath(f.Path); err != nil {
+		if err := content.ValidatePath(f.Path); err != nil {
 			return err
 		}
 		blob, err := verifyBlob(store, f.Descriptor)
@@ -147,7 +148,7 @@ func (l layout) build(store *cache.Store, dir string) error {
 			return err
 		}
 	}
-	m, err := json.MarshalIndent(cache.Model{Name: l.Name, Revision: l.Revision, Ref: l.Ref, Files: l.Files}, "", "  ")
+	m, err := json.MarshalIndent(content.Model{Name: l.Name, Revision: l.Revision, Ref: l.Ref, Files: l.Files}, "", "  ")
 	if err != nil {
 		return err
 	}

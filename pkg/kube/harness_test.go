@@ -24,6 +24,7 @@ import (
 	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/internal/kubetest"
 	wcache "github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 )
@@ -87,7 +88,7 @@ type hidingBlobs struct {
 
 func (h *hidingBlobs) Stat(d digest.Digest) (wcache.Info, error) {
 	if h.hidden.Load() {
-		return wcache.Info{}, wcache.ErrNotFound
+		return wcache.Info{}, content.ErrNotFound
 	}
 	return h.store.Stat(d)
 }

@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	wcache "github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/nodestate"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
@@ -145,9 +146,9 @@ type entry struct {
 	bytes    int64
 	total    int64
 	image    bool
-	blobs    []wcache.Descriptor // of the job that ended ready; nil before
-	blobsJob string              // that job
-	changed  time.Time           // state last changed
+	blobs    []content.Descriptor // of the job that ended ready; nil before
+	blobsJob string               // that job
+	changed  time.Time            // state last changed
 }
 
 // NewNodePublisher returns the publisher of node's cache state, reading jobs
@@ -346,7 +347,7 @@ func (p *NodePublisher) update(ref string, st prefetch.JobStatus) {
 		}
 	}
 	if state == nodestate.StateReady && e.blobsJob != st.ID {
-		e.blobs, e.blobsJob = []wcache.Descriptor{}, st.ID // an empty model has nothing to check
+		e.blobs, e.blobsJob = []content.Descriptor{}, st.ID // an empty model has nothing to check
 		if j, ok := p.jobs.Job(st.ID); ok {
 			e.blobs = append(e.blobs, j.Blobs()...)
 		}
@@ -364,7 +365,7 @@ func (p *NodePublisher) update(ref string, st prefetch.JobStatus) {
 }
 
 // present reports whether every blob is complete in the cache.
-func (p *NodePublisher) present(blobs []wcache.Descriptor) bool {
+func (p *NodePublisher) present(blobs []content.Descriptor) bool {
 	for _, b := range blobs {
 		if _, err := p.blobs.Stat(b.Digest); err != nil {
 			return false

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // orderFile is the name of the persisted orders in the state directory.
@@ -92,7 +93,7 @@ func decodeOrders(b []byte, maxModels, maxFiles int) (map[string]orderEntry, err
 	m := make(map[string]orderEntry, min(len(doc.Models), maxModels))
 	for model, e := range doc.Models {
 		name, rev, ok := strings.Cut(model, "@")
-		if !ok || rev == "" || cache.ValidateModelName(name) != nil {
+		if !ok || rev == "" || content.ValidateModelName(name) != nil {
 			continue
 		}
 		files := slices.DeleteFunc(e.Files, func(f string) bool { return !validFile(f) })

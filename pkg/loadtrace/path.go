@@ -4,7 +4,7 @@ import (
 	"path"
 	"strings"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // classify maps an opened path to its model and file: under a models
@@ -28,7 +28,7 @@ func classify(modelsDirs, blobsDirs []string, p string) (model, file string, blo
 		repo, isRepo := strings.CutPrefix(parts[0], "models--")
 		name := strings.ReplaceAll(repo, "--", "/")
 		rev := parts[2]
-		if !isRepo || cache.ValidateModelName(name) != nil || rev == "" || rev[0] == '.' || len(rev) > 255 {
+		if !isRepo || content.ValidateModelName(name) != nil || rev == "" || rev[0] == '.' || len(rev) > 255 {
 			return "", "", false, false
 		}
 		return name + "@" + rev, parts[3], false, true

@@ -10,7 +10,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -67,9 +67,9 @@ func deniedErr(auth prefetch.RegistryAuth) *apiError {
 // revoked there ends at once for everything cached from it.
 func (m *Mirror) upstreamErr(err error, auth prefetch.RegistryAuth, registry, repository string, notFound *apiError) *apiError {
 	switch {
-	case errors.Is(err, cache.ErrNotFound):
+	case errors.Is(err, content.ErrNotFound):
 		return notFound
-	case errors.Is(err, cache.ErrDenied):
+	case errors.Is(err, content.ErrDenied):
 		m.grants.forget(grantPrefix(auth, registry, repository))
 		return deniedErr(auth)
 	}

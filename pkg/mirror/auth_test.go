@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -91,7 +92,7 @@ func TestLearnPrivateTag(t *testing.T) {
 	img := up.addImage(7, "docker.io", "library/app", "v1", 100)
 	tm := newTestMirror(t, up)
 	up.setDown(true)
-	_, err := tm.store.Fetch(t.Context(), cache.Descriptor{Digest: img.digest, Size: int64(len(img.manifest))}, cache.Bytes(img.manifest), nil)
+	_, err := tm.store.Fetch(t.Context(), content.Descriptor{Digest: img.digest, Size: int64(len(img.manifest))}, cache.Bytes(img.manifest), nil)
 	require.NoError(t, err)
 	require.NoError(t, tm.Learn("docker.io", "library/app", "v1", img.digest, false))
 	resp, _, err := tm.do(t, http.MethodGet, "/v2/library/app/manifests/v1?ns=docker.io")

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // BenchmarkServeBlob measures a blob GET through the mirror over loopback
@@ -28,7 +29,7 @@ func BenchmarkServeBlob(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer store.Close()
-			if _, err := store.Fetch(b.Context(), cache.Descriptor{Digest: d, Size: int64(size)}, cache.Bytes(data), nil); err != nil {
+			if _, err := store.Fetch(b.Context(), content.Descriptor{Digest: d, Size: int64(size)}, cache.Bytes(data), nil); err != nil {
 				b.Fatal(err)
 			}
 			url, done := benchServer(b, store, up)

@@ -15,6 +15,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -40,7 +41,7 @@ func (m *Mirror) serveBlob(w http.ResponseWriter, r *http.Request, registry stri
 		http.ServeContent(cw, r, "", time.Time{}, f)
 		m.m.bytes.WithLabelValues("cache").Add(float64(cw.n))
 		return
-	} else if !errors.Is(err, cache.ErrNotFound) {
+	} else if !errors.Is(err, content.ErrNotFound) {
 		m.log.Warn("opening a blob in the cache", "digest", d, "err", err)
 	}
 	size, aerr := m.blobSize(r.Context(), auth, registry, rt.repository, d)
@@ -51,7 +52,7 @@ func (m *Mirror) serveBlob(w http.ResponseWriter, r *http.Request, registry stri
 		}
 		return
 	}
-	desc := cache.Descriptor{Digest: d, Size: size}
+	desc := content.Descriptor{Digest: d, Size: size}
 	start, end, ranged, ok := parseRange(r.Header.Get("Range"), size)
 	if !ok {
 		w.Header().Set("Content-Range", fmt.Sprintf("bytes */%d", size))
@@ -107,7 +108,7 @@ func (m *Mirror) blobSize(ctx context.Context, auth prefetch.RegistryAuth, regis
 		err = fmt.Errorf("upstream says blob %s has %d bytes", d, size)
 	}
 	if err != nil {
-		if !errors.Is(err, cache.ErrNotFound) && ctx.Err() == nil {
+		if !errors.Is(err, content.ErrNotFound) && ctx.Err() == nil {
 			m.log.Warn("asking the upstream for a blob's size", "registry", registry, "repository", repository, "digest", d, "err", err)
 		}
 		return 0, m.upstreamErr(err, auth, registry, repository, errBlobUnknown)
@@ -139,8 +140,8 @@ type Prioritizer interface {
 // download is one fetch of a blob into the cache that requests started; the
 // requests streaming the blob wait on it.
 type download struct {
-	desc cache.Descriptor
-	src  cache.RangeOpener
+	desc content.Descriptor
+	src  content.RangeOpener
 	done chan struct{} // closed when the fetch has ended; err is set before
 	err  error
 
@@ -148,7 +149,7 @@ type download struct {
 	wake chan struct{} // closed and replaced on every progress report
 }
 
-// progress is the fetch's cache.Progress: it wakes the streaming requests
+// progress is the fetch's content.Progress: it wakes the streaming requests
 // without blocking.
 func (dl *download) progress(_, _, _ int64) {
 	dl.mu.Lock()
@@ -174,7 +175,7 @@ func (dl *download) want(off int64) {
 // auth if none runs (every request is authorised before it joins one). The fetch runs detached from the request, bounded by the fetch
 // timeout, so that it completes into the cache even when every client has
 // gone; the cache coalesces it with any other fetch of the blob.
-func (m *Mirror) download(auth prefetch.RegistryAuth, registry, repository string, desc cache.Descriptor) (*download, error) {
+func (m *Mirror) download(auth prefetch.RegistryAuth, registry, repository string, desc content.Descriptor) (*download, error) {
 	running := func() (*download, error) {
 		if m.closed {
 			return nil, cache.ErrClosed
@@ -217,7 +218,7 @@ func (m *Mirror) download(auth prefetch.RegistryAuth, registry, repository strin
 		_, err := m.store.Fetch(ctx, desc, src, dl.progress)
 		if err != nil {
 			m.log.Warn("fetching a blob for the mirror", "registry", registry, "repository", repository, "digest", desc.Digest, "err", err)
-			if errors.Is(err, cache.ErrSizeMismatch) {
+			if errors.Is(err, content.ErrSizeMismatch) {
 				m.known.forget(desc.Digest) // a manifest gave a wrong size
 			}
 		}

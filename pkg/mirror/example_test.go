@@ -11,6 +11,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/mirror"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
@@ -19,14 +20,14 @@ import (
 type noUpstream struct{}
 
 func (noUpstream) Manifest(context.Context, prefetch.RegistryAuth, string, string, string) (string, []byte, digest.Digest, error) {
-	return "", nil, "", cache.ErrNotFound
+	return "", nil, "", content.ErrNotFound
 }
 
 func (noUpstream) BlobSize(context.Context, prefetch.RegistryAuth, string, string, digest.Digest) (int64, error) {
-	return 0, cache.ErrNotFound
+	return 0, content.ErrNotFound
 }
 
-func (noUpstream) BlobOpener(prefetch.RegistryAuth, string, string, cache.Descriptor) cache.RangeOpener {
+func (noUpstream) BlobOpener(prefetch.RegistryAuth, string, string, content.Descriptor) content.RangeOpener {
 	return nil
 }
 

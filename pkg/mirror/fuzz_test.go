@@ -12,7 +12,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/remotes/docker"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // FuzzMirrorPath checks the request path parser on any input: what it
@@ -62,7 +62,7 @@ func FuzzMirrorPath(f *testing.F) {
 		}
 		ref, kind := r.tag, "manifests"
 		if r.digest != "" {
-			if err := cache.ValidateDigest(r.digest); err != nil {
+			if err := content.ValidateDigest(r.digest); err != nil {
 				t.Fatalf("parsePath(%q): %v", p, err)
 			}
 			ref = r.digest.String()
@@ -107,7 +107,7 @@ func FuzzConfigureHostsMerge(f *testing.F) {
 		}
 		before, beforeErr := containerdHostsErr(root, "quay.io")
 		if err := ConfigureHosts(root, mirrorURL, []string{"quay.io"}); err != nil {
-			if !errors.Is(err, cache.ErrInvalid) {
+			if !errors.Is(err, content.ErrInvalid) {
 				t.Fatalf("merging %q: %v, not ErrInvalid", original, err)
 			}
 			if b, _ := os.ReadFile(file); !bytes.Equal(b, original) {

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -58,7 +59,7 @@ func (u *fakeUpstream) refuses(auth prefetch.RegistryAuth) error {
 	if u.password == "" || auth.Agent && !auth.Own() || auth.Password == u.password {
 		return nil
 	}
-	return fmt.Errorf("401 Unauthorized: %w", cache.ErrDenied)
+	return fmt.Errorf("401 Unauthorized: %w", content.ErrDenied)
 }
 
 type fakeManifest struct {
@@ -94,7 +95,7 @@ func (u *fakeUpstream) Manifest(ctx context.Context, auth prefetch.RegistryAuth,
 	}
 	m, ok := u.manifests[registry+"/"+repository+"@"+reference]
 	if !ok {
-		return "", nil, "", fmt.Errorf("manifest %s: %w", reference, cache.ErrNotFound)
+		return "", nil, "", fmt.Errorf("manifest %s: %w", reference, content.ErrNotFound)
 	}
 	return m.mediaType, m.body, digest.FromBytes(m.body), nil
 }
@@ -111,12 +112,12 @@ func (u *fakeUpstream) BlobSize(ctx context.Context, auth prefetch.RegistryAuth,
 	}
 	b, ok := u.blobs[d]
 	if !ok {
-		return 0, fmt.Errorf("blob %s: %w", d, cache.ErrNotFound)
+		return 0, fmt.Errorf("blob %s: %w", d, content.ErrNotFound)
 	}
 	return int64(len(b)), nil
 }
 
-func (u *fakeUpstream) BlobOpener(auth prefetch.RegistryAuth, registry, repository string, desc cache.Descriptor) cache.RangeOpener {
+func (u *fakeUpstream) BlobOpener(auth prefetch.RegistryAuth, registry, repository string, desc content.Descriptor) content.RangeOpener {
 	return openerFunc(func(ctx context.Context, off int64) (io.ReadCloser, error) {
 		u.opens.Add(1)
 		u.mu.Lock()
@@ -132,7 +133,7 @@ func (u *fakeUpstream) BlobOpener(auth prefetch.RegistryAuth, registry, reposito
 			b = lie
 		}
 		if !ok {
-			return nil, cache.Permanent(fmt.Errorf("blob %s: %w", desc.Digest, cache.ErrNotFound))
+			return nil, content.Permanent(fmt.Errorf("blob %s: %w", desc.Digest, content.ErrNotFound))
 		}
 		return io.NopCloser(&gatedReader{ctx: ctx, r: bytes.NewReader(b[off:]), pos: off, gate: u.gate, at: u.gateAt}), nil
 	})

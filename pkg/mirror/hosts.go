@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // Files ConfigureHosts manages in <configPath>/<host>/.
@@ -43,7 +44,7 @@ func ServerURL(registry, serverURL string) HostsOption {
 	return func(o *hostsOptions) error {
 		h, ok := canonicalHost(registry)
 		if !ok {
-			return fmt.Errorf("%w: registry %q is not a host[:port]", cache.ErrInvalid, registry)
+			return fmt.Errorf("%w: registry %q is not a host[:port]", content.ErrInvalid, registry)
 		}
 		if err := validateURL(serverURL); err != nil {
 			return fmt.Errorf("server of %s: %w", registry, err)
@@ -60,7 +61,7 @@ func SkipVerify(registry string) HostsOption {
 	return func(o *hostsOptions) error {
 		h, ok := canonicalHost(registry)
 		if !ok {
-			return fmt.Errorf("%w: registry %q is not a host[:port]", cache.ErrInvalid, registry)
+			return fmt.Errorf("%w: registry %q is not a host[:port]", content.ErrInvalid, registry)
 		}
 		o.skipVerify[h] = true
 		return nil
@@ -165,7 +166,7 @@ func readHostsFile(path string) ([]byte, error) {
 		return nil, err
 	}
 	if len(b) > maxHostsFile {
-		return nil, fmt.Errorf("%w: %s is over %d bytes", cache.ErrInvalid, path, maxHostsFile)
+		return nil, fmt.Errorf("%w: %s is over %d bytes", content.ErrInvalid, path, maxHostsFile)
 	}
 	return b, nil
 }
@@ -268,7 +269,7 @@ func hostDirs(registries []string) ([]string, error) {
 	for _, r := range registries {
 		h, ok := canonicalHost(r)
 		if !ok || strings.ContainsAny(h, `/\`) {
-			return nil, fmt.Errorf("%w: registry %q is not a host[:port]", cache.ErrInvalid, r)
+			return nil, fmt.Errorf("%w: registry %q is not a host[:port]", content.ErrInvalid, r)
 		}
 		out = append(out, h)
 	}
@@ -280,18 +281,18 @@ func hostDirs(registries []string) ([]string, error) {
 func validateURL(s string) error {
 	u, err := url.Parse(s)
 	if err != nil {
-		return fmt.Errorf("%w: URL %q: %v", cache.ErrInvalid, s, err)
+		return fmt.Errorf("%w: URL %q: %v", content.ErrInvalid, s, err)
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
 		u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" {
-		return fmt.Errorf("%w: URL %q: want http(s)://host[:port]", cache.ErrInvalid, s)
+		return fmt.Errorf("%w: URL %q: want http(s)://host[:port]", content.ErrInvalid, s)
 	}
 	if _, ok := canonicalHost(u.Host); !ok {
-		return fmt.Errorf("%w: URL %q: bad host", cache.ErrInvalid, s)
+		return fmt.Errorf("%w: URL %q: bad host", content.ErrInvalid, s)
 	}
 	for _, c := range s {
 		if c < 0x21 || c > 0x7e || c == '"' || c == '\\' {
-			return fmt.Errorf("%w: URL %q: character %q", cache.ErrInvalid, s, c)
+			return fmt.Errorf("%w: URL %q: character %q", content.ErrInvalid, s, c)
 		}
 	}
 	return nil

@@ -21,7 +21,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 func TestConfigureHosts(t *testing.T) {
@@ -147,13 +147,13 @@ func TestConfigureHostsRejects(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			err := ConfigureHosts(root, tt.mirror, tt.registers, tt.opts...)
-			assert.ErrorIs(t, err, cache.ErrInvalid)
+			assert.ErrorIs(t, err, content.ErrInvalid)
 		})
 	}
 	entries, err := os.ReadDir(root)
 	require.NoError(t, err)
 	assert.Empty(t, entries, "nothing written")
-	assert.ErrorIs(t, RestoreHosts(root, []string{"../x"}), cache.ErrInvalid)
+	assert.ErrorIs(t, RestoreHosts(root, []string{"../x"}), content.ErrInvalid)
 }
 
 // corporateHosts is a node's hosts.toml for a registry it pulls through a
@@ -278,7 +278,7 @@ func TestConfigureHostsRefusesUnreadable(t *testing.T) {
 			require.NoError(t, os.MkdirAll(dir, 0o755))
 			require.NoError(t, os.WriteFile(filepath.Join(dir, "hosts.toml"), []byte(tt.file), 0o644))
 			err := ConfigureHosts(root, "http://127.0.0.1:5001", []string{"quay.io", "ghcr.io"})
-			require.ErrorIs(t, err, cache.ErrInvalid)
+			require.ErrorIs(t, err, content.ErrInvalid)
 			assert.ErrorContains(t, err, tt.wantErr)
 			assert.ErrorContains(t, err, "quay.io")
 			b, rerr := os.ReadFile(filepath.Join(dir, "hosts.toml"))

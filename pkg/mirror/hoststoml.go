@@ -11,7 +11,7 @@ import (
 	"github.com/pelletier/go-toml/v2"
 	tomlu "github.com/pelletier/go-toml/v2/unstable"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // mirrorDialTimeout is the dial_timeout of the mirror's host entry: the
@@ -43,11 +43,11 @@ type hostEntry struct {
 func parseHostsFile(b []byte, dir string) (hostsDoc, error) {
 	var raw map[string]any
 	if err := toml.Unmarshal(b, &raw); err != nil {
-		return hostsDoc{}, fmt.Errorf("%w: %v", cache.ErrInvalid, err)
+		return hostsDoc{}, fmt.Errorf("%w: %v", content.ErrInvalid, err)
 	}
 	order, err := hostTableOrder(b)
 	if err != nil {
-		return hostsDoc{}, fmt.Errorf("%w: %v", cache.ErrInvalid, err)
+		return hostsDoc{}, fmt.Errorf("%w: %v", content.ErrInvalid, err)
 	}
 	doc := hostsDoc{top: map[string]any{}}
 	var tables map[string]any
@@ -58,7 +58,7 @@ func parseHostsFile(b []byte, dir string) (hostsDoc, error) {
 		}
 		var ok bool
 		if tables, ok = v.(map[string]any); !ok {
-			return hostsDoc{}, fmt.Errorf("%w: host is a %s, want tables", cache.ErrInvalid, tomlType(v))
+			return hostsDoc{}, fmt.Errorf("%w: host is a %s, want tables", content.ErrInvalid, tomlType(v))
 		}
 	}
 	for k, v := range doc.top {
@@ -75,7 +75,7 @@ func parseHostsFile(b []byte, dir string) (hostsDoc, error) {
 	for u, v := range tables {
 		fields, ok := v.(map[string]any)
 		if !ok {
-			return hostsDoc{}, fmt.Errorf("%w: host %q is a %s, want a table", cache.ErrInvalid, u, tomlType(v))
+			return hostsDoc{}, fmt.Errorf("%w: host %q is a %s, want a table", content.ErrInvalid, u, tomlType(v))
 		}
 		if err := checkHostFields(fields, dir); err != nil {
 			return hostsDoc{}, fmt.Errorf("host %q: %w", u, err)
@@ -84,13 +84,13 @@ func parseHostsFile(b []byte, dir string) (hostsDoc, error) {
 	for _, u := range order {
 		fields, ok := tables[u].(map[string]any)
 		if !ok {
-			return hostsDoc{}, fmt.Errorf("%w: host %q is a %s, want a table", cache.ErrInvalid, u, tomlType(tables[u]))
+			return hostsDoc{}, fmt.Errorf("%w: host %q is a %s, want a table", content.ErrInvalid, u, tomlType(tables[u]))
 		}
 		if err := checkServer(u); err != nil {
 			return hostsDoc{}, err
 		}
 		if pu, _ := url.Parse(withScheme(u)); pu.Host == "" {
-			return hostsDoc{}, fmt.Errorf("%w: host %q names no host", cache.ErrInvalid, u)
+			return hostsDoc{}, fmt.Errorf("%w: host %q names no host", content.ErrInvalid, u)
 		}
 		doc.hosts = append(doc.hosts, hostEntry{url: u, fields: fields})
 	}
@@ -126,10 +126,10 @@ func hostTableOrder(b []byte) ([]string, error) {
 func checkServer(v any) error {
 	s, ok := v.(string)
 	if !ok {
-		return fmt.Errorf("%w: server is a %s, want a string", cache.ErrInvalid, tomlType(v))
+		return fmt.Errorf("%w: server is a %s, want a string", content.ErrInvalid, tomlType(v))
 	}
 	if _, err := url.Parse(withScheme(s)); err != nil {
-		return fmt.Errorf("%w: server %q: %v", cache.ErrInvalid, s, err)
+		return fmt.Errorf("%w: server %q: %v", content.ErrInvalid, s, err)
 	}
 	return nil
 }
@@ -171,7 +171,7 @@ func checkHostFields(f map[string]any, dir string) error {
 			err = checkHeader(v)
 		}
 		if err != nil {
-			return fmt.Errorf("%w: %s: %v", cache.ErrInvalid, k, err)
+			return fmt.Errorf("%w: %s: %v", content.ErrInvalid, k, err)
 		}
 	}
 	return nil

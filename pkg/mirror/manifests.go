@@ -15,6 +15,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -111,7 +112,7 @@ func (m *Mirror) manifestByTag(w http.ResponseWriter, r *http.Request, registry 
 		m.writeManifest(w, r, auth, registry, rt.repository, d, mt, body, "fetch")
 		return
 	}
-	if errors.Is(err, cache.ErrNotFound) || errors.Is(err, cache.ErrDenied) {
+	if errors.Is(err, content.ErrNotFound) || errors.Is(err, content.ErrDenied) {
 		aerr := m.upstreamErr(err, auth, registry, rt.repository, errManifestUnknown)
 		m.m.request(routeManifest, outcomeOf(aerr))
 		aerr.write(w, r)
@@ -162,7 +163,7 @@ func (m *Mirror) publishChildren(d digest.Digest, body []byte) {
 		return
 	}
 	for _, c := range children {
-		if cache.ValidateDigest(c.Digest) != nil {
+		if content.ValidateDigest(c.Digest) != nil {
 			continue
 		}
 		m.public.add(c.Digest)
@@ -172,7 +173,7 @@ func (m *Mirror) publishChildren(d digest.Digest, body []byte) {
 		if cb, _, err := m.cachedManifest(c.Digest); err == nil {
 			if _, grand, err := parseManifest(cb); err == nil {
 				for _, g := range grand {
-					if cache.ValidateDigest(g.Digest) == nil {
+					if content.ValidateDigest(g.Digest) == nil {
 						m.public.add(g.Digest)
 					}
 				}
@@ -203,7 +204,7 @@ func (m *Mirror) manifestByDigest(w http.ResponseWriter, r *http.Request, regist
 		m.m.request(routeManifest, outcomeNotFound)
 		errManifestUnknown.write(w, r)
 		return
-	case !errors.Is(err, cache.ErrNotFound):
+	case !errors.Is(err, content.ErrNotFound):
 		m.log.Warn("reading a manifest from the cache", "digest", rt.digest, "err", err)
 	}
 	mt, body, _, err = m.upstreamManifest(r.Context(), auth, registry, rt.repository, rt.digest.String(), rt.digest)
@@ -239,10 +240,10 @@ func (m *Mirror) upstreamManifest(ctx context.Context, auth prefetch.RegistryAut
 	}
 	d := digest.FromBytes(body)
 	if want != "" && d != want {
-		return "", nil, "", fmt.Errorf("%w: upstream sent manifest %s for %s", cache.ErrDigestMismatch, d, want)
+		return "", nil, "", fmt.Errorf("%w: upstream sent manifest %s for %s", content.ErrDigestMismatch, d, want)
 	}
 	if said != "" && said != d {
-		return "", nil, "", fmt.Errorf("%w: upstream said manifest %s, its bytes are %s", cache.ErrDigestMismatch, said, d)
+		return "", nil, "", fmt.Errorf("%w: upstream said manifest %s, its bytes are %s", content.ErrDigestMismatch, said, d)
 	}
 	own, children, perr := parseManifest(body)
 	if perr != nil {
@@ -281,7 +282,7 @@ func (m *Mirror) Learn(registry, repository, tag string, d digest.Digest, public
 func (m *Mirror) remember(d digest.Digest, size int64, mediaType string, children []descriptorJSON) {
 	m.known.put(d, knownBlob{Size: size, MediaType: mediaType})
 	for _, c := range children {
-		if cache.ValidateDigest(c.Digest) != nil || c.Size < 0 {
+		if content.ValidateDigest(c.Digest) != nil || c.Size < 0 {
 			continue
 		}
 		mt := c.MediaType
@@ -296,12 +297,12 @@ func (m *Mirror) remember(d digest.Digest, size int64, mediaType string, childre
 func (m *Mirror) storeManifest(ctx context.Context, d digest.Digest, body []byte) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.opts.manifestTimeout)
 	defer cancel()
-	_, err := m.store.Fetch(ctx, cache.Descriptor{Digest: d, Size: int64(len(body))}, cache.Bytes(body), nil)
+	_, err := m.store.Fetch(ctx, content.Descriptor{Digest: d, Size: int64(len(body))}, cache.Bytes(body), nil)
 	return err
 }
 
 // cachedManifest reads a manifest from the cache with its media type.
-// cache.ErrNotFound when the cache does not hold it, errNotManifest when
+// content.ErrNotFound when the cache does not hold it, errNotManifest when
 // the blob is not a manifest.
 func (m *Mirror) cachedManifest(d digest.Digest) ([]byte, string, error) {
 	info, err := m.store.Stat(d)
@@ -366,7 +367,7 @@ func (m *Mirror) prefetchLayers(auth prefetch.RegistryAuth, registry, repository
 		return
 	}
 	for _, c := range append([]descriptorJSON{*mf.Config}, mf.Layers...) {
-		desc := cache.Descriptor{Digest: c.Digest, Size: c.Size}
+		desc := content.Descriptor{Digest: c.Digest, Size: c.Size}
 		if desc.Validate() != nil {
 			continue
 		}

@@ -35,6 +35,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -44,7 +45,7 @@ type Store interface {
 	Open(d digest.Digest) (*os.File, error)
 	OpenChunk(d digest.Digest, i int) (f *os.File, off, n int64, err error)
 	ChunkState(d digest.Digest) (cache.ChunkState, error)
-	Fetch(ctx context.Context, desc cache.Descriptor, src cache.RangeOpener, progress cache.Progress) (cache.Info, error)
+	Fetch(ctx context.Context, desc content.Descriptor, src content.RangeOpener, progress content.Progress) (cache.Info, error)
 }
 
 var _ Store = (*cache.Store)(nil)
@@ -52,21 +53,21 @@ var _ Store = (*cache.Store)(nil)
 // Upstream is the registry the mirror falls back to (prefetch.OCISource).
 // Each request carries auth: the client's credentials, the agent's, or
 // none. A registry's refusal (401, 403) is an error wrapping
-// cache.ErrDenied. Its methods are called concurrently.
+// content.ErrDenied. Its methods are called concurrently.
 type Upstream interface {
 	// Manifest fetches a manifest by tag or digest. A manifest the registry
-	// does not have is an error wrapping cache.ErrNotFound.
+	// does not have is an error wrapping content.ErrNotFound.
 	Manifest(ctx context.Context, auth prefetch.RegistryAuth, registry, repository, reference string) (mediaType string, body []byte, d digest.Digest, err error)
-	// BlobSize asks the registry for a blob's size (cache.ErrNotFound if it
+	// BlobSize asks the registry for a blob's size (content.ErrNotFound if it
 	// has none).
 	BlobSize(ctx context.Context, auth prefetch.RegistryAuth, registry, repository string, d digest.Digest) (int64, error)
 	// BlobOpener reads a blob from the registry.
-	BlobOpener(auth prefetch.RegistryAuth, registry, repository string, desc cache.Descriptor) cache.RangeOpener
+	BlobOpener(auth prefetch.RegistryAuth, registry, repository string, desc content.Descriptor) content.RangeOpener
 }
 
 // BlobSource turns the upstream reader of a blob into the reader the cache
 // fetches it with: the agent puts the peer-to-peer swarm in front.
-type BlobSource func(desc cache.Descriptor, upstream cache.RangeOpener) cache.RangeOpener
+type BlobSource func(desc content.Descriptor, upstream content.RangeOpener) content.RangeOpener
 
 // Option configures a Mirror.
 type Option func(*options) error
@@ -93,7 +94,7 @@ func WithRegistries(hosts ...string) Option {
 		for _, h := range hosts {
 			c, ok := canonicalHost(h)
 			if !ok {
-				return fmt.Errorf("%w: registry %q is not a host[:port]", cache.ErrInvalid, h)
+				return fmt.Errorf("%w: registry %q is not a host[:port]", content.ErrInvalid, h)
 			}
 			if !slices.Contains(o.registries, c) {
 				o.registries = append(o.registries, c)
@@ -118,7 +119,7 @@ func WithAgentCredentials(a prefetch.AgentCredentials) Option {
 func WithBlobSource(fn BlobSource) Option {
 	return func(o *options) error {
 		if fn == nil {
-			return fmt.Errorf("%w: nil blob source", cache.ErrInvalid)
+			return fmt.Errorf("%w: nil blob source", content.ErrInvalid)
 		}
 		o.blobSource = fn
 		return nil
@@ -153,7 +154,7 @@ func WithRegisterer(r prometheus.Registerer) Option {
 func WithStateDir(dir string) Option {
 	return func(o *options) error {
 		if dir == "" {
-			return fmt.Errorf("%w: empty state directory", cache.ErrInvalid)
+			return fmt.Errorf("%w: empty state directory", content.ErrInvalid)
 		}
 		o.stateDir = dir
 		return nil
@@ -166,7 +167,7 @@ func WithStateDir(dir string) Option {
 func WithManifestTimeout(d time.Duration) Option {
 	return func(o *options) error {
 		if d <= 0 {
-			return fmt.Errorf("%w: manifest timeout %v", cache.ErrInvalid, d)
+			return fmt.Errorf("%w: manifest timeout %v", content.ErrInvalid, d)
 		}
 		o.manifestTimeout = d
 		return nil
@@ -179,7 +180,7 @@ func WithManifestTimeout(d time.Duration) Option {
 func WithFetchTimeout(d time.Duration) Option {
 	return func(o *options) error {
 		if d <= 0 {
-			return fmt.Errorf("%w: fetch timeout %v", cache.ErrInvalid, d)
+			return fmt.Errorf("%w: fetch timeout %v", content.ErrInvalid, d)
 		}
 		o.fetchTimeout = d
 		return nil
@@ -221,10 +222,10 @@ type Mirror struct {
 // from store and falling back to upstream.
 func New(store Store, upstream Upstream, opts ...Option) (*Mirror, error) {
 	if store == nil || upstream == nil {
-		return nil, fmt.Errorf("%w: mirror needs a store and an upstream", cache.ErrInvalid)
+		return nil, fmt.Errorf("%w: mirror needs a store and an upstream", content.ErrInvalid)
 	}
 	o := options{
-		blobSource:      func(_ cache.Descriptor, up cache.RangeOpener) cache.RangeOpener { return up },
+		blobSource:      func(_ content.Descriptor, up content.RangeOpener) content.RangeOpener { return up },
 		logger:          slog.New(slog.DiscardHandler),
 		manifestTimeout: 15 * time.Second,
 		fetchTimeout:    time.Hour,

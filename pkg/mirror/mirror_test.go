@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 const hex64 = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
@@ -165,9 +166,9 @@ func TestManifestLyingUpstream(t *testing.T) {
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 	assert.Equal(t, "UNAVAILABLE", errorCode(t, body))
 	_, err = tm.store.Stat(img.digest)
-	assert.ErrorIs(t, err, cache.ErrNotFound)
+	assert.ErrorIs(t, err, content.ErrNotFound)
 	_, err = tm.store.Stat(digest.FromBytes([]byte(`{"schemaVersion":2}`)))
-	assert.ErrorIs(t, err, cache.ErrNotFound, "nothing stored")
+	assert.ErrorIs(t, err, content.ErrNotFound, "nothing stored")
 }
 
 func TestBlobFromCache(t *testing.T) {
@@ -176,7 +177,7 @@ func TestBlobFromCache(t *testing.T) {
 	tm := newTestMirror(t, up)
 	data := randomBytes(7, 300_000)
 	d := digest.FromBytes(data)
-	_, err := tm.store.Fetch(t.Context(), cache.Descriptor{Digest: d, Size: int64(len(data))}, cache.Bytes(data), nil)
+	_, err := tm.store.Fetch(t.Context(), content.Descriptor{Digest: d, Size: int64(len(data))}, cache.Bytes(data), nil)
 	require.NoError(t, err)
 	path := "/v2/library/app/blobs/" + d.String() + "?ns=docker.io"
 	// The registry confirms once that it gives the blob to anyone; an
@@ -287,7 +288,7 @@ func TestBlobStreamedWhileFetched(t *testing.T) {
 	d := digest.FromBytes(layer)
 	up.gate, up.gateAt = make(chan struct{}), 5*testChunk
 	var wrapped atomic.Int32
-	tm := newTestMirror(t, up, WithBlobSource(func(desc cache.Descriptor, upstream cache.RangeOpener) cache.RangeOpener {
+	tm := newTestMirror(t, up, WithBlobSource(func(desc content.Descriptor, upstream content.RangeOpener) content.RangeOpener {
 		wrapped.Add(1)
 		return upstream
 	}))
@@ -302,7 +303,7 @@ func TestBlobStreamedWhileFetched(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, layer[:len(first)], first)
 	_, err = tm.store.Stat(d)
-	require.ErrorIs(t, err, cache.ErrNotFound, "the first bytes came before the fetch completed")
+	require.ErrorIs(t, err, content.ErrNotFound, "the first bytes came before the fetch completed")
 
 	close(up.gate)
 	rest, err := io.ReadAll(resp.Body)
@@ -373,7 +374,7 @@ func TestBlobLyingUpstream(t *testing.T) {
 			assert.Error(t, err, "a short body")
 		}
 		_, err = tm.store.Stat(d)
-		assert.ErrorIs(t, err, cache.ErrNotFound, "nothing committed")
+		assert.ErrorIs(t, err, content.ErrNotFound, "nothing committed")
 	}
 }
 
@@ -483,10 +484,10 @@ func TestNewRejects(t *testing.T) {
 		"negative timeout": WithManifestTimeout(-time.Second),
 	} {
 		_, err := New(newNullStore(), up, opt)
-		assert.ErrorIs(t, err, cache.ErrInvalid, name)
+		assert.ErrorIs(t, err, content.ErrInvalid, name)
 	}
 	_, err := New(nil, up)
-	assert.ErrorIs(t, err, cache.ErrInvalid)
+	assert.ErrorIs(t, err, content.ErrInvalid)
 }
 
 // TestBlobCoalesced checks that clients asking at once for a missing blob
@@ -542,7 +543,7 @@ func TestCloseEndsFetches(t *testing.T) {
 	_, err = io.ReadAll(resp.Body)
 	assert.Error(t, err, "a short body")
 	_, err = tm.store.Stat(d)
-	assert.ErrorIs(t, err, cache.ErrNotFound)
+	assert.ErrorIs(t, err, content.ErrNotFound)
 	resp2, body, err := tm.do(t, http.MethodGet, "/v2/library/app/blobs/"+d.String())
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusServiceUnavailable, resp2.StatusCode, "%s", body)
@@ -556,9 +557,9 @@ func TestLearnTagFromPrefetch(t *testing.T) {
 	up.setDown(true)
 
 	// Not in the cache yet: nothing to learn.
-	require.ErrorIs(t, tm.Learn("docker.io", "library/app", "v1", img.digest, true), cache.ErrNotFound)
+	require.ErrorIs(t, tm.Learn("docker.io", "library/app", "v1", img.digest, true), content.ErrNotFound)
 	// A prefetch stored the manifest and tells the mirror what the tag named.
-	_, err := tm.store.Fetch(t.Context(), cache.Descriptor{Digest: img.digest, Size: int64(len(img.manifest))}, cache.Bytes(img.manifest), nil)
+	_, err := tm.store.Fetch(t.Context(), content.Descriptor{Digest: img.digest, Size: int64(len(img.manifest))}, cache.Bytes(img.manifest), nil)
 	require.NoError(t, err)
 	require.NoError(t, tm.Learn("index.docker.io", "library/app", "v1", img.digest, true))
 	require.NoError(t, tm.Learn("ghcr.io", "org/other", "v1", img.digest, true), "registries not mirrored are ignored")

@@ -7,7 +7,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // Grammar of the distribution API's path components, after the distribution
@@ -81,7 +81,7 @@ func parsePath(p string) (route, *apiError) {
 	r.repository = name
 	switch {
 	case r.kind == routeBlob || strings.Contains(ref, ":"):
-		d, err := cache.ParseDigest(ref)
+		d, err := content.ParseDigest(ref)
 		if err != nil {
 			return route{}, &apiError{status: http.StatusBadRequest, code: "DIGEST_INVALID", message: "invalid digest: only sha256:<64 lowercase hex> is supported"}
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // Bounds of the mirror's memory.
@@ -98,7 +99,7 @@ func openTagStore(dir string) (*tagStore, error) {
 		return t, nil
 	}
 	for k, e := range m {
-		if validTagKey(k) && cache.ValidateDigest(e.Digest) == nil && mediaTypeRE.MatchString(e.MediaType) {
+		if validTagKey(k) && content.ValidateDigest(e.Digest) == nil && mediaTypeRE.MatchString(e.MediaType) {
 			t.m[k] = e
 		}
 	}

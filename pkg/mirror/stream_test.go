@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // TestBlobHeadersBeforeAnyChunk checks that a GET of a missing blob gets
@@ -45,7 +46,7 @@ func TestBlobHeadersBeforeAnyChunk(t *testing.T) {
 			assert.False(t, st.Has(i), "chunk %d fetched before the headers went out", i)
 		}
 	} else {
-		require.ErrorIs(t, err, cache.ErrNotFound)
+		require.ErrorIs(t, err, content.ErrNotFound)
 	}
 
 	close(up.gate)
@@ -81,7 +82,7 @@ func TestBlobFailedFetchSendsTheClientOn(t *testing.T) {
 
 // wantRecorder is a blob source that records where clients wait.
 type wantRecorder struct {
-	cache.RangeOpener
+	content.RangeOpener
 	mu    sync.Mutex
 	wants []int64
 }
@@ -114,7 +115,7 @@ func TestBlobTellsTheSourceWhereTheClientWaits(t *testing.T) {
 	d := digest.FromBytes(layer)
 	up.gate, up.gateAt = make(chan struct{}), 2*testChunk
 	rec := make(chan *wantRecorder, 1)
-	tm := newTestMirror(t, up, WithBlobSource(func(_ cache.Descriptor, upstream cache.RangeOpener) cache.RangeOpener {
+	tm := newTestMirror(t, up, WithBlobSource(func(_ content.Descriptor, upstream content.RangeOpener) content.RangeOpener {
 		w := &wantRecorder{RangeOpener: upstream}
 		rec <- w
 		return w
@@ -208,7 +209,7 @@ func TestSmallBlobSentBeforeItsCommit(t *testing.T) {
 	d := digest.FromBytes(layer)
 	filler := &holdingFiller{data: layer, release: make(chan struct{})}
 	defer close(filler.release)
-	tm := newTestMirror(t, up, WithLayerPrefetch(false), WithBlobSource(func(cache.Descriptor, cache.RangeOpener) cache.RangeOpener {
+	tm := newTestMirror(t, up, WithLayerPrefetch(false), WithBlobSource(func(content.Descriptor, content.RangeOpener) content.RangeOpener {
 		return filler
 	}))
 	_, _, err := tm.do(t, http.MethodGet, "/v2/library/app/manifests/v1")
@@ -219,5 +220,5 @@ func TestSmallBlobSentBeforeItsCommit(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Equal(t, layer, body)
 	_, err = tm.store.Stat(d)
-	assert.ErrorIs(t, err, cache.ErrNotFound, "sent before the blob was committed")
+	assert.ErrorIs(t, err, content.ErrNotFound, "sent before the blob was committed")
 }

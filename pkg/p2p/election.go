@@ -10,7 +10,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // rendezvous orders names by their hash with d: every node computes the same
@@ -279,7 +279,7 @@ const (
 // then the deadline) is not a failure: the origin answers, its link is
 // busy. Other failures back off, doubling up to originMaxPause.
 func (f *fill) originFailed(r chunkResult) error {
-	if errors.Is(r.err, cache.ErrPermanent) {
+	if errors.Is(r.err, content.ErrPermanent) {
 		return fmt.Errorf("origin: %w", r.err)
 	}
 	now := f.s.cfg.Now()

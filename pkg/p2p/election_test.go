@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // slowOrigin is an origin whose every range takes delay to open.
@@ -44,7 +45,7 @@ func TestOriginFetcherHelpsASlowerOne(t *testing.T) {
 	}
 	fetchers := rendezvous(descOf(data).Digest, names)[:2] // in share order
 	origin := &countingOrigin{data: data}
-	require.NoError(t, fetchAll(nodes, data, 30*time.Second, func(n *swarmNode) cache.RangeOpener {
+	require.NoError(t, fetchAll(nodes, data, 30*time.Second, func(n *swarmNode) content.RangeOpener {
 		if n.name == fetchers[0] {
 			return slowOrigin{origin, 600 * time.Millisecond}
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // peerView is what one download knows of one holder.
@@ -49,7 +50,7 @@ type stateResult struct {
 type fill struct {
 	s      *Swarm
 	p      *cache.Partial
-	origin cache.RangeOpener
+	origin content.RangeOpener
 	d      digest.Digest
 	start  time.Time
 
@@ -426,7 +427,7 @@ func (f *fill) handle(r chunkResult) error {
 		if pv != nil {
 			pv.busyTill = f.s.cfg.Now().Add(slowBackoff)
 		}
-	case errors.Is(r.err, cache.ErrDigestMismatch):
+	case errors.Is(r.err, content.ErrDigestMismatch):
 		f.s.m.mismatches.Inc()
 		f.s.ban(r.peer, "corrupt_chunk")
 	case errors.Is(r.err, errRelayCut) || errors.Is(r.err, errNoHash) || (r.relay && errors.Is(r.err, errNotHeld)):

@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // trustedHash is the hash chunk i from peer from must have: the one an
@@ -119,7 +119,7 @@ func (f *fill) answerHashes() {
 // whose chunks differ, and checks again.
 func (f *fill) verify(ctx context.Context) error {
 	err := f.p.Verify()
-	if !errors.Is(err, cache.ErrDigestMismatch) {
+	if !errors.Is(err, content.ErrDigestMismatch) {
 		return err
 	}
 	f.s.log.Warn("blob from the swarm failed verification; repairing from the origin", "digest", f.d)

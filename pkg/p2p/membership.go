@@ -20,7 +20,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // NodeMeta is what a node tells the cluster about itself. It travels in
@@ -142,7 +142,7 @@ type Membership struct {
 // starts nothing; Run does.
 func NewMembership(cfg MembershipConfig, router *Router) (*Membership, error) {
 	if router == nil {
-		return nil, fmt.Errorf("%w: nil router", cache.ErrInvalid)
+		return nil, fmt.Errorf("%w: nil router", content.ErrInvalid)
 	}
 	if cfg.NodeName == "" {
 		host, err := os.Hostname()
@@ -158,22 +158,22 @@ func NewMembership(cfg MembershipConfig, router *Router) (*Membership, error) {
 		cfg.BindAddr = "0.0.0.0"
 	}
 	if net.ParseIP(cfg.BindAddr) == nil {
-		return nil, fmt.Errorf("%w: bind address %q is not an IP", cache.ErrInvalid, cfg.BindAddr)
+		return nil, fmt.Errorf("%w: bind address %q is not an IP", content.ErrInvalid, cfg.BindAddr)
 	}
 	if cfg.AdvertiseAddr != "" && net.ParseIP(cfg.AdvertiseAddr) == nil {
-		return nil, fmt.Errorf("%w: advertise address %q is not an IP", cache.ErrInvalid, cfg.AdvertiseAddr)
+		return nil, fmt.Errorf("%w: advertise address %q is not an IP", content.ErrInvalid, cfg.AdvertiseAddr)
 	}
 	if cfg.AdvertisePort != 0 && cfg.AdvertiseAddr == "" {
-		return nil, fmt.Errorf("%w: advertise port %d without an advertise address", cache.ErrInvalid, cfg.AdvertisePort)
+		return nil, fmt.Errorf("%w: advertise port %d without an advertise address", content.ErrInvalid, cfg.AdvertisePort)
 	}
 	for _, p := range []int{cfg.BindPort, cfg.AdvertisePort} {
 		if p < 0 || p > 65535 {
-			return nil, fmt.Errorf("%w: port %d", cache.ErrInvalid, p)
+			return nil, fmt.Errorf("%w: port %d", content.ErrInvalid, p)
 		}
 	}
 	for _, seed := range cfg.Join {
 		if _, _, err := net.SplitHostPort(seed); err != nil {
-			return nil, fmt.Errorf("%w: join seed %q: %v", cache.ErrInvalid, seed, err)
+			return nil, fmt.Errorf("%w: join seed %q: %v", content.ErrInvalid, seed, err)
 		}
 	}
 	m := &Membership{
@@ -193,12 +193,12 @@ func NewMembership(cfg MembershipConfig, router *Router) (*Membership, error) {
 	if len(cfg.SecretKeys) > 0 {
 		for i, k := range cfg.SecretKeys {
 			if err := memberlist.ValidateKey(k); err != nil {
-				return nil, fmt.Errorf("%w: gossip key %d: %v", cache.ErrInvalid, i, err)
+				return nil, fmt.Errorf("%w: gossip key %d: %v", content.ErrInvalid, i, err)
 			}
 		}
 		var err error
 		if m.keyring, err = memberlist.NewKeyring(cfg.SecretKeys, cfg.SecretKeys[0]); err != nil {
-			return nil, fmt.Errorf("%w: gossip keyring: %v", cache.ErrInvalid, err)
+			return nil, fmt.Errorf("%w: gossip keyring: %v", content.ErrInvalid, err)
 		}
 	}
 	meta, err := encodeMeta(cfg.Meta)
@@ -230,13 +230,13 @@ func NewMembership(cfg MembershipConfig, router *Router) (*Membership, error) {
 func splitJoinDNS(cfg MembershipConfig) (host, port string, err error) {
 	if h, p, err := net.SplitHostPort(cfg.JoinDNS); err == nil {
 		if n, err := strconv.Atoi(p); err != nil || n <= 0 || n > 65535 {
-			return "", "", fmt.Errorf("%w: join DNS %q: bad port", cache.ErrInvalid, cfg.JoinDNS)
+			return "", "", fmt.Errorf("%w: join DNS %q: bad port", content.ErrInvalid, cfg.JoinDNS)
 		}
 		return h, p, nil
 	}
 	n := cmp.Or(cfg.AdvertisePort, cfg.BindPort)
 	if n == 0 {
-		return "", "", fmt.Errorf("%w: join DNS %q has no port and BindPort is 0", cache.ErrInvalid, cfg.JoinDNS)
+		return "", "", fmt.Errorf("%w: join DNS %q has no port and BindPort is 0", content.ErrInvalid, cfg.JoinDNS)
 	}
 	return cfg.JoinDNS, strconv.Itoa(n), nil
 }

@@ -22,7 +22,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // Bounds for require.Eventually in the cluster tests: gossip with Fast
@@ -191,11 +191,11 @@ func TestNewMembershipValidates(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := NewMembership(cfg, r)
-			require.ErrorIs(t, err, cache.ErrInvalid)
+			require.ErrorIs(t, err, content.ErrInvalid)
 		})
 	}
 	_, err := NewMembership(MembershipConfig{NodeName: "a"}, nil)
-	require.ErrorIs(t, err, cache.ErrInvalid)
+	require.ErrorIs(t, err, content.ErrInvalid)
 
 	m, err := NewMembership(MembershipConfig{}, r)
 	require.NoError(t, err)
@@ -266,7 +266,7 @@ func TestClusterConvergesWithMeta(t *testing.T) {
 		}, waitFor, tick)
 	}
 	// Metadata that would not fit is refused, and the old one kept.
-	require.ErrorIs(t, nodes[2].m.UpdateMeta(NodeMeta{Version: strings.Repeat("v", 200)}), cache.ErrInvalid)
+	require.ErrorIs(t, nodes[2].m.UpdateMeta(NodeMeta{Version: strings.Repeat("v", 200)}), content.ErrInvalid)
 	p, _ := nodes[0].m.Peer(nodes[2].m.LocalName())
 	assert.Equal(t, newMeta, p.Meta)
 }
@@ -309,8 +309,8 @@ func TestAnnounceReachesEveryRouter(t *testing.T) {
 	assert.Positive(t, testutil.ToFloat64(nodes[0].m.metrics.messages.WithLabelValues("complete")))
 	assert.Positive(t, testutil.ToFloat64(nodes[0].m.metrics.messages.WithLabelValues("dropped")))
 
-	require.ErrorIs(t, src.m.Announce(EventComplete, "sha256:short"), cache.ErrInvalid)
-	require.ErrorIs(t, src.m.Announce(0, d), cache.ErrInvalid)
+	require.ErrorIs(t, src.m.Announce(EventComplete, "sha256:short"), content.ErrInvalid)
+	require.ErrorIs(t, src.m.Announce(0, d), content.ErrInvalid)
 }
 
 func TestLeaverForgottenAtOnce(t *testing.T) {

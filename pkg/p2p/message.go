@@ -11,7 +11,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // The wire formats of everything weightd puts on gossip. All of it comes from
@@ -139,16 +139,16 @@ func appendName(b []byte, name string) ([]byte, error) {
 
 func validateName(name string) error {
 	if name == "" || len(name) > maxNameLen || !utf8.ValidString(name) {
-		return fmt.Errorf("%w: node name %q: want 1 to %d bytes of UTF-8", cache.ErrInvalid, name, maxNameLen)
+		return fmt.Errorf("%w: node name %q: want 1 to %d bytes of UTF-8", content.ErrInvalid, name, maxNameLen)
 	}
 	return nil
 }
 
 func appendHolding(b []byte, h holding) ([]byte, error) {
 	if !h.Kind.valid() {
-		return nil, fmt.Errorf("%w: event kind %v", cache.ErrInvalid, h.Kind)
+		return nil, fmt.Errorf("%w: event kind %v", content.ErrInvalid, h.Kind)
 	}
-	if err := cache.ValidateDigest(h.Digest); err != nil {
+	if err := content.ValidateDigest(h.Digest); err != nil {
 		return nil, err
 	}
 	b = append(b, byte(h.Kind))
@@ -195,7 +195,7 @@ func encodeState(st holdingState, maxSize int) ([]byte, error) {
 	header := 1 + 1 + 8 + 1 + len(st.Node)
 	maxSize = min(maxSize, maxStateSize)
 	if maxSize < header {
-		return nil, fmt.Errorf("%w: state size limit %d under its header's %d bytes", cache.ErrInvalid, maxSize, header)
+		return nil, fmt.Errorf("%w: state size limit %d under its header's %d bytes", content.ErrInvalid, maxSize, header)
 	}
 	fit := min(len(st.Holdings), (maxSize-header)/holdingSize)
 	b := make([]byte, 0, header+fit*holdingSize)
@@ -211,7 +211,7 @@ func encodeState(st holdingState, maxSize int) ([]byte, error) {
 	}
 	for _, h := range st.Holdings[:fit] {
 		if h.Kind == EventDropped {
-			return nil, fmt.Errorf("%w: dropped holding %v in a state", cache.ErrInvalid, h.Digest)
+			return nil, fmt.Errorf("%w: dropped holding %v in a state", content.ErrInvalid, h.Digest)
 		}
 		if b, err = appendHolding(b, h); err != nil {
 			return nil, err
@@ -264,7 +264,7 @@ func validateMeta(meta NodeMeta) error {
 	}
 	if meta.ChunkAddr != "" {
 		if _, _, err := net.SplitHostPort(meta.ChunkAddr); err != nil {
-			return fmt.Errorf("%w: chunk address %q: %v", cache.ErrInvalid, meta.ChunkAddr, err)
+			return fmt.Errorf("%w: chunk address %q: %v", content.ErrInvalid, meta.ChunkAddr, err)
 		}
 	}
 	if err := validateMetaString("zone", meta.Zone, maxZoneLen); err != nil {
@@ -274,14 +274,14 @@ func validateMeta(meta NodeMeta) error {
 		return err
 	}
 	if meta.FreeDisk < 0 {
-		return fmt.Errorf("%w: free disk %d is negative", cache.ErrInvalid, meta.FreeDisk)
+		return fmt.Errorf("%w: free disk %d is negative", content.ErrInvalid, meta.FreeDisk)
 	}
 	return nil
 }
 
 func validateMetaString(what, s string, limit int) error {
 	if len(s) > limit || !utf8.ValidString(s) {
-		return fmt.Errorf("%w: %s %q: want at most %d bytes of UTF-8", cache.ErrInvalid, what, s, limit)
+		return fmt.Errorf("%w: %s %q: want at most %d bytes of UTF-8", content.ErrInvalid, what, s, limit)
 	}
 	return nil
 }

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // testDigest returns a distinct, valid sha256 digest for each i.
@@ -60,7 +60,7 @@ func TestEncodeEventRejects(t *testing.T) {
 			ev := valid
 			mutate(&ev)
 			_, err := encodeEvent(ev)
-			require.ErrorIs(t, err, cache.ErrInvalid)
+			require.ErrorIs(t, err, content.ErrInvalid)
 		})
 	}
 }
@@ -132,11 +132,11 @@ func TestStateRoundTripAndBound(t *testing.T) {
 	require.NoError(t, err)
 	assert.LessOrEqual(t, len(b), 200)
 	_, err = encodeState(big, 11)
-	require.ErrorIs(t, err, cache.ErrInvalid)
+	require.ErrorIs(t, err, content.ErrInvalid)
 
 	// Dropped holdings are not state.
 	_, err = encodeState(holdingState{Node: "n", Holdings: []holding{{Kind: EventDropped, Digest: testDigest(1)}}}, maxStateSize)
-	require.ErrorIs(t, err, cache.ErrInvalid)
+	require.ErrorIs(t, err, content.ErrInvalid)
 }
 
 func TestDecodeStateRejects(t *testing.T) {
@@ -210,7 +210,7 @@ func TestMetaRejects(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := encodeMeta(meta)
-			require.ErrorIs(t, err, cache.ErrInvalid)
+			require.ErrorIs(t, err, content.ErrInvalid)
 		})
 	}
 	good, err := encodeMeta(NodeMeta{ChunkAddr: "a:1", Zone: "z", FreeDisk: 5, Version: "v"})

@@ -13,7 +13,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/peertls"
 )
 
@@ -230,7 +230,7 @@ func (s *Swarm) fetchChunk(ctx context.Context, addr string, d digest.Digest, i 
 }
 
 // fetchOrigin downloads [off, off+len(c)) from the origin into c.
-func (s *Swarm) fetchOrigin(ctx context.Context, origin cache.RangeOpener, off int64, timeout time.Duration, c *liveChunk) error {
+func (s *Swarm) fetchOrigin(ctx context.Context, origin content.RangeOpener, off int64, timeout time.Duration, c *liveChunk) error {
 	ctx, watch := watchTransfer(ctx, timeout)
 	defer watch.stop()
 	var body io.ReadCloser

@@ -14,7 +14,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // Resolutions remembers how references resolved to models (name, revision,
@@ -25,17 +25,17 @@ type Resolutions struct {
 	max int
 
 	mu    sync.Mutex
-	m     map[string]cache.Model // by resolutionKey
-	order []string               // oldest first
+	m     map[string]content.Model // by resolutionKey
+	order []string                 // oldest first
 }
 
 // NewResolutions returns an empty memory of at most max resolutions.
 func NewResolutions(max int) *Resolutions {
-	return &Resolutions{max: max, m: make(map[string]cache.Model)}
+	return &Resolutions{max: max, m: make(map[string]content.Model)}
 }
 
 // Put records that ref resolved to m.
-func (r *Resolutions) Put(ref string, m cache.Model) {
+func (r *Resolutions) Put(ref string, m content.Model) {
 	k := resolutionKey(ref)
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -50,11 +50,11 @@ func (r *Resolutions) Put(ref string, m cache.Model) {
 }
 
 // Get returns what ref resolved to, if it is remembered.
-func (r *Resolutions) Get(ref string) (cache.Model, bool) {
+func (r *Resolutions) Get(ref string) (content.Model, bool) {
 	return r.get(resolutionKey(ref))
 }
 
-func (r *Resolutions) get(key string) (cache.Model, bool) {
+func (r *Resolutions) get(key string) (content.Model, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	m, ok := r.m[key]
@@ -83,7 +83,7 @@ const maxResolutionSize = 16 << 20
 // accept approves (for a digest-pinned reference: it names that digest).
 // Peers are members authenticated by the gossip key; the blobs themselves
 // are still verified against their digests.
-func (s *Swarm) ResolveFromPeers(ctx context.Context, ref string, accept func(cache.Model) error) (cache.Model, error) {
+func (s *Swarm) ResolveFromPeers(ctx context.Context, ref string, accept func(content.Model) error) (content.Model, error) {
 	key := resolutionKey(ref)
 	var errs []error
 	for _, p := range s.dir.Members() {
@@ -103,9 +103,9 @@ func (s *Swarm) ResolveFromPeers(ctx context.Context, ref string, accept func(ca
 		errs = append(errs, fmt.Errorf("%s: %w", p.Name, err))
 	}
 	if len(errs) == 0 {
-		return cache.Model{}, errors.New("no peer to ask")
+		return content.Model{}, errors.New("no peer to ask")
 	}
-	return cache.Model{}, errors.Join(errs...)
+	return content.Model{}, errors.Join(errs...)
 }
 
 // SharedResolveWait is how long SharedResolve waits for the peer chosen to
@@ -120,9 +120,9 @@ const SharedResolveWait = 15 * time.Second
 // A node resolves from the origin itself when the chosen member leaves,
 // answers with a model that is invalid or that accept rejects, or has no
 // answer after SharedResolveWait.
-func (s *Swarm) SharedResolve(ctx context.Context, ref string, resolve func(context.Context) (cache.Model, error),
-	accept func(cache.Model) error,
-) (cache.Model, error) {
+func (s *Swarm) SharedResolve(ctx context.Context, ref string, resolve func(context.Context) (content.Model, error),
+	accept func(content.Model) error,
+) (content.Model, error) {
 	key := resolutionKey(ref)
 	deadline := time.Now().Add(SharedResolveWait)
 	for poll := 0; time.Now().Before(deadline); poll++ {
@@ -146,7 +146,7 @@ func (s *Swarm) SharedResolve(ctx context.Context, ref string, resolve func(cont
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return cache.Model{}, ctx.Err()
+			return content.Model{}, ctx.Err()
 		case <-t.C:
 		}
 	}
@@ -169,18 +169,18 @@ func (s *Swarm) resolver(key string) (Peer, bool) {
 	return p, ok
 }
 
-func (s *Swarm) askResolution(ctx context.Context, addr, key string) (cache.Model, error) {
+func (s *Swarm) askResolution(ctx context.Context, addr, key string) (content.Model, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	b, err := s.getSmall(ctx, s.peerURL(addr, resolutionPrefix+key), maxResolutionSize)
 	if err != nil {
-		return cache.Model{}, fmt.Errorf("resolution: %w", err)
+		return content.Model{}, fmt.Errorf("resolution: %w", err)
 	}
-	var m cache.Model
+	var m content.Model
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&m); err != nil {
-		return cache.Model{}, fmt.Errorf("resolution: %w", err)
+		return content.Model{}, fmt.Errorf("resolution: %w", err)
 	}
 	return m, nil
 }

@@ -9,7 +9,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // Holder is a peer that announced it holds some or all of a blob.
@@ -170,9 +170,9 @@ func (r *Router) SetLocal(kind EventKind, d digest.Digest) error {
 // setLocal is SetLocal returning the change as a holding to gossip.
 func (r *Router) setLocal(kind EventKind, d digest.Digest) (holding, error) {
 	if !kind.valid() {
-		return holding{}, fmt.Errorf("%w: event kind %v", cache.ErrInvalid, kind)
+		return holding{}, fmt.Errorf("%w: event kind %v", content.ErrInvalid, kind)
 	}
-	if err := cache.ValidateDigest(d); err != nil {
+	if err := content.ValidateDigest(d); err != nil {
 		return holding{}, err
 	}
 	r.mu.Lock()

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // testClock is a settable clock for a Router.
@@ -202,8 +202,8 @@ func TestRouterLocal(t *testing.T) {
 	assert.Equal(t, map[digest.Digest]EventKind{d1: EventComplete}, r.Local())
 	assert.Empty(t, r.Holders(d1), "the local node is not its own holder")
 
-	require.ErrorIs(t, r.SetLocal(EventKind(0), d1), cache.ErrInvalid)
-	require.ErrorIs(t, r.SetLocal(EventComplete, "sha256:nothex"), cache.ErrInvalid)
+	require.ErrorIs(t, r.SetLocal(EventKind(0), d1), content.ErrInvalid)
+	require.ErrorIs(t, r.SetLocal(EventComplete, "sha256:nothex"), content.ErrInvalid)
 
 	// Changes are numbered in order even when the clock stands still or
 	// steps back.

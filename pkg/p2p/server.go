@@ -24,6 +24,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // ChunkStore is what the chunk server reads: the verified chunks of blobs
@@ -351,7 +352,7 @@ const (
 // (the bitmap of chunks whose hashes the requester has, base64url) it
 // leaves those hashes out.
 func (s *ChunkServer) serveState(w http.ResponseWriter, r *http.Request) {
-	d, err := cache.ParseDigest(r.PathValue("digest"))
+	d, err := content.ParseDigest(r.PathValue("digest"))
 	if err != nil {
 		s.fail(w, "state", http.StatusBadRequest, err)
 		return
@@ -497,7 +498,7 @@ func countBits(b []byte) int {
 }
 
 func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
-	d, err := cache.ParseDigest(r.PathValue("digest"))
+	d, err := content.ParseDigest(r.PathValue("digest"))
 	if err != nil {
 		s.fail(w, "chunk", http.StatusBadRequest, err)
 		return
@@ -521,7 +522,7 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	// if it stopped since the first look, the second finds it.
 	f, off, n, err := s.store.OpenChunk(d, i)
 	var live *liveChunk
-	if errors.Is(err, cache.ErrNotFound) && s.swarm != nil && r.Header.Get("Range") == "" {
+	if errors.Is(err, content.ErrNotFound) && s.swarm != nil && r.Header.Get("Range") == "" {
 		if live = s.swarm.live.open(d, i); live == nil {
 			f, off, n, err = s.store.OpenChunk(d, i)
 		}
@@ -749,9 +750,9 @@ func (s *ChunkServer) fail(w http.ResponseWriter, route string, code int, err er
 
 func statusOf(err error) int {
 	switch {
-	case errors.Is(err, cache.ErrNotFound):
+	case errors.Is(err, content.ErrNotFound):
 		return http.StatusNotFound
-	case errors.Is(err, cache.ErrInvalid):
+	case errors.Is(err, content.ErrInvalid):
 		return http.StatusBadRequest
 	default:
 		return http.StatusInternalServerError

@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 func randomBlob(seed uint64, n int) []byte {
@@ -32,11 +33,11 @@ func randomBlob(seed uint64, n int) []byte {
 	return b
 }
 
-func descOf(b []byte) cache.Descriptor {
-	return cache.Descriptor{Digest: digest.FromBytes(b), Size: int64(len(b))}
+func descOf(b []byte) content.Descriptor {
+	return content.Descriptor{Digest: digest.FromBytes(b), Size: int64(len(b))}
 }
 
-// memOrigin serves a blob from memory as a cache.RangeOpener.
+// memOrigin serves a blob from memory as a content.RangeOpener.
 type memOrigin []byte
 
 func (m memOrigin) OpenRange(_ context.Context, off int64) (io.ReadCloser, error) {

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // Directory is what the swarm needs to know of the cluster: who is alive,
@@ -180,7 +181,7 @@ func NewSwarm(dir Directory, client *http.Client, cfg SwarmConfig, log *slog.Log
 // stream. Its Want method says which byte a reader of the blob waits on:
 // the chunks from there are fetched first (the registry mirror streams a
 // blob to containerd in order).
-func (s *Swarm) Source(desc cache.Descriptor, origin cache.RangeOpener) cache.RangeOpener {
+func (s *Swarm) Source(desc content.Descriptor, origin content.RangeOpener) content.RangeOpener {
 	src := &swarmSource{s: s, desc: desc, origin: origin}
 	src.want.Store(-1)
 	return src
@@ -188,8 +189,8 @@ func (s *Swarm) Source(desc cache.Descriptor, origin cache.RangeOpener) cache.Ra
 
 type swarmSource struct {
 	s      *Swarm
-	desc   cache.Descriptor
-	origin cache.RangeOpener
+	desc   content.Descriptor
+	origin content.RangeOpener
 	want   atomic.Int64 // the byte a reader waits on; -1 for none
 }
 
@@ -225,11 +226,11 @@ func (src *swarmSource) Fill(ctx context.Context, p *cache.Partial) error {
 // fillSmall fetches a blob of one small chunk without the swarm's
 // election: from a peer that holds it whole, else from the origin. Its one
 // chunk is the whole blob, so the blob's digest checks whoever sent it.
-func (s *Swarm) fillSmall(ctx context.Context, p *cache.Partial, origin cache.RangeOpener) error {
+func (s *Swarm) fillSmall(ctx context.Context, p *cache.Partial, origin content.RangeOpener) error {
 	d := p.Descriptor().Digest
 	want, err := hex.DecodeString(d.Encoded())
 	if err != nil || d.Algorithm() != digest.SHA256 {
-		return fmt.Errorf("%w: digest %s", cache.ErrInvalid, d)
+		return fmt.Errorf("%w: digest %s", content.ErrInvalid, d)
 	}
 	n := p.ChunkLen(0)
 	timeout := s.requestTimeout(n)
@@ -251,7 +252,7 @@ func (s *Swarm) fillSmall(ctx context.Context, p *cache.Partial, origin cache.Ra
 			s.m.received.WithLabelValues("peer").Add(float64(n))
 			return nil
 		}
-		if errors.Is(err, cache.ErrDigestMismatch) {
+		if errors.Is(err, content.ErrDigestMismatch) {
 			s.m.mismatches.Inc()
 			s.ban(h.Peer, "corrupt_chunk")
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // The origin is not a peer: a slow answer never counts against it, and
@@ -47,7 +48,7 @@ func TestOriginIsNotDroppedForBeingSlow(t *testing.T) {
 
 	f.inflight[0]++
 	f.originInflight++
-	require.ErrorIs(t, f.handle(chunkResult{chunk: 0, err: cache.Permanent(cache.ErrNotFound)}), cache.ErrNotFound,
+	require.ErrorIs(t, f.handle(chunkResult{chunk: 0, err: content.Permanent(content.ErrNotFound)}), content.ErrNotFound,
 		"an answer that the blob is not there ends it at once")
 }
 
@@ -90,7 +91,7 @@ func TestSmallBlobSkipsTheElection(t *testing.T) {
 	nodes := startSwarmCluster(t, 4, nil)
 	data := randomBlob(60, testChunk/2)
 	origin := &countingOrigin{data: data}
-	require.NoError(t, fetchAll(nodes[:3], data, 20*time.Second, func(*swarmNode) cache.RangeOpener { return origin }))
+	require.NoError(t, fetchAll(nodes[:3], data, 20*time.Second, func(*swarmNode) content.RangeOpener { return origin }))
 	for _, n := range nodes[:3] {
 		require.Zero(t, testutil.ToFloat64(n.swarm.m.originRole), "%s took no origin role", n.name)
 	}

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // countingOrigin serves a blob from memory and counts the bytes it sends.
@@ -136,7 +137,7 @@ func startSwarmCluster(t *testing.T, n int, opts map[int]swarmNodeOpts) []*swarm
 	return nodes
 }
 
-func (n *swarmNode) fetch(ctx context.Context, data []byte, origin cache.RangeOpener) error {
+func (n *swarmNode) fetch(ctx context.Context, data []byte, origin content.RangeOpener) error {
 	desc := descOf(data)
 	if _, err := n.store.Fetch(ctx, desc, n.swarm.Source(desc, origin), nil); err != nil {
 		return fmt.Errorf("%s: %w", n.name, err)
@@ -158,7 +159,7 @@ func (n *swarmNode) fetch(ctx context.Context, data []byte, origin cache.RangeOp
 
 // fetchAll has every node fetch data at once, each from originOf(node),
 // within timeout.
-func fetchAll(nodes []*swarmNode, data []byte, timeout time.Duration, originOf func(*swarmNode) cache.RangeOpener) error {
+func fetchAll(nodes []*swarmNode, data []byte, timeout time.Duration, originOf func(*swarmNode) content.RangeOpener) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	g, ctx := errgroup.WithContext(ctx)
@@ -173,7 +174,7 @@ func TestSwarmOriginServesAboutOneCopy(t *testing.T) {
 	nodes := startSwarmCluster(t, 4, nil)
 	data := randomBlob(10, 40*testChunk)
 	origin := &countingOrigin{data: data}
-	require.NoError(t, fetchAll(nodes, data, 30*time.Second, func(*swarmNode) cache.RangeOpener { return origin }))
+	require.NoError(t, fetchAll(nodes, data, 30*time.Second, func(*swarmNode) content.RangeOpener { return origin }))
 	ratio := float64(origin.sent.Load()) / float64(len(data))
 	t.Logf("origin served %.2f copies to %d nodes", ratio, len(nodes))
 	for _, n := range nodes {
@@ -228,7 +229,7 @@ func TestSwarmRelaysChunksOnTheirWay(t *testing.T) {
 	nodes := startSwarmCluster(t, 4, nil)
 	data := randomBlob(44, 24*testChunk)
 	origin := &countingOrigin{data: data}
-	require.NoError(t, fetchAll(nodes, data, 30*time.Second, func(*swarmNode) cache.RangeOpener {
+	require.NoError(t, fetchAll(nodes, data, 30*time.Second, func(*swarmNode) content.RangeOpener {
 		return lateOrigin{origin, 300 * time.Millisecond}
 	}))
 	relayed := 0.0
@@ -251,7 +252,7 @@ func TestSwarmCompletesFromPeersWhenOriginIsGone(t *testing.T) {
 		hs := nodes[1].swarm.dir.Holders(descOf(data).Digest)
 		return len(hs) == 1 && hs[0].Complete
 	}, 5*time.Second, 10*time.Millisecond)
-	require.NoError(t, fetchAll(nodes[1:], data, 20*time.Second, func(*swarmNode) cache.RangeOpener { return origin }))
+	require.NoError(t, fetchAll(nodes[1:], data, 20*time.Second, func(*swarmNode) content.RangeOpener { return origin }))
 }
 
 // TestProgressCountsBytesFromPeers: a fetch's progress says how much came

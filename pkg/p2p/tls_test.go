@@ -12,7 +12,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	"github.com/stretchr/testify/require"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/peertls"
 )
 
@@ -57,7 +57,7 @@ func TestSwarmOverMutualTLS(t *testing.T) {
 	ids := identities(t, "a", "b", "me")
 	data := randomBlob(31, 5*testChunk+100)
 	res := NewResolutions(2)
-	res.Put("hf://org/model@main", cache.Model{Name: "org/model", Revision: "0123456789abcdef0123456789abcdef01234567"})
+	res.Put("hf://org/model@main", content.Model{Name: "org/model", Revision: "0123456789abcdef0123456789abcdef01234567"})
 	dir := staticDir{local: "me", peers: map[string]Peer{
 		"a": {Name: "a", Meta: NodeMeta{ChunkAddr: serveTLS(t, storeHolding(t, data), ids["a"], WithResolutions(res))}},
 		"b": {Name: "b", Meta: NodeMeta{ChunkAddr: serveTLS(t, storeHolding(t, data), ids["b"])}},

@@ -23,7 +23,7 @@ import (
 
 	"github.com/distribution/reference"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/ref"
 )
 
@@ -72,7 +72,7 @@ func (r Request) Empty() bool { return len(r.Models) == 0 && len(r.Images) == 0 
 // (init containers first, as they start first). A pod without weightd
 // annotations asks for nothing. Errors say which annotation and reference is
 // wrong, and wrap ref.ErrInvalid for a reference that does not parse,
-// cache.ErrInvalid for anything else.
+// content.ErrInvalid for anything else.
 func Parse(annotations map[string]string, images []string) (Request, error) {
 	var r Request
 	var err error
@@ -82,7 +82,7 @@ func Parse(annotations map[string]string, images []string) (Request, error) {
 	seen := make(map[string]bool)
 	if v, ok := annotations[Models]; ok {
 		if len(v) > MaxModelsValue {
-			return Request{}, fmt.Errorf("%w: annotation %s: %d bytes, more than %d", cache.ErrInvalid, Models, len(v), MaxModelsValue)
+			return Request{}, fmt.Errorf("%w: annotation %s: %d bytes, more than %d", content.ErrInvalid, Models, len(v), MaxModelsValue)
 		}
 		for i, s := range strings.Split(v, ",") {
 			s = strings.TrimSpace(s)
@@ -116,7 +116,7 @@ func Parse(annotations map[string]string, images []string) (Request, error) {
 		}
 	}
 	if n := len(r.Models) + len(r.Images); n > MaxRefs {
-		return Request{}, fmt.Errorf("%w: %d references, more than %d", cache.ErrInvalid, n, MaxRefs)
+		return Request{}, fmt.Errorf("%w: %d references, more than %d", content.ErrInvalid, n, MaxRefs)
 	}
 	return r, nil
 }
@@ -128,7 +128,7 @@ func parseBool(annotations map[string]string, key string) (bool, error) {
 	}
 	b, err := strconv.ParseBool(strings.TrimSpace(v))
 	if err != nil {
-		return false, fmt.Errorf("%w: annotation %s: %q is not true or false", cache.ErrInvalid, key, truncate(v))
+		return false, fmt.Errorf("%w: annotation %s: %q is not true or false", content.ErrInvalid, key, truncate(v))
 	}
 	return b, nil
 }

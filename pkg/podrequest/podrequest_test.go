@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/ref"
 )
 
@@ -80,7 +80,7 @@ func FuzzParse(f *testing.F) {
 		r, err := Parse(map[string]string{Models: models, PrefetchImages: images}, []string{image})
 		if err != nil {
 			if !invalid(err) {
-				t.Fatalf("error %v wraps neither ref.ErrInvalid nor cache.ErrInvalid", err)
+				t.Fatalf("error %v wraps neither ref.ErrInvalid nor content.ErrInvalid", err)
 			}
 			return
 		}
@@ -97,7 +97,7 @@ func FuzzParse(f *testing.F) {
 }
 
 // invalid reports whether err wraps one of the sentinels Parse's errors
-// wrap: ref.ErrInvalid for a reference, cache.ErrInvalid for the rest.
+// wrap: ref.ErrInvalid for a reference, content.ErrInvalid for the rest.
 func invalid(err error) bool {
-	return errors.Is(err, ref.ErrInvalid) || errors.Is(err, cache.ErrInvalid)
+	return errors.Is(err, ref.ErrInvalid) || errors.Is(err, content.ErrInvalid)
 }

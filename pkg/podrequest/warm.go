@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/ref"
 	"github.com/weightd/weightd/pkg/warmpool/engine"
 )
@@ -94,12 +94,12 @@ func IsWarmServer(labels map[string]string) bool {
 // ParseWarmServer reads a warm server's description from its pod's
 // annotations. Every annotation but WarmMaxRank is required. Errors name
 // the annotation at fault and wrap ref.ErrInvalid for a reference that
-// does not parse, cache.ErrInvalid for anything else.
+// does not parse, content.ErrInvalid for anything else.
 func ParseWarmServer(annotations map[string]string) (WarmServer, error) {
 	var s WarmServer
 	v, ok := annotations[WarmBase]
 	if !ok {
-		return WarmServer{}, fmt.Errorf("%w: annotation %s is missing", cache.ErrInvalid, WarmBase)
+		return WarmServer{}, fmt.Errorf("%w: annotation %s is missing", content.ErrInvalid, WarmBase)
 	}
 	base, err := ref.Parse(strings.TrimSpace(v))
 	if err != nil {
@@ -110,10 +110,10 @@ func ParseWarmServer(annotations map[string]string) (WarmServer, error) {
 	case engine.VLLM, engine.SGLang:
 		s.Runtime = k
 	case "":
-		return WarmServer{}, fmt.Errorf("%w: annotation %s is missing", cache.ErrInvalid, WarmRuntime)
+		return WarmServer{}, fmt.Errorf("%w: annotation %s is missing", content.ErrInvalid, WarmRuntime)
 	default:
 		return WarmServer{}, fmt.Errorf("%w: annotation %s: %q is not %s or %s",
-			cache.ErrInvalid, WarmRuntime, truncate(string(k)), engine.VLLM, engine.SGLang)
+			content.ErrInvalid, WarmRuntime, truncate(string(k)), engine.VLLM, engine.SGLang)
 	}
 	if s.Port, err = parseCount(annotations, WarmPort, 1, 65535, true); err != nil {
 		return WarmServer{}, err
@@ -133,7 +133,7 @@ func parseCount(annotations map[string]string, key string, lo, hi int, required 
 	v, ok := annotations[key]
 	if !ok {
 		if required {
-			return 0, fmt.Errorf("%w: annotation %s is missing", cache.ErrInvalid, key)
+			return 0, fmt.Errorf("%w: annotation %s is missing", content.ErrInvalid, key)
 		}
 		return 0, nil
 	}
@@ -142,12 +142,12 @@ func parseCount(annotations map[string]string, key string, lo, hi int, required 
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if c < '0' || c > '9' || n > hi {
-			return 0, fmt.Errorf("%w: annotation %s: %q is not a number from %d to %d", cache.ErrInvalid, key, truncate(v), lo, hi)
+			return 0, fmt.Errorf("%w: annotation %s: %q is not a number from %d to %d", content.ErrInvalid, key, truncate(v), lo, hi)
 		}
 		n = n*10 + int(c-'0')
 	}
 	if s == "" || n < lo || n > hi {
-		return 0, fmt.Errorf("%w: annotation %s: %q is not a number from %d to %d", cache.ErrInvalid, key, truncate(v), lo, hi)
+		return 0, fmt.Errorf("%w: annotation %s: %q is not a number from %d to %d", content.ErrInvalid, key, truncate(v), lo, hi)
 	}
 	return n, nil
 }
@@ -166,7 +166,7 @@ type AdapterRequest struct {
 // is a name engine.ValidAdapterName accepts (1 to 64 letters, digits, '.', '_'
 // or '-', starting with a letter or digit). Errors name the annotation at
 // fault and wrap ref.ErrInvalid for a reference that does not parse,
-// cache.ErrInvalid for anything else.
+// content.ErrInvalid for anything else.
 func ParseAdapterRequest(annotations map[string]string) (req AdapterRequest, ok bool, err error) {
 	base, hasBase := annotations[LoraBase]
 	adapter, hasAdapter := annotations[LoraAdapter]
@@ -180,7 +180,7 @@ func ParseAdapterRequest(annotations map[string]string) (req AdapterRequest, ok 
 			missing = LoraAdapter
 		}
 		return AdapterRequest{}, true, fmt.Errorf("%w: annotation %s is missing (%s and %s go together)",
-			cache.ErrInvalid, missing, LoraBase, LoraAdapter)
+			content.ErrInvalid, missing, LoraBase, LoraAdapter)
 	}
 	if req.Base, err = ref.Parse(strings.TrimSpace(base)); err != nil {
 		return AdapterRequest{}, true, fmt.Errorf("annotation %s: %w", LoraBase, err)
@@ -192,7 +192,7 @@ func ParseAdapterRequest(annotations map[string]string) (req AdapterRequest, ok 
 		req.Name = strings.TrimSpace(name)
 		if !engine.ValidAdapterName(req.Name) {
 			return AdapterRequest{}, true, fmt.Errorf("%w: annotation %s: %q is not 1 to 64 letters, digits, '.', '_' or '-' starting with a letter or digit",
-				cache.ErrInvalid, LoraName, truncate(name))
+				content.ErrInvalid, LoraName, truncate(name))
 		}
 	}
 	return req, true, nil

@@ -128,7 +128,7 @@ func FuzzParseWarmServer(f *testing.F) {
 		s, err := ParseWarmServer(map[string]string{WarmBase: base, WarmRuntime: runtime, WarmPort: port, WarmSlots: slots, WarmMaxRank: rank})
 		if err != nil {
 			if !invalid(err) {
-				t.Fatalf("error %v wraps neither ref.ErrInvalid nor cache.ErrInvalid", err)
+				t.Fatalf("error %v wraps neither ref.ErrInvalid nor content.ErrInvalid", err)
 			}
 			return
 		}
@@ -154,7 +154,7 @@ func FuzzParseAdapterRequest(f *testing.F) {
 		}
 		if err != nil {
 			if !invalid(err) {
-				t.Fatalf("error %v wraps neither ref.ErrInvalid nor cache.ErrInvalid", err)
+				t.Fatalf("error %v wraps neither ref.ErrInvalid nor content.ErrInvalid", err)
 			}
 			return
 		}

@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -48,13 +49,13 @@ type Job interface {
 	// Status is a snapshot: state, bytes, model directory, error.
 	Status() prefetch.JobStatus
 	// Blobs lists the blobs the job fetches, once resolved.
-	Blobs() []cache.Descriptor
+	Blobs() []content.Descriptor
 }
 
 // Pinner keeps blobs from eviction; *cache.Store implements it.
 type Pinner interface {
 	// Pin keeps the complete blob d until owner unpins it; a blob that is
-	// not in the store is an error wrapping cache.ErrNotFound.
+	// not in the store is an error wrapping content.ErrNotFound.
 	Pin(d digest.Digest, owner string) error
 	// Unpin drops owner's pin; unpinning what is not pinned is no error.
 	Unpin(d digest.Digest, owner string) error
@@ -490,7 +491,7 @@ func (c *Controller) reconcile(name string) error {
 			}
 			if p.Spec.Pinned() {
 				if err := c.pinAll(name, t.blobs); err != nil {
-					if !errors.Is(err, cache.ErrNotFound) {
+					if !errors.Is(err, content.ErrNotFound) {
 						return err
 					}
 					// Evicted before it could be pinned: fetch it again.

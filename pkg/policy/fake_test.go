@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/policy"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
@@ -29,7 +30,7 @@ import (
 type fakeJob struct {
 	mu    sync.Mutex
 	st    prefetch.JobStatus
-	blobs []cache.Descriptor
+	blobs []content.Descriptor
 	done  chan struct{}
 }
 
@@ -41,7 +42,7 @@ func (j *fakeJob) Status() prefetch.JobStatus {
 	return j.st
 }
 
-func (j *fakeJob) Blobs() []cache.Descriptor {
+func (j *fakeJob) Blobs() []content.Descriptor {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return slices.Clone(j.blobs)
@@ -56,7 +57,7 @@ func (j *fakeJob) finish(blobs []digest.Digest, err string) {
 	} else {
 		j.st.State = prefetch.StateReady
 		for _, d := range blobs {
-			j.blobs = append(j.blobs, cache.Descriptor{Digest: d, Size: 10})
+			j.blobs = append(j.blobs, content.Descriptor{Digest: d, Size: 10})
 			j.st.BytesDone += 10
 		}
 	}
@@ -106,7 +107,7 @@ func (p *fakePinner) Pin(d digest.Digest, owner string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.present[d] {
-		return fmt.Errorf("pinning %s: %w", d, cache.ErrNotFound)
+		return fmt.Errorf("pinning %s: %w", d, content.ErrNotFound)
 	}
 	if p.pins[d] == nil {
 		p.pins[d] = make(map[string]bool)
@@ -127,7 +128,7 @@ func (p *fakePinner) List() []cache.Info {
 	defer p.mu.Unlock()
 	var out []cache.Info
 	for d := range p.present {
-		info := cache.Info{Descriptor: cache.Descriptor{Digest: d, Size: 10}}
+		info := cache.Info{Descriptor: content.Descriptor{Digest: d, Size: 10}}
 		for o := range p.pins[d] {
 			info.Pins = append(info.Pins, o)
 		}

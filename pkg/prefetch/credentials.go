@@ -9,7 +9,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/ref"
 )
 
@@ -50,12 +50,12 @@ func ParseAgentCredentials(specs []string) (AgentCredentials, error) {
 			valid = ref.CheckS3Bucket(bucket) == nil
 		}
 		if !ok || !valid {
-			return AgentCredentials{}, fmt.Errorf("%w: agent credentials rule %q: want HOST=NAMESPACE[;NAMESPACE…] (HOST a registry or hub host[:port], or s3://BUCKET)", cache.ErrInvalid, truncate(spec))
+			return AgentCredentials{}, fmt.Errorf("%w: agent credentials rule %q: want HOST=NAMESPACE[;NAMESPACE…] (HOST a registry or hub host[:port], or s3://BUCKET)", content.ErrInvalid, truncate(spec))
 		}
 		for ns := range strings.SplitSeq(nss, ";") {
 			ns = strings.TrimSpace(ns)
 			if ns != AnyNamespace && !namespaceRE.MatchString(ns) {
-				return AgentCredentials{}, fmt.Errorf("%w: agent credentials rule %q: %q is not a namespace or %q", cache.ErrInvalid, truncate(spec), truncate(ns), AnyNamespace)
+				return AgentCredentials{}, fmt.Errorf("%w: agent credentials rule %q: %q is not a namespace or %q", content.ErrInvalid, truncate(spec), truncate(ns), AnyNamespace)
 			}
 			if !slices.Contains(a.rules[h], ns) {
 				a.rules[h] = append(a.rules[h], ns)

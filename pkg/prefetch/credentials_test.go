@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/internal/hubtest"
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 )
@@ -42,7 +42,7 @@ func TestAgentCredentials(t *testing.T) {
 
 	for _, bad := range []string{"ghcr.io", "=team-a", "ghcr.io=", "ghcr.io=Team_A", "ghcr.io=a;;b", "no host/x=a"} {
 		_, err := prefetch.ParseAgentCredentials([]string{bad})
-		require.ErrorIs(t, err, cache.ErrInvalid, bad)
+		require.ErrorIs(t, err, content.ErrInvalid, bad)
 	}
 }
 

@@ -10,12 +10,12 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // ErrAddressRefused is a DialGuard's refusal to connect to an address a
 // reference may not make the agent reach. Errors wrapping it also wrap
-// cache.ErrPermanent: retrying cannot make the address acceptable.
+// content.ErrPermanent: retrying cannot make the address acceptable.
 var ErrAddressRefused = errors.New("address refused")
 
 // metadataAddrs are cloud metadata services outside the link-local range:
@@ -124,13 +124,13 @@ func (g *DialGuard) DialContext(ctx context.Context, network, address string) (n
 func (g *DialGuard) control(_, address string, _ syscall.RawConn) error {
 	ap, err := netip.ParseAddrPort(address)
 	if err != nil {
-		return cache.Permanent(fmt.Errorf("%w: cannot check %q: %v", ErrAddressRefused, address, err))
+		return content.Permanent(fmt.Errorf("%w: cannot check %q: %v", ErrAddressRefused, address, err))
 	}
 	return g.Check(ap.Addr())
 }
 
 // Check returns nil when a connection to ip is acceptable, or an error
-// wrapping ErrAddressRefused (and cache.ErrPermanent) that says why not.
+// wrapping ErrAddressRefused (and content.ErrPermanent) that says why not.
 func (g *DialGuard) Check(ip netip.Addr) error {
 	ip = ip.Unmap().WithZone("")
 	for _, p := range g.allow {
@@ -158,7 +158,7 @@ func (g *DialGuard) Check(ip netip.Addr) error {
 	if why == "" {
 		local, err := g.localAddrs()
 		if err != nil {
-			return cache.Permanent(fmt.Errorf("%w: %s: listing the node's own addresses to compare: %v", ErrAddressRefused, ip, err))
+			return content.Permanent(fmt.Errorf("%w: %s: listing the node's own addresses to compare: %v", ErrAddressRefused, ip, err))
 		}
 		for _, a := range local {
 			if n, ok := a.(*net.IPNet); ok {
@@ -171,5 +171,5 @@ func (g *DialGuard) Check(ip netip.Addr) error {
 	if why == "" {
 		return nil
 	}
-	return cache.Permanent(fmt.Errorf("%w: %s is %s, which a reference may not make the agent reach; the operator's fetch allowlist (--fetch-allow-cidrs) can allow it", ErrAddressRefused, ip, why))
+	return content.Permanent(fmt.Errorf("%w: %s is %s, which a reference may not make the agent reach; the operator's fetch allowlist (--fetch-allow-cidrs) can allow it", ErrAddressRefused, ip, why))
 }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -47,7 +47,7 @@ func TestDialGuardCheck(t *testing.T) {
 			continue
 		}
 		require.ErrorIs(t, err, prefetch.ErrAddressRefused, tt.addr)
-		require.ErrorIs(t, err, cache.ErrPermanent, tt.addr)
+		require.ErrorIs(t, err, content.ErrPermanent, tt.addr)
 	}
 }
 

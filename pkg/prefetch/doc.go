@@ -16,13 +16,13 @@
 // A Source turns a ref.Ref into a Resolution: the model's files (path,
 // digest, size), packed layers to unpack (ModelPack tar, gzip and zstd
 // layers), or an image for the container runtime, and for each blob a
-// cache.RangeOpener that reads it from the origin starting at any offset. HTTPSource,
+// content.RangeOpener that reads it from the origin starting at any offset. HTTPSource,
 // OCISource (go-containerregistry: Docker config and pull-secret
 // credentials, token auth, platform selection from indexes) and HFSource
 // (the hub's revision, tree and resolve APIs) and S3Source (the AWS SDK,
 // for AWS S3 and S3-compatible stores) are the four kinds; Sources
 // dispatches by kind. Sources stay small: they open ranges and classify
-// errors (cache.Permanent for what retrying cannot fix). Retries, resume,
+// errors (content.Permanent for what retrying cannot fix). Retries, resume,
 // stall detection and verification live in the cache.
 //
 // # The queue

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/ref"
 )
 
@@ -103,17 +104,17 @@ func WithHFEndpoint(endpoint string) HFOption {
 			if ue, ok := err.(*url.Error); ok {
 				err = ue.Err
 			}
-			return fmt.Errorf("%w: hub endpoint: %v", cache.ErrInvalid, err)
+			return fmt.Errorf("%w: hub endpoint: %v", content.ErrInvalid, err)
 		case u.Scheme != "http" && u.Scheme != "https":
-			return fmt.Errorf("%w: hub endpoint %q: scheme must be http or https", cache.ErrInvalid, truncate(endpoint))
+			return fmt.Errorf("%w: hub endpoint %q: scheme must be http or https", content.ErrInvalid, truncate(endpoint))
 		case u.Opaque != "" || u.Host == "" || u.Hostname() == "":
-			return fmt.Errorf("%w: hub endpoint %q: want scheme://host[:port][/path]", cache.ErrInvalid, truncate(endpoint))
+			return fmt.Errorf("%w: hub endpoint %q: want scheme://host[:port][/path]", content.ErrInvalid, truncate(endpoint))
 		case u.User != nil:
-			return fmt.Errorf("%w: hub endpoint %q: user information is not allowed (use a token)", cache.ErrInvalid, truncate(endpoint))
+			return fmt.Errorf("%w: hub endpoint %q: user information is not allowed (use a token)", content.ErrInvalid, truncate(endpoint))
 		case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
-			return fmt.Errorf("%w: hub endpoint %q: no query or fragment allowed", cache.ErrInvalid, truncate(endpoint))
+			return fmt.Errorf("%w: hub endpoint %q: no query or fragment allowed", content.ErrInvalid, truncate(endpoint))
 		case u.Port() != "" && !ref.ValidPort(u.Port()):
-			return fmt.Errorf("%w: hub endpoint %q: port out of range", cache.ErrInvalid, truncate(endpoint))
+			return fmt.Errorf("%w: hub endpoint %q: port out of range", content.ErrInvalid, truncate(endpoint))
 		}
 		u.Host = strings.ToLower(u.Host)
 		s.endpoint = u
@@ -127,7 +128,7 @@ func WithHFToken(token string) HFOption {
 	return func(s *HFSource) error {
 		for i := 0; i < len(token); i++ {
 			if c := token[i]; c <= ' ' || c >= 0x7f {
-				return fmt.Errorf("%w: hub token: byte %d is not printable ASCII", cache.ErrInvalid, i)
+				return fmt.Errorf("%w: hub token: byte %d is not printable ASCII", content.ErrInvalid, i)
 			}
 		}
 		s.token = token
@@ -247,7 +248,7 @@ func origin(u *url.URL) string {
 // revision names and returns the model with one opener per blob.
 func (s *HFSource) Resolve(ctx context.Context, r ref.Ref) (*Resolution, error) {
 	if r.Kind != ref.KindHF || r.Repository == "" || r.Revision == "" {
-		return nil, cache.Permanent(fmt.Errorf("resolving %s: kind %q: %w", r.Redacted(), r.Kind, errors.ErrUnsupported))
+		return nil, content.Permanent(fmt.Errorf("resolving %s: kind %q: %w", r.Redacted(), r.Kind, errors.ErrUnsupported))
 	}
 	if ns := Requester(ctx); s.anon != nil && !s.creds.Allow(s.endpoint.Host, ns) {
 		res, err := s.anon.Resolve(ctx, r)
@@ -265,8 +266,8 @@ func (s *HFSource) Resolve(ctx context.Context, r ref.Ref) (*Resolution, error) 
 	// listing names no ref of ours).
 	res.Model.Ref = ""
 	if !ref.IsCommit(r.Revision) {
-		if err := cache.ValidateRef(r.Revision); err != nil {
-			return nil, cache.Permanent(fmt.Errorf("resolving %s: %w", r.Redacted(), err))
+		if err := content.ValidateRef(r.Revision); err != nil {
+			return nil, content.Permanent(fmt.Errorf("resolving %s: %w", r.Redacted(), err))
 		}
 		res.Model.Ref = r.Revision
 	}
@@ -290,14 +291,14 @@ func (s *HFSource) resolve(ctx context.Context, r ref.Ref) (*Resolution, error) 
 		own     *Resolution
 		confirm hubConfirmation
 	)
-	m, err := s.shared(ctx, ref.Ref{Kind: ref.KindHF, Repository: r.Repository, Revision: commit}, func(ctx context.Context) (cache.Model, error) {
+	m, err := s.shared(ctx, ref.Ref{Kind: ref.KindHF, Repository: r.Repository, Revision: commit}, func(ctx context.Context) (content.Model, error) {
 		res, err := confirm.resolve(ctx, s, r.Repository, commit)
 		if err != nil {
-			return cache.Model{}, err
+			return content.Model{}, err
 		}
 		own = res
 		return res.Model, nil
-	}, func(m cache.Model) error { return confirm.check(ctx, s, r.Repository, commit, m) })
+	}, func(m content.Model) error { return confirm.check(ctx, s, r.Repository, commit, m) })
 	switch {
 	case err != nil:
 		return nil, err
@@ -320,14 +321,14 @@ func (s *HFSource) resolveAt(ctx context.Context, repo, commit string) (*Resolut
 // resolveListing is resolveAt once the listing is read.
 func (s *HFSource) resolveListing(ctx context.Context, repo, commit string, entries []hfTreeEntry) (*Resolution, error) {
 	if len(entries) == 0 {
-		return nil, cache.Permanent(fmt.Errorf("%w: repository has no files at commit %s", cache.ErrNotFound, commit))
+		return nil, content.Permanent(fmt.Errorf("%w: repository has no files at commit %s", content.ErrNotFound, commit))
 	}
 	if err := checkHFPaths(entries); err != nil {
-		return nil, cache.Permanent(fmt.Errorf("hub listing at %s: %w", commit, err))
+		return nil, content.Permanent(fmt.Errorf("hub listing at %s: %w", commit, err))
 	}
 	res := &Resolution{
-		Model: cache.Model{Name: repo, Revision: commit, Files: make([]cache.File, len(entries))},
-		Blobs: make(map[digest.Digest]cache.RangeOpener),
+		Model: content.Model{Name: repo, Revision: commit, Files: make([]content.File, len(entries))},
+		Blobs: make(map[digest.Digest]content.RangeOpener),
 	}
 	var inline []int
 	var inlineTotal int64
@@ -335,15 +336,15 @@ func (s *HFSource) resolveListing(ctx context.Context, repo, commit string, entr
 		res.Model.Files[i].Path = e.Path
 		if e.LFS == nil {
 			if e.Size > MaxHFInlineFile {
-				return nil, cache.Permanent(fmt.Errorf("%w: file %q of %d bytes is not stored with LFS and larger than %d", cache.ErrInvalid, e.Path, e.Size, MaxHFInlineFile))
+				return nil, content.Permanent(fmt.Errorf("%w: file %q of %d bytes is not stored with LFS and larger than %d", content.ErrInvalid, e.Path, e.Size, MaxHFInlineFile))
 			}
 			if inlineTotal += e.Size; inlineTotal > MaxHFInlineTotal {
-				return nil, cache.Permanent(fmt.Errorf("%w: files not stored with LFS add up to more than %d bytes", cache.ErrInvalid, MaxHFInlineTotal))
+				return nil, content.Permanent(fmt.Errorf("%w: files not stored with LFS add up to more than %d bytes", content.ErrInvalid, MaxHFInlineTotal))
 			}
 			inline = append(inline, i)
 			continue
 		}
-		d := cache.Descriptor{Digest: digest.NewDigestFromEncoded(digest.SHA256, e.LFS.OID), Size: e.Size}
+		d := content.Descriptor{Digest: digest.NewDigestFromEncoded(digest.SHA256, e.LFS.OID), Size: e.Size}
 		res.Model.Files[i].Descriptor = d
 		if _, ok := res.Blobs[d.Digest]; !ok {
 			res.Blobs[d.Digest] = s.blob(s.fileURL(repo, commit, e.Path), e.Size)
@@ -360,7 +361,7 @@ func (s *HFSource) resolveListing(ctx context.Context, repo, commit string, entr
 			if err != nil {
 				return fmt.Errorf("file %q: %w", e.Path, err)
 			}
-			d := cache.Descriptor{Digest: digest.FromBytes(data), Size: e.Size}
+			d := content.Descriptor{Digest: digest.FromBytes(data), Size: e.Size}
 			mu.Lock()
 			defer mu.Unlock()
 			res.Model.Files[i].Descriptor = d
@@ -374,7 +375,7 @@ func (s *HFSource) resolveListing(ctx context.Context, repo, commit string, entr
 		return nil, err
 	}
 	if err := res.Model.Validate(); err != nil {
-		return nil, cache.Permanent(fmt.Errorf("hub listing at %s: %w", commit, err))
+		return nil, content.Permanent(fmt.Errorf("hub listing at %s: %w", commit, err))
 	}
 	return res, nil
 }
@@ -385,14 +386,14 @@ func checkHFPaths(entries []hfTreeEntry) error {
 	files := make(map[string]bool, len(entries))
 	for _, e := range entries {
 		if files[e.Path] {
-			return fmt.Errorf("%w: duplicate file %q", cache.ErrInvalid, truncate(e.Path))
+			return fmt.Errorf("%w: duplicate file %q", content.ErrInvalid, truncate(e.Path))
 		}
 		files[e.Path] = true
 	}
 	for _, e := range entries {
 		for dir := path.Dir(e.Path); dir != "."; dir = path.Dir(dir) {
 			if files[dir] {
-				return fmt.Errorf("%w: %q is both a file and a directory", cache.ErrInvalid, truncate(dir))
+				return fmt.Errorf("%w: %q is both a file and a directory", content.ErrInvalid, truncate(dir))
 			}
 		}
 	}
@@ -403,7 +404,7 @@ func checkHFPaths(entries []hfTreeEntry) error {
 func (s *HFSource) commit(ctx context.Context, repo, revision string) (string, error) {
 	u, err := url.Parse(s.base + "/api/models/" + repo + "/revision/" + url.PathEscape(revision) + "?expand=sha")
 	if err != nil {
-		return "", cache.Permanent(fmt.Errorf("%w: %v", cache.ErrInvalid, err))
+		return "", content.Permanent(fmt.Errorf("%w: %v", content.ErrInvalid, err))
 	}
 	ctx, cancel := context.WithTimeout(ctx, hfAPITimeout)
 	defer cancel()
@@ -415,10 +416,10 @@ func (s *HFSource) commit(ctx context.Context, repo, revision string) (string, e
 		SHA string `json:"sha"`
 	}
 	if err := json.Unmarshal(body, &info); err != nil {
-		return "", cache.Permanent(fmt.Errorf("%w: GET %s: model info: %v", cache.ErrInvalid, redact(u), err))
+		return "", content.Permanent(fmt.Errorf("%w: GET %s: model info: %v", content.ErrInvalid, redact(u), err))
 	}
 	if !ref.IsCommit(info.SHA) {
-		return "", cache.Permanent(fmt.Errorf("%w: GET %s: model info names commit %q, want 40 lowercase hex digits", cache.ErrInvalid, redact(u), truncate(info.SHA)))
+		return "", content.Permanent(fmt.Errorf("%w: GET %s: model info names commit %q, want 40 lowercase hex digits", content.ErrInvalid, redact(u), truncate(info.SHA)))
 	}
 	return info.SHA, nil
 }
@@ -428,7 +429,7 @@ func (s *HFSource) commit(ctx context.Context, repo, revision string) (string, e
 func (s *HFSource) list(ctx context.Context, repo, commit string) ([]hfTreeEntry, error) {
 	u, err := url.Parse(s.base + "/api/models/" + repo + "/tree/" + commit + "?recursive=true")
 	if err != nil {
-		return nil, cache.Permanent(fmt.Errorf("%w: %v", cache.ErrInvalid, err))
+		return nil, content.Permanent(fmt.Errorf("%w: %v", content.ErrInvalid, err))
 	}
 	var (
 		files []hfTreeEntry
@@ -438,7 +439,7 @@ func (s *HFSource) list(ctx context.Context, repo, commit string) ([]hfTreeEntry
 	)
 	for page := 0; u != nil; page++ {
 		if page == maxHFPages {
-			return nil, cache.Permanent(fmt.Errorf("%w: tree listing has more than %d pages", cache.ErrInvalid, maxHFPages))
+			return nil, content.Permanent(fmt.Errorf("%w: tree listing has more than %d pages", content.ErrInvalid, maxHFPages))
 		}
 		pctx, cancel := context.WithTimeout(ctx, hfAPITimeout)
 		body, header, err := s.getJSON(pctx, u, maxHFListing-read)
@@ -449,31 +450,31 @@ func (s *HFSource) list(ctx context.Context, repo, commit string) ([]hfTreeEntry
 		read += int64(len(body))
 		entries, err := parseHFTree(body)
 		if err != nil {
-			return nil, cache.Permanent(fmt.Errorf("GET %s: tree listing: %w", redact(u), err))
+			return nil, content.Permanent(fmt.Errorf("GET %s: tree listing: %w", redact(u), err))
 		}
 		for _, e := range entries {
 			if e.Type != "file" {
 				continue
 			}
 			if len(files) == MaxManifestFiles {
-				return nil, cache.Permanent(fmt.Errorf("%w: repository has more than %d files", cache.ErrInvalid, MaxManifestFiles))
+				return nil, content.Permanent(fmt.Errorf("%w: repository has more than %d files", content.ErrInvalid, MaxManifestFiles))
 			}
 			if e.Size > math.MaxInt64-total {
-				return nil, cache.Permanent(fmt.Errorf("%w: file sizes add up past %d bytes", cache.ErrInvalid, int64(math.MaxInt64)))
+				return nil, content.Permanent(fmt.Errorf("%w: file sizes add up past %d bytes", content.ErrInvalid, int64(math.MaxInt64)))
 			}
 			total += e.Size
 			files = append(files, e)
 		}
 		next, err := nextLink(header.Values("Link"), u)
 		if err != nil {
-			return nil, cache.Permanent(fmt.Errorf("GET %s: Link header: %w", redact(u), err))
+			return nil, content.Permanent(fmt.Errorf("GET %s: Link header: %w", redact(u), err))
 		}
 		if next != nil {
 			if origin(next) != origin(s.endpoint) {
-				return nil, cache.Permanent(fmt.Errorf("%w: GET %s: next page %s is not on the hub %s", cache.ErrInvalid, redact(u), redact(next), s.base))
+				return nil, content.Permanent(fmt.Errorf("%w: GET %s: next page %s is not on the hub %s", content.ErrInvalid, redact(u), redact(next), s.base))
 			}
 			if seen[next.String()] {
-				return nil, cache.Permanent(fmt.Errorf("%w: GET %s: the listing's pages loop", cache.ErrInvalid, redact(u)))
+				return nil, content.Permanent(fmt.Errorf("%w: GET %s: the listing's pages loop", content.ErrInvalid, redact(u)))
 			}
 			seen[next.String()] = true
 		}
@@ -494,14 +495,14 @@ func (s *HFSource) getJSON(ctx context.Context, u *url.URL, limit int64) ([]byte
 		return nil, nil, s.statusError(resp, u)
 	}
 	if resp.ContentLength > limit {
-		return nil, nil, cache.Permanent(fmt.Errorf("%w: GET %s: %d bytes, more than the %d allowed", cache.ErrInvalid, redact(u), resp.ContentLength, limit))
+		return nil, nil, content.Permanent(fmt.Errorf("%w: GET %s: %d bytes, more than the %d allowed", content.ErrInvalid, redact(u), resp.ContentLength, limit))
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
 		return nil, nil, fmt.Errorf("GET %s: %w", redact(u), err)
 	}
 	if int64(len(body)) > limit {
-		return nil, nil, cache.Permanent(fmt.Errorf("%w: GET %s: more than the %d bytes allowed", cache.ErrInvalid, redact(u), limit))
+		return nil, nil, content.Permanent(fmt.Errorf("%w: GET %s: more than the %d bytes allowed", content.ErrInvalid, redact(u), limit))
 	}
 	return body, resp.Header, nil
 }
@@ -520,21 +521,21 @@ func (s *HFSource) fetchSmall(ctx context.Context, u *url.URL, commit string, e 
 		return nil, s.statusError(resp, u)
 	}
 	if c := resp.Header.Get("X-Repo-Commit"); c != "" && c != commit {
-		return nil, cache.Permanent(fmt.Errorf("%w: GET %s: hub answered for commit %q", cache.ErrInvalid, redact(u), truncate(c)))
+		return nil, content.Permanent(fmt.Errorf("%w: GET %s: hub answered for commit %q", content.ErrInvalid, redact(u), truncate(c)))
 	}
 	if resp.ContentLength >= 0 && resp.ContentLength != e.Size {
-		return nil, cache.Permanent(fmt.Errorf("%w: GET %s: %d bytes, the listing says %d", cache.ErrSizeMismatch, redact(u), resp.ContentLength, e.Size))
+		return nil, content.Permanent(fmt.Errorf("%w: GET %s: %d bytes, the listing says %d", content.ErrSizeMismatch, redact(u), resp.ContentLength, e.Size))
 	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, e.Size+1))
 	if err != nil {
 		return nil, fmt.Errorf("GET %s: %w", redact(u), err)
 	}
 	if int64(len(data)) != e.Size {
-		return nil, cache.Permanent(fmt.Errorf("%w: GET %s: %d bytes or more, the listing says %d", cache.ErrSizeMismatch, redact(u), len(data), e.Size))
+		return nil, content.Permanent(fmt.Errorf("%w: GET %s: %d bytes or more, the listing says %d", content.ErrSizeMismatch, redact(u), len(data), e.Size))
 	}
 	if got := gitBlobID(data); got != e.OID {
 		// Bytes damaged on the way, or a hub that lies: worth another try.
-		return nil, fmt.Errorf("%w: GET %s: git blob id %s, the listing says %s", cache.ErrDigestMismatch, redact(u), got, e.OID)
+		return nil, fmt.Errorf("%w: GET %s: git blob id %s, the listing says %s", content.ErrDigestMismatch, redact(u), got, e.OID)
 	}
 	return data, nil
 }
@@ -554,7 +555,7 @@ func readGitBlobID(r io.Reader, size int64) (string, error) {
 		return "", err
 	}
 	if n != size {
-		return "", fmt.Errorf("%w: %d bytes, want %d", cache.ErrSizeMismatch, n, size)
+		return "", fmt.Errorf("%w: %d bytes, want %d", content.ErrSizeMismatch, n, size)
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
@@ -632,20 +633,20 @@ type hfTreeLFS struct {
 
 // parseHFTree parses and checks one page of a tree listing: a JSON array of
 // entries. Directories are returned unchecked; every file must have a valid
-// path (see cache.ValidatePath; no control characters either), a size that
+// path (see content.ValidatePath; no control characters either), a size that
 // is not negative, and either an LFS sha256 (64 lowercase hex digits, a
 // "sha256:" prefix allowed) with its size, or a git blob id (40 lowercase hex
 // digits). A file's size is its LFS size, which the entry's size must equal
 // (or, as some mirrors report, the pointer's size). Other entry types are
-// errors. Errors wrap cache.ErrInvalid.
+// errors. Errors wrap content.ErrInvalid.
 func parseHFTree(data []byte) ([]hfTreeEntry, error) {
 	var entries []hfTreeEntry
 	dec := json.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&entries); err != nil {
-		return nil, fmt.Errorf("%w: %v", cache.ErrInvalid, err)
+		return nil, fmt.Errorf("%w: %v", content.ErrInvalid, err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return nil, fmt.Errorf("%w: data after the listing", cache.ErrInvalid)
+		return nil, fmt.Errorf("%w: data after the listing", content.ErrInvalid)
 	}
 	for i := range entries {
 		e := &entries[i]
@@ -654,30 +655,30 @@ func parseHFTree(data []byte) ([]hfTreeEntry, error) {
 			continue
 		case "file":
 		default:
-			return nil, fmt.Errorf("%w: entry %d: type %q (want file or directory)", cache.ErrInvalid, i, truncate(e.Type))
+			return nil, fmt.Errorf("%w: entry %d: type %q (want file or directory)", content.ErrInvalid, i, truncate(e.Type))
 		}
-		if err := cache.ValidatePath(e.Path); err != nil {
+		if err := content.ValidatePath(e.Path); err != nil {
 			return nil, fmt.Errorf("entry %d: %w", i, err)
 		}
 		for j := 0; j < len(e.Path); j++ {
 			if c := e.Path[j]; c < ' ' || c == 0x7f {
-				return nil, fmt.Errorf("%w: entry %d: file path %q has a control character", cache.ErrInvalid, i, truncate(e.Path))
+				return nil, fmt.Errorf("%w: entry %d: file path %q has a control character", content.ErrInvalid, i, truncate(e.Path))
 			}
 		}
 		if e.Size < 0 {
-			return nil, fmt.Errorf("%w: file %q: negative size %d", cache.ErrInvalid, truncate(e.Path), e.Size)
+			return nil, fmt.Errorf("%w: file %q: negative size %d", content.ErrInvalid, truncate(e.Path), e.Size)
 		}
 		if e.LFS != nil {
 			e.LFS.OID = strings.TrimPrefix(e.LFS.OID, "sha256:")
 			if !isHex(e.LFS.OID, 64) {
-				return nil, fmt.Errorf("%w: file %q: LFS oid %q is not a sha256", cache.ErrInvalid, truncate(e.Path), truncate(e.LFS.OID))
+				return nil, fmt.Errorf("%w: file %q: LFS oid %q is not a sha256", content.ErrInvalid, truncate(e.Path), truncate(e.LFS.OID))
 			}
 			if e.LFS.Size < 0 || e.LFS.Size != e.Size && (e.LFS.PointerSize <= 0 || e.Size != e.LFS.PointerSize) {
-				return nil, fmt.Errorf("%w: file %q: size %d, LFS size %d", cache.ErrInvalid, truncate(e.Path), e.Size, e.LFS.Size)
+				return nil, fmt.Errorf("%w: file %q: size %d, LFS size %d", content.ErrInvalid, truncate(e.Path), e.Size, e.LFS.Size)
 			}
 			e.Size = e.LFS.Size
 		} else if !isHex(e.OID, 40) {
-			return nil, fmt.Errorf("%w: file %q: oid %q is not a git blob id", cache.ErrInvalid, truncate(e.Path), truncate(e.OID))
+			return nil, fmt.Errorf("%w: file %q: oid %q is not a git blob id", content.ErrInvalid, truncate(e.Path), truncate(e.OID))
 		}
 	}
 	return entries, nil
@@ -702,11 +703,11 @@ func nextLink(values []string, base *url.URL) (*url.URL, error) {
 	for _, v := range values {
 		for v = strings.TrimSpace(v); v != ""; v = strings.TrimLeft(v, " \t,") {
 			if v[0] != '<' {
-				return nil, fmt.Errorf("%w: %q: want <URI>", cache.ErrInvalid, truncate(v))
+				return nil, fmt.Errorf("%w: %q: want <URI>", content.ErrInvalid, truncate(v))
 			}
 			end := strings.IndexByte(v, '>')
 			if end < 0 {
-				return nil, fmt.Errorf("%w: %q: unterminated <URI>", cache.ErrInvalid, truncate(v))
+				return nil, fmt.Errorf("%w: %q: unterminated <URI>", content.ErrInvalid, truncate(v))
 			}
 			target := v[1:end]
 			v = v[end+1:]
@@ -718,7 +719,7 @@ func nextLink(values []string, base *url.URL) (*url.URL, error) {
 					break
 				}
 				if v[0] != ';' {
-					return nil, fmt.Errorf("%w: %q: want ';' before a parameter", cache.ErrInvalid, truncate(v))
+					return nil, fmt.Errorf("%w: %q: want ';' before a parameter", content.ErrInvalid, truncate(v))
 				}
 				v = strings.TrimLeft(v[1:], " \t")
 				i := strings.IndexAny(v, "=;,")
@@ -733,7 +734,7 @@ func nextLink(values []string, base *url.URL) (*url.URL, error) {
 					if strings.HasPrefix(v, `"`) {
 						j := strings.IndexByte(v[1:], '"')
 						if j < 0 {
-							return nil, fmt.Errorf("%w: unterminated quoted parameter", cache.ErrInvalid)
+							return nil, fmt.Errorf("%w: unterminated quoted parameter", content.ErrInvalid)
 						}
 						value, v = v[1:j+1], v[j+2:]
 					} else {
@@ -751,11 +752,11 @@ func nextLink(values []string, base *url.URL) (*url.URL, error) {
 			if next {
 				ref, err := url.Parse(target)
 				if err != nil {
-					return nil, fmt.Errorf("%w: next page URL: %v", cache.ErrInvalid, err)
+					return nil, fmt.Errorf("%w: next page URL: %v", content.ErrInvalid, err)
 				}
 				u := base.ResolveReference(ref)
 				if u.Scheme != "http" && u.Scheme != "https" {
-					return nil, fmt.Errorf("%w: next page URL scheme %q", cache.ErrInvalid, truncate(u.Scheme))
+					return nil, fmt.Errorf("%w: next page URL scheme %q", content.ErrInvalid, truncate(u.Scheme))
 				}
 				u.Fragment, u.RawFragment = "", ""
 				return u, nil
@@ -782,7 +783,7 @@ func (s *HFSource) blob(u *url.URL, size int64) rangedBlob {
 		}
 		if resp.StatusCode == http.StatusOK && off > 0 {
 			drainClose(resp.Body)
-			return nil, cache.Permanent(fmt.Errorf("GET %s: the server ignored Range (HTTP 200 for bytes %d-): cannot resume", redact(u), off))
+			return nil, content.Permanent(fmt.Errorf("GET %s: the server ignored Range (HTTP 200 for bytes %d-): cannot resume", redact(u), off))
 		}
 		if err := checkRange(resp, off, end, size); err != nil {
 			if errors.Is(err, errUnexpectedStatus) {

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 func FuzzHFTree(f *testing.F) {
@@ -32,7 +32,7 @@ func FuzzHFTree(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		entries, err := parseHFTree(data)
 		if err != nil {
-			if !errors.Is(err, cache.ErrInvalid) {
+			if !errors.Is(err, content.ErrInvalid) {
 				t.Fatalf("error %v does not wrap ErrInvalid", err)
 			}
 			return
@@ -44,14 +44,14 @@ func FuzzHFTree(f *testing.F) {
 			if e.Type != "file" {
 				t.Fatalf("type %q accepted", e.Type)
 			}
-			if err := cache.ValidatePath(e.Path); err != nil {
+			if err := content.ValidatePath(e.Path); err != nil {
 				t.Fatalf("path %q accepted: %v", e.Path, err)
 			}
 			if e.Size < 0 {
 				t.Fatalf("size %d accepted", e.Size)
 			}
 			if e.LFS != nil {
-				if _, err := cache.ParseDigest("sha256:" + e.LFS.OID); err != nil || e.LFS.Size != e.Size {
+				if _, err := content.ParseDigest("sha256:" + e.LFS.OID); err != nil || e.LFS.Size != e.Size {
 					t.Fatalf("LFS %+v accepted for size %d", e.LFS, e.Size)
 				}
 			} else if !isHex(e.OID, 40) {
@@ -77,7 +77,7 @@ func TestParseHFTreeLFS(t *testing.T) {
 		assert.Equal(t, sha, e.LFS.OID, e.Path)
 	}
 	_, err = parseHFTree([]byte(`[{"type":"file","oid":"` + oid + `","size":7,"path":"a","lfs":{"oid":"` + sha + `","size":100,"pointerSize":134}}]`))
-	assert.ErrorIs(t, err, cache.ErrInvalid)
+	assert.ErrorIs(t, err, content.ErrInvalid)
 }
 
 func TestNextLink(t *testing.T) {
@@ -107,7 +107,7 @@ func TestNextLink(t *testing.T) {
 	}
 	for _, bad := range []string{`https://a; rel=next`, `<https://a`, `<https://a> rel=next`, `<ftp://a>; rel=next`, `<https://a>; title="x`} {
 		_, err := nextLink([]string{bad}, base)
-		assert.ErrorIs(t, err, cache.ErrInvalid, bad)
+		assert.ErrorIs(t, err, content.ErrInvalid, bad)
 	}
 }
 
@@ -124,7 +124,7 @@ func FuzzHFLink(f *testing.F) {
 	f.Fuzz(func(t *testing.T, header string) {
 		u, err := nextLink([]string{header}, base)
 		if err != nil {
-			if !errors.Is(err, cache.ErrInvalid) {
+			if !errors.Is(err, content.ErrInvalid) {
 				t.Fatalf("error %v does not wrap ErrInvalid", err)
 			}
 			return

@@ -10,6 +10,7 @@ import (
 
 	"github.com/weightd/weightd/internal/hubtest"
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 )
@@ -28,8 +29,8 @@ func TestHFSharedResolve(t *testing.T) {
 	commit := repo.Resolve("main")
 
 	// The first node resolves for the cluster.
-	var shared cache.Model
-	first := hfSource(t, hub.URL, prefetch.WithHFShared(func(ctx context.Context, pinned ref.Ref, resolve func(context.Context) (cache.Model, error), _ func(cache.Model) error) (cache.Model, error) {
+	var shared content.Model
+	first := hfSource(t, hub.URL, prefetch.WithHFShared(func(ctx context.Context, pinned ref.Ref, resolve func(context.Context) (content.Model, error), _ func(content.Model) error) (content.Model, error) {
 		assert.Equal(t, "hf://org/model@"+commit, pinned.String(), "the shared key is the commit")
 		m, err := resolve(ctx)
 		shared = m
@@ -55,7 +56,7 @@ func TestHFSharedResolve(t *testing.T) {
 	wrongCommit.Revision = "0123456789012345678901234567890123456789"
 	wrongFiles := shared
 	wrongFiles.Files = shared.Files[1:]
-	for _, wrong := range []cache.Model{wrongCommit, wrongFiles} {
+	for _, wrong := range []content.Model{wrongCommit, wrongFiles} {
 		third := hfSource(t, hub.URL, prefetch.WithHFShared(fromPeer(t, wrong, false)))
 		res, err = hfResolve(t, third, "hf://org/model@main")
 		require.NoError(t, err)
@@ -77,15 +78,15 @@ func TestHFSharedResolveSmallFileLie(t *testing.T) {
 	require.Len(t, evil, len(honest))
 	hub.AddRepo("org/model", map[string]hubtest.Content{"config.json": hubtest.String(honest)})
 
-	var shared cache.Model
-	_, err := hfResolve(t, hfSource(t, hub.URL, prefetch.WithHFShared(func(ctx context.Context, _ ref.Ref, resolve func(context.Context) (cache.Model, error), _ func(cache.Model) error) (cache.Model, error) {
+	var shared content.Model
+	_, err := hfResolve(t, hfSource(t, hub.URL, prefetch.WithHFShared(func(ctx context.Context, _ ref.Ref, resolve func(context.Context) (content.Model, error), _ func(content.Model) error) (content.Model, error) {
 		m, err := resolve(ctx)
 		shared = m
 		return m, err
 	})), "hf://org/model@main")
 	require.NoError(t, err)
 	lie := shared
-	lie.Files = []cache.File{{Path: "config.json", Descriptor: cache.Descriptor{Digest: digest.FromString(evil), Size: int64(len(evil))}}}
+	lie.Files = []content.File{{Path: "config.json", Descriptor: content.Descriptor{Digest: digest.FromString(evil), Size: int64(len(evil))}}}
 
 	src := hfSource(t, hub.URL, prefetch.WithHFShared(fromPeer(t, lie, true)))
 	store := hfStore(t)
@@ -108,8 +109,8 @@ func TestHFSharedResolveSmallFileLie(t *testing.T) {
 // fromPeer is a SharedResolver whose peer answers m, as p2p.Swarm's: m if
 // the source accepts it, else the source's own resolution. accepted is
 // whether the source must accept it.
-func fromPeer(t *testing.T, m cache.Model, accepted bool) prefetch.SharedResolver {
-	return func(ctx context.Context, _ ref.Ref, resolve func(context.Context) (cache.Model, error), accept func(cache.Model) error) (cache.Model, error) {
+func fromPeer(t *testing.T, m content.Model, accepted bool) prefetch.SharedResolver {
+	return func(ctx context.Context, _ ref.Ref, resolve func(context.Context) (content.Model, error), accept func(content.Model) error) (content.Model, error) {
 		err := accept(m)
 		if accepted {
 			assert.NoError(t, err, "the source refused the peer's answer")

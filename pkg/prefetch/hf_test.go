@@ -21,6 +21,7 @@ import (
 
 	"github.com/weightd/weightd/internal/hubtest"
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 )
@@ -198,7 +199,7 @@ func TestHFPrivateAndGated(t *testing.T) {
 
 	_, err := hfResolve(t, hfSource(t, hub.URL), "hf://org/private")
 	require.Error(t, err)
-	assert.ErrorIs(t, err, cache.ErrPermanent)
+	assert.ErrorIs(t, err, content.ErrPermanent)
 	var se *prefetch.StatusError
 	require.ErrorAs(t, err, &se)
 	assert.Equal(t, http.StatusUnauthorized, se.StatusCode)
@@ -207,11 +208,11 @@ func TestHFPrivateAndGated(t *testing.T) {
 	t.Log(err)
 
 	_, err = hfResolve(t, hfSource(t, hub.URL, prefetch.WithHFToken("hf_wrong")), "hf://org/private")
-	assert.ErrorIs(t, err, cache.ErrPermanent)
+	assert.ErrorIs(t, err, content.ErrPermanent)
 
 	_, err = hfResolve(t, hfSource(t, hub.URL), "hf://org/gated")
 	require.Error(t, err)
-	assert.ErrorIs(t, err, cache.ErrPermanent)
+	assert.ErrorIs(t, err, content.ErrPermanent)
 	assert.Contains(t, err.Error(), `hub error "GatedRepo"`)
 	assert.Contains(t, err.Error(), `"config.json"`)
 	t.Log(err)
@@ -222,7 +223,7 @@ func TestHFPrivateAndGated(t *testing.T) {
 	_, err = res.Blobs[res.Model.Files[0].Digest].OpenRange(t.Context(), 0)
 	require.ErrorAs(t, err, &se)
 	assert.Equal(t, http.StatusForbidden, se.StatusCode)
-	assert.ErrorIs(t, err, cache.ErrPermanent)
+	assert.ErrorIs(t, err, content.ErrPermanent)
 	assert.Contains(t, err.Error(), "GatedRepo")
 
 	authed := hfSource(t, hub.URL, prefetch.WithHFToken("hf_secret"))
@@ -280,7 +281,7 @@ func TestHFNotFound(t *testing.T) {
 	} {
 		_, err := hfResolve(t, src, ref)
 		require.Error(t, err, ref)
-		assert.ErrorIs(t, err, cache.ErrPermanent, ref)
+		assert.ErrorIs(t, err, content.ErrPermanent, ref)
 		assert.Contains(t, err.Error(), `hub error "`+code+`"`, ref)
 		assert.Contains(t, err.Error(), "HTTP 404", ref)
 	}
@@ -299,7 +300,7 @@ func TestHFNotFound(t *testing.T) {
 	require.NoError(t, err)
 	_, err = hfFetch(t, hfStore(t), res)
 	require.Error(t, err)
-	assert.ErrorIs(t, err, cache.ErrPermanent)
+	assert.ErrorIs(t, err, content.ErrPermanent)
 	assert.Contains(t, err.Error(), `hub error "EntryNotFound": "Entry not found"): no such file`)
 }
 
@@ -338,7 +339,7 @@ func TestHFRetriable(t *testing.T) {
 		hub.Fail(tc.route, tc.status, 1)
 		_, err := hfResolve(t, src, "hf://org/model")
 		require.Error(t, err, tc.route)
-		assert.NotErrorIs(t, err, cache.ErrPermanent, tc.route)
+		assert.NotErrorIs(t, err, content.ErrPermanent, tc.route)
 		var se *prefetch.StatusError
 		require.ErrorAs(t, err, &se)
 		assert.Equal(t, tc.status, se.StatusCode)
@@ -350,7 +351,7 @@ func TestHFRetriable(t *testing.T) {
 	hub.Fail(hubtest.RouteCDN, http.StatusServiceUnavailable, 1)
 	_, err = blob.OpenRange(t.Context(), 0)
 	require.Error(t, err)
-	assert.NotErrorIs(t, err, cache.ErrPermanent)
+	assert.NotErrorIs(t, err, content.ErrPermanent)
 
 	// The store retries 429 and 5xx from the hub and the CDN, and succeeds.
 	hub.Fail(hubtest.RouteResolve, http.StatusTooManyRequests, 2)
@@ -380,25 +381,25 @@ func TestHFLyingHub(t *testing.T) {
 	store := hfStore(t)
 	_, err = hfFetch(t, store, res)
 	require.Error(t, err)
-	assert.ErrorIs(t, err, cache.ErrDigestMismatch)
+	assert.ErrorIs(t, err, content.ErrDigestMismatch)
 	t.Log(err)
 	for _, f := range res.Model.Files {
 		if f.Path == "model.safetensors" {
 			_, err := store.Stat(f.Digest)
-			assert.ErrorIs(t, err, cache.ErrNotFound)
+			assert.ErrorIs(t, err, content.ErrNotFound)
 		}
 	}
 	_, err = store.ModelDir(res.Model.Name, res.Model.Revision)
 	require.NoError(t, err)
 	_, err = store.Materialize(res.Model)
-	assert.ErrorIs(t, err, cache.ErrNotFound)
+	assert.ErrorIs(t, err, content.ErrNotFound)
 
 	// Wrong bytes for a git file: resolving fails, retriably.
 	hub.Corrupt("org/model", "config.json")
 	_, err = hfResolve(t, src, "hf://org/model")
 	require.Error(t, err)
-	assert.ErrorIs(t, err, cache.ErrDigestMismatch)
-	assert.NotErrorIs(t, err, cache.ErrPermanent)
+	assert.ErrorIs(t, err, content.ErrDigestMismatch)
+	assert.NotErrorIs(t, err, content.ErrPermanent)
 	assert.Contains(t, err.Error(), "git blob id")
 }
 
@@ -411,7 +412,7 @@ func TestHFRangesThroughRedirect(t *testing.T) {
 	res, err := hfResolve(t, hfSource(t, hub.URL), "hf://org/model")
 	require.NoError(t, err)
 	want := contentBytes(t, weights)
-	var blob, small cache.RangeOpener
+	var blob, small content.RangeOpener
 	for _, f := range res.Model.Files {
 		if f.Path == "model.safetensors" {
 			blob = res.Blobs[f.Digest]
@@ -437,7 +438,7 @@ func TestHFRangesThroughRedirect(t *testing.T) {
 	assert.Equal(t, []byte("}"), read(small.OpenRange(t.Context(), 1)))
 	assert.Equal(t, []byte("{"), read(small.(bounded).OpenBoundedRange(t.Context(), 0, 1)))
 	_, err = blob.OpenRange(t.Context(), 1<<20+1)
-	assert.ErrorIs(t, err, cache.ErrPermanent)
+	assert.ErrorIs(t, err, content.ErrPermanent)
 }
 
 // fakeHub answers the revision and tree endpoints with canned bodies, and
@@ -496,7 +497,7 @@ func TestHFUntrustedListing(t *testing.T) {
 			})
 			_, err := hfResolve(t, hfSource(t, endpoint), "hf://org/model")
 			require.Error(t, err)
-			assert.ErrorIs(t, err, cache.ErrPermanent)
+			assert.ErrorIs(t, err, content.ErrPermanent)
 			assert.Contains(t, err.Error(), tc.want)
 		})
 	}
@@ -520,7 +521,7 @@ func TestHFServerIgnoringRange(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, data, got)
 	_, err = res.Blobs[d].OpenRange(t.Context(), 5)
-	assert.ErrorIs(t, err, cache.ErrPermanent)
+	assert.ErrorIs(t, err, content.ErrPermanent)
 	assert.Contains(t, err.Error(), "ignored Range")
 }
 
@@ -537,7 +538,7 @@ func TestHFListingTooLarge(t *testing.T) {
 	})
 	_, err := hfResolve(t, hfSource(t, endpoint), "hf://org/model")
 	require.Error(t, err)
-	assert.ErrorIs(t, err, cache.ErrPermanent)
+	assert.ErrorIs(t, err, content.ErrPermanent)
 	assert.Contains(t, err.Error(), "bytes allowed")
 }
 
@@ -553,13 +554,13 @@ func TestHFSourceOptions(t *testing.T) {
 		prefetch.WithHFToken("tok\n"),
 	} {
 		_, err := prefetch.NewHFSource(nil, opt)
-		assert.ErrorIs(t, err, cache.ErrInvalid)
+		assert.ErrorIs(t, err, content.ErrInvalid)
 	}
 	src, err := prefetch.NewHFSource(nil)
 	require.NoError(t, err)
 	_, err = src.Resolve(t.Context(), ref.Ref{Kind: ref.KindOCI})
 	assert.ErrorIs(t, err, errors.ErrUnsupported)
-	assert.ErrorIs(t, err, cache.ErrPermanent)
+	assert.ErrorIs(t, err, content.ErrPermanent)
 }
 
 func TestHFEndpointWithPath(t *testing.T) {
@@ -592,5 +593,5 @@ func TestHFStalledHubIsRetriable(t *testing.T) {
 	_, err = hfSource(t, endpoint).Resolve(ctx, parsed)
 	require.Error(t, err)
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
-	assert.NotErrorIs(t, err, cache.ErrPermanent)
+	assert.NotErrorIs(t, err, content.ErrPermanent)
 }

@@ -8,7 +8,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // maxDistrusted bounds the commits an HFSource remembers as wrongly
@@ -31,9 +31,9 @@ type hubConfirmation struct {
 
 // check is SharedResolver's accept: m must be the hub's listing of repo at
 // commit.
-func (c *hubConfirmation) check(ctx context.Context, s *HFSource, repo, commit string, m cache.Model) error {
+func (c *hubConfirmation) check(ctx context.Context, s *HFSource, repo, commit string, m content.Model) error {
 	if m.Name != repo || m.Revision != commit {
-		return fmt.Errorf("%w: resolved as %s@%s, not %s@%s", cache.ErrInvalid, m.Name, m.Revision, repo, commit)
+		return fmt.Errorf("%w: resolved as %s@%s, not %s@%s", content.ErrInvalid, m.Name, m.Revision, repo, commit)
 	}
 	if c.listing == nil {
 		entries, err := s.list(ctx, repo, commit)
@@ -61,9 +61,9 @@ func (c *hubConfirmation) resolve(ctx context.Context, s *HFSource, repo, commit
 
 // resolution is the resolution of m, which check accepted: every file read
 // from the hub at its commit, the files stored in git verified once stored.
-func (c *hubConfirmation) resolution(s *HFSource, m cache.Model) *Resolution {
+func (c *hubConfirmation) resolution(s *HFSource, m content.Model) *Resolution {
 	inGit := c.inGit
-	res := &Resolution{Model: m, Blobs: make(map[digest.Digest]cache.RangeOpener, len(m.Files))}
+	res := &Resolution{Model: m, Blobs: make(map[digest.Digest]content.RangeOpener, len(m.Files))}
 	for _, f := range m.Files {
 		if _, ok := res.Blobs[f.Digest]; !ok {
 			res.Blobs[f.Digest] = s.blob(s.fileURL(m.Name, m.Revision, f.Path), f.Size)
@@ -89,11 +89,11 @@ func (s *HFSource) distrusted(repo, commit string) bool {
 
 // matchListing checks m's files against the hub's listing and returns the
 // git blob id of each file stored in git, by path.
-func matchListing(m cache.Model, entries []hfTreeEntry) (map[string]string, error) {
+func matchListing(m content.Model, entries []hfTreeEntry) (map[string]string, error) {
 	if len(m.Files) != len(entries) {
-		return nil, fmt.Errorf("%w: %d files, the hub lists %d", cache.ErrInvalid, len(m.Files), len(entries))
+		return nil, fmt.Errorf("%w: %d files, the hub lists %d", content.ErrInvalid, len(m.Files), len(entries))
 	}
-	files := make(map[string]cache.Descriptor, len(m.Files))
+	files := make(map[string]content.Descriptor, len(m.Files))
 	for _, f := range m.Files {
 		files[f.Path] = f.Descriptor
 	}
@@ -102,11 +102,11 @@ func matchListing(m cache.Model, entries []hfTreeEntry) (map[string]string, erro
 		d, ok := files[e.Path]
 		switch {
 		case !ok:
-			return nil, fmt.Errorf("%w: %q is not listed", cache.ErrInvalid, truncate(e.Path))
+			return nil, fmt.Errorf("%w: %q is not listed", content.ErrInvalid, truncate(e.Path))
 		case d.Size != e.Size:
-			return nil, fmt.Errorf("%w: %q: %d bytes, the hub lists %d", cache.ErrInvalid, truncate(e.Path), d.Size, e.Size)
+			return nil, fmt.Errorf("%w: %q: %d bytes, the hub lists %d", content.ErrInvalid, truncate(e.Path), d.Size, e.Size)
 		case e.LFS != nil && d.Digest != digest.NewDigestFromEncoded(digest.SHA256, e.LFS.OID):
-			return nil, fmt.Errorf("%w: %q: %s, the hub lists sha256:%s", cache.ErrInvalid, truncate(e.Path), d.Digest, e.LFS.OID)
+			return nil, fmt.Errorf("%w: %q: %s, the hub lists sha256:%s", content.ErrInvalid, truncate(e.Path), d.Digest, e.LFS.OID)
 		case e.LFS == nil:
 			inGit[e.Path] = e.OID
 		}
@@ -116,7 +116,7 @@ func matchListing(m cache.Model, entries []hfTreeEntry) (map[string]string, erro
 
 // verifyGitBlobs checks that the blob of each file of m stored in git has
 // the git blob id the hub lists (inGit, by path).
-func verifyGitBlobs(m cache.Model, inGit map[string]string, open func(digest.Digest) (*os.File, error)) error {
+func verifyGitBlobs(m content.Model, inGit map[string]string, open func(digest.Digest) (*os.File, error)) error {
 	for _, f := range m.Files {
 		want, ok := inGit[f.Path]
 		if !ok {

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/internal/hubtest"
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 )
@@ -96,8 +96,8 @@ func TestHFSharedListingCarriesNoRef(t *testing.T) {
 	repo := hub.AddRepo("org/model", map[string]hubtest.Content{"config.json": hubtest.String(`{}`)})
 	commit := repo.Resolve("main")
 
-	var shared cache.Model
-	first := hfSource(t, hub.URL, prefetch.WithHFShared(func(ctx context.Context, _ ref.Ref, resolve func(context.Context) (cache.Model, error), _ func(cache.Model) error) (cache.Model, error) {
+	var shared content.Model
+	first := hfSource(t, hub.URL, prefetch.WithHFShared(func(ctx context.Context, _ ref.Ref, resolve func(context.Context) (content.Model, error), _ func(content.Model) error) (content.Model, error) {
 		m, err := resolve(ctx)
 		shared = m
 		return m, err

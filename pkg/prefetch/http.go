@@ -15,7 +15,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/ref"
 )
 
@@ -76,7 +76,7 @@ func NewHTTPSource(client *http.Client, opts ...HTTPOption) *HTTPSource {
 // blob.
 func (s *HTTPSource) Resolve(ctx context.Context, r ref.Ref) (*Resolution, error) {
 	if r.Kind != ref.KindHTTP || r.URL == nil {
-		return nil, cache.Permanent(fmt.Errorf("resolving %s: kind %q: %w", r.Redacted(), r.Kind, errors.ErrUnsupported))
+		return nil, content.Permanent(fmt.Errorf("resolving %s: kind %q: %w", r.Redacted(), r.Kind, errors.ErrUnsupported))
 	}
 	var (
 		res *Resolution
@@ -103,20 +103,20 @@ func (s *HTTPSource) resolveManifest(ctx context.Context, u *url.URL) (*Resoluti
 		return nil, statusError(resp, u)
 	}
 	if resp.ContentLength > MaxManifestSize {
-		return nil, cache.Permanent(fmt.Errorf("%w: manifest of %d bytes is larger than %d", cache.ErrInvalid, resp.ContentLength, MaxManifestSize))
+		return nil, content.Permanent(fmt.Errorf("%w: manifest of %d bytes is larger than %d", content.ErrInvalid, resp.ContentLength, MaxManifestSize))
 	}
 	m, err := ReadManifest(resp.Body)
 	if err != nil {
-		if errors.Is(err, cache.ErrInvalid) {
-			return nil, cache.Permanent(err)
+		if errors.Is(err, content.ErrInvalid) {
+			return nil, content.Permanent(err)
 		}
 		return nil, err
 	}
-	res := &Resolution{Model: m.layout(u), Blobs: make(map[digest.Digest]cache.RangeOpener, len(m.Files))}
+	res := &Resolution{Model: m.layout(u), Blobs: make(map[digest.Digest]content.RangeOpener, len(m.Files))}
 	for _, f := range m.Files {
 		fu, err := f.fileURL(u)
 		if err != nil {
-			return nil, cache.Permanent(err)
+			return nil, content.Permanent(err)
 		}
 		if _, ok := res.Blobs[f.Digest()]; !ok {
 			res.Blobs[f.Digest()] = s.blob(fu, f.Size)
@@ -132,11 +132,11 @@ func (s *HTTPSource) resolveFile(ctx context.Context, r ref.Ref) (*Resolution, e
 	}
 	m := singleFileModel(r.URL, r.Digest, size)
 	if err := m.Validate(); err != nil {
-		return nil, cache.Permanent(err)
+		return nil, content.Permanent(err)
 	}
 	return &Resolution{
 		Model: m,
-		Blobs: map[digest.Digest]cache.RangeOpener{r.Digest: s.blob(r.URL, size)},
+		Blobs: map[digest.Digest]content.RangeOpener{r.Digest: s.blob(r.URL, size)},
 	}, nil
 }
 
@@ -170,12 +170,12 @@ func (s *HTTPSource) size(ctx context.Context, u *url.URL) (int64, error) {
 	case http.StatusPartialContent:
 		_, _, total, err := parseContentRange(resp.Header.Get("Content-Range"))
 		if err != nil || total < 0 {
-			return 0, cache.Permanent(fmt.Errorf("%w: GET %s: Content-Range %q: want a known total", cache.ErrInvalid, redact(u), resp.Header.Get("Content-Range")))
+			return 0, content.Permanent(fmt.Errorf("%w: GET %s: Content-Range %q: want a known total", content.ErrInvalid, redact(u), resp.Header.Get("Content-Range")))
 		}
 		return total, nil
 	case http.StatusOK:
 		if resp.ContentLength < 0 {
-			return 0, cache.Permanent(fmt.Errorf("%w: GET %s: no Content-Length", cache.ErrInvalid, redact(u)))
+			return 0, content.Permanent(fmt.Errorf("%w: GET %s: no Content-Length", content.ErrInvalid, redact(u)))
 		}
 		return resp.ContentLength, nil
 	case http.StatusRequestedRangeNotSatisfiable:
@@ -188,7 +188,7 @@ func (s *HTTPSource) size(ctx context.Context, u *url.URL) (int64, error) {
 func (s *HTTPSource) do(ctx context.Context, method string, u *url.URL, header func(http.Header)) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, method, u.String(), nil)
 	if err != nil {
-		return nil, cache.Permanent(fmt.Errorf("%s %s: %w", method, redact(u), err))
+		return nil, content.Permanent(fmt.Errorf("%s %s: %w", method, redact(u), err))
 	}
 	req.Header.Set("User-Agent", s.userAgent)
 	if header != nil {
@@ -224,7 +224,7 @@ func (b rangedBlob) OpenRange(ctx context.Context, off int64) (io.ReadCloser, er
 // this way). The reader ends after n bytes.
 func (b rangedBlob) OpenBoundedRange(ctx context.Context, off, n int64) (io.ReadCloser, error) {
 	if n < 0 || off < 0 || n > b.size-off {
-		return nil, cache.Permanent(fmt.Errorf("%w: bytes %d+%d outside a blob of %d bytes", cache.ErrInvalid, off, n, b.size))
+		return nil, content.Permanent(fmt.Errorf("%w: bytes %d+%d outside a blob of %d bytes", content.ErrInvalid, off, n, b.size))
 	}
 	body, err := b.openRange(ctx, off, off+n)
 	if err != nil {
@@ -238,7 +238,7 @@ func (b rangedBlob) OpenBoundedRange(ctx context.Context, off, n int64) (io.Read
 
 func (b rangedBlob) openRange(ctx context.Context, off, end int64) (io.ReadCloser, error) {
 	if off < 0 || off > b.size {
-		return nil, cache.Permanent(fmt.Errorf("%w: offset %d outside a blob of %d bytes", cache.ErrInvalid, off, b.size))
+		return nil, content.Permanent(fmt.Errorf("%w: offset %d outside a blob of %d bytes", content.ErrInvalid, off, b.size))
 	}
 	if off == end {
 		return http.NoBody, nil
@@ -262,7 +262,7 @@ func rangeHeader(off, end, size int64, closed bool) func(http.Header) {
 
 // blob reads the blob at u with ranged GETs. A 206 must carry
 // "Content-Range: bytes off-(end-1)/size"; a total other than the expected
-// size is a permanent cache.ErrSizeMismatch. A 200 (a server that ignores
+// size is a permanent content.ErrSizeMismatch. A 200 (a server that ignores
 // Range) must have the expected Content-Length when it has one, and its
 // first off bytes are read and discarded before the body is returned, so
 // resuming works, slowly, even there (the cache's stall timeout bounds how
@@ -309,7 +309,7 @@ func checkRange(resp *http.Response, off, end, size int64) error {
 		case err != nil:
 			return fmt.Errorf("Content-Range %q: %w", truncate(cr), err)
 		case total >= 0 && total != size:
-			return cache.Permanent(fmt.Errorf("%w: origin has %d bytes, want %d", cache.ErrSizeMismatch, total, size))
+			return content.Permanent(fmt.Errorf("%w: origin has %d bytes, want %d", content.ErrSizeMismatch, total, size))
 		case first != off || last != end-1:
 			return fmt.Errorf("Content-Range %q: want bytes %d-%d/%d", truncate(cr), off, end-1, size)
 		case resp.ContentLength >= 0 && resp.ContentLength != last-first+1:
@@ -318,11 +318,11 @@ func checkRange(resp *http.Response, off, end, size int64) error {
 		return nil
 	case http.StatusOK:
 		if resp.ContentLength >= 0 && resp.ContentLength != size {
-			return cache.Permanent(fmt.Errorf("%w: origin has %d bytes, want %d", cache.ErrSizeMismatch, resp.ContentLength, size))
+			return content.Permanent(fmt.Errorf("%w: origin has %d bytes, want %d", content.ErrSizeMismatch, resp.ContentLength, size))
 		}
 		return nil
 	case http.StatusRequestedRangeNotSatisfiable:
-		return cache.Permanent(fmt.Errorf("%w: origin refuses bytes %d- of a blob of %d bytes: HTTP %s", cache.ErrSizeMismatch, off, size, resp.Status))
+		return content.Permanent(fmt.Errorf("%w: origin refuses bytes %d- of a blob of %d bytes: HTTP %s", content.ErrSizeMismatch, off, size, resp.Status))
 	default:
 		return errUnexpectedStatus
 	}
@@ -368,7 +368,7 @@ func parseNonNegative(s string) (int64, error) {
 }
 
 // StatusError is an HTTP response status the source did not expect. It is
-// wrapped with cache.Permanent for statuses retrying cannot fix: 4xx other
+// wrapped with content.Permanent for statuses retrying cannot fix: 4xx other
 // than 408, 425 and 429.
 type StatusError struct {
 	Method     string
@@ -389,7 +389,7 @@ func statusError(resp *http.Response, u *url.URL) error {
 	case c == http.StatusRequestTimeout, c == http.StatusTooEarly, c == http.StatusTooManyRequests:
 		return err
 	case c >= 400 && c < 500:
-		return cache.Permanent(err)
+		return content.Permanent(err)
 	default:
 		return err
 	}
@@ -429,12 +429,12 @@ func urlModelName(u *url.URL) string {
 
 // singleFileModel names the one-file model of a digest-pinned URL; see
 // HTTPSource.
-func singleFileModel(u *url.URL, d digest.Digest, size int64) cache.Model {
+func singleFileModel(u *url.URL, d digest.Digest, size int64) content.Model {
 	file := sanitize(path.Base(u.Path), 255, "blob")
-	return cache.Model{
+	return content.Model{
 		Name:     urlModelName(u),
 		Revision: d.Encoded()[:12],
-		Files:    []cache.File{{Path: file, Descriptor: cache.Descriptor{Digest: d, Size: size}}},
+		Files:    []content.File{{Path: file, Descriptor: content.Descriptor{Digest: d, Size: size}}},
 	}
 }
 

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 func TestFileURL(t *testing.T) {
@@ -38,7 +38,7 @@ func TestFileURL(t *testing.T) {
 			require.NoError(t, err)
 			got, err := tt.file.fileURL(base)
 			if tt.want == "" {
-				assert.ErrorIs(t, err, cache.ErrInvalid)
+				assert.ErrorIs(t, err, content.ErrInvalid)
 				return
 			}
 			require.NoError(t, err)
@@ -68,7 +68,7 @@ func TestSingleFileModel(t *testing.T) {
 			m := singleFileModel(u, d, 42)
 			require.NoError(t, m.Validate())
 			assert.Equal(t, "0123456789ab", m.Revision)
-			assert.Equal(t, []cache.File{{Path: tt.file, Descriptor: cache.Descriptor{Digest: d, Size: 42}}}, m.Files)
+			assert.Equal(t, []content.File{{Path: tt.file, Descriptor: content.Descriptor{Digest: d, Size: 42}}}, m.Files)
 			assert.Equal(t, urlModelName(u), m.Name)
 			prefix, key, _ := strings.Cut(m.Name[len(tt.name):], "/")
 			assert.Empty(t, prefix, "%s: want %s/<key>", m.Name, tt.name)
@@ -100,7 +100,7 @@ func TestURLModelName(t *testing.T) {
 		u, err := parseURL(s)
 		require.NoError(t, err, s)
 		name := urlModelName(u)
-		require.NoError(t, cache.ValidateModelName(name), s)
+		require.NoError(t, content.ValidateModelName(name), s)
 		assert.Len(t, strings.Split(name, "/"), 3, s)
 		assert.LessOrEqual(t, len("models--"+strings.ReplaceAll(name, "/", "--")), 255, "a directory name")
 		if other, ok := names[name]; ok {

@@ -21,7 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/internal/genmodel"
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 )
@@ -37,7 +37,7 @@ func blobData(n int) ([]byte, digest.Digest) {
 
 // resolveFile resolves a digest-pinned reference to url and returns its one
 // opener.
-func resolveFile(t *testing.T, src *prefetch.HTTPSource, rawURL string, d digest.Digest) (*prefetch.Resolution, cache.RangeOpener) {
+func resolveFile(t *testing.T, src *prefetch.HTTPSource, rawURL string, d digest.Digest) (*prefetch.Resolution, content.RangeOpener) {
 	t.Helper()
 	r, err := ref.Parse(rawURL + "#" + d.String())
 	require.NoError(t, err)
@@ -102,9 +102,9 @@ func TestHTTPBlobOpenRange(t *testing.T) {
 			get: func(w http.ResponseWriter, _ *http.Request, _ int64) { w.Write(data) }},
 		{name: "range ignored, prefix discarded", off: 6000, want: data[6000:],
 			get: func(w http.ResponseWriter, _ *http.Request, _ int64) { w.Write(data) }},
-		{name: "range ignored, wrong length", off: 0, permanent: true, is: cache.ErrSizeMismatch,
+		{name: "range ignored, wrong length", off: 0, permanent: true, is: content.ErrSizeMismatch,
 			get: func(w http.ResponseWriter, _ *http.Request, _ int64) { w.Write(data[:500]) }},
-		{name: "wrong total", off: 100, permanent: true, is: cache.ErrSizeMismatch,
+		{name: "wrong total", off: 100, permanent: true, is: content.ErrSizeMismatch,
 			get: partial(100, n, n+1, data[100:])},
 		{name: "wrong start", off: 100, get: partial(0, n-1, n, data)},
 		{name: "wrong end", off: 100, get: partial(100, n-2, n, data[100:n-1])},
@@ -126,7 +126,7 @@ func TestHTTPBlobOpenRange(t *testing.T) {
 				w.WriteHeader(http.StatusPartialContent)
 				w.Write(data[100:150])
 			}},
-		{name: "416", off: 100, permanent: true, is: cache.ErrSizeMismatch, get: status(http.StatusRequestedRangeNotSatisfiable)},
+		{name: "416", off: 100, permanent: true, is: content.ErrSizeMismatch, get: status(http.StatusRequestedRangeNotSatisfiable)},
 		{name: "400", off: 0, permanent: true, get: status(http.StatusBadRequest)},
 		{name: "401", off: 0, permanent: true, get: status(http.StatusUnauthorized)},
 		{name: "403", off: 0, permanent: true, get: status(http.StatusForbidden)},
@@ -149,7 +149,7 @@ func TestHTTPBlobOpenRange(t *testing.T) {
 			body, err := op.OpenRange(t.Context(), tt.off)
 			if tt.want == nil {
 				require.Error(t, err)
-				assert.Equal(t, tt.permanent, errors.Is(err, cache.ErrPermanent), "permanent: %v", err)
+				assert.Equal(t, tt.permanent, errors.Is(err, content.ErrPermanent), "permanent: %v", err)
 				if tt.is != nil {
 					assert.ErrorIs(t, err, tt.is)
 				}
@@ -204,15 +204,15 @@ func TestHTTPBlobEdges(t *testing.T) {
 
 	for _, off := range []int64{-1, 101} {
 		_, err := op.OpenRange(t.Context(), off)
-		assert.ErrorIs(t, err, cache.ErrPermanent, "offset %d", off)
-		assert.ErrorIs(t, err, cache.ErrInvalid, "offset %d", off)
+		assert.ErrorIs(t, err, content.ErrPermanent, "offset %d", off)
+		assert.ErrorIs(t, err, content.ErrInvalid, "offset %d", off)
 	}
 
 	// A dead origin is a transient error.
 	srv.Close()
 	_, err = op.OpenRange(t.Context(), 0)
 	require.Error(t, err)
-	assert.NotErrorIs(t, err, cache.ErrPermanent)
+	assert.NotErrorIs(t, err, content.ErrPermanent)
 
 	// A cancelled context is reported as such.
 	ctx, cancel := context.WithCancel(t.Context())
@@ -272,10 +272,10 @@ func TestHTTPSourceResolveFile(t *testing.T) {
 			require.NoError(t, err)
 			host := strings.ReplaceAll(strings.TrimPrefix(srv.URL, "http://"), ":", "-")
 			require.True(t, strings.HasPrefix(prefetch.ModelName(parsed), host+"/models-llama-w.bin/"), prefetch.ModelName(parsed))
-			assert.Equal(t, cache.Model{
+			assert.Equal(t, content.Model{
 				Name:     prefetch.ModelName(parsed),
 				Revision: d.Encoded()[:12],
-				Files:    []cache.File{{Path: "w.bin", Descriptor: cache.Descriptor{Digest: d, Size: int64(len(tt.data))}}},
+				Files:    []content.File{{Path: "w.bin", Descriptor: content.Descriptor{Digest: d, Size: int64(len(tt.data))}}},
 			}, res.Model)
 		})
 	}
@@ -302,7 +302,7 @@ func TestHTTPSourceResolveFileErrors(t *testing.T) {
 			require.NoError(t, err)
 			_, err = prefetch.NewHTTPSource(srv.Client()).Resolve(t.Context(), r)
 			require.Error(t, err)
-			assert.Equal(t, tt.permanent, errors.Is(err, cache.ErrPermanent), err.Error())
+			assert.Equal(t, tt.permanent, errors.Is(err, content.ErrPermanent), err.Error())
 			assert.True(t, strings.HasPrefix(err.Error(), "resolving "+r.String()), err.Error())
 		})
 	}
@@ -341,7 +341,7 @@ func TestHTTPSourceResolveManifest(t *testing.T) {
 	assert.Empty(t, res.Model.Ref)
 	require.Len(t, res.Model.Files, len(m.Files))
 	for i, f := range m.Files {
-		assert.Equal(t, cache.File{Path: f.Path, Descriptor: cache.Descriptor{Digest: f.Digest(), Size: f.Size}}, res.Model.Files[i])
+		assert.Equal(t, content.File{Path: f.Path, Descriptor: content.Descriptor{Digest: f.Digest(), Size: f.Size}}, res.Model.Files[i])
 		body, err := res.Blobs[f.Digest()].OpenRange(t.Context(), 0)
 		require.NoError(t, err)
 		h := sha256.New()
@@ -371,7 +371,7 @@ func TestHTTPSourceLaysManifestOutUnderItsURL(t *testing.T) {
 	}))
 	defer srv.Close()
 	src := prefetch.NewHTTPSource(srv.Client())
-	resolve := func(path string) (ref.Ref, cache.Model) {
+	resolve := func(path string) (ref.Ref, content.Model) {
 		parsed, err := ref.Parse(srv.URL + path + "?X-Amz-Signature=1")
 		require.NoError(t, err)
 		res, err := src.Resolve(t.Context(), parsed)
@@ -452,14 +452,14 @@ func TestHTTPSourceResolveManifestErrors(t *testing.T) {
 		{"404", func(w http.ResponseWriter, _ *http.Request) { http.NotFound(w, nil) }, true, nil},
 		{"500", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusInternalServerError) }, false, nil},
 		{"206", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusPartialContent) }, false, nil},
-		{"invalid manifest", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, good[:20]) }, true, cache.ErrInvalid},
+		{"invalid manifest", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, good[:20]) }, true, content.ErrInvalid},
 		{"path escapes", func(w http.ResponseWriter, _ *http.Request) {
 			fmt.Fprint(w, manifestJSON(fileJSON("../../etc/passwd", 1, hexA)))
-		}, true, cache.ErrInvalid},
+		}, true, content.ErrInvalid},
 		{"declared too large", func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Length", strconv.Itoa(prefetch.MaxManifestSize+1))
 			fmt.Fprint(w, good)
-		}, true, cache.ErrInvalid},
+		}, true, content.ErrInvalid},
 		{"streamed too large", func(w http.ResponseWriter, _ *http.Request) {
 			w.(http.Flusher).Flush() // chunked: no Content-Length
 			fmt.Fprint(w, good)
@@ -469,7 +469,7 @@ func TestHTTPSourceResolveManifestErrors(t *testing.T) {
 					return
 				}
 			}
-		}, true, cache.ErrInvalid},
+		}, true, content.ErrInvalid},
 		{"cut short", func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Length", "1000")
 			fmt.Fprint(w, good[:20])
@@ -484,7 +484,7 @@ func TestHTTPSourceResolveManifestErrors(t *testing.T) {
 			require.NoError(t, err)
 			_, err = prefetch.NewHTTPSource(srv.Client()).Resolve(t.Context(), r)
 			require.Error(t, err)
-			assert.Equal(t, tt.permanent, errors.Is(err, cache.ErrPermanent), err.Error())
+			assert.Equal(t, tt.permanent, errors.Is(err, content.ErrPermanent), err.Error())
 			if tt.is != nil {
 				assert.ErrorIs(t, err, tt.is)
 			}
@@ -496,7 +496,7 @@ func TestHTTPSourceUnsupported(t *testing.T) {
 	t.Parallel()
 	_, err := prefetch.NewHTTPSource(nil).Resolve(t.Context(), ref.Ref{Kind: "oci"})
 	assert.ErrorIs(t, err, errors.ErrUnsupported)
-	assert.ErrorIs(t, err, cache.ErrPermanent)
+	assert.ErrorIs(t, err, content.ErrPermanent)
 }
 
 func TestHTTPBlobOpenBoundedRange(t *testing.T) {
@@ -528,5 +528,5 @@ func TestHTTPBlobOpenBoundedRange(t *testing.T) {
 	assert.Contains(t, ranges, "bytes=10-19", "the origin is asked for exactly the bytes needed")
 	mu.Unlock()
 	_, err := bounded.OpenBoundedRange(t.Context(), 995, 10)
-	assert.ErrorIs(t, err, cache.ErrInvalid)
+	assert.ErrorIs(t, err, content.ErrInvalid)
 }

@@ -8,7 +8,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/ref"
 )
 
@@ -65,7 +65,7 @@ type Job struct {
 	st       JobStatus
 	err      error
 	blobs    map[digest.Digest]*blobProgress
-	descs    []cache.Descriptor
+	descs    []content.Descriptor
 	watchers map[chan JobStatus]func() bool // → stop of the context.AfterFunc
 	done     chan struct{}
 	// stop cancels the running job; canceled records a Cancel that came
@@ -106,7 +106,7 @@ func (j *Job) Status() JobStatus {
 // layers, image blobs), largest first; empty until the reference is
 // resolved. Files unpacked from packed layers are not among them. Policies
 // pin them.
-func (j *Job) Blobs() []cache.Descriptor {
+func (j *Job) Blobs() []content.Descriptor {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return slices.Clone(j.descs)

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -67,7 +67,7 @@ func scrape(t *testing.T, reg *prometheus.Registry) string {
 func TestQueueReadySecondsBounded(t *testing.T) {
 	t.Parallel()
 	const models, limit = 10000, 20
-	src := &fakeSource{models: make(map[string]cache.Model, models)}
+	src := &fakeSource{models: make(map[string]content.Model, models)}
 	for i := range models {
 		name := fmt.Sprintf("m%05d", i)
 		src.models[name] = model(name, 1)

@@ -16,7 +16,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/ref"
 )
 
@@ -74,11 +74,11 @@ func (f ManifestFile) Digest() digest.Digest {
 	return digest.NewDigestFromEncoded(digest.SHA256, f.SHA256)
 }
 
-// Model returns the manifest as a cache.Model, named as it names itself.
-func (m *Manifest) Model() cache.Model {
-	model := cache.Model{Name: m.Name, Revision: m.Revision, Files: make([]cache.File, len(m.Files))}
+// Model returns the manifest as a content.Model, named as it names itself.
+func (m *Manifest) Model() content.Model {
+	model := content.Model{Name: m.Name, Revision: m.Revision, Files: make([]content.File, len(m.Files))}
 	for i, f := range m.Files {
-		model.Files[i] = cache.File{Path: f.Path, Descriptor: cache.Descriptor{Digest: f.Digest(), Size: f.Size}}
+		model.Files[i] = content.File{Path: f.Path, Descriptor: content.Descriptor{Digest: f.Digest(), Size: f.Size}}
 	}
 	return model
 }
@@ -87,7 +87,7 @@ func (m *Manifest) Model() cache.Model {
 // HTTPSource): named after u, never as the manifest names itself; at the
 // manifest's revision if it is a commit, else at the files' own commit-like
 // id, with the revision as a ref to it.
-func (m *Manifest) layout(u *url.URL) cache.Model {
+func (m *Manifest) layout(u *url.URL) content.Model {
 	model := m.Model()
 	model.Name = urlModelName(u)
 	if !ref.IsCommit(m.Revision) {
@@ -98,8 +98,8 @@ func (m *Manifest) layout(u *url.URL) cache.Model {
 
 // filesRevision is a commit-like id of a set of files: the first 40 hex
 // digits of the sha256 of each file's path and digest, in path order.
-func filesRevision(files []cache.File) string {
-	sorted := slices.SortedFunc(slices.Values(files), func(a, b cache.File) int { return strings.Compare(a.Path, b.Path) })
+func filesRevision(files []content.File) string {
+	sorted := slices.SortedFunc(slices.Values(files), func(a, b content.File) int { return strings.Compare(a.Path, b.Path) })
 	h := sha256.New()
 	for _, f := range sorted {
 		h.Write([]byte(f.Path))
@@ -124,13 +124,13 @@ func ReadManifest(r io.Reader) (*Manifest, error) {
 // ParseManifest parses and validates a manifest document. It rejects documents
 // larger than MaxManifestSize, unknown, duplicated or differently cased keys,
 // null values, trailing data, more than MaxManifestFiles files or none, and
-// anything cache.Model.Validate rejects (bad names and revisions; absolute,
+// anything content.Model.Validate rejects (bad names and revisions; absolute,
 // unclean, "..", NUL-bearing or duplicate paths); sha256 must be 64 lowercase
 // hex digits, sizes must not be negative nor sum past math.MaxInt64, two files
 // with the same digest must agree on its size, and a "url" must be an http(s)
 // URL or a relative reference without user information.
 //
-// Errors wrap cache.ErrInvalid.
+// Errors wrap content.ErrInvalid.
 func ParseManifest(data []byte) (*Manifest, error) {
 	m, err := parseManifest(data)
 	if err != nil {
@@ -141,7 +141,7 @@ func ParseManifest(data []byte) (*Manifest, error) {
 
 func parseManifest(data []byte) (*Manifest, error) {
 	if len(data) > MaxManifestSize {
-		return nil, fmt.Errorf("%w: larger than %d bytes", cache.ErrInvalid, MaxManifestSize)
+		return nil, fmt.Errorf("%w: larger than %d bytes", content.ErrInvalid, MaxManifestSize)
 	}
 	p := jsonParser{dec: json.NewDecoder(bytes.NewReader(data))}
 	p.dec.UseNumber()
@@ -171,7 +171,7 @@ func parseManifest(data []byte) (*Manifest, error) {
 		err = p.end()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", cache.ErrInvalid, err)
+		return nil, fmt.Errorf("%w: %w", content.ErrInvalid, err)
 	}
 	if err := m.validate(); err != nil {
 		return nil, err
@@ -181,23 +181,23 @@ func parseManifest(data []byte) (*Manifest, error) {
 
 func (m *Manifest) validate() error {
 	if len(m.Files) == 0 {
-		return fmt.Errorf("%w: no files", cache.ErrInvalid)
+		return fmt.Errorf("%w: no files", content.ErrInvalid)
 	}
 	var total int64
 	sizes := make(map[string]int64, len(m.Files))
 	for _, f := range m.Files {
-		if err := cache.ValidateDigest(f.Digest()); err != nil {
+		if err := content.ValidateDigest(f.Digest()); err != nil {
 			return fmt.Errorf("file %q: sha256 must be 64 lowercase hex digits: %w", truncate(f.Path), err)
 		}
 		if f.Size < 0 {
-			return fmt.Errorf("%w: file %q: negative size %d", cache.ErrInvalid, truncate(f.Path), f.Size)
+			return fmt.Errorf("%w: file %q: negative size %d", content.ErrInvalid, truncate(f.Path), f.Size)
 		}
 		if f.Size > math.MaxInt64-total {
-			return fmt.Errorf("%w: total size overflows", cache.ErrInvalid)
+			return fmt.Errorf("%w: total size overflows", content.ErrInvalid)
 		}
 		total += f.Size
 		if size, ok := sizes[f.SHA256]; ok && size != f.Size {
-			return fmt.Errorf("%w: file %q: sha256 %s listed with sizes %d and %d", cache.ErrInvalid, truncate(f.Path), f.SHA256, size, f.Size)
+			return fmt.Errorf("%w: file %q: sha256 %s listed with sizes %d and %d", content.ErrInvalid, truncate(f.Path), f.SHA256, size, f.Size)
 		}
 		sizes[f.SHA256] = f.Size
 		if f.URL != "" {
@@ -214,26 +214,26 @@ func (m *Manifest) validate() error {
 // information, no fragment.
 func checkFileURL(s string) error {
 	if len(s) > ref.MaxLength {
-		return fmt.Errorf("%w: longer than %d bytes", cache.ErrInvalid, ref.MaxLength)
+		return fmt.Errorf("%w: longer than %d bytes", content.ErrInvalid, ref.MaxLength)
 	}
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; c <= ' ' || c >= 0x7f {
-			return fmt.Errorf("%w: byte %#02x at offset %d: only printable ASCII without spaces is allowed", cache.ErrInvalid, c, i)
+			return fmt.Errorf("%w: byte %#02x at offset %d: only printable ASCII without spaces is allowed", content.ErrInvalid, c, i)
 		}
 	}
 	if strings.Contains(s, "#") {
-		return fmt.Errorf("%w: fragment not allowed", cache.ErrInvalid)
+		return fmt.Errorf("%w: fragment not allowed", content.ErrInvalid)
 	}
 	u, err := url.Parse(s)
 	if err != nil {
-		return fmt.Errorf("%w: %q is not a URL", cache.ErrInvalid, truncate(s))
+		return fmt.Errorf("%w: %q is not a URL", content.ErrInvalid, truncate(s))
 	}
 	if u.User != nil {
-		return fmt.Errorf("%w: user information in URLs is not allowed", cache.ErrInvalid)
+		return fmt.Errorf("%w: user information in URLs is not allowed", content.ErrInvalid)
 	}
 	if u.Scheme != "" || u.Host != "" {
 		if err := ref.CheckHTTPURL(u); err != nil {
-			return fmt.Errorf("%w: %w", cache.ErrInvalid, err)
+			return fmt.Errorf("%w: %w", content.ErrInvalid, err)
 		}
 	}
 	return nil
@@ -253,14 +253,14 @@ func (f ManifestFile) fileURL(manifestURL *url.URL) (*url.URL, error) {
 	}
 	rel, err := url.Parse(href)
 	if err != nil {
-		return nil, fmt.Errorf("%w: file %q: url: %v", cache.ErrInvalid, truncate(f.Path), err)
+		return nil, fmt.Errorf("%w: file %q: url: %v", content.ErrInvalid, truncate(f.Path), err)
 	}
 	u := manifestURL.ResolveReference(rel)
 	if err := ref.CheckHTTPURL(u); err != nil {
-		return nil, fmt.Errorf("%w: file %q: url: %w", cache.ErrInvalid, truncate(f.Path), err)
+		return nil, fmt.Errorf("%w: file %q: url: %w", content.ErrInvalid, truncate(f.Path), err)
 	}
 	if manifestURL.Scheme == "https" && u.Scheme != "https" {
-		return nil, fmt.Errorf("%w: file %q: url: a manifest fetched over https may not send files over %s", cache.ErrInvalid, truncate(f.Path), u.Scheme)
+		return nil, fmt.Errorf("%w: file %q: url: a manifest fetched over https may not send files over %s", content.ErrInvalid, truncate(f.Path), u.Scheme)
 	}
 	return u, nil
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -58,7 +58,7 @@ func TestParseManifest(t *testing.T) {
 	model := m.Model()
 	require.NoError(t, model.Validate())
 	assert.Equal(t, "org/model", model.Name)
-	assert.Equal(t, cache.File{Path: "config.json", Descriptor: cache.Descriptor{Digest: "sha256:" + hexA, Size: 123}}, model.Files[0])
+	assert.Equal(t, content.File{Path: "config.json", Descriptor: content.Descriptor{Digest: "sha256:" + hexA, Size: 123}}, model.Files[0])
 
 	// The manifest marshals back to a document that parses to the same.
 	data, err := json.Marshal(m)
@@ -124,7 +124,7 @@ func TestParseManifestInvalid(t *testing.T) {
 			t.Parallel()
 			_, err := prefetch.ParseManifest([]byte(tt.doc))
 			require.Error(t, err)
-			assert.ErrorIs(t, err, cache.ErrInvalid)
+			assert.ErrorIs(t, err, content.ErrInvalid)
 			assert.ErrorContains(t, err, tt.why)
 			assert.True(t, strings.HasPrefix(err.Error(), "parsing manifest: "), err.Error())
 		})
@@ -150,7 +150,7 @@ func TestParseManifestFileLimit(t *testing.T) {
 	assert.Len(t, m.Files, prefetch.MaxManifestFiles)
 
 	_, err = prefetch.ParseManifest(build(prefetch.MaxManifestFiles + 1))
-	assert.ErrorIs(t, err, cache.ErrInvalid)
+	assert.ErrorIs(t, err, content.ErrInvalid)
 	assert.ErrorContains(t, err, "more than 100000 files")
 }
 
@@ -164,13 +164,13 @@ func TestReadManifest(t *testing.T) {
 	// An endless document is cut off at the limit, not read whole.
 	endless := iotest.OneByteReader(&repeatReader{b: ' '})
 	_, err = prefetch.ReadManifest(endless)
-	assert.ErrorIs(t, err, cache.ErrInvalid)
+	assert.ErrorIs(t, err, content.ErrInvalid)
 	assert.ErrorContains(t, err, "larger than")
 
 	// A read error is not a parse error.
 	_, err = prefetch.ReadManifest(iotest.ErrReader(errors.New("boom")))
 	assert.ErrorContains(t, err, "reading manifest: boom")
-	assert.NotErrorIs(t, err, cache.ErrInvalid)
+	assert.NotErrorIs(t, err, content.ErrInvalid)
 }
 
 type repeatReader struct{ b byte }
@@ -206,8 +206,8 @@ func FuzzParseManifest(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := prefetch.ParseManifest(data)
 		if err != nil {
-			if !errors.Is(err, cache.ErrInvalid) {
-				t.Fatalf("error %v does not wrap cache.ErrInvalid", err)
+			if !errors.Is(err, content.ErrInvalid) {
+				t.Fatalf("error %v does not wrap content.ErrInvalid", err)
 			}
 			return
 		}

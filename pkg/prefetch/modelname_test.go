@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 )
@@ -18,7 +18,7 @@ func TestModelNameOfS3(t *testing.T) {
 		r, err := ref.Parse(s)
 		require.NoError(t, err)
 		n := prefetch.ModelName(r)
-		require.NoError(t, cache.ValidateModelName(n), s)
+		require.NoError(t, content.ValidateModelName(n), s)
 		return n
 	}
 	for _, s := range []string{"s3://models", "s3://my.bucket-1/Org/Model_v2.0", "s3://models/m/model.bin#" + digest.FromString("m").String()} {
@@ -40,7 +40,7 @@ func FuzzModelName(f *testing.F) {
 		if err != nil || r.Kind != ref.KindS3 {
 			return
 		}
-		if err := cache.ValidateModelName(prefetch.ModelName(r)); err != nil {
+		if err := content.ValidateModelName(prefetch.ModelName(r)); err != nil {
 			t.Fatalf("%q: model name: %v", s, err)
 		}
 	})

@@ -12,7 +12,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // OCI, Docker and ModelPack media types this package knows.
@@ -135,8 +135,8 @@ type ociDescriptor struct {
 	Platform     *ociPlatform      `json:"platform"`
 }
 
-func (d ociDescriptor) descriptor() cache.Descriptor {
-	return cache.Descriptor{Digest: d.Digest, Size: d.Size}
+func (d ociDescriptor) descriptor() content.Descriptor {
+	return content.Descriptor{Digest: d.Digest, Size: d.Size}
 }
 
 // ociPlatform is the platform of an index entry.
@@ -165,11 +165,11 @@ const (
 // doc.MediaType is set to the type decided (OCI's for a shape). It
 // rejects Docker schema 1, unknown media types, documents that are both
 // (manifests and layers or config), and malformed descriptors. Errors wrap
-// cache.ErrInvalid.
+// content.ErrInvalid.
 func parseOCIDocument(contentType string, body []byte) (doc *ociDocument, index bool, err error) {
 	doc = new(ociDocument)
 	if err := json.Unmarshal(body, doc); err != nil {
-		return nil, false, fmt.Errorf("%w: manifest is not JSON: %v", cache.ErrInvalid, err)
+		return nil, false, fmt.Errorf("%w: manifest is not JSON: %v", content.ErrInvalid, err)
 	}
 	mt := doc.MediaType
 	if mt == "" {
@@ -180,30 +180,30 @@ func parseOCIDocument(contentType string, body []byte) (doc *ociDocument, index 
 		index = true
 	case MediaTypeOCIManifest, MediaTypeDockerManifest, MediaTypeModelManifest, "application/vnd.cncf.model.manifest.v1+json":
 	case "application/vnd.docker.distribution.manifest.v1+json", "application/vnd.docker.distribution.manifest.v1+prettyjws":
-		return nil, false, fmt.Errorf("%w: Docker schema 1 manifests (%s) are not supported", cache.ErrInvalid, mt)
+		return nil, false, fmt.Errorf("%w: Docker schema 1 manifests (%s) are not supported", content.ErrInvalid, mt)
 	case "", "application/json", "application/octet-stream", "text/plain":
 		// A registry that does not know the type: go by the shape.
 		index = doc.Manifests != nil
 		if !index && doc.Config == nil {
-			return nil, false, fmt.Errorf("%w: manifest has no mediaType and neither manifests nor config", cache.ErrInvalid)
+			return nil, false, fmt.Errorf("%w: manifest has no mediaType and neither manifests nor config", content.ErrInvalid)
 		}
 		mt = MediaTypeOCIManifest
 		if index {
 			mt = MediaTypeOCIIndex
 		}
 	default:
-		return nil, false, fmt.Errorf("%w: unknown manifest media type %q", cache.ErrInvalid, truncate(mt))
+		return nil, false, fmt.Errorf("%w: unknown manifest media type %q", content.ErrInvalid, truncate(mt))
 	}
 	doc.MediaType = mt
 	if doc.SchemaVersion != 2 {
-		return nil, false, fmt.Errorf("%w: manifest schemaVersion %d, want 2", cache.ErrInvalid, doc.SchemaVersion)
+		return nil, false, fmt.Errorf("%w: manifest schemaVersion %d, want 2", content.ErrInvalid, doc.SchemaVersion)
 	}
 	if index {
 		if doc.Config != nil || doc.Layers != nil {
-			return nil, false, fmt.Errorf("%w: index %s also has a config or layers", cache.ErrInvalid, mt)
+			return nil, false, fmt.Errorf("%w: index %s also has a config or layers", content.ErrInvalid, mt)
 		}
 		if len(doc.Manifests) > maxOCIManifests {
-			return nil, false, fmt.Errorf("%w: index lists more than %d manifests", cache.ErrInvalid, maxOCIManifests)
+			return nil, false, fmt.Errorf("%w: index lists more than %d manifests", content.ErrInvalid, maxOCIManifests)
 		}
 		for i, m := range doc.Manifests {
 			if err := m.descriptor().Validate(); err != nil {
@@ -213,16 +213,16 @@ func parseOCIDocument(contentType string, body []byte) (doc *ociDocument, index 
 		return doc, true, nil
 	}
 	if doc.Manifests != nil {
-		return nil, false, fmt.Errorf("%w: manifest %s also lists manifests", cache.ErrInvalid, mt)
+		return nil, false, fmt.Errorf("%w: manifest %s also lists manifests", content.ErrInvalid, mt)
 	}
 	if doc.Config == nil {
-		return nil, false, fmt.Errorf("%w: manifest has no config", cache.ErrInvalid)
+		return nil, false, fmt.Errorf("%w: manifest has no config", content.ErrInvalid)
 	}
 	if err := doc.Config.descriptor().Validate(); err != nil {
 		return nil, false, fmt.Errorf("config: %w", err)
 	}
 	if len(doc.Layers) > maxOCILayers {
-		return nil, false, fmt.Errorf("%w: manifest lists more than %d layers", cache.ErrInvalid, maxOCILayers)
+		return nil, false, fmt.Errorf("%w: manifest lists more than %d layers", content.ErrInvalid, maxOCILayers)
 	}
 	for i, l := range doc.Layers {
 		if err := l.descriptor().Validate(); err != nil {
@@ -300,7 +300,7 @@ func (p Platform) match(e *ociPlatform) int {
 
 // selectManifest picks the entry of an index for platform p: the best match;
 // in an index whose entries carry no platform at all (an artifact index),
-// the first entry. Errors wrap cache.ErrNotFound.
+// the first entry. Errors wrap content.ErrNotFound.
 func selectManifest(doc *ociDocument, p Platform) (ociDescriptor, error) {
 	best, bestScore, anyPlatform := -1, 0, false
 	for i, m := range doc.Manifests {
@@ -323,7 +323,7 @@ func selectManifest(doc *ociDocument, p Platform) (ociDescriptor, error) {
 			have = append(have, m.Platform.String())
 		}
 	}
-	return ociDescriptor{}, fmt.Errorf("%w: no manifest for %s in the index (it has %s)", cache.ErrNotFound, p, cmp.Or(strings.Join(have, ", "), "none"))
+	return ociDescriptor{}, fmt.Errorf("%w: no manifest for %s in the index (it has %s)", content.ErrNotFound, p, cmp.Or(strings.Join(have, ", "), "none"))
 }
 
 // isModelManifest reports whether a manifest is a ModelPack model artifact.
@@ -334,18 +334,18 @@ func isModelManifest(doc *ociDocument) bool {
 // modelContent lists a model artifact's files: raw layers as files, at the
 // path their annotation names; archive and compressed layers as packed
 // layers extracted at the model's root.
-func modelContent(doc *ociDocument) ([]cache.File, []PackedLayer, error) {
+func modelContent(doc *ociDocument) ([]content.File, []PackedLayer, error) {
 	var (
-		files  []cache.File
+		files  []content.File
 		packed []PackedLayer
 	)
 	for i, l := range doc.Layers {
 		c, archive, ok := modelLayer(l.MediaType)
 		if !ok {
 			if isForeignLayer(l.MediaType) {
-				return nil, nil, fmt.Errorf("%w: layer %d (%s) is a foreign layer (%s), which is not supported", cache.ErrInvalid, i, l.Digest, l.MediaType)
+				return nil, nil, fmt.Errorf("%w: layer %d (%s) is a foreign layer (%s), which is not supported", content.ErrInvalid, i, l.Digest, l.MediaType)
 			}
-			return nil, nil, fmt.Errorf("%w: layer %d (%s) has unknown media type %q", cache.ErrInvalid, i, l.Digest, truncate(l.MediaType))
+			return nil, nil, fmt.Errorf("%w: layer %d (%s) has unknown media type %q", content.ErrInvalid, i, l.Digest, truncate(l.MediaType))
 		}
 		if archive {
 			packed = append(packed, PackedLayer{Descriptor: l.descriptor(), MediaType: l.MediaType, Compression: c, Archive: true})
@@ -353,15 +353,15 @@ func modelContent(doc *ociDocument) ([]cache.File, []PackedLayer, error) {
 		}
 		p := cmp.Or(l.Annotations[AnnotationModelFilepath], l.Annotations[annotationModelFilepathDraft], l.Annotations[annotationTitle])
 		if p == "" {
-			return nil, nil, fmt.Errorf("%w: raw layer %d (%s) has no %s (or %s) annotation", cache.ErrInvalid, i, l.Digest, AnnotationModelFilepath, annotationModelFilepathDraft)
+			return nil, nil, fmt.Errorf("%w: raw layer %d (%s) has no %s (or %s) annotation", content.ErrInvalid, i, l.Digest, AnnotationModelFilepath, annotationModelFilepathDraft)
 		}
-		if err := cache.ValidatePath(p); err != nil || path.Clean(p) != p {
-			return nil, nil, fmt.Errorf("%w: raw layer %d (%s): file path %q is not a relative, clean path", cache.ErrInvalid, i, l.Digest, truncate(p))
+		if err := content.ValidatePath(p); err != nil || path.Clean(p) != p {
+			return nil, nil, fmt.Errorf("%w: raw layer %d (%s): file path %q is not a relative, clean path", content.ErrInvalid, i, l.Digest, truncate(p))
 		}
-		files = append(files, cache.File{Path: p, Descriptor: l.descriptor()})
+		files = append(files, content.File{Path: p, Descriptor: l.descriptor()})
 	}
 	if len(files) == 0 && len(packed) == 0 {
-		return nil, nil, fmt.Errorf("%w: model artifact has no layers", cache.ErrInvalid)
+		return nil, nil, fmt.Errorf("%w: model artifact has no layers", content.ErrInvalid)
 	}
 	return files, packed, nil
 }
@@ -376,15 +376,15 @@ func imageContent(doc *ociDocument) ([]ImageBlob, error) {
 		if doc.ArtifactType != "" {
 			at = fmt.Sprintf(" (artifactType %q)", truncate(doc.ArtifactType))
 		}
-		return nil, fmt.Errorf("%w: unknown config media type %q%s: neither an image nor a ModelPack model", cache.ErrInvalid, truncate(doc.Config.MediaType), at)
+		return nil, fmt.Errorf("%w: unknown config media type %q%s: neither an image nor a ModelPack model", content.ErrInvalid, truncate(doc.Config.MediaType), at)
 	}
 	blobs := []ImageBlob{{Descriptor: doc.Config.descriptor(), MediaType: doc.Config.MediaType}}
 	for i, l := range doc.Layers {
 		if _, ok := imageLayer(l.MediaType); !ok {
 			if isForeignLayer(l.MediaType) {
-				return nil, fmt.Errorf("%w: layer %d (%s) is a foreign layer (%s) served from elsewhere than the registry, which is not supported", cache.ErrInvalid, i, l.Digest, l.MediaType)
+				return nil, fmt.Errorf("%w: layer %d (%s) is a foreign layer (%s) served from elsewhere than the registry, which is not supported", content.ErrInvalid, i, l.Digest, l.MediaType)
 			}
-			return nil, fmt.Errorf("%w: layer %d (%s) has unknown media type %q", cache.ErrInvalid, i, l.Digest, truncate(l.MediaType))
+			return nil, fmt.Errorf("%w: layer %d (%s) has unknown media type %q", content.ErrInvalid, i, l.Digest, truncate(l.MediaType))
 		}
 		if !slices.ContainsFunc(blobs, func(b ImageBlob) bool { return b.Digest == l.Digest }) {
 			blobs = append(blobs, ImageBlob{Descriptor: l.descriptor(), MediaType: l.MediaType})

@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/ref"
 )
 
@@ -199,7 +200,7 @@ func NewOCISource(opts ...OCIOption) *OCISource {
 // returns the model or image with one opener per blob.
 func (s *OCISource) Resolve(ctx context.Context, r ref.Ref) (*Resolution, error) {
 	if r.Kind != ref.KindOCI {
-		return nil, cache.Permanent(fmt.Errorf("resolving %s: kind %q: %w", r.Redacted(), r.Kind, errors.ErrUnsupported))
+		return nil, content.Permanent(fmt.Errorf("resolving %s: kind %q: %w", r.Redacted(), r.Kind, errors.ErrUnsupported))
 	}
 	res, err := s.resolve(ctx, r)
 	if err != nil {
@@ -228,21 +229,21 @@ func (s *OCISource) resolve(ctx context.Context, r ref.Ref) (*Resolution, error)
 	}
 	doc, isIndex, err := parseOCIDocument(ct, body)
 	if err != nil {
-		return nil, cache.Permanent(fmt.Errorf("manifest %s: %w", top, err))
+		return nil, content.Permanent(fmt.Errorf("manifest %s: %w", top, err))
 	}
-	target := ImageBlob{Descriptor: cache.Descriptor{Digest: top, Size: int64(len(body))}, MediaType: doc.MediaType}
-	res := &Resolution{Blobs: map[digest.Digest]cache.RangeOpener{top: cache.Bytes(body)}}
+	target := ImageBlob{Descriptor: content.Descriptor{Digest: top, Size: int64(len(body))}, MediaType: doc.MediaType}
+	res := &Resolution{Blobs: map[digest.Digest]content.RangeOpener{top: cache.Bytes(body)}}
 	var imageBlobs []ImageBlob
 	manifest := target
 	if isIndex {
 		imageBlobs = append(imageBlobs, target)
 		entry, err := selectManifest(doc, s.platform)
 		if err != nil {
-			return nil, cache.Permanent(fmt.Errorf("index %s: %w", top, err))
+			return nil, content.Permanent(fmt.Errorf("index %s: %w", top, err))
 		}
 		switch entry.MediaType {
 		case MediaTypeOCIIndex, MediaTypeDockerList:
-			return nil, cache.Permanent(fmt.Errorf("%w: index %s: the entry for %s (%s) is itself an index, which is not supported", cache.ErrInvalid, top, s.platform, entry.Digest))
+			return nil, content.Permanent(fmt.Errorf("%w: index %s: the entry for %s (%s) is itself an index, which is not supported", content.ErrInvalid, top, s.platform, entry.Digest))
 		}
 		want := entry.descriptor()
 		ct, body, _, err = s.fetchManifest(ctx, repo, auth, entry.Digest.String(), &want)
@@ -250,10 +251,10 @@ func (s *OCISource) resolve(ctx context.Context, r ref.Ref) (*Resolution, error)
 			return nil, err
 		}
 		if doc, isIndex, err = parseOCIDocument(cmp.Or(entry.MediaType, ct), body); err != nil {
-			return nil, cache.Permanent(fmt.Errorf("manifest %s: %w", entry.Digest, err))
+			return nil, content.Permanent(fmt.Errorf("manifest %s: %w", entry.Digest, err))
 		}
 		if isIndex {
-			return nil, cache.Permanent(fmt.Errorf("%w: index %s: the entry for %s (%s) is itself an index, which is not supported", cache.ErrInvalid, top, s.platform, entry.Digest))
+			return nil, content.Permanent(fmt.Errorf("%w: index %s: the entry for %s (%s) is itself an index, which is not supported", content.ErrInvalid, top, s.platform, entry.Digest))
 		}
 		manifest = ImageBlob{Descriptor: want, MediaType: doc.MediaType}
 		res.Blobs[want.Digest] = cache.Bytes(body)
@@ -263,9 +264,9 @@ func (s *OCISource) resolve(ctx context.Context, r ref.Ref) (*Resolution, error)
 	if isModelManifest(doc) {
 		files, packed, err := modelContent(doc)
 		if err != nil {
-			return nil, cache.Permanent(fmt.Errorf("model manifest %s: %w", manifest.Digest, err))
+			return nil, content.Permanent(fmt.Errorf("model manifest %s: %w", manifest.Digest, err))
 		}
-		res.Model = cache.Model{Name: modelName(r.Repository), Revision: top.Encoded(), Files: files}
+		res.Model = content.Model{Name: modelName(r.Repository), Revision: top.Encoded(), Files: files}
 		res.Packed = packed
 		clear(res.Blobs) // the manifest and index are not part of the model
 		for _, f := range files {
@@ -275,14 +276,14 @@ func (s *OCISource) resolve(ctx context.Context, r ref.Ref) (*Resolution, error)
 			res.Blobs[l.Digest] = s.blob(repo, auth, l.Descriptor)
 		}
 		if err := res.Model.Validate(); err != nil {
-			return nil, cache.Permanent(fmt.Errorf("model manifest %s: %w", manifest.Digest, err))
+			return nil, content.Permanent(fmt.Errorf("model manifest %s: %w", manifest.Digest, err))
 		}
 		return res, nil
 	}
 
 	blobs, err := imageContent(doc)
 	if err != nil {
-		return nil, cache.Permanent(fmt.Errorf("manifest %s: %w", manifest.Digest, err))
+		return nil, content.Permanent(fmt.Errorf("manifest %s: %w", manifest.Digest, err))
 	}
 	for _, b := range blobs {
 		if _, ok := res.Blobs[b.Digest]; !ok {
@@ -297,7 +298,7 @@ func (s *OCISource) resolve(ctx context.Context, r ref.Ref) (*Resolution, error)
 	if r.Tag != "" {
 		rev = sanitize(r.Tag, 128, rev)
 	}
-	res.Model = cache.Model{Name: modelName(r.Repository), Revision: rev}
+	res.Model = content.Model{Name: modelName(r.Repository), Revision: rev}
 	return res, nil
 }
 
@@ -321,8 +322,8 @@ func imageName(repo name.Repository, r ref.Ref) string {
 // the media type (the document's own, else the one it was served with), the
 // bytes as served and their digest, verified when reference is a digest. A
 // document larger than the size limit is a permanent error; one the
-// registry does not have is an error wrapping cache.ErrNotFound, one it
-// refuses (401, 403) an error wrapping cache.ErrDenied.
+// registry does not have is an error wrapping content.ErrNotFound, one it
+// refuses (401, 403) an error wrapping content.ErrDenied.
 func (s *OCISource) Manifest(ctx context.Context, auth RegistryAuth, registry, repository, reference string) (mediaType string, body []byte, d digest.Digest, err error) {
 	defer func() {
 		if err != nil {
@@ -334,11 +335,11 @@ func (s *OCISource) Manifest(ctx context.Context, auth RegistryAuth, registry, r
 		return "", nil, "", err
 	}
 	if strings.Contains(reference, ":") {
-		if _, err := cache.ParseDigest(reference); err != nil {
-			return "", nil, "", cache.Permanent(err)
+		if _, err := content.ParseDigest(reference); err != nil {
+			return "", nil, "", content.Permanent(err)
 		}
 	} else if !ref.ValidTag(reference) {
-		return "", nil, "", cache.Permanent(fmt.Errorf("%w: tag %q", cache.ErrInvalid, truncate(reference)))
+		return "", nil, "", content.Permanent(fmt.Errorf("%w: tag %q", content.ErrInvalid, truncate(reference)))
 	}
 	ct, body, d, err := s.fetchManifest(ctx, repo, auth, reference, nil)
 	if err != nil {
@@ -351,8 +352,8 @@ func (s *OCISource) Manifest(ctx context.Context, auth RegistryAuth, registry, r
 // registry/repository: HEAD, or a GET of its first byte where HEAD is
 // refused (as object stores that registries redirect to may, their URLs
 // signed for GET only). A blob the registry does not have is an error
-// wrapping cache.ErrNotFound, one it refuses an error wrapping
-// cache.ErrDenied.
+// wrapping content.ErrNotFound, one it refuses an error wrapping
+// content.ErrDenied.
 func (s *OCISource) BlobSize(ctx context.Context, auth RegistryAuth, registry, repository string, d digest.Digest) (int64, error) {
 	size, err := s.blobSize(ctx, auth, registry, repository, d)
 	if err != nil {
@@ -362,8 +363,8 @@ func (s *OCISource) BlobSize(ctx context.Context, auth RegistryAuth, registry, r
 }
 
 func (s *OCISource) blobSize(ctx context.Context, auth RegistryAuth, registry, repository string, d digest.Digest) (int64, error) {
-	if err := cache.ValidateDigest(d); err != nil {
-		return 0, cache.Permanent(err)
+	if err := content.ValidateDigest(d); err != nil {
+		return 0, content.Permanent(err)
 	}
 	repo, err := s.repository(registry, repository)
 	if err != nil {
@@ -378,7 +379,7 @@ func (s *OCISource) blobSize(ctx context.Context, auth RegistryAuth, registry, r
 	switch c := resp.StatusCode; {
 	case c == http.StatusOK && resp.ContentLength >= 0:
 		if got := resp.Header.Get("Docker-Content-Digest"); strings.HasPrefix(got, "sha256:") && got != d.String() {
-			return 0, cache.Permanent(fmt.Errorf("%w: HEAD %s: registry says %s", cache.ErrDigestMismatch, redact(resp.Request.URL), truncate(got)))
+			return 0, content.Permanent(fmt.Errorf("%w: HEAD %s: registry says %s", content.ErrDigestMismatch, redact(resp.Request.URL), truncate(got)))
 		}
 		return resp.ContentLength, nil
 	case c == http.StatusOK, c == http.StatusMethodNotAllowed, c == http.StatusNotImplemented, c == http.StatusForbidden && redirected:
@@ -420,7 +421,7 @@ func (s *OCISource) blobSize(ctx context.Context, auth RegistryAuth, registry, r
 // BlobOpener returns an opener of blob desc of registry/repository that
 // reads it with ranged GETs with auth (see Resolve). Nothing is checked
 // until it is opened.
-func (s *OCISource) BlobOpener(auth RegistryAuth, registry, repository string, desc cache.Descriptor) cache.RangeOpener {
+func (s *OCISource) BlobOpener(auth RegistryAuth, registry, repository string, desc content.Descriptor) content.RangeOpener {
 	repo, err := s.repository(registry, repository)
 	if err != nil {
 		return failedOpener{fmt.Errorf("blob %s: %w", desc.Digest, err)}
@@ -433,7 +434,7 @@ func (s *OCISource) BlobOpener(auth RegistryAuth, registry, repository string, d
 func (s *OCISource) repository(registry, repository string) (name.Repository, error) {
 	registry = strings.ToLower(registry)
 	if !ref.ValidRegistry(registry) || !ref.ValidRepository(repository) {
-		return name.Repository{}, cache.Permanent(fmt.Errorf("%w: %q/%q is not a registry and a repository", cache.ErrInvalid, truncate(registry), truncate(repository)))
+		return name.Repository{}, content.Permanent(fmt.Errorf("%w: %q/%q is not a registry and a repository", content.ErrInvalid, truncate(registry), truncate(repository)))
 	}
 	var opts []name.Option
 	if s.insecure[registry] || isLoopbackHost(registry) {
@@ -441,7 +442,7 @@ func (s *OCISource) repository(registry, repository string) (name.Repository, er
 	}
 	repo, err := name.NewRepository(registry+"/"+repository, opts...)
 	if err != nil {
-		return name.Repository{}, cache.Permanent(fmt.Errorf("%w: %v", cache.ErrInvalid, err))
+		return name.Repository{}, content.Permanent(fmt.Errorf("%w: %v", content.ErrInvalid, err))
 	}
 	return repo, nil
 }
@@ -472,7 +473,7 @@ func (s *OCISource) anonymous(auth RegistryAuth, repo name.Repository) (bool, er
 	}
 	a, err := s.keychain.Resolve(repo)
 	if err != nil {
-		return false, cache.Permanent(fmt.Errorf("looking up credentials for %s: %w", repo, err))
+		return false, content.Permanent(fmt.Errorf("looking up credentials for %s: %w", repo, err))
 	}
 	return a == authn.Anonymous, nil
 }
@@ -504,7 +505,7 @@ func (s *OCISource) transport(ctx context.Context, repo name.Repository, auth Re
 	v, err, _ := s.handshakes.Do(key, func() (any, error) {
 		authr, err := s.authenticator(auth, repo)
 		if err != nil {
-			return nil, cache.Permanent(fmt.Errorf("looking up credentials for %s: %w", repo, err))
+			return nil, content.Permanent(fmt.Errorf("looking up credentials for %s: %w", repo, err))
 		}
 		base := transport.NewUserAgent(s.base, s.userAgent)
 		rt, err := transport.NewWithContext(ctx, repo.Registry, authr, base, []string{repo.Scope(transport.PullScope)})
@@ -536,18 +537,18 @@ func classifyRegistryErr(err error) error {
 		// go-containerregistry refuses the token server the registry
 		// names (a private address other than the registry's own, or plain
 		// http for a registry spoken to over https).
-		return cache.Permanent(err)
+		return content.Permanent(err)
 	}
 	var te *transport.Error
 	if errors.As(err, &te) {
 		switch c := te.StatusCode; {
 		case c == http.StatusRequestTimeout, c == http.StatusTooEarly, c == http.StatusTooManyRequests:
 		case c == http.StatusNotFound:
-			return cache.Permanent(also{err, cache.ErrNotFound})
+			return content.Permanent(also{err, content.ErrNotFound})
 		case c == http.StatusUnauthorized, c == http.StatusForbidden:
-			return cache.Permanent(also{err, cache.ErrDenied})
+			return content.Permanent(also{err, content.ErrDenied})
 		case c >= 400 && c < 500:
-			return cache.Permanent(err)
+			return content.Permanent(err)
 		}
 	}
 	return err
@@ -564,7 +565,7 @@ func (s *OCISource) do(ctx context.Context, repo name.Repository, auth RegistryA
 	u := &url.URL{Scheme: repo.Scheme(), Host: repo.RegistryStr(), Path: "/v2/" + repo.RepositoryStr() + "/" + what}
 	req, err := http.NewRequestWithContext(ctx, method, u.String(), nil)
 	if err != nil {
-		return nil, cache.Permanent(fmt.Errorf("%s %s: %w", method, u, err))
+		return nil, content.Permanent(fmt.Errorf("%s %s: %w", method, u, err))
 	}
 	if header != nil {
 		header(req.Header)
@@ -594,7 +595,7 @@ func (s *OCISource) do(ctx context.Context, repo name.Repository, auth RegistryA
 // fetchManifest GETs a manifest or index by tag or digest, within the size
 // limit, and returns its Content-Type, bytes and digest. A reference that is
 // a digest is verified; so is want, when given, in digest and size.
-func (s *OCISource) fetchManifest(ctx context.Context, repo name.Repository, auth RegistryAuth, reference string, want *cache.Descriptor) (string, []byte, digest.Digest, error) {
+func (s *OCISource) fetchManifest(ctx context.Context, repo name.Repository, auth RegistryAuth, reference string, want *content.Descriptor) (string, []byte, digest.Digest, error) {
 	resp, err := s.do(ctx, repo, auth, http.MethodGet, "manifests/"+reference, func(h http.Header) {
 		h.Set("Accept", manifestAccept)
 	})
@@ -607,32 +608,32 @@ func (s *OCISource) fetchManifest(ctx context.Context, repo name.Repository, aut
 		return "", nil, "", registryError(resp)
 	}
 	if resp.ContentLength > s.maxManifest {
-		return "", nil, "", cache.Permanent(fmt.Errorf("%w: %s: manifest of %d bytes is larger than the limit of %d", cache.ErrInvalid, where, resp.ContentLength, s.maxManifest))
+		return "", nil, "", content.Permanent(fmt.Errorf("%w: %s: manifest of %d bytes is larger than the limit of %d", content.ErrInvalid, where, resp.ContentLength, s.maxManifest))
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, s.maxManifest+1))
 	if err != nil {
 		return "", nil, "", fmt.Errorf("%s: %w", where, err)
 	}
 	if int64(len(body)) > s.maxManifest {
-		return "", nil, "", cache.Permanent(fmt.Errorf("%w: %s: manifest larger than the limit of %d bytes", cache.ErrInvalid, where, s.maxManifest))
+		return "", nil, "", content.Permanent(fmt.Errorf("%w: %s: manifest larger than the limit of %d bytes", content.ErrInvalid, where, s.maxManifest))
 	}
 	d := digest.FromBytes(body)
 	if strings.Contains(reference, ":") && d.String() != reference {
-		return "", nil, "", cache.Permanent(fmt.Errorf("%w: %s: manifest has digest %s", cache.ErrDigestMismatch, where, d))
+		return "", nil, "", content.Permanent(fmt.Errorf("%w: %s: manifest has digest %s", content.ErrDigestMismatch, where, d))
 	}
 	if want != nil && int64(len(body)) != want.Size {
-		return "", nil, "", cache.Permanent(fmt.Errorf("%w: %s: manifest of %d bytes, the index says %d", cache.ErrSizeMismatch, where, len(body), want.Size))
+		return "", nil, "", content.Permanent(fmt.Errorf("%w: %s: manifest of %d bytes, the index says %d", content.ErrSizeMismatch, where, len(body), want.Size))
 	}
 	if got := resp.Header.Get("Docker-Content-Digest"); strings.HasPrefix(got, "sha256:") && got != d.String() {
-		return "", nil, "", fmt.Errorf("%w: %s: registry says %s, the bytes are %s", cache.ErrDigestMismatch, where, truncate(got), d)
+		return "", nil, "", fmt.Errorf("%w: %s: registry says %s, the bytes are %s", content.ErrDigestMismatch, where, truncate(got), d)
 	}
 	return contentTypeOf(resp.Header.Get("Content-Type")), body, d, nil
 }
 
 // registryError describes an unexpected response, with the registry's own
 // error codes when its body has them; see statusError for which are
-// permanent. A 404 also wraps cache.ErrNotFound, a 401 or 403
-// cache.ErrDenied.
+// permanent. A 404 also wraps content.ErrNotFound, a 401 or 403
+// content.ErrDenied.
 func registryError(resp *http.Response) error {
 	var detail string
 	if resp.Request.Method != http.MethodHead {
@@ -645,9 +646,9 @@ func registryError(resp *http.Response) error {
 	}
 	switch resp.StatusCode {
 	case http.StatusNotFound:
-		err = also{err, cache.ErrNotFound}
+		err = also{err, content.ErrNotFound}
 	case http.StatusUnauthorized, http.StatusForbidden:
-		err = also{err, cache.ErrDenied}
+		err = also{err, content.ErrDenied}
 	}
 	return err
 }
@@ -688,12 +689,12 @@ func (a also) Unwrap() []error { return []error{a.error, a.target} }
 // them, do not understand "bytes=off-"), following redirects. A 206 must
 // carry "Content-Range: bytes off-(end-1)/size"; a 200 is accepted only from
 // offset 0, with the expected length. A total other than the blob's size is
-// a permanent cache.ErrSizeMismatch. The bytes are not checked here: the
+// a permanent content.ErrSizeMismatch. The bytes are not checked here: the
 // cache verifies the digest.
-func (s *OCISource) blob(repo name.Repository, auth RegistryAuth, desc cache.Descriptor) rangedBlob {
+func (s *OCISource) blob(repo name.Repository, auth RegistryAuth, desc content.Descriptor) rangedBlob {
 	return rangedBlob{size: desc.Size, fetch: func(ctx context.Context, off, end int64) (io.ReadCloser, error) {
-		if err := cache.ValidateDigest(desc.Digest); err != nil {
-			return nil, cache.Permanent(err)
+		if err := content.ValidateDigest(desc.Digest); err != nil {
+			return nil, content.Permanent(err)
 		}
 		resp, err := s.do(ctx, repo, auth, http.MethodGet, "blobs/"+desc.Digest.String(), rangeHeader(off, end, desc.Size, true))
 		if err != nil {
@@ -715,7 +716,7 @@ func (s *OCISource) blob(repo name.Repository, auth RegistryAuth, desc cache.Des
 // errors.
 func checkRegistryRange(resp *http.Response, off, end, size int64) error {
 	if resp.StatusCode == http.StatusOK && off != 0 {
-		return cache.Permanent(fmt.Errorf("%w: origin ignored Range and sent the whole blob; resuming from byte %d needs ranges", cache.ErrInvalid, off))
+		return content.Permanent(fmt.Errorf("%w: origin ignored Range and sent the whole blob; resuming from byte %d needs ranges", content.ErrInvalid, off))
 	}
 	err := checkRange(resp, off, end, size)
 	if errors.Is(err, errUnexpectedStatus) {
@@ -787,7 +788,7 @@ func (k *dockerKeychain) Resolve(r authn.Resource) (authn.Authenticator, error) 
 func parseDockerConfig(data []byte) (map[string]dockerAuth, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(data, &top); err != nil {
-		return nil, fmt.Errorf("%w: not a Docker config: %v", cache.ErrInvalid, err)
+		return nil, fmt.Errorf("%w: not a Docker config: %v", content.ErrInvalid, err)
 	}
 	raw, ok := top["auths"]
 	if !ok {
@@ -798,7 +799,7 @@ func parseDockerConfig(data []byte) (map[string]dockerAuth, error) {
 	}
 	var auths map[string]dockerAuth
 	if err := json.Unmarshal(raw, &auths); err != nil {
-		return nil, fmt.Errorf("%w: Docker config auths: %v", cache.ErrInvalid, err)
+		return nil, fmt.Errorf("%w: Docker config auths: %v", content.ErrInvalid, err)
 	}
 	return auths, nil
 }
@@ -850,11 +851,11 @@ func lookupAuth(auths map[string]dockerAuth, r authn.Resource) (authn.Authentica
 	if e.Auth != "" {
 		dec, err := base64.StdEncoding.DecodeString(e.Auth)
 		if err != nil {
-			return nil, false, fmt.Errorf("%w: credentials for %q: auth is not base64", cache.ErrInvalid, truncate(best))
+			return nil, false, fmt.Errorf("%w: credentials for %q: auth is not base64", content.ErrInvalid, truncate(best))
 		}
 		user, pass, ok := strings.Cut(string(dec), ":")
 		if !ok {
-			return nil, false, fmt.Errorf("%w: credentials for %q: auth is not user:password", cache.ErrInvalid, truncate(best))
+			return nil, false, fmt.Errorf("%w: credentials for %q: auth is not user:password", content.ErrInvalid, truncate(best))
 		}
 		cfg.Username, cfg.Password = user, pass
 	}

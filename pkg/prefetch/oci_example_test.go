@@ -17,7 +17,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/opencontainers/go-digest"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 )
@@ -68,9 +68,9 @@ func ExampleOCISource_Resolve() {
 	}
 	for _, l := range res.Packed {
 		r, _ := res.Blobs[l.Digest].OpenRange(context.Background(), 0)
-		files, err := prefetch.Unpack(context.Background(), r, l, func(_ string, r io.Reader, _ int64) (cache.Descriptor, error) {
+		files, err := prefetch.Unpack(context.Background(), r, l, func(_ string, r io.Reader, _ int64) (content.Descriptor, error) {
 			data, err := io.ReadAll(r)
-			return cache.Descriptor{Digest: digest.FromBytes(data), Size: int64(len(data))}, err
+			return content.Descriptor{Digest: digest.FromBytes(data), Size: int64(len(data))}, err
 		})
 		r.Close()
 		if err != nil {

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 func authUser(t *testing.T, a authn.Authenticator) string {
@@ -95,7 +95,7 @@ func TestOCIKeychainOrder(t *testing.T) {
 		assert.Empty(t, none, cfg)
 	}
 	_, err = parseDockerConfig([]byte(`{"auths":[]}`))
-	assert.ErrorIs(t, err, cache.ErrInvalid)
+	assert.ErrorIs(t, err, content.ErrInvalid)
 }
 
 func TestOCIPlatformMatch(t *testing.T) {
@@ -167,7 +167,7 @@ func TestOCIModelName(t *testing.T) {
 	} {
 		got := modelName(repo)
 		assert.Equal(t, want, got, repo)
-		assert.NoError(t, cache.ValidateModelName(got), repo)
+		assert.NoError(t, content.ValidateModelName(got), repo)
 	}
 }
 
@@ -207,7 +207,7 @@ func FuzzOCIManifest(f *testing.F) {
 				return
 			}
 			for _, f := range files {
-				if cache.ValidatePath(f.Path) != nil || f.Validate() != nil {
+				if content.ValidatePath(f.Path) != nil || f.Validate() != nil {
 					t.Fatalf("accepted file %v", f)
 				}
 			}

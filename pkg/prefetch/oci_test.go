@@ -25,6 +25,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 )
@@ -91,7 +92,9 @@ type ociTDoc struct {
 	Manifests     []ociTDesc `json:"manifests,omitempty"`
 }
 
-func (d ociTDesc) desc() cache.Descriptor { return cache.Descriptor{Digest: d.Digest, Size: d.Size} }
+func (d ociTDesc) desc() content.Descriptor {
+	return content.Descriptor{Digest: d.Digest, Size: d.Size}
+}
 
 // pushBlob uploads data and returns its descriptor with media type mt.
 func (rg *ociRegistry) pushBlob(t *testing.T, repo, mt string, data []byte) ociTDesc {
@@ -171,7 +174,7 @@ func ociRef(t *testing.T, host, rest string) ref.Ref {
 }
 
 // readAll reads a blob through its opener from off.
-func readAll(t *testing.T, o cache.RangeOpener, off int64) []byte {
+func readAll(t *testing.T, o content.RangeOpener, off int64) []byte {
 	t.Helper()
 	r, err := o.OpenRange(t.Context(), off)
 	require.NoError(t, err)
@@ -242,7 +245,7 @@ func TestOCIResolveImage(t *testing.T) {
 			} else {
 				assert.Equal(t, img.manifest.Digest.Encoded(), res.Model.Revision)
 			}
-			assert.NoError(t, cache.ValidateModelName(res.Model.Name))
+			assert.NoError(t, content.ValidateModelName(res.Model.Name))
 			assert.Equal(t, 4, len(res.Blobs), "openers: manifest, config, two layers")
 			assertBlobs(t, res, img.data)
 		})
@@ -297,8 +300,8 @@ func TestOCIResolveIndex(t *testing.T) {
 				res, err := src.Resolve(t.Context(), ociRef(t, rg.host, repo))
 				if tc.want == "" {
 					require.Error(t, err)
-					assert.ErrorIs(t, err, cache.ErrPermanent)
-					assert.ErrorIs(t, err, cache.ErrNotFound)
+					assert.ErrorIs(t, err, content.ErrPermanent)
+					assert.ErrorIs(t, err, content.ErrNotFound)
 					assert.ErrorContains(t, err, "no manifest for")
 					assert.ErrorContains(t, err, "linux/arm64/v8")
 					return
@@ -464,7 +467,7 @@ func TestOCIModelIntoCache(t *testing.T) {
 		require.NoError(t, err)
 		f, err := store.Open(l.Digest)
 		require.NoError(t, err)
-		files, err := prefetch.Unpack(t.Context(), f, l, func(_ string, r io.Reader, size int64) (cache.Descriptor, error) {
+		files, err := prefetch.Unpack(t.Context(), f, l, func(_ string, r io.Reader, size int64) (content.Descriptor, error) {
 			info, err := store.Put(t.Context(), r, size)
 			return info.Descriptor, err
 		})
@@ -517,18 +520,18 @@ func TestOCIBlobRanges(t *testing.T) {
 		assert.Equal(t, data[r[0]:r[0]+r[1]], got, "range %v", r)
 	}
 	_, err := o.OpenRange(t.Context(), 100_001)
-	assert.ErrorIs(t, err, cache.ErrPermanent)
+	assert.ErrorIs(t, err, content.ErrPermanent)
 	_, err = b.OpenBoundedRange(t.Context(), 99_999, 2)
-	assert.ErrorIs(t, err, cache.ErrPermanent)
+	assert.ErrorIs(t, err, content.ErrPermanent)
 
 	size, err := src.BlobSize(t.Context(), agentAuth, rg.host, "blobs", d.Digest)
 	require.NoError(t, err)
 	assert.Equal(t, int64(len(data)), size)
 	_, err = src.BlobSize(t.Context(), agentAuth, rg.host, "blobs", digest.FromString("absent"))
-	assert.ErrorIs(t, err, cache.ErrNotFound)
-	_, err = src.BlobOpener(agentAuth, rg.host, "blobs", cache.Descriptor{Digest: digest.FromString("absent"), Size: 6}).OpenRange(t.Context(), 0)
-	assert.ErrorIs(t, err, cache.ErrNotFound)
-	assert.ErrorIs(t, err, cache.ErrPermanent)
+	assert.ErrorIs(t, err, content.ErrNotFound)
+	_, err = src.BlobOpener(agentAuth, rg.host, "blobs", content.Descriptor{Digest: digest.FromString("absent"), Size: 6}).OpenRange(t.Context(), 0)
+	assert.ErrorIs(t, err, content.ErrNotFound)
+	assert.ErrorIs(t, err, content.ErrPermanent)
 }
 
 func TestOCIManifestForMirror(t *testing.T) {
@@ -544,19 +547,19 @@ func TestOCIManifestForMirror(t *testing.T) {
 		assert.Equal(t, img.manifest.Digest, d)
 	}
 	_, _, _, err := src.Manifest(t.Context(), agentAuth, rg.host, "mirror/app", "nope")
-	assert.ErrorIs(t, err, cache.ErrNotFound)
+	assert.ErrorIs(t, err, content.ErrNotFound)
 	_, _, _, err = src.Manifest(t.Context(), agentAuth, rg.host, "mirror/absent", "v2")
-	assert.ErrorIs(t, err, cache.ErrNotFound)
+	assert.ErrorIs(t, err, content.ErrNotFound)
 	for _, bad := range [][2]string{{"mirror/app", "sha256:zz"}, {"Mirror/App", "v2"}, {"mirror/app", "-x"}} {
 		_, _, _, err = src.Manifest(t.Context(), agentAuth, rg.host, bad[0], bad[1])
-		assert.ErrorIs(t, err, cache.ErrInvalid, "%v", bad)
+		assert.ErrorIs(t, err, content.ErrInvalid, "%v", bad)
 	}
 }
 
 func TestOCIUnsupported(t *testing.T) {
 	t.Parallel()
 	_, err := prefetch.NewOCISource().Resolve(t.Context(), ref.Ref{Kind: ref.KindHF, Repository: "a/b", Revision: "main"})
-	assert.ErrorIs(t, err, cache.ErrPermanent)
+	assert.ErrorIs(t, err, content.ErrPermanent)
 }
 
 func readFileT(dir, p string) (string, error) {

@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -81,8 +82,8 @@ func TestOCIManifestFaults(t *testing.T) {
 			_, err := prefetch.NewOCISource().Resolve(ctx, ociRef(t, rg.host, "app:v1"))
 			require.Error(t, err)
 			assert.ErrorContains(t, err, tc.want)
-			assert.Equal(t, tc.permanent, errors.Is(err, cache.ErrPermanent), "permanent: %v", err)
-			assert.Equal(t, tc.notFound, errors.Is(err, cache.ErrNotFound), "not found: %v", err)
+			assert.Equal(t, tc.permanent, errors.Is(err, content.ErrPermanent), "permanent: %v", err)
+			assert.Equal(t, tc.notFound, errors.Is(err, content.ErrNotFound), "not found: %v", err)
 		})
 	}
 }
@@ -97,7 +98,7 @@ func TestOCIBlobFaults(t *testing.T) {
 		want      error
 		msg       string
 	}{
-		{"404", 0, status(http.StatusNotFound), true, cache.ErrNotFound, "404"},
+		{"404", 0, status(http.StatusNotFound), true, content.ErrNotFound, "404"},
 		{"401", 0, status(http.StatusUnauthorized), true, nil, "401"},
 		{"400", 0, status(http.StatusBadRequest), true, nil, "400"},
 		{"429", 0, status(http.StatusTooManyRequests), false, nil, "429"},
@@ -111,16 +112,16 @@ func TestOCIBlobFaults(t *testing.T) {
 		{"wrong total", 10, func(w http.ResponseWriter, r *http.Request, _ http.Handler) {
 			w.Header().Set("Content-Range", "bytes 10-99/100")
 			w.WriteHeader(http.StatusPartialContent)
-		}, true, cache.ErrSizeMismatch, "origin has 100 bytes"},
+		}, true, content.ErrSizeMismatch, "origin has 100 bytes"},
 		{"wrong range", 10, func(w http.ResponseWriter, r *http.Request, _ http.Handler) {
 			w.Header().Set("Content-Range", "bytes 0-4999/5000")
 			w.WriteHeader(http.StatusPartialContent)
 		}, false, nil, "want bytes 10-4999/5000"},
-		{"416", 10, status(http.StatusRequestedRangeNotSatisfiable), true, cache.ErrSizeMismatch, "416"},
+		{"416", 10, status(http.StatusRequestedRangeNotSatisfiable), true, content.ErrSizeMismatch, "416"},
 		{"whole blob of the wrong size", 0, func(w http.ResponseWriter, r *http.Request, _ http.Handler) {
 			w.Header().Set("Content-Length", "3")
 			io.WriteString(w, "abc")
-		}, true, cache.ErrSizeMismatch, "origin has 3 bytes"},
+		}, true, content.ErrSizeMismatch, "origin has 3 bytes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -139,7 +140,7 @@ func TestOCIBlobFaults(t *testing.T) {
 				r.Close()
 			}
 			require.Error(t, err)
-			assert.Equal(t, tc.permanent, errors.Is(err, cache.ErrPermanent), "permanent: %v", err)
+			assert.Equal(t, tc.permanent, errors.Is(err, content.ErrPermanent), "permanent: %v", err)
 			if tc.want != nil {
 				assert.ErrorIs(t, err, tc.want)
 			}
@@ -213,7 +214,7 @@ func TestOCIBadContent(t *testing.T) {
 			src := prefetch.NewOCISource(prefetch.WithPlatform(prefetch.Platform{OS: "linux", Architecture: "amd64"}))
 			_, err := src.Resolve(t.Context(), ociRef(t, rg.host, "bad:"+tag))
 			require.Error(t, err)
-			assert.ErrorIs(t, err, cache.ErrPermanent)
+			assert.ErrorIs(t, err, content.ErrPermanent)
 			assert.ErrorContains(t, err, tc.want)
 		})
 	}
@@ -234,10 +235,10 @@ func TestOCIManifestSizeLimit(t *testing.T) {
 			}
 			_, err := src.Resolve(t.Context(), ociRef(t, rg.host, "big:v1"))
 			require.Error(t, err)
-			assert.ErrorIs(t, err, cache.ErrPermanent)
+			assert.ErrorIs(t, err, content.ErrPermanent)
 			assert.ErrorContains(t, err, "larger than the limit")
 			_, _, _, err = src.Manifest(t.Context(), agentAuth, rg.host, "big", "v1")
-			assert.ErrorIs(t, err, cache.ErrPermanent)
+			assert.ErrorIs(t, err, content.ErrPermanent)
 		})
 	}
 	res, err := prefetch.NewOCISource(prefetch.WithMaxManifestSize(limit+1)).Resolve(t.Context(), ociRef(t, rg.host, "big:v1"))
@@ -270,10 +271,10 @@ func TestOCIDigestMismatch(t *testing.T) {
 	src := prefetch.NewOCISource()
 	_, err := src.Resolve(t.Context(), ociRef(t, rg.host, "app@"+img.manifest.Digest.String()))
 	require.Error(t, err)
-	assert.ErrorIs(t, err, cache.ErrDigestMismatch)
-	assert.ErrorIs(t, err, cache.ErrPermanent)
+	assert.ErrorIs(t, err, content.ErrDigestMismatch)
+	assert.ErrorIs(t, err, content.ErrPermanent)
 	_, _, _, err = src.Manifest(t.Context(), agentAuth, rg.host, "app", img.manifest.Digest.String())
-	assert.ErrorIs(t, err, cache.ErrDigestMismatch)
+	assert.ErrorIs(t, err, content.ErrDigestMismatch)
 
 	t.Run("header", func(t *testing.T) {
 		t.Parallel()
@@ -290,7 +291,7 @@ func TestOCIDigestMismatch(t *testing.T) {
 			w.Write(rec.Body.Bytes())
 		}))
 		_, err := prefetch.NewOCISource().Resolve(t.Context(), ociRef(t, rg.host, "app:v1"))
-		assert.ErrorIs(t, err, cache.ErrDigestMismatch)
+		assert.ErrorIs(t, err, content.ErrDigestMismatch)
 	})
 }
 
@@ -319,9 +320,9 @@ func TestOCICorruptBlob(t *testing.T) {
 	t.Cleanup(func() { store.Close() })
 	_, err = store.Fetch(t.Context(), layer.desc(), res.Blobs[layer.Digest], nil)
 	require.Error(t, err)
-	assert.ErrorIs(t, err, cache.ErrDigestMismatch)
+	assert.ErrorIs(t, err, content.ErrDigestMismatch)
 	_, err = store.Stat(layer.Digest)
-	assert.ErrorIs(t, err, cache.ErrNotFound)
+	assert.ErrorIs(t, err, content.ErrNotFound)
 	_, err = store.Fetch(t.Context(), img.config.desc(), res.Blobs[img.config.Digest], nil)
 	assert.NoError(t, err, "other blobs are fine")
 }
@@ -406,7 +407,7 @@ func TestOCIAuth(t *testing.T) {
 				res, err := src.Resolve(t.Context(), ociRef(t, rg.host, "private/app:v1"))
 				if !tc.ok {
 					require.Error(t, err)
-					assert.ErrorIs(t, err, cache.ErrPermanent)
+					assert.ErrorIs(t, err, content.ErrPermanent)
 					assert.ErrorContains(t, err, "401")
 					return
 				}
@@ -429,8 +430,8 @@ func TestOCIBadPullSecret(t *testing.T) {
 	for _, secret := range []string{`not json`, `{"auths":{"` + rg.host + `":{"auth":"%%%"}}}`, `{"auths":{"` + rg.host + `":{"auth":"` + base64.StdEncoding.EncodeToString([]byte("nocolon")) + `"}}}`} {
 		_, err := prefetch.NewOCISource(prefetch.WithPullSecret([]byte(secret))).Resolve(t.Context(), ociRef(t, rg.host, "app:v1"))
 		require.Error(t, err, secret)
-		assert.ErrorIs(t, err, cache.ErrPermanent)
-		assert.ErrorIs(t, err, cache.ErrInvalid)
+		assert.ErrorIs(t, err, content.ErrPermanent)
+		assert.ErrorIs(t, err, content.ErrInvalid)
 	}
 }
 
@@ -483,7 +484,7 @@ func TestOCIRedirect(t *testing.T) {
 	fail.Store(true)
 	_, err = o.OpenRange(t.Context(), 0)
 	require.Error(t, err)
-	assert.ErrorIs(t, err, cache.ErrPermanent)
+	assert.ErrorIs(t, err, content.ErrPermanent)
 	assert.ErrorContains(t, err, "403")
 	assert.NotContains(t, err.Error(), "SECRET")
 }
@@ -529,7 +530,7 @@ func TestOCIInsecureRegistries(t *testing.T) {
 		}
 		_, err := prefetch.NewOCISource(opts...).Resolve(t.Context(), ociRef(t, "registry.test:5000", "app:v1"))
 		require.Error(t, err)
-		assert.NotErrorIs(t, err, cache.ErrPermanent, "a refused connection is worth retrying")
+		assert.NotErrorIs(t, err, content.ErrPermanent, "a refused connection is worth retrying")
 		rec.mu.Lock()
 		assert.True(t, rec.schemes["https"], "https is tried")
 		assert.Equal(t, insecure, rec.schemes["http"], "plain http only for an insecure registry")

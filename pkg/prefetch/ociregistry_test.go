@@ -13,6 +13,7 @@ import (
 
 	"github.com/weightd/weightd/internal/services"
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -99,23 +100,23 @@ func TestOCIRealRegistry(t *testing.T) {
 			assert.Equal(t, digest.FromBytes(body), d)
 			assert.True(t, strings.HasPrefix(mt, "application/vnd."), mt)
 			_, _, _, err = src.Manifest(t.Context(), agentAuth, reg.Addr, "team/app", "absent")
-			assert.ErrorIs(t, err, cache.ErrNotFound)
+			assert.ErrorIs(t, err, content.ErrNotFound)
 			raw := layers[0].blob
 			size, err := src.BlobSize(t.Context(), agentAuth, reg.Addr, "team/model-artifacttype", digest.FromBytes(raw))
 			require.NoError(t, err)
 			assert.Equal(t, int64(len(raw)), size)
-			got := readAll(t, src.BlobOpener(agentAuth, reg.Addr, "team/model-artifacttype", cache.Descriptor{Digest: digest.FromBytes(raw), Size: size}), 7)
+			got := readAll(t, src.BlobOpener(agentAuth, reg.Addr, "team/model-artifacttype", content.Descriptor{Digest: digest.FromBytes(raw), Size: size}), 7)
 			assert.True(t, bytes.Equal(raw[7:], got))
 			assert.Positive(t, reg.BytesServed())
 
 			if tokenAuth {
 				_, err := prefetch.NewOCISource().Resolve(t.Context(), ociRef(t, reg.Addr, "team/app:v1"))
 				require.Error(t, err)
-				assert.ErrorIs(t, err, cache.ErrPermanent)
+				assert.ErrorIs(t, err, content.ErrPermanent)
 				assert.ErrorContains(t, err, "401")
 				_, err = prefetch.NewOCISource(prefetch.WithPullSecret(dockerConfigJSON(reg.Addr, reg.Username, "wrong"))).Resolve(t.Context(), ociRef(t, reg.Addr, "team/app:v1"))
 				require.Error(t, err)
-				assert.ErrorIs(t, err, cache.ErrPermanent)
+				assert.ErrorIs(t, err, content.ErrPermanent)
 			}
 		})
 	}

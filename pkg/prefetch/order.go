@@ -6,7 +6,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // FileOrder says in which order a model's files were first read the last
@@ -15,11 +15,11 @@ import (
 // eBPF model-load tracer implements it.
 //
 // Order is called with the name the cache materialises the model under,
-// "org/name@revision" (cache.Model's Name and Revision joined by "@", as
+// "org/name@revision" (content.Model's Name and Revision joined by "@", as
 // in JobStatus's Model and Revision); an implementation that keeps orders
 // by name only may ignore what follows the last "@". It returns paths
 // relative to the model directory, slash-separated and clean as in
-// cache.File.Path, first-read first; nil when it knows nothing. It is
+// content.File.Path, first-read first; nil when it knows nothing. It is
 // called once per job, from the job's goroutine, and must be quick and safe
 // for concurrent use.
 type FileOrder interface {
@@ -36,7 +36,7 @@ func WithFileOrder(o FileOrder) QueueOption {
 // orderFirst moves the blobs of the files named in order to the front of
 // blobs, in that order (a blob shared by several files goes where its first
 // named file is); the others keep their relative order after them.
-func orderFirst(blobs []fetchBlob, files []cache.File, order []string) {
+func orderFirst(blobs []fetchBlob, files []content.File, order []string) {
 	if len(order) == 0 {
 		return
 	}

@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -45,7 +45,7 @@ func TestQueueFileOrder(t *testing.T) {
 		"org/m@main": {"config.json", "f4", "f7", "f2", "f4", "f0"},
 	}}
 	store := &fakeStore{}
-	src := &fakeSource{models: map[string]cache.Model{"m": m, "n": model("n", 10, 50, 30)}}
+	src := &fakeSource{models: map[string]content.Model{"m": m, "n": model("n", 10, 50, 30)}}
 	q := prefetch.NewQueue(store, src, prefetch.WithFileConcurrency(1), prefetch.WithFileOrder(order))
 	runQueue(t, q)
 	j, err := q.Submit(refFor("m"), prefetch.PriorityNormal)

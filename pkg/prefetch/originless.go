@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/ref"
 )
 
@@ -21,16 +21,16 @@ var ErrNeedsOrigin = errors.New("only the reference's origin can say which files
 // manifest behind a URL and a tag are the origin's word, and even an OCI
 // manifest digest pins only the manifest, from which the model's files are
 // derived, not the file list another node sends.
-func CheckWithoutOrigin(r ref.Ref, m cache.Model) error {
+func CheckWithoutOrigin(r ref.Ref, m content.Model) error {
 	if err := NeedsOrigin(r); err != nil {
 		return err
 	}
 	if len(m.Files) != 1 {
-		return fmt.Errorf("%w: %d files for %s, which names one", cache.ErrInvalid, len(m.Files), r.Redacted())
+		return fmt.Errorf("%w: %d files for %s, which names one", content.ErrInvalid, len(m.Files), r.Redacted())
 	}
 	want := singleFileModel(r.URL, r.Digest, m.Files[0].Size)
 	if m.Name != want.Name || m.Revision != want.Revision || m.Ref != "" || m.Files[0] != want.Files[0] {
-		return fmt.Errorf("%w: %s@%s with %q (%s), not the file %s names", cache.ErrInvalid,
+		return fmt.Errorf("%w: %s@%s with %q (%s), not the file %s names", content.ErrInvalid,
 			m.Name, m.Revision, m.Files[0].Path, m.Files[0].Digest, r.Redacted())
 	}
 	return m.Validate()

@@ -6,7 +6,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	"github.com/stretchr/testify/require"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/ref"
 )
 
@@ -21,15 +21,15 @@ func TestCheckWithoutOrigin(t *testing.T) {
 	require.NoError(t, CheckWithoutOrigin(pinned, honest))
 
 	extra := honest
-	extra.Files = append(extra.Files, cache.File{Path: "run.py", Descriptor: cache.Descriptor{Digest: digest.FromString("x"), Size: 1}})
+	extra.Files = append(extra.Files, content.File{Path: "run.py", Descriptor: content.Descriptor{Digest: digest.FromString("x"), Size: 1}})
 	renamed := honest
-	renamed.Files = []cache.File{{Path: "config.json", Descriptor: honest.Files[0].Descriptor}}
+	renamed.Files = []content.File{{Path: "config.json", Descriptor: honest.Files[0].Descriptor}}
 	otherName := honest
 	otherName.Name = "org/model"
 	withRef := honest
 	withRef.Ref = "main"
-	for _, m := range []cache.Model{extra, renamed, otherName, withRef, {}} {
-		require.ErrorIs(t, CheckWithoutOrigin(pinned, m), cache.ErrInvalid, "%+v", m)
+	for _, m := range []content.Model{extra, renamed, otherName, withRef, {}} {
+		require.ErrorIs(t, CheckWithoutOrigin(pinned, m), content.ErrInvalid, "%+v", m)
 	}
 
 	for _, s := range []string{"https://files.example/model.json", "hf://org/model@0123456789012345678901234567890123456789",

@@ -22,7 +22,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/ref"
 )
 
@@ -127,10 +127,10 @@ func (q *Queue) resolve(ctx context.Context, j *Job) (_ *Resolution, _ []fetchBl
 
 // fetchBlob is one blob a job fetches, named by its first file or layer.
 type fetchBlob struct {
-	cache.Descriptor
+	content.Descriptor
 	path  string
 	files int // files of the model that are this blob
-	src   cache.RangeOpener
+	src   content.RangeOpener
 	// doc is an image's index, manifest or config: fetched first, so that
 	// a streaming import knows the image's layers early.
 	doc bool
@@ -147,7 +147,7 @@ func fetchList(res *Resolution) ([]fetchBlob, error) {
 	}
 	var blobs []fetchBlob
 	index := make(map[digest.Digest]int)
-	add := func(desc cache.Descriptor, path string, file bool) error {
+	add := func(desc content.Descriptor, path string, file bool) error {
 		if err := desc.Validate(); err != nil {
 			return fmt.Errorf("%s: %w", path, err)
 		}
@@ -207,16 +207,16 @@ func fetchList(res *Resolution) ([]fetchBlob, error) {
 
 // unpack stores the files of a fetched packed layer in the store, each
 // bounded by its declared size, and holds each (hold) as it is stored.
-func (q *Queue) unpack(ctx context.Context, l PackedLayer, hold func(digest.Digest)) ([]cache.File, error) {
+func (q *Queue) unpack(ctx context.Context, l PackedLayer, hold func(digest.Digest)) ([]content.File, error) {
 	f, err := q.store.Open(l.Digest)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	return Unpack(ctx, f, l, func(_ string, r io.Reader, size int64) (cache.Descriptor, error) {
+	return Unpack(ctx, f, l, func(_ string, r io.Reader, size int64) (content.Descriptor, error) {
 		info, err := q.store.Put(ctx, r, size)
 		if err != nil {
-			return cache.Descriptor{}, err // Unpack names the file
+			return content.Descriptor{}, err // Unpack names the file
 		}
 		hold(info.Digest)
 		return info.Descriptor, nil
@@ -317,7 +317,7 @@ func retry[T any](ctx context.Context, q *Queue, what string, r ref.Ref, fn func
 		if err == nil {
 			return v, nil
 		}
-		if attempt >= q.cfg.resolveAttempts || errors.Is(err, cache.ErrPermanent) || ctx.Err() != nil {
+		if attempt >= q.cfg.resolveAttempts || errors.Is(err, content.ErrPermanent) || ctx.Err() != nil {
 			return v, err
 		}
 		pause := backoff/2 + mathrand.N(backoff/2+1)

@@ -21,16 +21,17 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/ref"
 )
 
 // Store is what the queue needs of the cache; *cache.Store provides it.
 type Store interface {
 	// Fetch makes the blob present, downloading it from src if needed.
-	Fetch(ctx context.Context, desc cache.Descriptor, src cache.RangeOpener, progress cache.Progress) (cache.Info, error)
+	Fetch(ctx context.Context, desc content.Descriptor, src content.RangeOpener, progress content.Progress) (cache.Info, error)
 	// Materialize lays out a model whose blobs are all present and returns
 	// its directory.
-	Materialize(m cache.Model) (string, error)
+	Materialize(m content.Model) (string, error)
 	// Hold keeps a blob from eviction, present or not yet, until released:
 	// a model's first files must survive while its last ones download.
 	Hold(d digest.Digest) (release func())
@@ -45,7 +46,7 @@ type Store interface {
 
 // Importer puts an image whose blobs are all in the store where the
 // container runtime finds it (pkg/containerd implements it). Errors not
-// wrapped with cache.Permanent are retried.
+// wrapped with content.Permanent are retried.
 type Importer interface {
 	Import(ctx context.Context, img *Image) error
 }
@@ -132,7 +133,7 @@ func ParsePriority(s string) (Priority, error) {
 			return p, nil
 		}
 	}
-	return 0, fmt.Errorf("%w: priority %q: want background, normal or pod", cache.ErrInvalid, truncate(s))
+	return 0, fmt.Errorf("%w: priority %q: want background, normal or pod", content.ErrInvalid, truncate(s))
 }
 
 // Queue defaults.

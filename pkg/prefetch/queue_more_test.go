@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 )
@@ -26,7 +27,7 @@ import (
 func TestQueuePriorities(t *testing.T) {
 	t.Parallel()
 	store := &fakeStore{gate: make(chan struct{})}
-	models := map[string]cache.Model{}
+	models := map[string]content.Model{}
 	for _, n := range []string{"busy", "bg", "normal1", "pod", "normal2", "raised"} {
 		models[n] = model(n, 1)
 	}
@@ -79,7 +80,7 @@ func startOrder(t *testing.T, jobs []*prefetch.Job) []string {
 func TestQueueCancel(t *testing.T) {
 	t.Parallel()
 	store := &fakeStore{gate: make(chan struct{})}
-	src := &fakeSource{models: map[string]cache.Model{"a": model("a", 1), "b": model("b", 1)}}
+	src := &fakeSource{models: map[string]content.Model{"a": model("a", 1), "b": model("b", 1)}}
 	q := prefetch.NewQueue(store, src, prefetch.WithJobConcurrency(1))
 	runQueue(t, q)
 	running, err := q.Submit(refFor("a"), prefetch.PriorityNormal)
@@ -139,11 +140,11 @@ func (f *fakeImporter) Import(_ context.Context, img *prefetch.Image) error {
 }
 
 func imageResolution() *prefetch.Resolution {
-	res := &prefetch.Resolution{Blobs: map[digest.Digest]cache.RangeOpener{}, Model: cache.Model{Name: "org/app", Revision: "v1"}}
+	res := &prefetch.Resolution{Blobs: map[digest.Digest]content.RangeOpener{}, Model: content.Model{Name: "org/app", Revision: "v1"}}
 	img := &prefetch.Image{Name: "registry.example/org/app:v1"}
-	for i, content := range []string{`{"manifest":1}`, `{"config":1}`, "layer-one", "layer-two"} {
-		b := cache.Bytes(content)
-		desc := cache.Descriptor{Digest: digest.FromString(content), Size: int64(len(content))}
+	for i, body := range []string{`{"manifest":1}`, `{"config":1}`, "layer-one", "layer-two"} {
+		b := cache.Bytes(body)
+		desc := content.Descriptor{Digest: digest.FromString(body), Size: int64(len(body))}
 		res.Blobs[desc.Digest] = b
 		img.Blobs = append(img.Blobs, prefetch.ImageBlob{Descriptor: desc, MediaType: []string{"m", "c", "l", "l"}[i]})
 	}
@@ -195,12 +196,12 @@ func TestQueueUnpacksPackedLayers(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.NoError(t, tw.Close())
-	layer := cache.Descriptor{Digest: digest.FromBytes(buf.Bytes()), Size: int64(buf.Len())}
+	layer := content.Descriptor{Digest: digest.FromBytes(buf.Bytes()), Size: int64(buf.Len())}
 	raw := "raw file"
-	rawDesc := cache.Descriptor{Digest: digest.FromString(raw), Size: int64(len(raw))}
+	rawDesc := content.Descriptor{Digest: digest.FromString(raw), Size: int64(len(raw))}
 	res := &prefetch.Resolution{
-		Model:  cache.Model{Name: "org/packed", Revision: "v1", Files: []cache.File{{Path: "README.md", Descriptor: rawDesc}}},
-		Blobs:  map[digest.Digest]cache.RangeOpener{layer.Digest: cache.Bytes(buf.Bytes()), rawDesc.Digest: cache.Bytes(raw)},
+		Model:  content.Model{Name: "org/packed", Revision: "v1", Files: []content.File{{Path: "README.md", Descriptor: rawDesc}}},
+		Blobs:  map[digest.Digest]content.RangeOpener{layer.Digest: cache.Bytes(buf.Bytes()), rawDesc.Digest: cache.Bytes(raw)},
 		Packed: []prefetch.PackedLayer{{Descriptor: layer, MediaType: "application/vnd.cnai.model.weight.v1.tar", Archive: true}},
 	}
 	store := openStore(t)
@@ -293,7 +294,7 @@ func (i *fakeImageImport) Abort() {
 // streamedImage is an image of a manifest, a config and two layers of
 // different sizes, the smaller listed first.
 func streamedImage() (*prefetch.Resolution, []digest.Digest) {
-	res := &prefetch.Resolution{Blobs: map[digest.Digest]cache.RangeOpener{}, Model: cache.Model{Name: "org/app", Revision: "v1"}}
+	res := &prefetch.Resolution{Blobs: map[digest.Digest]content.RangeOpener{}, Model: content.Model{Name: "org/app", Revision: "v1"}}
 	img := &prefetch.Image{Name: "registry.example/org/app:v1"}
 	var order []digest.Digest
 	for _, b := range []struct{ mediaType, content string }{
@@ -302,7 +303,7 @@ func streamedImage() (*prefetch.Resolution, []digest.Digest) {
 		{"application/vnd.oci.image.layer.v1.tar+gzip", strings.Repeat("small layer ", 100)},
 		{"application/vnd.oci.image.layer.v1.tar+gzip", strings.Repeat("large layer ", 1000)},
 	} {
-		desc := cache.Descriptor{Digest: digest.FromString(b.content), Size: int64(len(b.content))}
+		desc := content.Descriptor{Digest: digest.FromString(b.content), Size: int64(len(b.content))}
 		res.Blobs[desc.Digest] = cache.Bytes(b.content)
 		img.Blobs = append(img.Blobs, prefetch.ImageBlob{Descriptor: desc, MediaType: b.mediaType})
 		order = append(order, desc.Digest)
@@ -339,7 +340,7 @@ func TestQueueStreamsImageBlobs(t *testing.T) {
 func TestQueueStreamingAbortsOnFetchFailure(t *testing.T) {
 	t.Parallel()
 	res, order := streamedImage()
-	boom := cache.Permanent(errors.New("layer gone"))
+	boom := content.Permanent(errors.New("layer gone"))
 	store := &fakeStore{fail: map[digest.Digest]error{order[3]: boom}}
 	imp := &fakeStreaming{store: storeOpening{}} // the fake store holds nothing to open
 	q := prefetch.NewQueue(store, imageSource{res}, prefetch.WithImporter(imp), prefetch.WithFileConcurrency(1))

@@ -26,6 +26,7 @@ import (
 
 	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 )
@@ -226,7 +227,7 @@ func TestQueueCorruptOriginFailsThenRecovers(t *testing.T) {
 	j, err := q.Submit(ref, prefetch.PriorityNormal)
 	require.NoError(t, err)
 	st, err := wait(t, j)
-	require.ErrorIs(t, err, cache.ErrDigestMismatch)
+	require.ErrorIs(t, err, content.ErrDigestMismatch)
 	assert.Equal(t, prefetch.StateFailed, st.State)
 	assert.Contains(t, st.Error, "model.safetensors")
 	assert.Empty(t, st.Dir)
@@ -248,7 +249,7 @@ func TestQueuePermanentErrorNotRetried(t *testing.T) {
 	j, err := q.Submit(srv.URL()+"/missing/model.json", prefetch.PriorityNormal)
 	require.NoError(t, err)
 	st, err := wait(t, j)
-	require.ErrorIs(t, err, cache.ErrPermanent)
+	require.ErrorIs(t, err, content.ErrPermanent)
 	assert.Contains(t, st.Error, "404")
 	assert.Equal(t, int64(1), srv.Requests())
 }
@@ -264,7 +265,7 @@ func TestQueueSubmitInvalid(t *testing.T) {
 // fakeSource resolves "https://x.example/<name>/model.json" to models[name].
 type fakeSource struct {
 	mu       sync.Mutex
-	models   map[string]cache.Model
+	models   map[string]content.Model
 	errs     []error // returned, in order, before resolving
 	resolves int
 }
@@ -281,9 +282,9 @@ func (s *fakeSource) Resolve(_ context.Context, r ref.Ref) (*prefetch.Resolution
 	name := strings.Split(r.URL.Path, "/")[1]
 	m, ok := s.models[name]
 	if !ok {
-		return nil, cache.Permanent(fmt.Errorf("no model %q", name))
+		return nil, content.Permanent(fmt.Errorf("no model %q", name))
 	}
-	res := &prefetch.Resolution{Model: m, Blobs: make(map[digest.Digest]cache.RangeOpener)}
+	res := &prefetch.Resolution{Model: m, Blobs: make(map[digest.Digest]content.RangeOpener)}
 	for _, f := range m.Files {
 		res.Blobs[f.Digest] = nopOpener{}
 	}
@@ -304,12 +305,12 @@ type fakeStore struct {
 	maxIn    atomic.Int32
 
 	mu      sync.Mutex
-	fetched []cache.Descriptor
+	fetched []content.Descriptor
 	held    map[digest.Digest]int
 }
 
 func (s *fakeStore) Open(d digest.Digest) (*os.File, error) {
-	return nil, fmt.Errorf("open %s: %w", d, cache.ErrNotFound)
+	return nil, fmt.Errorf("open %s: %w", d, content.ErrNotFound)
 }
 
 func (s *fakeStore) Put(context.Context, io.Reader, int64) (cache.Info, error) {
@@ -332,7 +333,7 @@ func (s *fakeStore) Hold(d digest.Digest) func() {
 	}
 }
 
-func (s *fakeStore) Fetch(ctx context.Context, desc cache.Descriptor, _ cache.RangeOpener, progress cache.Progress) (cache.Info, error) {
+func (s *fakeStore) Fetch(ctx context.Context, desc content.Descriptor, _ content.RangeOpener, progress content.Progress) (cache.Info, error) {
 	n := s.inFlight.Add(1)
 	defer s.inFlight.Add(-1)
 	for {
@@ -359,7 +360,7 @@ func (s *fakeStore) Fetch(ctx context.Context, desc cache.Descriptor, _ cache.Ra
 	return cache.Info{Descriptor: desc}, nil
 }
 
-func (s *fakeStore) Materialize(m cache.Model) (string, error) {
+func (s *fakeStore) Materialize(m content.Model) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, f := range m.Files {
@@ -372,11 +373,11 @@ func (s *fakeStore) Materialize(m cache.Model) (string, error) {
 
 // model builds a model of files with the given sizes; files share a blob
 // when their sizes are equal.
-func model(name string, sizes ...int64) cache.Model {
-	m := cache.Model{Name: "org/" + name, Revision: "main"}
+func model(name string, sizes ...int64) content.Model {
+	m := content.Model{Name: "org/" + name, Revision: "main"}
 	for i, size := range sizes {
 		d := digest.FromString(fmt.Sprintf("%s-%d", name, size))
-		m.Files = append(m.Files, cache.File{Path: fmt.Sprintf("f%d", i), Descriptor: cache.Descriptor{Digest: d, Size: size}})
+		m.Files = append(m.Files, content.File{Path: fmt.Sprintf("f%d", i), Descriptor: content.Descriptor{Digest: d, Size: size}})
 	}
 	return m
 }
@@ -386,7 +387,7 @@ func refFor(name string) string { return "https://x.example/" + name + "/model.j
 func TestQueueFileConcurrencyAndOrder(t *testing.T) {
 	t.Parallel()
 	store := &fakeStore{gate: make(chan struct{})}
-	src := &fakeSource{models: map[string]cache.Model{"m": model("m", 10, 50, 30, 70, 20, 60, 40)}}
+	src := &fakeSource{models: map[string]content.Model{"m": model("m", 10, 50, 30, 70, 20, 60, 40)}}
 	q := prefetch.NewQueue(store, src, prefetch.WithFileConcurrency(3))
 	runQueue(t, q)
 	j, err := q.Submit(refFor("m"), prefetch.PriorityNormal)
@@ -417,7 +418,7 @@ func TestQueueFileConcurrencyAndOrder(t *testing.T) {
 func TestQueueLargestFirst(t *testing.T) {
 	t.Parallel()
 	store := &fakeStore{}
-	src := &fakeSource{models: map[string]cache.Model{"m": model("m", 10, 50, 30, 70, 20, 60, 40)}}
+	src := &fakeSource{models: map[string]content.Model{"m": model("m", 10, 50, 30, 70, 20, 60, 40)}}
 	q := prefetch.NewQueue(store, src, prefetch.WithFileConcurrency(1))
 	runQueue(t, q)
 	j, err := q.Submit(refFor("m"), prefetch.PriorityNormal)
@@ -437,7 +438,7 @@ func TestQueueLargestFirst(t *testing.T) {
 func TestQueueSharedBlobFetchedOnce(t *testing.T) {
 	t.Parallel()
 	store := &fakeStore{}
-	src := &fakeSource{models: map[string]cache.Model{"m": model("m", 10, 20, 10, 10)}}
+	src := &fakeSource{models: map[string]content.Model{"m": model("m", 10, 20, 10, 10)}}
 	q := prefetch.NewQueue(store, src)
 	runQueue(t, q)
 	j, err := q.Submit(refFor("m"), prefetch.PriorityNormal)
@@ -454,7 +455,7 @@ func TestQueueSharedBlobFetchedOnce(t *testing.T) {
 func TestQueueJobConcurrency(t *testing.T) {
 	t.Parallel()
 	store := &fakeStore{gate: make(chan struct{})}
-	src := &fakeSource{models: map[string]cache.Model{}}
+	src := &fakeSource{models: map[string]content.Model{}}
 	var jobs []*prefetch.Job
 	reg := prometheus.NewRegistry()
 	q := prefetch.NewQueue(store, src, prefetch.WithJobConcurrency(2), prefetch.WithFileConcurrency(1), prefetch.WithRegisterer(reg))
@@ -497,13 +498,13 @@ func TestQueueResolveRetries(t *testing.T) {
 	}{
 		{"transient then ok", []error{transient, transient}, 3, true, 3},
 		{"transient every time", []error{transient, transient, transient}, 3, false, 3},
-		{"permanent", []error{cache.Permanent(errors.New("404"))}, 3, false, 1},
+		{"permanent", []error{content.Permanent(errors.New("404"))}, 3, false, 1},
 		{"one attempt", []error{transient}, 1, false, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			src := &fakeSource{models: map[string]cache.Model{"m": model("m", 10)}, errs: tt.errs}
+			src := &fakeSource{models: map[string]content.Model{"m": model("m", 10)}, errs: tt.errs}
 			q := prefetch.NewQueue(&fakeStore{}, src, prefetch.WithResolveRetries(tt.attempts, time.Millisecond))
 			runQueue(t, q)
 			j, err := q.Submit(refFor("m"), prefetch.PriorityNormal)
@@ -521,9 +522,9 @@ func TestQueueResolveRetries(t *testing.T) {
 func TestQueueFetchFailure(t *testing.T) {
 	t.Parallel()
 	m := model("m", 10, 20)
-	boom := cache.Permanent(errors.New("boom"))
+	boom := content.Permanent(errors.New("boom"))
 	store := &fakeStore{fail: map[digest.Digest]error{m.Files[1].Digest: boom}}
-	q := prefetch.NewQueue(store, &fakeSource{models: map[string]cache.Model{"m": m}})
+	q := prefetch.NewQueue(store, &fakeSource{models: map[string]content.Model{"m": m}})
 	runQueue(t, q)
 	j, err := q.Submit(refFor("m"), prefetch.PriorityNormal)
 	require.NoError(t, err)
@@ -536,7 +537,7 @@ func TestQueueFetchFailure(t *testing.T) {
 func TestQueueWatch(t *testing.T) {
 	t.Parallel()
 	store := &fakeStore{gate: make(chan struct{})}
-	q := prefetch.NewQueue(store, &fakeSource{models: map[string]cache.Model{"m": model("m", 10, 20, 30)}})
+	q := prefetch.NewQueue(store, &fakeSource{models: map[string]content.Model{"m": model("m", 10, 20, 30)}})
 	j, err := q.Submit(refFor("m"), prefetch.PriorityNormal)
 	require.NoError(t, err)
 
@@ -593,7 +594,7 @@ func TestQueueWatch(t *testing.T) {
 func TestQueueStop(t *testing.T) {
 	t.Parallel()
 	store := &fakeStore{gate: make(chan struct{})}
-	src := &fakeSource{models: map[string]cache.Model{"a": model("a", 1), "b": model("b", 1)}}
+	src := &fakeSource{models: map[string]content.Model{"a": model("a", 1), "b": model("b", 1)}}
 	q := prefetch.NewQueue(store, src, prefetch.WithJobConcurrency(1))
 	running, err := q.Submit(refFor("a"), prefetch.PriorityNormal)
 	require.NoError(t, err)
@@ -620,7 +621,7 @@ func TestQueueStop(t *testing.T) {
 
 func TestQueueHistory(t *testing.T) {
 	t.Parallel()
-	src := &fakeSource{models: map[string]cache.Model{"a": model("a", 1), "b": model("b", 1), "c": model("c", 1)}}
+	src := &fakeSource{models: map[string]content.Model{"a": model("a", 1), "b": model("b", 1), "c": model("c", 1)}}
 	q := prefetch.NewQueue(&fakeStore{}, src, prefetch.WithHistory(2))
 	runQueue(t, q)
 	var ids []string

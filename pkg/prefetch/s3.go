@@ -23,7 +23,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/ref"
 )
 
@@ -101,15 +101,15 @@ func WithS3Endpoint(endpoint string) S3Option {
 			if ue, ok := err.(*url.Error); ok {
 				err = ue.Err
 			}
-			return fmt.Errorf("%w: S3 endpoint: %v", cache.ErrInvalid, err)
+			return fmt.Errorf("%w: S3 endpoint: %v", content.ErrInvalid, err)
 		case u.Scheme != "http" && u.Scheme != "https":
-			return fmt.Errorf("%w: S3 endpoint %q: scheme must be http or https", cache.ErrInvalid, truncate(endpoint))
+			return fmt.Errorf("%w: S3 endpoint %q: scheme must be http or https", content.ErrInvalid, truncate(endpoint))
 		case u.Opaque != "" || u.Hostname() == "":
-			return fmt.Errorf("%w: S3 endpoint %q: want scheme://host[:port][/path]", cache.ErrInvalid, truncate(endpoint))
+			return fmt.Errorf("%w: S3 endpoint %q: want scheme://host[:port][/path]", content.ErrInvalid, truncate(endpoint))
 		case u.User != nil || u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
-			return fmt.Errorf("%w: S3 endpoint %q: no user information, query or fragment allowed", cache.ErrInvalid, truncate(endpoint))
+			return fmt.Errorf("%w: S3 endpoint %q: no user information, query or fragment allowed", content.ErrInvalid, truncate(endpoint))
 		case u.Port() != "" && !ref.ValidPort(u.Port()):
-			return fmt.Errorf("%w: S3 endpoint %q: port out of range", cache.ErrInvalid, truncate(endpoint))
+			return fmt.Errorf("%w: S3 endpoint %q: port out of range", content.ErrInvalid, truncate(endpoint))
 		}
 		o.endpoint = endpoint
 		return nil
@@ -221,7 +221,7 @@ func LoadS3Credentials(ctx context.Context, allowIMDS bool) (aws.CredentialsProv
 // with one ranged-GetObject opener per blob.
 func (s *S3Source) Resolve(ctx context.Context, r ref.Ref) (*Resolution, error) {
 	if r.Kind != ref.KindS3 || r.URL == nil {
-		return nil, cache.Permanent(fmt.Errorf("resolving %s: kind %q: %w", r.Redacted(), r.Kind, errors.ErrUnsupported))
+		return nil, content.Permanent(fmt.Errorf("resolving %s: kind %q: %w", r.Redacted(), r.Kind, errors.ErrUnsupported))
 	}
 	c, note := s.anon, ""
 	if ns := Requester(ctx); s.agent != nil {
@@ -263,13 +263,13 @@ func (b s3Bucket) resolveObject(ctx context.Context, r ref.Ref) (*Resolution, er
 		return nil, err
 	}
 	if sum != "" && sum != r.Digest {
-		return nil, cache.Permanent(fmt.Errorf("%w: %s: the store's SHA-256 checksum is %s, the reference pins %s", cache.ErrDigestMismatch, b.name(key), sum, r.Digest))
+		return nil, content.Permanent(fmt.Errorf("%w: %s: the store's SHA-256 checksum is %s, the reference pins %s", content.ErrDigestMismatch, b.name(key), sum, r.Digest))
 	}
 	m := singleFileModel(r.URL, r.Digest, size)
 	if err := m.Validate(); err != nil {
-		return nil, cache.Permanent(err)
+		return nil, content.Permanent(err)
 	}
-	return &Resolution{Model: m, Blobs: map[digest.Digest]cache.RangeOpener{r.Digest: b.blob(key, size)}}, nil
+	return &Resolution{Model: m, Blobs: map[digest.Digest]content.RangeOpener{r.Digest: b.blob(key, size)}}, nil
 }
 
 func (b s3Bucket) resolvePrefix(ctx context.Context, r ref.Ref) (*Resolution, error) {
@@ -284,7 +284,7 @@ func (b s3Bucket) resolvePrefix(ctx context.Context, r ref.Ref) (*Resolution, er
 	case !errors.Is(err, errNoObject):
 		return nil, err
 	case r.Revision != "":
-		return nil, fmt.Errorf("%w: a version pins the prefix's %s, which has no such object version: %w", cache.ErrInvalid, S3ManifestName, err)
+		return nil, fmt.Errorf("%w: a version pins the prefix's %s, which has no such object version: %w", content.ErrInvalid, S3ManifestName, err)
 	}
 	return b.fromListing(ctx, r, prefix)
 }
@@ -299,12 +299,12 @@ func (b s3Bucket) manifest(ctx context.Context, key, version string) (*Manifest,
 	}
 	defer out.Body.Close()
 	if aws.ToInt64(out.ContentLength) > MaxManifestSize {
-		return nil, cache.Permanent(fmt.Errorf("%w: %s of %d bytes is larger than %d", cache.ErrInvalid, b.name(key), aws.ToInt64(out.ContentLength), MaxManifestSize))
+		return nil, content.Permanent(fmt.Errorf("%w: %s of %d bytes is larger than %d", content.ErrInvalid, b.name(key), aws.ToInt64(out.ContentLength), MaxManifestSize))
 	}
 	m, err := ReadManifest(out.Body)
 	if err != nil {
-		if errors.Is(err, cache.ErrInvalid) {
-			return nil, cache.Permanent(fmt.Errorf("%s: %w", b.name(key), err))
+		if errors.Is(err, content.ErrInvalid) {
+			return nil, content.Permanent(fmt.Errorf("%s: %w", b.name(key), err))
 		}
 		return nil, fmt.Errorf("%s: %w", b.name(key), err)
 	}
@@ -312,10 +312,10 @@ func (b s3Bucket) manifest(ctx context.Context, key, version string) (*Manifest,
 }
 
 func (b s3Bucket) fromManifest(r ref.Ref, prefix string, m *Manifest) (*Resolution, error) {
-	res := &Resolution{Model: m.layout(r.URL), Blobs: make(map[digest.Digest]cache.RangeOpener, len(m.Files))}
+	res := &Resolution{Model: m.layout(r.URL), Blobs: make(map[digest.Digest]content.RangeOpener, len(m.Files))}
 	for _, f := range m.Files {
 		if f.URL != "" {
-			return nil, cache.Permanent(fmt.Errorf("%w: %s: file %q has a url: an S3 model's files are read from the keys beside its %s", cache.ErrInvalid, b.name(prefix+S3ManifestName), truncate(f.Path), S3ManifestName))
+			return nil, content.Permanent(fmt.Errorf("%w: %s: file %q has a url: an S3 model's files are read from the keys beside its %s", content.ErrInvalid, b.name(prefix+S3ManifestName), truncate(f.Path), S3ManifestName))
 		}
 		if _, ok := res.Blobs[f.Digest()]; !ok {
 			res.Blobs[f.Digest()] = b.blob(prefix+f.Path, f.Size)
@@ -325,7 +325,7 @@ func (b s3Bucket) fromManifest(r ref.Ref, prefix string, m *Manifest) (*Resoluti
 }
 
 func (b s3Bucket) fromListing(ctx context.Context, r ref.Ref, prefix string) (*Resolution, error) {
-	var files []cache.File
+	var files []content.File
 	p := s3.NewListObjectsV2Paginator(b.c, &s3.ListObjectsV2Input{Bucket: &b.bucket, Prefix: &prefix})
 	for p.HasMorePages() {
 		page, err := p.NextPage(ctx)
@@ -336,22 +336,22 @@ func (b s3Bucket) fromListing(ctx context.Context, r ref.Ref, prefix string) (*R
 			key := aws.ToString(obj.Key)
 			rel, ok := strings.CutPrefix(key, prefix)
 			if !ok {
-				return nil, cache.Permanent(fmt.Errorf("%w: listing %s returned %q, outside the prefix", cache.ErrInvalid, b.name(prefix), truncate(key)))
+				return nil, content.Permanent(fmt.Errorf("%w: listing %s returned %q, outside the prefix", content.ErrInvalid, b.name(prefix), truncate(key)))
 			}
 			if (rel == "" || strings.HasSuffix(rel, "/")) && aws.ToInt64(obj.Size) == 0 {
 				continue // a "folder" marker some tools write
 			}
-			if err := cache.ValidatePath(rel); err != nil {
-				return nil, cache.Permanent(fmt.Errorf("%s: %w", b.name(key), err))
+			if err := content.ValidatePath(rel); err != nil {
+				return nil, content.Permanent(fmt.Errorf("%s: %w", b.name(key), err))
 			}
 			if len(files) == MaxManifestFiles {
-				return nil, cache.Permanent(fmt.Errorf("%w: more than %d objects under %s", cache.ErrInvalid, MaxManifestFiles, b.name(prefix)))
+				return nil, content.Permanent(fmt.Errorf("%w: more than %d objects under %s", content.ErrInvalid, MaxManifestFiles, b.name(prefix)))
 			}
-			files = append(files, cache.File{Path: rel})
+			files = append(files, content.File{Path: rel})
 		}
 	}
 	if len(files) == 0 {
-		return nil, cache.Permanent(fmt.Errorf("%w: no objects under %s", cache.ErrNotFound, b.name(prefix)))
+		return nil, content.Permanent(fmt.Errorf("%w: no objects under %s", content.ErrNotFound, b.name(prefix)))
 	}
 
 	// The listing names no checksums: ask each object for its own.
@@ -364,10 +364,10 @@ func (b s3Bucket) fromListing(ctx context.Context, r ref.Ref, prefix string) (*R
 				return err
 			}
 			if sum == "" {
-				return cache.Permanent(fmt.Errorf("%w: %s has no full-object SHA-256 checksum: put a %s beside the objects, upload them with full-object SHA-256 checksums, or pin one object by digest (s3://%s/KEY#sha256:…)",
+				return content.Permanent(fmt.Errorf("%w: %s has no full-object SHA-256 checksum: put a %s beside the objects, upload them with full-object SHA-256 checksums, or pin one object by digest (s3://%s/KEY#sha256:…)",
 					ErrUnverifiable, b.name(prefix+files[i].Path), S3ManifestName, b.bucket))
 			}
-			files[i].Descriptor = cache.Descriptor{Digest: sum, Size: size}
+			files[i].Descriptor = content.Descriptor{Digest: sum, Size: size}
 			return nil
 		})
 	}
@@ -375,16 +375,16 @@ func (b s3Bucket) fromListing(ctx context.Context, r ref.Ref, prefix string) (*R
 		return nil, err
 	}
 
-	m := cache.Model{Name: urlModelName(r.URL), Revision: filesRevision(files), Files: files}
+	m := content.Model{Name: urlModelName(r.URL), Revision: filesRevision(files), Files: files}
 	if err := m.Validate(); err != nil {
-		return nil, cache.Permanent(err)
+		return nil, content.Permanent(err)
 	}
-	res := &Resolution{Model: m, Blobs: make(map[digest.Digest]cache.RangeOpener, len(files))}
+	res := &Resolution{Model: m, Blobs: make(map[digest.Digest]content.RangeOpener, len(files))}
 	sizes := make(map[digest.Digest]int64, len(files))
 	for _, f := range files {
 		if size, ok := sizes[f.Digest]; ok {
 			if size != f.Size {
-				return nil, cache.Permanent(fmt.Errorf("%w: sha256 %s with sizes %d and %d under %s", cache.ErrInvalid, f.Digest, size, f.Size, b.name(prefix)))
+				return nil, content.Permanent(fmt.Errorf("%w: sha256 %s with sizes %d and %d under %s", content.ErrInvalid, f.Digest, size, f.Size, b.name(prefix)))
 			}
 			continue
 		}
@@ -403,7 +403,7 @@ func (b s3Bucket) head(ctx context.Context, key string) (int64, digest.Digest, e
 	}
 	size := aws.ToInt64(out.ContentLength)
 	if size < 0 {
-		return 0, "", cache.Permanent(fmt.Errorf("%w: %s: negative size %d", cache.ErrInvalid, b.name(key), size))
+		return 0, "", content.Permanent(fmt.Errorf("%w: %s: negative size %d", content.ErrInvalid, b.name(key), size))
 	}
 	return size, fullObjectSHA256(out.ChecksumSHA256, out.ChecksumType), nil
 }
@@ -454,7 +454,7 @@ func (b s3Bucket) blob(key string, size int64) rangedBlob {
 
 // classify wraps an SDK error with the request it failed and marks what
 // retrying cannot fix permanent, by HTTP status as statusError does; a 404
-// wraps errNoObject, a 416 cache.ErrSizeMismatch.
+// wraps errNoObject, a 416 content.ErrSizeMismatch.
 func (b s3Bucket) classify(op, key string, err error) error {
 	err = fmt.Errorf("%s %s: %w", op, b.name(key), err)
 	var re *awshttp.ResponseError
@@ -463,13 +463,13 @@ func (b s3Bucket) classify(op, key string, err error) error {
 	}
 	switch c := re.HTTPStatusCode(); {
 	case c == http.StatusNotFound:
-		return cache.Permanent(fmt.Errorf("%w: %w", errNoObject, err))
+		return content.Permanent(fmt.Errorf("%w: %w", errNoObject, err))
 	case c == http.StatusRequestedRangeNotSatisfiable:
-		return cache.Permanent(fmt.Errorf("%w: %w", cache.ErrSizeMismatch, err))
+		return content.Permanent(fmt.Errorf("%w: %w", content.ErrSizeMismatch, err))
 	case c == http.StatusRequestTimeout, c == http.StatusTooEarly, c == http.StatusTooManyRequests:
 		return err
 	case c >= 400 && c < 500:
-		return cache.Permanent(err)
+		return content.Permanent(err)
 	}
 	return err
 }

@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/internal/s3test"
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 )
@@ -220,7 +220,7 @@ func TestS3Refusals(t *testing.T) {
 		require.Error(t, err, tc.ref)
 		assert.Nil(t, res)
 		assert.Contains(t, err.Error(), tc.want, tc.ref)
-		assert.ErrorIs(t, err, cache.ErrPermanent, tc.ref)
+		assert.ErrorIs(t, err, content.ErrPermanent, tc.ref)
 		if strings.Contains(tc.want, "checksum") {
 			assert.ErrorIs(t, err, prefetch.ErrUnverifiable, tc.ref)
 		}
@@ -237,7 +237,7 @@ func TestS3Refusals(t *testing.T) {
 	// A store checksum that disagrees with the pin is refused at once.
 	r, _ := ref.Parse("s3://models/wrong/a.bin#" + digest.FromBytes(data).String())
 	_, err = src.Resolve(t.Context(), r)
-	assert.ErrorIs(t, err, cache.ErrDigestMismatch)
+	assert.ErrorIs(t, err, content.ErrDigestMismatch)
 }
 
 func TestS3PinnedObjectAndVersion(t *testing.T) {
@@ -411,11 +411,11 @@ func TestS3Options(t *testing.T) {
 	t.Parallel()
 	for _, e := range []string{"ftp://x", "http://", "https://u:p@host", "https://host?x=1", "https://host:99999", "::"} {
 		_, err := prefetch.NewS3Source(nil, prefetch.WithS3Endpoint(e))
-		assert.ErrorIs(t, err, cache.ErrInvalid, e)
+		assert.ErrorIs(t, err, content.ErrInvalid, e)
 	}
 	for _, spec := range []string{"s3://Bad_Bucket=ns", "s3://ab=ns", "s3://a..b=ns"} {
 		_, err := prefetch.ParseAgentCredentials([]string{spec})
-		assert.ErrorIs(t, err, cache.ErrInvalid, spec)
+		assert.ErrorIs(t, err, content.ErrInvalid, spec)
 	}
 	a, err := prefetch.ParseAgentCredentials([]string{"s3://models=*"})
 	require.NoError(t, err)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/ref"
 )
 
@@ -17,7 +17,7 @@ import (
 type Source interface {
 	// Resolve looks the reference up at its origin. A reference of a kind
 	// the source does not handle is an error wrapping errors.ErrUnsupported;
-	// errors that retrying cannot fix are wrapped with cache.Permanent.
+	// errors that retrying cannot fix are wrapped with content.Permanent.
 	Resolve(ctx context.Context, r ref.Ref) (*Resolution, error)
 }
 
@@ -28,8 +28,8 @@ type Source interface {
 type Resolution struct {
 	// Model is the model and its files, each a blob stored as it is. For an
 	// image, Name and Revision name the image and Files is empty.
-	Model cache.Model
-	Blobs map[digest.Digest]cache.RangeOpener
+	Model content.Model
+	Blobs map[digest.Digest]content.RangeOpener
 	// Packed lists layers whose files are inside an archive or compressed
 	// (ModelPack tar, gzip or zstd layers): each layer is fetched as a blob,
 	// then unpacked into the model's files.
@@ -63,7 +63,7 @@ const (
 
 // PackedLayer is one layer blob that holds model files in packed form.
 type PackedLayer struct {
-	cache.Descriptor
+	content.Descriptor
 	MediaType   string
 	Compression Compression
 	// Archive says the (decompressed) layer is a tar archive, extracted under
@@ -93,7 +93,7 @@ type Image struct {
 
 // ImageBlob is one blob of an image, with its OCI or Docker media type.
 type ImageBlob struct {
-	cache.Descriptor
+	content.Descriptor
 	MediaType string
 }
 
@@ -101,8 +101,8 @@ type ImageBlob struct {
 // returns the model another node resolved if accept approves it, and calls
 // resolve (this node asks the origin) otherwise. Peers implement it
 // (p2p.Swarm.SharedResolve, which names a peer whose answer accept refuses).
-type SharedResolver func(ctx context.Context, pinned ref.Ref, resolve func(context.Context) (cache.Model, error),
-	accept func(cache.Model) error) (cache.Model, error)
+type SharedResolver func(ctx context.Context, pinned ref.Ref, resolve func(context.Context) (content.Model, error),
+	accept func(content.Model) error) (content.Model, error)
 
 // ModelName is the name r's model is laid out under in the cache, derived
 // from the reference alone, never from what its source answers: the
@@ -132,7 +132,7 @@ type Sources map[ref.Kind]Source
 func (s Sources) Resolve(ctx context.Context, r ref.Ref) (*Resolution, error) {
 	src, ok := s[r.Kind]
 	if !ok {
-		return nil, cache.Permanent(fmt.Errorf("resolving %s: no source for %q references is configured: %w", r.Redacted(), r.Kind, errors.ErrUnsupported))
+		return nil, content.Permanent(fmt.Errorf("resolving %s: no source for %q references is configured: %w", r.Redacted(), r.Kind, errors.ErrUnsupported))
 	}
 	return src.Resolve(ctx, r)
 }

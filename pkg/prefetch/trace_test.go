@@ -13,7 +13,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -47,7 +47,7 @@ func TestQueueTracesJob(t *testing.T) {
 	t.Parallel()
 	tp, sr := recordSpans(t)
 	m := model("m", 10, 20, 10)
-	q := prefetch.NewQueue(&fakeStore{}, &fakeSource{models: map[string]cache.Model{"m": m}}, prefetch.WithTracerProvider(tp))
+	q := prefetch.NewQueue(&fakeStore{}, &fakeSource{models: map[string]content.Model{"m": m}}, prefetch.WithTracerProvider(tp))
 	runQueue(t, q)
 	j, err := q.Submit(refFor("m"), prefetch.PriorityPod)
 	require.NoError(t, err)
@@ -92,8 +92,8 @@ func TestQueueTracesFailures(t *testing.T) {
 	tp, sr := recordSpans(t)
 	m := model("m", 10, 20)
 	broken := errors.New("origin on fire")
-	store := &fakeStore{fail: map[digest.Digest]error{m.Files[1].Digest: cache.Permanent(broken)}}
-	q := prefetch.NewQueue(store, &fakeSource{models: map[string]cache.Model{"m": m}}, prefetch.WithTracerProvider(tp))
+	store := &fakeStore{fail: map[digest.Digest]error{m.Files[1].Digest: content.Permanent(broken)}}
+	q := prefetch.NewQueue(store, &fakeSource{models: map[string]content.Model{"m": m}}, prefetch.WithTracerProvider(tp))
 	runQueue(t, q)
 	j, err := q.Submit(refFor("m"), prefetch.PriorityNormal)
 	require.NoError(t, err)
@@ -156,7 +156,7 @@ func TestQueueTracesImport(t *testing.T) {
 
 func TestQueueNotTracedByDefault(t *testing.T) {
 	t.Parallel()
-	q := prefetch.NewQueue(&fakeStore{}, &fakeSource{models: map[string]cache.Model{"m": model("m", 10)}})
+	q := prefetch.NewQueue(&fakeStore{}, &fakeSource{models: map[string]content.Model{"m": model("m", 10)}})
 	runQueue(t, q)
 	j, err := q.Submit(refFor("m"), prefetch.PriorityNormal)
 	require.NoError(t, err)

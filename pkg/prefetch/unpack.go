@@ -12,7 +12,7 @@ import (
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // Limits on packed layers, which come from the network (verified against
@@ -41,7 +41,7 @@ const (
 // segments, names that are not valid model paths, duplicates, a name that is
 // both a file and a directory and archives of more than MaxUnpackEntries
 // entries are rejected. Such errors, and corrupt compressed or tar data, wrap
-// cache.ErrInvalid and are permanent: the blob was verified, so fetching it
+// content.ErrInvalid and are permanent: the blob was verified, so fetching it
 // again cannot help. Errors from put are returned as they are, with the
 // file's path.
 //
@@ -49,7 +49,7 @@ const (
 // declared size, and cache.Store.Put stores no more than that, nor more
 // than the cache can hold, so that a small layer that decompresses to
 // terabytes (a decompression bomb) cannot fill the disk.
-func Unpack(ctx context.Context, r io.Reader, layer PackedLayer, put func(path string, r io.Reader, size int64) (cache.Descriptor, error)) ([]cache.File, error) {
+func Unpack(ctx context.Context, r io.Reader, layer PackedLayer, put func(path string, r io.Reader, size int64) (content.Descriptor, error)) ([]content.File, error) {
 	files, err := unpack(ctx, r, layer, put)
 	if err != nil {
 		return nil, fmt.Errorf("unpacking layer %s (%s): %w", layer.Digest, layer.MediaType, err)
@@ -57,15 +57,15 @@ func Unpack(ctx context.Context, r io.Reader, layer PackedLayer, put func(path s
 	return files, nil
 }
 
-func unpack(ctx context.Context, r io.Reader, layer PackedLayer, put func(string, io.Reader, int64) (cache.Descriptor, error)) ([]cache.File, error) {
+func unpack(ctx context.Context, r io.Reader, layer PackedLayer, put func(string, io.Reader, int64) (content.Descriptor, error)) ([]content.File, error) {
 	switch {
 	case layer.Archive && layer.Path != "":
-		if err := cache.ValidatePath(layer.Path); err != nil {
-			return nil, cache.Permanent(fmt.Errorf("archive directory: %w", err))
+		if err := content.ValidatePath(layer.Path); err != nil {
+			return nil, content.Permanent(fmt.Errorf("archive directory: %w", err))
 		}
 	case !layer.Archive:
-		if err := cache.ValidatePath(layer.Path); err != nil {
-			return nil, cache.Permanent(fmt.Errorf("file path: %w", err))
+		if err := content.ValidatePath(layer.Path); err != nil {
+			return nil, content.Permanent(fmt.Errorf("file path: %w", err))
 		}
 	}
 	r = sourceReader{ctx: ctx, r: r}
@@ -79,16 +79,16 @@ func unpack(ctx context.Context, r io.Reader, layer PackedLayer, put func(string
 		if err != nil {
 			return nil, fmt.Errorf("storing %s: %w", layer.Path, classifyStreamErr(err))
 		}
-		return []cache.File{{Path: layer.Path, Descriptor: desc}}, nil
+		return []content.File{{Path: layer.Path, Descriptor: desc}}, nil
 	}
 	return untar(ctx, invalidOnError{dr}, layer.Path, put)
 }
 
 // untar stores the regular files of the tar stream r under dir.
-func untar(ctx context.Context, r io.Reader, dir string, put func(string, io.Reader, int64) (cache.Descriptor, error)) ([]cache.File, error) {
+func untar(ctx context.Context, r io.Reader, dir string, put func(string, io.Reader, int64) (content.Descriptor, error)) ([]content.File, error) {
 	tr := tar.NewReader(r)
 	var (
-		files []cache.File
+		files []content.File
 		seen  = make(map[string]bool)
 	)
 	for entries := 0; ; entries++ {
@@ -133,9 +133,9 @@ func untar(ctx context.Context, r io.Reader, dir string, put func(string, io.Rea
 			return nil, fmt.Errorf("storing %s: %w", p, classifyStreamErr(err))
 		}
 		if desc.Size != hdr.Size {
-			return nil, fmt.Errorf("storing %s: stored %d bytes of a tar entry of %d: %w", p, desc.Size, hdr.Size, cache.ErrSizeMismatch)
+			return nil, fmt.Errorf("storing %s: stored %d bytes of a tar entry of %d: %w", p, desc.Size, hdr.Size, content.ErrSizeMismatch)
 		}
-		files = append(files, cache.File{Path: p, Descriptor: desc})
+		files = append(files, content.File{Path: p, Descriptor: desc})
 	}
 	// A file may not also be a directory of another: "a" and "a/b".
 	for _, f := range files {
@@ -163,8 +163,8 @@ func entryPath(dir, name string) (string, error) {
 	if p == "." || p == dir {
 		return dir, nil
 	}
-	if err := cache.ValidatePath(p); err != nil {
-		return "", cache.Permanent(fmt.Errorf("tar entry %q: %w", truncate(name), err))
+	if err := content.ValidatePath(p); err != nil {
+		return "", content.Permanent(fmt.Errorf("tar entry %q: %w", truncate(name), err))
 	}
 	return p, nil
 }
@@ -243,7 +243,7 @@ func (e *sourceError) Error() string { return e.err.Error() }
 func (e *sourceError) Unwrap() error { return e.err }
 
 // invalidOnError marks errors of the decompressing reader that do not come
-// from the source (corrupt data) as cache.ErrInvalid.
+// from the source (corrupt data) as content.ErrInvalid.
 type invalidOnError struct{ r io.Reader }
 
 func (i invalidOnError) Read(p []byte) (int, error) {
@@ -260,7 +260,7 @@ type corruptError struct{ err error }
 
 func (e *corruptError) Error() string { return "corrupt data: " + e.err.Error() }
 func (e *corruptError) Unwrap() []error {
-	return []error{e.err, cache.ErrInvalid, cache.ErrPermanent}
+	return []error{e.err, content.ErrInvalid, content.ErrPermanent}
 }
 
 // classifyStreamErr marks errors of reading the layer as permanent invalid
@@ -272,19 +272,19 @@ func classifyStreamErr(err error) error {
 		return err
 	}
 	var ce *corruptError
-	if errors.As(err, &ce) || errors.Is(err, cache.ErrInvalid) {
-		return cache.Permanent(err)
+	if errors.As(err, &ce) || errors.Is(err, content.ErrInvalid) {
+		return content.Permanent(err)
 	}
 	if errors.Is(err, tar.ErrHeader) || errors.Is(err, tar.ErrInsecurePath) || errors.Is(err, io.ErrUnexpectedEOF) {
-		return cache.Permanent(fmt.Errorf("%w: %w", cache.ErrInvalid, err))
+		return content.Permanent(fmt.Errorf("%w: %w", content.ErrInvalid, err))
 	}
 	return err
 }
 
 func invalid(format string, args ...any) error {
-	return cache.Permanent(fmt.Errorf("%w: "+format, append([]any{cache.ErrInvalid}, args...)...))
+	return content.Permanent(fmt.Errorf("%w: "+format, append([]any{content.ErrInvalid}, args...)...))
 }
 
 func invalidData(what string, err error) error {
-	return cache.Permanent(fmt.Errorf("%w: %s: %w", cache.ErrInvalid, what, err))
+	return content.Permanent(fmt.Errorf("%w: %s: %w", content.ErrInvalid, what, err))
 }

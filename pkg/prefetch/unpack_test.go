@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -79,13 +79,13 @@ type memPut struct {
 	files map[string][]byte
 }
 
-func (m *memPut) put(p string, r io.Reader, size int64) (cache.Descriptor, error) {
+func (m *memPut) put(p string, r io.Reader, size int64) (content.Descriptor, error) {
 	data, err := io.ReadAll(r)
 	if err != nil {
-		return cache.Descriptor{}, err
+		return content.Descriptor{}, err
 	}
 	if size >= 0 && int64(len(data)) != size {
-		return cache.Descriptor{}, fmt.Errorf("%s: %d bytes, %d declared", p, len(data), size)
+		return content.Descriptor{}, fmt.Errorf("%s: %d bytes, %d declared", p, len(data), size)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -93,7 +93,7 @@ func (m *memPut) put(p string, r io.Reader, size int64) (cache.Descriptor, error
 		m.files = make(map[string][]byte)
 	}
 	m.files[p] = data
-	return cache.Descriptor{Digest: digest.FromBytes(data), Size: int64(len(data))}, nil
+	return content.Descriptor{Digest: digest.FromBytes(data), Size: int64(len(data))}, nil
 }
 
 func unpackReg(name, body string) unpackEntry {
@@ -134,7 +134,7 @@ func TestUnpack(t *testing.T) {
 			blob := unpackCompress(t, tc.c, data)
 			var m memPut
 			files, err := prefetch.Unpack(t.Context(), bytes.NewReader(blob), prefetch.PackedLayer{
-				Descriptor:  cache.Descriptor{Digest: digest.FromBytes(blob), Size: int64(len(blob))},
+				Descriptor:  content.Descriptor{Digest: digest.FromBytes(blob), Size: int64(len(blob))},
 				Compression: tc.c, Archive: tc.archive, Path: tc.path,
 			}, m.put)
 			require.NoError(t, err)
@@ -181,10 +181,10 @@ func TestUnpackRejects(t *testing.T) {
 			_, err := prefetch.Unpack(t.Context(), bytes.NewReader(blob), prefetch.PackedLayer{Archive: true, Path: tc.path}, m.put)
 			require.Error(t, err)
 			assert.ErrorContains(t, err, tc.want)
-			assert.ErrorIs(t, err, cache.ErrInvalid)
-			assert.ErrorIs(t, err, cache.ErrPermanent)
+			assert.ErrorIs(t, err, content.ErrInvalid)
+			assert.ErrorIs(t, err, content.ErrPermanent)
 			for p := range m.files {
-				assert.NoError(t, cache.ValidatePath(p))
+				assert.NoError(t, content.ValidatePath(p))
 				assert.False(t, strings.HasPrefix(p, ".."), p)
 			}
 		})
@@ -223,8 +223,8 @@ func TestUnpackCorrupt(t *testing.T) {
 			var m memPut
 			_, err := prefetch.Unpack(t.Context(), bytes.NewReader(tc.blob), prefetch.PackedLayer{Compression: tc.c, Archive: tc.archive, Path: "f"}, m.put)
 			require.Error(t, err)
-			assert.ErrorIs(t, err, cache.ErrInvalid)
-			assert.ErrorIs(t, err, cache.ErrPermanent)
+			assert.ErrorIs(t, err, content.ErrInvalid)
+			assert.ErrorIs(t, err, content.ErrPermanent)
 		})
 	}
 }
@@ -245,7 +245,7 @@ func TestUnpackEntryLimit(t *testing.T) {
 	var m memPut
 	_, err := prefetch.Unpack(t.Context(), pr, prefetch.PackedLayer{Archive: true}, m.put)
 	pr.Close()
-	assert.ErrorIs(t, err, cache.ErrInvalid)
+	assert.ErrorIs(t, err, content.ErrInvalid)
 	assert.ErrorContains(t, err, "more than")
 }
 
@@ -257,9 +257,9 @@ func TestUnpackPutAndSourceErrors(t *testing.T) {
 		t.Parallel()
 		errFull := errors.New("disk full")
 		_, err := prefetch.Unpack(t.Context(), bytes.NewReader(blob), prefetch.PackedLayer{Archive: true},
-			func(string, io.Reader, int64) (cache.Descriptor, error) { return cache.Descriptor{}, errFull })
+			func(string, io.Reader, int64) (content.Descriptor, error) { return content.Descriptor{}, errFull })
 		assert.ErrorIs(t, err, errFull)
-		assert.NotErrorIs(t, err, cache.ErrPermanent)
+		assert.NotErrorIs(t, err, content.ErrPermanent)
 		assert.ErrorContains(t, err, "storing a")
 	})
 	t.Run("source", func(t *testing.T) {
@@ -270,7 +270,7 @@ func TestUnpackPutAndSourceErrors(t *testing.T) {
 		var m memPut
 		_, err := prefetch.Unpack(t.Context(), r, prefetch.PackedLayer{Archive: true, Compression: prefetch.CompressionGzip}, m.put)
 		assert.ErrorIs(t, err, errIO)
-		assert.NotErrorIs(t, err, cache.ErrInvalid)
+		assert.NotErrorIs(t, err, content.ErrInvalid)
 	})
 	t.Run("canceled", func(t *testing.T) {
 		t.Parallel()
@@ -279,14 +279,14 @@ func TestUnpackPutAndSourceErrors(t *testing.T) {
 		var m memPut
 		_, err := prefetch.Unpack(ctx, bytes.NewReader(blob), prefetch.PackedLayer{Archive: true}, m.put)
 		assert.ErrorIs(t, err, context.Canceled)
-		assert.NotErrorIs(t, err, cache.ErrInvalid)
+		assert.NotErrorIs(t, err, content.ErrInvalid)
 		assert.Empty(t, m.files)
 	})
 	t.Run("bad file path", func(t *testing.T) {
 		t.Parallel()
 		var m memPut
 		_, err := prefetch.Unpack(t.Context(), strings.NewReader("x"), prefetch.PackedLayer{Path: ""}, m.put)
-		assert.ErrorIs(t, err, cache.ErrInvalid)
+		assert.ErrorIs(t, err, content.ErrInvalid)
 		assert.Empty(t, m.files)
 	})
 }
@@ -314,17 +314,17 @@ func FuzzUnpack(f *testing.F) {
 			layer.Path = "model/file"
 		}
 		var stored []string
-		files, err := prefetch.Unpack(t.Context(), bytes.NewReader(data), layer, func(p string, r io.Reader, _ int64) (cache.Descriptor, error) {
+		files, err := prefetch.Unpack(t.Context(), bytes.NewReader(data), layer, func(p string, r io.Reader, _ int64) (content.Descriptor, error) {
 			stored = append(stored, p)
 			// Stop at 1 MiB: a tiny zstd input may decompress to gigabytes.
 			n, err := io.Copy(io.Discard, io.LimitReader(r, 1<<20+1))
 			if err == nil && n > 1<<20 {
 				err = errors.New("file too large for the fuzz test")
 			}
-			return cache.Descriptor{Digest: digest.FromString(p), Size: n}, err
+			return content.Descriptor{Digest: digest.FromString(p), Size: n}, err
 		})
 		for _, p := range stored {
-			if cache.ValidatePath(p) != nil || (p != layer.Path && !strings.HasPrefix(p, layer.Path+"/")) || path.Clean(p) != p {
+			if content.ValidatePath(p) != nil || (p != layer.Path && !strings.HasPrefix(p, layer.Path+"/")) || path.Clean(p) != p {
 				t.Fatalf("stored %q outside %q", p, layer.Path)
 			}
 		}
@@ -360,9 +360,9 @@ func BenchmarkUnpack(b *testing.B) {
 			b.SetBytes(size)
 			for b.Loop() {
 				_, err := prefetch.Unpack(b.Context(), bytes.NewReader(blob), prefetch.PackedLayer{Compression: c, Archive: true},
-					func(_ string, r io.Reader, _ int64) (cache.Descriptor, error) {
+					func(_ string, r io.Reader, _ int64) (content.Descriptor, error) {
 						n, err := io.Copy(io.Discard, r)
-						return cache.Descriptor{Size: n}, err
+						return content.Descriptor{Size: n}, err
 					})
 				if err != nil {
 					b.Fatal(err)

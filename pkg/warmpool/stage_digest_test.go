@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // cachedAdapter puts files into a real cache and returns the model's
@@ -19,14 +20,14 @@ func cachedAdapter(tb testing.TB, files map[string][]byte) (snapshot, plain stri
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { store.Close() })
-	m := cache.Model{Name: "org/adapter", Revision: "main"}
+	m := content.Model{Name: "org/adapter", Revision: "main"}
 	plain = tb.TempDir()
 	for p, data := range files {
 		info, err := store.Put(context.Background(), bytes.NewReader(data), int64(len(data)))
 		if err != nil {
 			tb.Fatal(err)
 		}
-		m.Files = append(m.Files, cache.File{Path: p, Descriptor: info.Descriptor})
+		m.Files = append(m.Files, content.File{Path: p, Descriptor: info.Descriptor})
 		if err := os.MkdirAll(filepath.Dir(filepath.Join(plain, p)), 0o755); err != nil {
 			tb.Fatal(err)
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/p2p"
 )
 
@@ -41,7 +42,7 @@ func startServingAgent(tb testing.TB, chunkSize int64, blobs [][]byte, opts ...p
 	tb.Helper()
 	store := openStore(tb, chunkSize)
 	for _, b := range blobs {
-		desc := cache.Descriptor{Digest: digest.FromBytes(b), Size: int64(len(b))}
+		desc := content.Descriptor{Digest: digest.FromBytes(b), Size: int64(len(b))}
 		_, err := store.Fetch(context.Background(), desc, cache.Bytes(b), nil)
 		require.NoError(tb, err)
 	}
@@ -137,7 +138,7 @@ func (a *fetchingAgent) fetch(ctx context.Context, blob []byte) error {
 
 // download downloads blob from the peers alone: the origin refuses.
 func (a *fetchingAgent) download(ctx context.Context, blob []byte) error {
-	desc := cache.Descriptor{Digest: digest.FromBytes(blob), Size: int64(len(blob))}
+	desc := content.Descriptor{Digest: digest.FromBytes(blob), Size: int64(len(blob))}
 	_, err := a.store.Fetch(ctx, desc, a.swarm.Source(desc, refusingOrigin{}), nil)
 	return err
 }

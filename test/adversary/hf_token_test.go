@@ -22,6 +22,7 @@ import (
 	"github.com/weightd/weightd/internal/hubtest"
 	"github.com/weightd/weightd/internal/kubetest"
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/kube"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
@@ -94,7 +95,7 @@ func TestHFTokenForAnyNamespace(t *testing.T) {
 	require.NotEqual(t, "ready", thief, "a pod of namespace %s had the agent fetch %s with the agent's hub token", ns, private)
 	require.Contains(t, thief, "401", "the hub refused the pod as it refuses anyone without a token")
 	_, err = store.Stat(digest.FromString("team a's private weights"))
-	require.ErrorIs(t, err, cache.ErrNotFound, "the private weights are not on the node")
+	require.ErrorIs(t, err, content.ErrNotFound, "the private weights are not on the node")
 
 	// The operator's own request (the CLI, a PrefetchPolicy) still uses it.
 	j, err := q.Submit("hf://"+private+"@main", prefetch.PriorityNormal)

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // Attack 8, state long-polls: a chunk state request may wait up to 2 s for
@@ -25,7 +26,7 @@ import (
 // without news allocates about what its one answer takes, not 50 times it.
 func TestStateLongPollCopiesNoHashList(t *testing.T) {
 	const chunk, chunks, present = 64 << 10, 4096, 100
-	desc := cache.Descriptor{Digest: digest.FromString("a blob still downloading"), Size: chunks * chunk}
+	desc := content.Descriptor{Digest: digest.FromString("a blob still downloading"), Size: chunks * chunk}
 	store := openStore(t, chunk)
 	ctx, cancel := context.WithCancel(context.Background())
 	fetched := make(chan error, 1)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/weightd/weightd/internal/services"
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/mirror"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
@@ -160,7 +161,7 @@ func TestMirrorPullSecretThroughCRI(t *testing.T) {
 	_, err := ctd.PullImageCRI(t.Context(), p.image.Ref)
 	require.Error(t, err, "no pull secret")
 	_, err = p.store.Stat(p.image.Digest)
-	require.ErrorIs(t, err, cache.ErrNotFound, "the mirror fetched nothing for a client without credentials")
+	require.ErrorIs(t, err, content.ErrNotFound, "the mirror fetched nothing for a client without credentials")
 
 	_, err = ctd.PullImageCRIAs(t.Context(), p.image.Ref, p.user, p.pass)
 	require.NoError(t, err, "containerd's log ends:\n%s", ctd.LogTail())

@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // raceChunkSize is both the store's chunk size and the blob's size: a blob
@@ -43,15 +44,15 @@ func TestDigestMismatchedCommit(t *testing.T) {
 		good := raceBytes(uint64(round), raceChunkSize)
 		bad := bytes.Clone(good)
 		bad[round%len(bad)] ^= 0xff
-		desc := cache.Descriptor{Digest: digest.FromBytes(good), Size: int64(len(good))}
+		desc := content.Descriptor{Digest: digest.FromBytes(good), Size: int64(len(good))}
 
 		_, err := store.Fetch(context.Background(), desc, &racingWriters{good: good, bad: bad}, nil)
 		if err != nil {
 			// The lying writer's bytes were kept, and the whole-blob check
 			// caught them: refused, never committed.
-			require.ErrorIs(t, err, cache.ErrDigestMismatch, "round %d", round)
+			require.ErrorIs(t, err, content.ErrDigestMismatch, "round %d", round)
 			_, statErr := store.Stat(desc.Digest)
-			require.ErrorIs(t, statErr, cache.ErrNotFound, "round %d: a refused blob is not in the store", round)
+			require.ErrorIs(t, statErr, content.ErrNotFound, "round %d: a refused blob is not in the store", round)
 			refused++
 			continue
 		}
@@ -79,7 +80,7 @@ type racingWriters struct {
 }
 
 func (r *racingWriters) OpenRange(context.Context, int64) (io.ReadCloser, error) {
-	return nil, cache.Permanent(errors.New("racingWriters is filled chunk by chunk only"))
+	return nil, content.Permanent(errors.New("racingWriters is filled chunk by chunk only"))
 }
 
 func (r *racingWriters) Fill(_ context.Context, p *cache.Partial) error {

