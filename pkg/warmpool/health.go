@@ -52,13 +52,13 @@ func (p *Pool) startKeeps(ctx context.Context, wg *sync.WaitGroup) {
 			err := p.cfg.Bases.Keep(ctx, s.spec)
 			p.mu.Lock()
 			s.keeping, s.kept = false, err == nil && s.healthy
-			gone := p.servers[s.spec.Pod] == nil
+			gone := p.servers[s.spec.Pod] != s // removed, or replaced by a new spec
 			unhealthy := err == nil && !s.healthy
 			p.mu.Unlock()
 			if gone || unhealthy {
-				// Removed, or found unhealthy, while its base was being
-				// kept: undo what Keep did after SetServers or check
-				// dropped it.
+				// Removed, replaced or found unhealthy while its base was
+				// being kept: SetServers and check drop only kept bases,
+				// so undo what Keep did here.
 				p.cfg.Bases.Drop(s.spec)
 				return
 			}

@@ -226,8 +226,9 @@ func (p *Pool) kick() {
 // SetServers replaces the set of warm servers, as discovery found them. A
 // new server is listed (its adapters adopted: after a restart of the agent
 // nothing is lost) and its base kept by Run; a server gone, or whose spec
-// changed, is forgotten and its base dropped. Invalid specs are logged and
-// skipped.
+// changed, is forgotten and its base dropped if kept (a base found down
+// was dropped then, and one being kept is dropped once Keep returns).
+// Invalid specs are logged and skipped.
 func (p *Pool) SetServers(specs []ServerSpec) {
 	var dropped []ServerSpec
 	added := false
@@ -249,7 +250,7 @@ func (p *Pool) SetServers(specs []ServerSpec) {
 			delete(seen, spec.Pod)
 			continue
 		}
-		if old != nil {
+		if old != nil && old.kept {
 			dropped = append(dropped, old.spec)
 		}
 		added = true
@@ -259,7 +260,9 @@ func (p *Pool) SetServers(specs []ServerSpec) {
 	for pod, s := range p.servers {
 		if !seen[pod] {
 			delete(p.servers, pod)
-			dropped = append(dropped, s.spec)
+			if s.kept {
+				dropped = append(dropped, s.spec)
+			}
 			p.log.Info("warm server removed", "pod", pod, "base", s.spec.Base)
 		}
 	}

@@ -451,6 +451,44 @@ func TestRun(t *testing.T) {
 
 // waitFor waits, on the pool's change notifications, until ok holds of its
 // servers; it fails the test after a generous bound.
+// A server found down has its base dropped; removing it then drops
+// nothing more: every Keep is matched by exactly one Drop.
+func TestRemovingADownServerDropsItsBaseOnce(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, serverOpts{slots: 2})
+	f.cfg.HealthInterval = 10 * time.Millisecond
+	f.cfg.Registerer = prometheus.NewRegistry()
+	p, err := New(f.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.pool = p
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	p.SetServers(f.specs)
+	waitFor(t, p, func(s []api.WarmServer) bool {
+		kept, _ := f.bases.snapshot()
+		return len(s) == 1 && s[0].Healthy && len(kept) == 1
+	})
+	f.servers[0].Close()
+	waitFor(t, p, func(s []api.WarmServer) bool {
+		_, dropped := f.bases.snapshot()
+		return len(s) == 1 && !s[0].Healthy && len(dropped) == 1
+	})
+	p.SetServers(nil)
+	waitFor(t, p, func(s []api.WarmServer) bool { return len(s) == 0 })
+	if kept, dropped := f.bases.snapshot(); len(kept) != 1 || len(dropped) != 1 {
+		t.Fatalf("kept %v, dropped %v: want one of each", kept, dropped)
+	}
+}
+
 func waitFor(t *testing.T, p *Pool, ok func([]api.WarmServer) bool) {
 	t.Helper()
 	deadline := time.After(20 * time.Second)
