@@ -265,7 +265,7 @@ func (s *HFSource) Resolve(ctx context.Context, r ref.Ref) (*Resolution, error) 
 	// reference's, the listing at the commit any reference's (and a peer's
 	// listing names no ref of ours).
 	res.Model.Ref = ""
-	if !ref.IsCommit(r.Revision) {
+	if !content.IsCommit(r.Revision) {
 		if err := content.ValidateRef(r.Revision); err != nil {
 			return nil, content.Permanent(fmt.Errorf("resolving %s: %w", r.Redacted(), err))
 		}
@@ -276,7 +276,7 @@ func (s *HFSource) Resolve(ctx context.Context, r ref.Ref) (*Resolution, error) 
 
 func (s *HFSource) resolve(ctx context.Context, r ref.Ref) (*Resolution, error) {
 	commit := r.Revision
-	if !ref.IsCommit(commit) {
+	if !content.IsCommit(commit) {
 		var err error
 		if commit, err = s.commit(ctx, r.Repository, r.Revision); err != nil {
 			return nil, err
@@ -418,7 +418,7 @@ func (s *HFSource) commit(ctx context.Context, repo, revision string) (string, e
 	if err := json.Unmarshal(body, &info); err != nil {
 		return "", content.Permanent(fmt.Errorf("%w: GET %s: model info: %v", content.ErrInvalid, redact(u), err))
 	}
-	if !ref.IsCommit(info.SHA) {
+	if !content.IsCommit(info.SHA) {
 		return "", content.Permanent(fmt.Errorf("%w: GET %s: model info names commit %q, want 40 lowercase hex digits", content.ErrInvalid, redact(u), truncate(info.SHA)))
 	}
 	return info.SHA, nil

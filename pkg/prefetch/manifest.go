@@ -90,7 +90,7 @@ func (m *Manifest) Model() content.Model {
 func (m *Manifest) layout(u *url.URL) content.Model {
 	model := m.Model()
 	model.Name = urlModelName(u)
-	if !ref.IsCommit(m.Revision) {
+	if !content.IsCommit(m.Revision) {
 		model.Ref, model.Revision = m.Revision, filesRevision(model.Files)
 	}
 	return model

@@ -39,17 +39,3 @@ func parseHF(s string) (Ref, error) {
 	}
 	return Ref{Kind: KindHF, Repository: repo, Revision: rev}, nil
 }
-
-// IsCommit reports whether s is a full git commit id: 40 lowercase hex
-// digits.
-func IsCommit(s string) bool {
-	if len(s) != 40 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
-}

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/weightd/weightd/pkg/content"
 )
 
 // ErrInvalid is wrapped by every error about a reference that does not
@@ -174,11 +176,8 @@ func ValidPort(p string) bool {
 // lowercase hex digits.
 func parseDigest(s string) (digest.Digest, error) {
 	d := digest.Digest(s)
-	if !strings.HasPrefix(s, "sha256:") {
-		return "", fmt.Errorf("%w: digest %q: only sha256 is supported", ErrInvalid, truncate(s))
-	}
-	if err := d.Validate(); err != nil {
-		return "", fmt.Errorf("%w: digest %q: %v", ErrInvalid, truncate(s), err)
+	if err := content.ValidateDigest(d); err != nil {
+		return "", fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	return d, nil
 }
@@ -231,7 +230,7 @@ func (r Ref) Redacted() string {
 func (r Ref) Pinned() bool {
 	switch r.Kind {
 	case KindHF:
-		return IsCommit(r.Revision)
+		return content.IsCommit(r.Revision)
 	default:
 		return r.Digest != ""
 	}

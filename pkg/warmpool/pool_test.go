@@ -407,23 +407,8 @@ func TestServerRestartReloadsInUse(t *testing.T) {
 func TestRun(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, serverOpts{slots: 2})
-	f.cfg.HealthInterval = 10 * time.Millisecond
 	f.cfg.GPUUse = func(uid string) ([]string, uint64) { return []string{"GPU-" + uid}, 40 << 30 }
-	f.cfg.Registerer = prometheus.NewRegistry()
-	p, err := New(f.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.pool = p
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	p := f.runPool(t)
 	p.SetServers(f.specs)
 	waitFor(t, p, func(s []api.WarmServer) bool { return len(s) == 1 && s[0].Healthy })
 	if s := p.Servers()[0]; !slices.Equal(s.GPUs, []string{"GPU-uid-0"}) {
@@ -456,22 +441,7 @@ func TestRun(t *testing.T) {
 func TestRemovingADownServerDropsItsBaseOnce(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, serverOpts{slots: 2})
-	f.cfg.HealthInterval = 10 * time.Millisecond
-	f.cfg.Registerer = prometheus.NewRegistry()
-	p, err := New(f.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.pool = p
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	p := f.runPool(t)
 	p.SetServers(f.specs)
 	waitFor(t, p, func(s []api.WarmServer) bool {
 		kept, _ := f.bases.snapshot()
@@ -487,6 +457,29 @@ func TestRemovingADownServerDropsItsBaseOnce(t *testing.T) {
 	if kept, dropped := f.bases.snapshot(); len(kept) != 1 || len(dropped) != 1 {
 		t.Fatalf("kept %v, dropped %v: want one of each", kept, dropped)
 	}
+}
+
+// runPool makes the fixture's pool, checking its servers every 10 ms, and
+// runs it until the test ends.
+func (f *fixture) runPool(t *testing.T) *Pool {
+	t.Helper()
+	f.cfg.HealthInterval = 10 * time.Millisecond
+	f.cfg.Registerer = prometheus.NewRegistry()
+	p, err := New(f.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.pool = p
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return p
 }
 
 func waitFor(t *testing.T, p *Pool, ok func([]api.WarmServer) bool) {

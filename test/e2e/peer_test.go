@@ -21,8 +21,8 @@ import (
 	"github.com/weightd/weightd/internal/testbed"
 )
 
-// The peer's model and link: S/B is 3.6 s, long enough that the transfer,
-// not the pod's start, is most of the time to Running.
+// The peer's model and link, sized so that the transfer, not the pod's
+// start, is most of the time to Running.
 const (
 	peerModel     = "hf://org/peer-model@main"
 	peerModelSize = 128 << 20 // the weights; config.json adds a few bytes
