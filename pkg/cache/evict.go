@@ -1,8 +1,14 @@
 package cache
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -255,4 +261,197 @@ func (s *Store) removeBlob(d digest.Digest, force bool) (int64, error) {
 
 func (s *Store) putBlob(d digest.Digest, r *record) error {
 	return s.db.Update(func(tx *bolt.Tx) error { return putRecord(tx.Bucket(bucketBlobs), d, r) })
+}
+
+// pruneModels removes leftover temp snapshots and ref files and every
+// snapshot that links to a blob no longer in the store, with the refs that
+// name it.
+func (s *Store) pruneModels() error {
+	s.modelsMu.Lock()
+	defer s.modelsMu.Unlock()
+	tmps, _ := filepath.Glob(filepath.Join(modelsDir(s.root), "*", "snapshots", ".tmp-*"))
+	for _, t := range tmps {
+		os.RemoveAll(t)
+	}
+	// WriteFileAtomic's temp files, of refs whose writer died. A ref name
+	// never starts with '.' (ValidateRef), so none is taken for one.
+	refsDirs, _ := filepath.Glob(filepath.Join(modelsDir(s.root), "*", "refs"))
+	for _, refsDir := range refsDirs {
+		_ = filepath.WalkDir(refsDir, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && !d.IsDir() && strings.HasPrefix(d.Name(), ".tmp-") {
+				os.Remove(p)
+			}
+			return nil
+		})
+	}
+	return s.pruneModelsLocked()
+}
+
+// removeRefsTo removes every ref of the repository holding snapshots dir
+// (models/models--org--name/snapshots/<rev>) that holds <rev>: a ref to a
+// snapshot that is gone makes the hub clients' cache scans
+// (huggingface_hub's scan_cache_dir, huggingface.js's scanCachedRepo) call
+// the whole repository corrupt.
+func removeRefsTo(snapshot string) error {
+	rev := filepath.Base(snapshot)
+	refsDir := filepath.Join(filepath.Dir(filepath.Dir(snapshot)), "refs")
+	var dirs []string
+	err := filepath.WalkDir(refsDir, func(p string, d fs.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) && p == refsDir {
+			return fs.SkipDir
+		}
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		if b, err := os.ReadFile(p); err != nil || string(b) != rev {
+			return err
+		}
+		if err := os.Remove(p); err != nil {
+			return err
+		}
+		if dir := filepath.Dir(p); !slices.Contains(dirs, dir) {
+			dirs = append(dirs, dir)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("removing the refs to %s: %w", snapshot, err)
+	}
+	for _, d := range dirs {
+		if err := SyncDir(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Store) pruneModelsLocked() error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketModels)
+		var gone [][]byte
+		err := b.ForEach(func(k, v []byte) error {
+			var rec modelRecord
+			if json.Unmarshal(v, &rec) != nil || !filepath.IsLocal(rec.Dir) {
+				gone = append(gone, k)
+				return nil
+			}
+			s.mu.RLock()
+			complete := true
+			for _, d := range rec.Digest {
+				if _, ok := s.blobs[d]; !ok {
+					complete = false
+				}
+			}
+			s.mu.RUnlock()
+			if !complete {
+				s.log.Info("removing model snapshot whose blobs were evicted", "model", string(k))
+				// The refs first: a crash between the two leaves a snapshot
+				// without refs, which the next prune removes, never a ref
+				// to no snapshot.
+				dir := filepath.Join(s.root, rec.Dir)
+				if filepath.Base(filepath.Dir(dir)) == "snapshots" {
+					if err := removeRefsTo(dir); err != nil {
+						return err
+					}
+				}
+				if err := os.RemoveAll(dir); err != nil {
+					return err
+				}
+				gone = append(gone, k)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, k := range gone {
+			if err := b.Delete(k); err != nil {
+				return err
+			}
+			delete(s.synced, string(k))
+		}
+		return nil
+	})
+}
+
+// touchAll records an access to each blob: in memory at once, where
+// eviction reads it, and in the index only for the blobs whose access
+// recorded there trails by the access granularity or more. That write runs
+// behind the caller (one batched transaction, on the store's wait group), so
+// a blob used again costs its user no write and no fsync; after a crash the
+// LRU order is as precise as the granularity (Close writes what is left).
+func (s *Store) touchAll(ds []digest.Digest) {
+	now := time.Now()
+	var stale map[digest.Digest]time.Time // → saved before, restored if the write fails
+	s.mu.Lock()
+	for _, d := range ds {
+		r, ok := s.blobs[d]
+		if !ok {
+			continue
+		}
+		next := *r
+		next.LastAccess = now
+		if !s.closed && (now.Sub(r.saved) >= s.opts.accessGranularity || now.Before(r.saved)) {
+			if stale == nil {
+				stale = make(map[digest.Digest]time.Time, len(ds))
+			}
+			stale[d] = r.saved
+			next.saved = now // written from now on: later touches need not write it again
+		}
+		s.blobs[d] = &next
+	}
+	if stale != nil {
+		s.wg.Add(1) // under s.mu, with closed false: Close waits for it
+	}
+	s.mu.Unlock()
+	if stale == nil {
+		return
+	}
+	go func() {
+		defer s.wg.Done()
+		last := make(map[digest.Digest]time.Time, len(stale))
+		for d := range stale {
+			last[d] = now
+		}
+		err := s.db.Batch(func(tx *bolt.Tx) error { return saveAccess(tx, last) })
+		if err == nil {
+			return
+		}
+		s.log.Warn("recording blob access", "err", err)
+		s.mu.Lock()
+		for d, prev := range stale {
+			if r, ok := s.blobs[d]; ok && r.saved.Equal(now) {
+				next := *r
+				next.saved = prev // a later touch, or Close, writes it
+				s.blobs[d] = &next
+			}
+		}
+		s.mu.Unlock()
+	}()
+}
+
+// saveAccess writes the last access of each blob into its record in the
+// index, unless the record is gone (evicted meanwhile) or holds a later one.
+// It changes nothing else of the record: a pin or chunk hashes written since
+// the caller looked stay as they are.
+func saveAccess(tx *bolt.Tx, last map[digest.Digest]time.Time) error {
+	b := tx.Bucket(bucketBlobs)
+	for d, at := range last {
+		v := b.Get([]byte(d.Encoded()))
+		if v == nil {
+			continue // evicted meanwhile
+		}
+		var r record
+		if err := json.Unmarshal(v, &r); err != nil {
+			return fmt.Errorf("index record of %s: %w", d, err)
+		}
+		if !r.LastAccess.Before(at) {
+			continue
+		}
+		r.LastAccess = at
+		if err := putRecord(b, d, &r); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -246,3 +246,37 @@ func cleanStage(root string) error {
 	}
 	return nil
 }
+
+// stageOnce stages the adapter files of dir under StageDir/stage unless
+// they are there already (stage names their content).
+func (p *Pool) stageOnce(stage, dir string) error {
+	p.stageMu.Lock()
+	defer p.stageMu.Unlock()
+	if _, err := os.Stat(filepath.Join(p.cfg.StageDir, stage)); err == nil {
+		return nil
+	}
+	return stageDir(p.cfg.StageDir, stage, dir)
+}
+
+// unstage removes StageDir/stage when no server holds or loads an adapter
+// from it.
+func (p *Pool) unstage(stage string) {
+	if stage == "" {
+		return
+	}
+	p.stageMu.Lock()
+	defer p.stageMu.Unlock()
+	p.mu.Lock()
+	for _, s := range p.servers {
+		for _, a := range s.adapters {
+			if a.stage == stage {
+				p.mu.Unlock()
+				return
+			}
+		}
+	}
+	p.mu.Unlock()
+	if err := os.RemoveAll(filepath.Join(p.cfg.StageDir, stage)); err != nil {
+		p.log.Warn("removing a staged adapter", "stage", stage, "err", err)
+	}
+}

@@ -1,0 +1,83 @@
+package p2p
+
+import (
+	"math/bits"
+	"sync"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+)
+
+type chunkKey struct {
+	d digest.Digest
+	i int
+}
+
+// sentLog remembers which chunks of the most recent blobs this server has
+// sent to some peer, and when it last sent those it sends only once per
+// resendAfter.
+type sentLog struct {
+	mu     sync.Mutex
+	m      map[digest.Digest][]byte
+	order  []digest.Digest        // oldest first
+	recent map[chunkKey]time.Time // sent once, less than resendAfter ago
+}
+
+// mark records that chunk i of d is being sent. With once it refuses
+// (false) a chunk sent with once less than resendAfter ago.
+func (l *sentLog) mark(d digest.Digest, i int, once bool) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	for k, at := range l.recent {
+		if now.Sub(at) >= resendAfter {
+			delete(l.recent, k)
+		}
+	}
+	if once {
+		if _, sent := l.recent[chunkKey{d, i}]; sent {
+			return false
+		}
+		if l.recent == nil {
+			l.recent = make(map[chunkKey]time.Time)
+		}
+		l.recent[chunkKey{d, i}] = now
+	}
+	if l.m == nil {
+		l.m = make(map[digest.Digest][]byte)
+	}
+	b, ok := l.m[d]
+	if !ok {
+		l.order = append(l.order, d)
+		if len(l.order) > maxSentBlobs {
+			delete(l.m, l.order[0])
+			l.order = l.order[1:]
+		}
+	}
+	l.m[d] = setBit(b, i, true)
+	return true
+}
+
+// count is how many chunks of have were sent: the bits of get, without
+// its copy.
+func (l *sentLog) count(d digest.Digest, have []byte) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b, n := l.m[d], 0
+	for i := range min(len(b), len(have)) {
+		n += bits.OnesCount8(b[i] & have[i])
+	}
+	return n
+}
+
+// get returns the sent bitmap of d shaped like have (and a subset of it),
+// or nil when nothing was sent.
+func (l *sentLog) get(d digest.Digest, have []byte) []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b, ok := l.m[d]
+	if !ok {
+		return nil
+	}
+	return intersect(b, have)
+}

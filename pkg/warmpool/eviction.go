@@ -1,0 +1,126 @@
+package warmpool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/weightd/weightd/pkg/api"
+	"github.com/weightd/weightd/pkg/warmpool/engine"
+)
+
+func victimName(a *adapter) string {
+	if a == nil {
+		return ""
+	}
+	return a.name
+}
+
+// reserveLocked chooses a server of base that serves namespace for the
+// adapter: a healthy one whose maximum rank allows it, with a free slot (the
+// most free first), else the one holding the least recently used evictable
+// adapter (the victim).
+func (p *Pool) reserveLocked(base, namespace, name string, rank int) (*server, *adapter, error) {
+	if s, a := p.adoptedLocked(base, namespace, name); a != nil {
+		// Found loaded after a restart with other files: replace it in place.
+		if !a.evictable() {
+			return nil, nil, fmt.Errorf("%w: adapter %s on %s holds other weights and is in use", api.ErrBusy, name, s.spec.Pod)
+		}
+		return s, a, nil
+	}
+	var cands []*server
+	maxRank := 0
+	for _, s := range p.sortedLocked() {
+		if s.spec.Base != base || !s.healthy || !s.synced || s.adapters[name] != nil || !s.spec.serves(namespace) {
+			continue
+		}
+		if s.spec.MaxRank > 0 && rank > s.spec.MaxRank {
+			maxRank = max(maxRank, s.spec.MaxRank)
+			continue
+		}
+		cands = append(cands, s)
+	}
+	if len(cands) == 0 {
+		if maxRank > 0 {
+			return nil, nil, fmt.Errorf("%w: adapter %s has rank %d, over the maximum of the servers of %s (%d)", api.ErrBadRequest, name, rank, base, maxRank)
+		}
+		if err := p.baseServedLocked(base, namespace); err != nil {
+			return nil, nil, err
+		}
+		return nil, nil, fmt.Errorf("%w: no healthy warm server of base %s", api.ErrBusy, base)
+	}
+	var best *server
+	for _, s := range cands {
+		if free := s.spec.Slots - len(s.adapters); free > 0 && (best == nil || free > best.spec.Slots-len(best.adapters)) {
+			best = s
+		}
+	}
+	if best != nil {
+		return best, nil, nil
+	}
+	var victim *adapter
+	for _, s := range cands {
+		for _, a := range s.adapters {
+			if a.evictable() && (victim == nil || a.lastUsed.Before(victim.lastUsed)) {
+				best, victim = s, a
+			}
+		}
+	}
+	if victim == nil {
+		return nil, nil, fmt.Errorf("%w: every adapter slot of the warm servers of %s holds an adapter that is pinned, in use or loading", api.ErrBusy, base)
+	}
+	return best, victim, nil
+}
+
+// runtimePinLocked reports whether s may be asked to pin one more adapter.
+// SGLang refuses a pin once max_loras_per_batch − 1 adapters are pinned, so
+// that one batch slot stays for the others and the base model
+// (python/sglang/srt/lora/lora_manager.py, validate_new_adapter); Slots is
+// that flag for SGLang. The pool's own pin still keeps an adapter loaded
+// without it unevicted. vLLM has no pinning: the flag is ignored there.
+func runtimePinLocked(s *server) bool {
+	if s.spec.Runtime != engine.SGLang {
+		return true
+	}
+	pinned := 0
+	for _, a := range s.adapters {
+		if a.runtimePinned {
+			pinned++
+		}
+	}
+	return pinned < s.spec.Slots-1
+}
+
+// adoptedLocked finds the adapter name that a healthy server of base serving
+// namespace was found holding after a restart of the agent, whose reference
+// is not known yet.
+func (p *Pool) adoptedLocked(base, namespace, name string) (*server, *adapter) {
+	for _, s := range p.sortedLocked() {
+		if s.spec.Base != base || !s.healthy || !s.synced || !s.spec.serves(namespace) {
+			continue
+		}
+		if a := s.adapters[name]; a != nil && !a.loading && a.ref == "" {
+			return s, a
+		}
+	}
+	return nil, nil
+}
+
+// evict unloads victim from s, whose slot the caller has taken over.
+func (p *Pool) evict(ctx context.Context, s *server, victim *adapter) error {
+	cctx, cancel := context.WithTimeout(ctx, p.cfg.CallTimeout)
+	err := s.drv.Unload(cctx, victim.name)
+	cancel()
+	p.mu.Lock()
+	p.seq++
+	s.unloading[victim.name] = p.seq
+	p.mu.Unlock()
+	if err != nil && !errors.Is(err, engine.ErrNotLoaded) {
+		p.kick()
+		return fmt.Errorf("evicting adapter %s from %s: %w", victim.name, s.spec.Pod, err)
+	}
+	p.m.evictions.WithLabelValues(string(s.spec.Runtime)).Inc()
+	p.log.Info("adapter evicted", "adapter", victim.name, "server", s.spec.Pod, "lastUsed", victim.lastUsed)
+	p.unstage(victim.stage)
+	return nil
+}
