@@ -6,7 +6,6 @@ import (
 	"io"
 	stdlog "log"
 	"log/slog"
-	"net"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -39,6 +38,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/weightd/weightd/internal/genmodel"
+	"github.com/weightd/weightd/internal/genmodel/genmodeltest"
 	"github.com/weightd/weightd/internal/kubetest"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/policy"
@@ -101,20 +101,8 @@ func uniq(s string) string { return fmt.Sprintf("%s-%d", s, seq.Add(1)) }
 // manifest reference.
 func startOrigin(t *testing.T, spec genmodel.Spec) (string, *genmodel.Manifest) {
 	t.Helper()
-	dir := t.TempDir()
-	m, err := genmodel.Generate(dir, spec)
-	require.NoError(t, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	s := genmodel.NewServer(ln, dir)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		assert.NoError(t, <-done)
-	})
-	return s.URL() + "/" + genmodel.ManifestName, m
+	o := genmodeltest.Start(t, spec)
+	return o.Ref(), o.Manifest
 }
 
 // agent is what one node runs: a cache, a prefetch queue, the controller.
