@@ -27,8 +27,8 @@
 //
 // Origin election: only OriginFetchers nodes (default 2) fetch a blob from
 // the origin, so the origin serves about one copy. Every node ranks itself
-// and the holders it follows by rendezvous hashing (FNV of digest and
-// name): all compute the same order, and removing a name keeps the others'.
+// and the holders it follows by rendezvous hashing (FNV-1a of digest and
+// name, then MurmurHash3's finalizer): all compute the same order, and removing a name keeps the others'.
 // No node takes the role while a peer holds the blob whole, or while
 // OriginFetchers peers already say they fetch it. A node takes it at its
 // turn, Settle times one plus its rank past the first OriginFetchers, after

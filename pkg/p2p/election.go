@@ -126,10 +126,11 @@ func (f *fill) withMembers(members []Peer) []string {
 }
 
 // release ends the fill's hold on the origin role. Peers keep seeing the
-// role until the blob is committed and its state says complete.
+// role for OriginLinger, until the blob is committed and its state says
+// complete.
 func (f *fill) release() {
 	if f.originRole {
-		time.AfterFunc(f.s.cfg.OriginLinger, func() { f.s.setOrigin(f.d, false) })
+		f.s.setOrigin(f.d, false)
 	}
 }
 

@@ -210,25 +210,31 @@ func TestOriginFetcherBoundsItsPeerRequests(t *testing.T) {
 	require.False(t, f.mayAskPeers(fetcherPeerRequests+1, missing), "a request to the origin is still in flight")
 }
 
-// A fill that ends lets the origin role linger for its peers; a later fill
-// of the same blob that takes the role keeps it when the first one's
-// lingering ends.
+// A fill that ends lets the origin role linger for its peers, on the
+// swarm's clock; a later fill of the same blob that takes the role keeps it
+// when the first one's lingering ends.
 func TestOriginRoleOutlivesAnEarlierFillsLinger(t *testing.T) {
 	t.Parallel()
-	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{OriginLinger: 20 * time.Millisecond}, nil, nil)
+	now := time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)
+	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{OriginLinger: time.Minute, Now: func() time.Time { return now }}, nil, nil)
 	require.NoError(t, err)
 	d := descOf(randomBlob(40, testChunk)).Digest
-	first := &fill{s: s, d: d, start: time.Now(), peers: map[string]*peerView{}, maxInFlight: 8}
+	first := &fill{s: s, d: d, start: now, peers: map[string]*peerView{}, maxInFlight: 8}
 	first.decideOrigin()
 	require.True(t, first.originRole, "alone, it fetches from the origin")
 	first.release() // failed: the download is retried
-	retry := &fill{s: s, d: d, start: time.Now(), peers: map[string]*peerView{}, maxInFlight: 8}
+	now = now.Add(59 * time.Second)
+	require.True(t, s.FetchesFromOrigin(d), "lingering")
+	retry := &fill{s: s, d: d, start: now, peers: map[string]*peerView{}, maxInFlight: 8}
 	retry.decideOrigin()
 	require.True(t, retry.originRole)
-	time.Sleep(100 * time.Millisecond)
+	now = now.Add(time.Hour)
 	require.True(t, s.FetchesFromOrigin(d), "the retry still fetches from the origin, and peers must see it")
 	retry.release()
-	require.Eventually(t, func() bool { return !s.FetchesFromOrigin(d) }, 5*time.Second, 10*time.Millisecond)
+	now = now.Add(59 * time.Second)
+	require.True(t, s.FetchesFromOrigin(d), "lingering after the retry")
+	now = now.Add(time.Second)
+	require.False(t, s.FetchesFromOrigin(d), "a minute after the last fill ended")
 }
 
 // A node ranked among the first OriginFetchers of all members takes the

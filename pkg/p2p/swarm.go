@@ -113,8 +113,8 @@ type Swarm struct {
 
 	mu     sync.Mutex
 	bans   map[string]time.Time
-	origin map[digest.Digest]int // blobs this node fetches from the origin for the cluster: holds of the role
-	live   liveChunks            // chunks on their way here, which the chunk server relays
+	origin map[digest.Digest]originHold // blobs this node fetches from the origin for the cluster
+	live   liveChunks                   // chunks on their way here, which the chunk server relays
 }
 
 type swarmMetrics struct {
@@ -147,7 +147,7 @@ func NewSwarm(dir Directory, client *http.Client, cfg SwarmConfig, log *slog.Log
 	}
 	cfg = cfg.withDefaults()
 	s := &Swarm{dir: dir, client: client, cfg: cfg, download: newLimiter(cfg.DownloadLimit), log: log,
-		bans: map[string]time.Time{}, origin: map[digest.Digest]int{}}
+		bans: map[string]time.Time{}, origin: map[digest.Digest]originHold{}}
 	s.m = &swarmMetrics{
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weightd_p2p_received_bytes_total", Help: "Verified chunk bytes received, by source (peer or origin).",
@@ -275,23 +275,43 @@ func (s *Swarm) fillSmall(ctx context.Context, p *cache.Partial, origin content.
 }
 
 // FetchesFromOrigin reports whether this node is fetching d from the origin
-// for the cluster; the chunk server tells peers (WithSwarm).
+// for the cluster, or did until less than OriginLinger ago; the chunk server
+// tells peers (WithSwarm).
 func (s *Swarm) FetchesFromOrigin(d digest.Digest) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.origin[d] > 0
+	h, ok := s.origin[d]
+	return ok && (h.holds > 0 || s.cfg.Now().Before(h.until))
+}
+
+// originHold is this node's origin role for one blob: the fills that hold
+// it, and until when peers still see it once the last has let go. A
+// deadline on the swarm's clock, not a timer: nothing outlives the fill, and
+// a later fill's hold is never cleared by an earlier one's lingering.
+type originHold struct {
+	holds int
+	until time.Time
 }
 
 // setOrigin takes (on) or gives back one hold on the origin role for d.
-// Holds are counted, so that a fill's lingering role, given back late,
-// never clears the role a later fill of the same blob has taken.
+// Giving back keeps the role visible for OriginLinger; roles past their
+// linger are forgotten here.
 func (s *Swarm) setOrigin(d digest.Digest, on bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.cfg.Now()
+	h := s.origin[d]
 	if on {
-		s.origin[d]++
-	} else if s.origin[d]--; s.origin[d] <= 0 {
-		delete(s.origin, d)
+		h.holds++
+	} else if h.holds > 0 {
+		h.holds--
+		h.until = now.Add(s.cfg.OriginLinger)
+	}
+	s.origin[d] = h
+	for k, o := range s.origin {
+		if o.holds == 0 && !now.Before(o.until) {
+			delete(s.origin, k)
+		}
 	}
 }
 
