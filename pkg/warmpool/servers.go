@@ -119,6 +119,16 @@ func (p *Pool) SetServers(specs []ServerSpec) {
 			p.log.Info("warm server removed", "pod", pod, "base", s.spec.Base)
 		}
 	}
+	// A base no server serves any more forgets its adapters' uses.
+	bases := make(map[string]bool, len(p.servers))
+	for _, s := range p.servers {
+		bases[s.spec.Base] = true
+	}
+	for base := range p.history {
+		if !bases[base] {
+			delete(p.history, base)
+		}
+	}
 	if !added && len(dropped) == 0 {
 		p.mu.Unlock()
 		return
