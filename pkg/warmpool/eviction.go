@@ -28,8 +28,8 @@ const historyPerSlot = 10
 // halves every count each window uses (TinyLFU's reset). An adapter just
 // evicted keeps its count, so a popular one wins its slot back from a
 // newcomer used once; one popular long ago fades, so it loses to one popular
-// now. Counts of 1 vanish at a halving: it holds at most 1.5 windows of
-// names.
+// now. Counts of 1 vanish at a halving, so it holds at most two windows of
+// names: the counts add up to less than two windows.
 type history struct {
 	counts map[string]int
 	since  int // uses since the last halving
@@ -37,21 +37,21 @@ type history struct {
 
 // add counts a use of name; window is the base's slots times
 // historyPerSlot.
-func (u *history) add(name string, window int) {
-	if u.counts == nil {
-		u.counts = make(map[string]int)
+func (h *history) add(name string, window int) {
+	if h.counts == nil {
+		h.counts = make(map[string]int)
 	}
-	u.counts[name]++
-	u.since++
-	if u.since < window {
+	h.counts[name]++
+	h.since++
+	if h.since < window {
 		return
 	}
-	u.since = 0
-	for n, c := range u.counts {
+	h.since = 0
+	for n, c := range h.counts {
 		if c /= 2; c == 0 {
-			delete(u.counts, n)
+			delete(h.counts, n)
 		} else {
-			u.counts[n] = c
+			h.counts[n] = c
 		}
 	}
 }
