@@ -1,17 +1,24 @@
 // Command adapterhit measures how often the warm pool's eviction policy
 // finds an adapter already loaded: 100 adapters, 2 vLLM runtime test
-// servers (internal/loratest) of 4 slots each, and a trace of requests drawn
-// from a Zipf distribution with a fixed seed, each one an ensure through the
-// real pool (least recently used of the adapters neither pinned nor in use).
-// The ideal on the same trace is Belady's: on a miss with the 8 slots full,
-// evict the adapter whose next request is farthest away.
+// servers (internal/loratest) of 4 slots each, and two traces of requests
+// drawn from a Zipf distribution with a fixed seed, each request an ensure
+// through the real pool. The trace "zipf" keeps its popular set; in
+// "zipf-shift" the same draws go through a random permutation of the
+// adapters that is drawn again every -shift-every requests, so the popular
+// set changes whole. Each trace runs through a pool with the default
+// policy (warmpool.EvictLFU: fewest recent uses) and one with
+// warmpool.EvictLRU. The ideal on the same trace is Belady's: on a miss with
+// the 8 slots full, evict the adapter whose next request is farthest away.
 //
 //	go run ./bench/adapterhit          # 10,000 requests
 //	go run ./bench/adapterhit -quick   # 2,000 requests
 //
-// The last line is one JSON object:
+// The last two lines are one JSON object per trace:
 //
-//	{"bench":"adapter-hit","hit_ratio":…,"belady_hit_ratio":…}
+//	{"bench":"adapter-hit","trace":"zipf","hit_ratio":…,"lru_hit_ratio":…,"belady_hit_ratio":…,"ratio_of_ideal":…}
+//
+// hit_ratio is the default policy's, ratio_of_ideal is hit_ratio over
+// belady_hit_ratio.
 package main
 
 import (
@@ -36,13 +43,18 @@ import (
 
 type result struct {
 	Bench          string  `json:"bench"`
+	Trace          string  `json:"trace"`
+	Eviction       string  `json:"eviction"`
 	HitRatio       float64 `json:"hit_ratio"`
+	LRUHitRatio    float64 `json:"lru_hit_ratio"`
 	BeladyHitRatio float64 `json:"belady_hit_ratio"`
+	RatioOfIdeal   float64 `json:"ratio_of_ideal"`
 	Requests       int     `json:"requests"`
 	Adapters       int     `json:"adapters"`
 	Servers        int     `json:"servers"`
 	SlotsPerServer int     `json:"slots_per_server"`
 	ZipfS          float64 `json:"zipf_s"`
+	ShiftEvery     int     `json:"shift_every,omitempty"`
 	Seed           uint64  `json:"seed"`
 }
 
@@ -55,41 +67,65 @@ func main() {
 	servers := flag.Int("servers", 2, "warm servers of the base")
 	slots := flag.Int("slots", 4, "adapter slots per server")
 	s := flag.Float64("zipf-s", 1.1, "Zipf exponent (> 1)")
+	shiftEvery := flag.Int("shift-every", 1000, "requests between two shifts of the popular set in the trace zipf-shift")
 	seed := flag.Uint64("seed", 42, "seed of the trace")
 	flag.Parse()
 	if *quick {
 		*requests = 2000
 	}
-	if *requests < 1 || *adapters < 2 || *servers < 1 || *slots < 1 || *s <= 1 {
-		log.Fatal("adapterhit: need requests, servers, slots >= 1, adapters >= 2 and zipf-s > 1")
+	if *requests < 1 || *adapters < 2 || *servers < 1 || *slots < 1 || *s <= 1 || *shiftEvery < 1 {
+		log.Fatal("adapterhit: need requests, servers, slots, shift-every >= 1, adapters >= 2 and zipf-s > 1")
 	}
-	trace := zipfTrace(*requests, *adapters, *s, *seed)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	hits, err := replay(ctx, trace, *adapters, *servers, *slots)
-	if err != nil {
-		log.Fatalf("adapterhit: %v", err)
+	for _, tr := range []struct {
+		name  string
+		every int
+	}{{"zipf", 0}, {"zipf-shift", *shiftEvery}} {
+		trace := zipfTrace(*requests, *adapters, *s, *seed, tr.every)
+		hits := map[string]int{}
+		for _, policy := range []string{warmpool.EvictLRU, warmpool.EvictLFU} {
+			n, err := replay(ctx, trace, *adapters, *servers, *slots, policy)
+			if err != nil {
+				log.Fatalf("adapterhit: %s, %s: %v", tr.name, policy, err)
+			}
+			hits[policy] = n
+		}
+		ratio := func(n int) float64 { return float64(n) / float64(len(trace)) }
+		ideal := belady(trace, *servers**slots)
+		res := result{
+			Bench: "adapter-hit", Trace: tr.name, Eviction: warmpool.EvictLFU,
+			HitRatio:       round(ratio(hits[warmpool.EvictLFU])),
+			LRUHitRatio:    round(ratio(hits[warmpool.EvictLRU])),
+			BeladyHitRatio: round(ratio(ideal)),
+			RatioOfIdeal:   round(float64(hits[warmpool.EvictLFU]) / float64(max(1, ideal))),
+			Requests:       len(trace), Adapters: *adapters, Servers: *servers, SlotsPerServer: *slots, ZipfS: *s, ShiftEvery: tr.every, Seed: *seed,
+		}
+		b, err := json.Marshal(res)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(string(b))
 	}
-	res := result{
-		Bench:          "adapter-hit",
-		HitRatio:       round(float64(hits) / float64(len(trace))),
-		BeladyHitRatio: round(float64(belady(trace, *servers**slots)) / float64(len(trace))),
-		Requests:       len(trace), Adapters: *adapters, Servers: *servers, SlotsPerServer: *slots, ZipfS: *s, Seed: *seed,
-	}
-	b, err := json.Marshal(res)
-	if err != nil {
-		log.Fatal(err)
-	}
-	fmt.Println(string(b))
 }
 
 // zipfTrace draws n adapter indexes in [0, adapters) from a Zipf
-// distribution (index 0 the most popular).
-func zipfTrace(n, adapters int, s float64, seed uint64) []int {
+// distribution. Every shiftEvery requests (never when 0) the adapters take
+// new ranks, a random permutation of their own: the same draws, another
+// popular set. Without shifts, index 0 is the most popular.
+func zipfTrace(n, adapters int, s float64, seed uint64, shiftEvery int) []int {
 	z := rand.NewZipf(rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), s, 1, uint64(adapters-1))
+	shuffle := rand.New(rand.NewPCG(seed+1, seed))
+	perm := make([]int, adapters) // rank → adapter
+	for i := range perm {
+		perm[i] = i
+	}
 	trace := make([]int, n)
 	for i := range trace {
-		trace[i] = int(z.Uint64())
+		if shiftEvery > 0 && i > 0 && i%shiftEvery == 0 {
+			shuffle.Shuffle(adapters, func(a, b int) { perm[a], perm[b] = perm[b], perm[a] })
+		}
+		trace[i] = perm[z.Uint64()]
 	}
 	return trace
 }
@@ -138,9 +174,9 @@ type noBases struct{}
 func (noBases) Keep(context.Context, warmpool.ServerSpec) error { return nil }
 func (noBases) Drop(warmpool.ServerSpec)                        {}
 
-// replay sends the trace through a real pool and counts the ensures that
-// found their adapter loaded.
-func replay(ctx context.Context, trace []int, adapters, servers, slots int) (int, error) {
+// replay sends the trace through a real pool of the given eviction policy
+// and counts the ensures that found their adapter loaded.
+func replay(ctx context.Context, trace []int, adapters, servers, slots int, policy string) (int, error) {
 	dir, err := os.MkdirTemp("", "adapterhit-")
 	if err != nil {
 		return 0, err
@@ -153,7 +189,7 @@ func replay(ctx context.Context, trace []int, adapters, servers, slots int) (int
 	}
 	pool, err := warmpool.New(warmpool.Config{
 		StageDir: filepath.Join(dir, "adapters"), Fetcher: dirFetcher{filepath.Join(dir, "src")}, Bases: noBases{},
-		HealthInterval: time.Hour,
+		HealthInterval: time.Hour, Eviction: policy,
 	})
 	if err != nil {
 		return 0, err

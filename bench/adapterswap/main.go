@@ -5,7 +5,7 @@
 // adapters asked for in turn, so that every ensure is a swap: the adapter's
 // directory in the cache (fetched once through the real prefetch queue from
 // a loopback origin), check with lora.Inspect, stage by hard links from the
-// cache's blobs, evict the least recently used adapter (an unload request),
+// cache's blobs, evict the adapter used longest ago (an unload request),
 // load (a load request) and verify (a listing). The same swaps are also
 // timed with every fetch going through the prefetch queue again (queue_*:
 // the manifest fetched from the origin, the blobs found in the cache, the

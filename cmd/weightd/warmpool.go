@@ -32,6 +32,7 @@ type warmConfig struct {
 	WarmHealthInterval   time.Duration `help:"How often each warm server's health and loaded adapters are checked (0: 10s)." env:"WEIGHTD_WARM_HEALTH_INTERVAL"`
 	WarmDRAMBudget       byteSize      `name:"warm-dram-budget" help:"Memory for the DRAM tier: the files of warm servers' bases are kept in the page cache (locked where CAP_IPC_LOCK allows) up to this many bytes, so a crashed server reloads at memory speed; the agent's memory limit must leave room for it. 0 turns it off." default:"0" env:"WEIGHTD_WARM_DRAM_BUDGET"`
 	WarmPinBudgetPercent int           `help:"Most of the cache budget the bases of warm servers may hold pinned, in percent (1 to 100); a base that would go over is fetched but not pinned (0: 50)." env:"WEIGHTD_WARM_PIN_BUDGET_PERCENT"`
+	WarmEviction         string        `help:"Which adapter a load that finds every slot taken unloads: lfu, the one of the fewest recent uses (counted for adapters not loaded too, halved as uses go by), or lru, the least recently used; never one pinned, in use or loading." default:"lfu" enum:"lfu,lru" env:"WEIGHTD_WARM_EVICTION"`
 }
 
 // defaultWarmPinBudgetPercent leaves half the cache evictable whatever
@@ -87,13 +88,14 @@ func newWarmPool(cfg warmConfig, root string, queue *prefetch.Queue, store *cach
 		Bases:          &basePinner{queue: queue, store: store, dram: dram, log: log, share: share},
 		GPUUse:         gpuUse,
 		HealthInterval: cfg.WarmHealthInterval,
+		Eviction:       cfg.WarmEviction,
 		Logger:         log,
 		Registerer:     reg,
 	})
 	if err != nil {
 		return nil, err
 	}
-	log.Info("warm pool on", "stage-dir", stage)
+	log.Info("warm pool on", "stage-dir", stage, "eviction", cfg.WarmEviction)
 	return pool, nil
 }
 

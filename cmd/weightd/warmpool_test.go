@@ -184,6 +184,9 @@ func TestWarmPoolOff(t *testing.T) {
 	if _, err := newWarmPool(warmConfig{Warm: true, WarmHealthInterval: -time.Second}, t.TempDir(), nil, nil, nil, nil, slog.New(slog.DiscardHandler), nil); err == nil {
 		t.Fatal("negative interval accepted")
 	}
+	if _, err := newWarmPool(warmConfig{Warm: true, WarmEviction: "fifo"}, t.TempDir(), nil, nil, nil, nil, slog.New(slog.DiscardHandler), nil); err == nil {
+		t.Fatal("eviction fifo accepted")
+	}
 }
 
 // The bases of warm servers are pinned within --warm-pin-budget-percent of

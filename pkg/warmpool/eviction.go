@@ -4,10 +4,105 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/warmpool/engine"
 )
+
+// Eviction policies, the values of Config.Eviction.
+const (
+	// EvictLFU evicts the adapter of the fewest recent uses (see history),
+	// the least recently used of those: the default.
+	EvictLFU = "lfu"
+	// EvictLRU evicts the least recently used adapter.
+	EvictLRU = "lru"
+)
+
+// historyPerSlot is the window of uses, per slot of a base's servers, after
+// which every count of its history is halved: TinyLFU's sample size of ten
+// times the cache's capacity.
+const historyPerSlot = 10
+
+// history counts the uses of the adapters of one base, loaded or not, and
+// halves every count each window uses (TinyLFU's reset). An adapter just
+// evicted keeps its count, so a popular one wins its slot back from a
+// newcomer used once; one popular long ago fades, so it loses to one popular
+// now. Counts of 1 vanish at a halving, so it holds at most two windows of
+// names: the counts add up to less than two windows.
+type history struct {
+	counts map[string]int
+	since  int // uses since the last halving
+}
+
+// add counts a use of name; window is the base's slots times
+// historyPerSlot.
+func (h *history) add(name string, window int) {
+	if h.counts == nil {
+		h.counts = make(map[string]int)
+	}
+	h.counts[name]++
+	h.since++
+	if h.since < window {
+		return
+	}
+	h.since = 0
+	for n, c := range h.counts {
+		if c /= 2; c == 0 {
+			delete(h.counts, n)
+		} else {
+			h.counts[n] = c
+		}
+	}
+}
+
+// candidate is an evictable adapter as a policy sees it.
+type candidate struct {
+	name     string
+	uses     int // its count in the base's history
+	lastUsed time.Time
+}
+
+// evictsFirst reports whether policy evicts a before b. Under EvictLFU the
+// fewer recent uses go first; equal counts, and EvictLRU, fall back to the
+// least recently used; the name settles the rest, so that the choice never
+// depends on the order of a map.
+func evictsFirst(policy string, a, b candidate) bool {
+	if policy == EvictLFU && a.uses != b.uses {
+		return a.uses < b.uses
+	}
+	if !a.lastUsed.Equal(b.lastUsed) {
+		return a.lastUsed.Before(b.lastUsed)
+	}
+	return a.name < b.name
+}
+
+// useLocked marks a, an adapter of base, used on behalf of owner (none when
+// empty), pinned if pin, and counts the use in base's history.
+func (p *Pool) useLocked(base string, a *adapter, owner string, pin bool) {
+	a.lastUsed = time.Now()
+	if owner != "" {
+		if a.users == nil {
+			a.users = make(map[string]struct{})
+		}
+		a.users[owner] = struct{}{}
+	}
+	if pin {
+		a.pinned = true
+	}
+	h := p.history[base]
+	if h == nil {
+		h = &history{}
+		p.history[base] = h
+	}
+	slots := 0
+	for _, s := range p.servers {
+		if s.spec.Base == base {
+			slots += s.spec.Slots
+		}
+	}
+	h.add(a.name, max(1, slots)*historyPerSlot)
+}
 
 func victimName(a *adapter) string {
 	if a == nil {
@@ -18,8 +113,8 @@ func victimName(a *adapter) string {
 
 // reserveLocked chooses a server of base that serves namespace for the
 // adapter: a healthy one whose maximum rank allows it, with a free slot (the
-// most free first), else the one holding the least recently used evictable
-// adapter (the victim).
+// most free first), else the one holding the evictable adapter that
+// Config.Eviction evicts first (the victim).
 func (p *Pool) reserveLocked(base, namespace, name string, rank int) (*server, *adapter, error) {
 	if s, a := p.adoptedLocked(base, namespace, name); a != nil {
 		// Found loaded after a restart with other files: replace it in place.
@@ -59,10 +154,19 @@ func (p *Pool) reserveLocked(base, namespace, name string, rank int) (*server, *
 		return best, nil, nil
 	}
 	var victim *adapter
+	var first candidate
+	h := p.history[base]
 	for _, s := range cands {
 		for _, a := range s.adapters {
-			if a.evictable() && (victim == nil || a.lastUsed.Before(victim.lastUsed)) {
-				best, victim = s, a
+			if !a.evictable() {
+				continue
+			}
+			c := candidate{name: a.name, lastUsed: a.lastUsed}
+			if h != nil {
+				c.uses = h.counts[a.name]
+			}
+			if victim == nil || evictsFirst(p.cfg.Eviction, c, first) {
+				best, victim, first = s, a, c
 			}
 		}
 	}

