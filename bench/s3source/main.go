@@ -46,6 +46,7 @@ import (
 	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source/s3"
 )
 
 type result struct {
@@ -107,8 +108,8 @@ func run(ctx context.Context, work string, size int64, files, rounds, concurrenc
 			return fmt.Errorf("putting %s: %w", p, err)
 		}
 	}
-	src, err := prefetch.NewS3Source(nil, prefetch.WithS3Endpoint(srv.URL), prefetch.WithS3PathStyle(true),
-		prefetch.WithS3Credentials(credentials.NewStaticCredentialsProvider("bench", "bench", "")))
+	src, err := s3.New(nil, s3.WithEndpoint(srv.URL), s3.WithPathStyle(true),
+		s3.WithCredentials(credentials.NewStaticCredentialsProvider("bench", "bench", "")))
 	if err != nil {
 		return err
 	}

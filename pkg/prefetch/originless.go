@@ -6,6 +6,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
 )
 
 // ErrNeedsOrigin is CheckWithoutOrigin's error for a reference whose files
@@ -28,7 +29,7 @@ func CheckWithoutOrigin(r ref.Ref, m content.Model) error {
 	if len(m.Files) != 1 {
 		return fmt.Errorf("%w: %d files for %s, which names one", content.ErrInvalid, len(m.Files), r.Redacted())
 	}
-	want := singleFileModel(r.URL, r.Digest, m.Files[0].Size)
+	want := source.SingleFileModel(r.URL, r.Digest, m.Files[0].Size)
 	if m.Name != want.Name || m.Revision != want.Revision || m.Ref != "" || m.Files[0] != want.Files[0] {
 		return fmt.Errorf("%w: %s@%s with %q (%s), not the file %s names", content.ErrInvalid,
 			m.Name, m.Revision, m.Files[0].Path, m.Files[0].Digest, r.Redacted())
