@@ -7,7 +7,7 @@
 //   - ingest: every file goes into the cache (cache.Store.Fetch: hashed,
 //     verified, fsynced, committed) from a local reader over the generated
 //     file: the cache's own speed, the baseline;
-//   - s3: S3Source resolves s3://bench/model (its model.json) and every
+//   - s3: s3.Source resolves s3://bench/model (its model.json) and every
 //     blob goes into the cache through the source's ranged GetObject
 //     openers, the same Fetch call.
 //

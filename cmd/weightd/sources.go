@@ -65,7 +65,7 @@ type mirrorConfig struct {
 // sources builds the origin sources: HTTP(S), OCI registries and the hub.
 // The OCI source is also the mirror's upstream. shared, when not nil,
 // resolves hub listings once for the cluster. Every connection goes through
-// one DialGuard: pods name the references, so they must not reach the
+// one dialguard.Guard: pods name the references, so they must not reach the
 // node's own services or the cloud metadata service through the agent; the
 // hub endpoint and the mirrored registries are the operator's choice and
 // are trusted wherever they are. Credentials sent over plain HTTP are

@@ -51,7 +51,7 @@ type Store interface {
 
 var _ Store = (*cache.Store)(nil)
 
-// Upstream is the registry the mirror falls back to (prefetch.OCISource).
+// Upstream is the registry the mirror falls back to (oci.Source).
 // Each request carries auth: the client's credentials, the agent's, or
 // none. A registry's refusal (401, 403) is an error wrapping
 // content.ErrDenied. Its methods are called concurrently.

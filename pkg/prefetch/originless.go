@@ -16,7 +16,7 @@ var ErrNeedsOrigin = errors.New("only the reference's origin can say which files
 // CheckWithoutOrigin checks a model another node says r resolved to, for
 // use while r's origin cannot be reached. Only a URL pinned to one file by
 // digest ("https://host/file#sha256:…") is checkable: its model is exactly
-// that file, named as HTTPSource names it, and the file's bytes are checked
+// that file, named as httpsource.Source names it, and the file's bytes are checked
 // against the digest as they arrive; another node only tells its size. Every
 // other reference is refused with ErrNeedsOrigin: a hub listing, a model
 // manifest behind a URL and a tag are the origin's word, and even an OCI

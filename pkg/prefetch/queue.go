@@ -352,8 +352,8 @@ type submitConfig struct {
 }
 
 // ForNamespace submits the job on behalf of a pod of namespace ns: its
-// sources use the agent's credentials only where the AgentCredentials they
-// were given allow ns (see WithRequester), and namespaces take turns at the
+// sources use the agent's credentials only where the source.AgentCredentials they
+// were given allow ns (see source.WithRequester), and namespaces take turns at the
 // job slots. Without it the job is the operator's.
 func ForNamespace(ns string) SubmitOption {
 	return func(c *submitConfig) { c.namespace = ns }

@@ -57,7 +57,7 @@ func modelName(repository string) string {
 // from the reference alone, never from what its source answers: the
 // repository for a hub model ("org/name"), the repository's last component
 // under the ones before it for a registry model, and for a URL
-// "<host>/<path>/<key>" (see HTTPSource), which no hub or registry model and
+// "<host>/<path>/<key>" (see httpsource.Source), which no hub or registry model and
 // no other URL is named; an S3 reference likewise, from "s3://bucket/prefix"
 // (the key tells it from any https URL).
 func ModelName(r ref.Ref) string {

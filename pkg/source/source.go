@@ -10,6 +10,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source/internal/fetch"
 )
 
 // Source resolves references of the kinds it knows to files and readers.
@@ -108,3 +109,8 @@ func (s Sources) Resolve(ctx context.Context, r ref.Ref) (*Resolution, error) {
 	}
 	return src.Resolve(ctx, r)
 }
+
+// StatusError is an HTTP response status a source did not expect, as the
+// http, hf, oci and s3 sources return it (errors.As finds it); it is
+// defined with the range reading they share.
+type StatusError = fetch.StatusError

@@ -13,7 +13,7 @@ import (
 	"github.com/weightd/weightd/pkg/content"
 )
 
-// ErrAddressRefused is a DialGuard's refusal to connect to an address a
+// ErrAddressRefused is a Guard's refusal to connect to an address a
 // reference may not make the agent reach. Errors wrapping it also wrap
 // content.ErrPermanent: retrying cannot make the address acceptable.
 var ErrAddressRefused = errors.New("address refused")
@@ -29,7 +29,7 @@ var metadataAddrs = []netip.Addr{
 // thisNetwork is 0.0.0.0/8: Linux connects 0.0.0.0 to the host itself.
 var thisNetwork = netip.MustParsePrefix("0.0.0.0/8")
 
-// DialGuard refuses outgoing connections to the addresses a reference named
+// Guard refuses outgoing connections to the addresses a reference named
 // by a pod must not make the agent reach from the node's network: loopback,
 // link-local (169.254.0.0/16 with the cloud metadata service, fe80::/10),
 // unspecified, the known cloud metadata addresses and every address of the
@@ -57,7 +57,7 @@ type Guard struct {
 	localAddrs func() ([]net.Addr, error)
 }
 
-// NewDialGuard returns a guard that accepts the addresses in allow besides
+// New returns a guard that accepts the addresses in allow besides
 // those it accepts by default, and any connection to one of trusted
 // ("host:port", or "host", meaning ports 80 and 443), named by the operator.
 func New(allow []netip.Prefix, trusted ...string) *Guard {
@@ -77,7 +77,7 @@ func New(allow []netip.Prefix, trusted ...string) *Guard {
 }
 
 // ParseAllowList parses CIDRs ("10.0.0.0/8", "fd00::/8") and single
-// addresses ("192.0.2.7", a /32 or /128) for NewDialGuard.
+// addresses ("192.0.2.7", a /32 or /128) for New.
 func ParseAllowList(cidrs []string) ([]netip.Prefix, error) {
 	out := make([]netip.Prefix, 0, len(cidrs))
 	for _, s := range cidrs {

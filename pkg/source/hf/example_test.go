@@ -23,7 +23,7 @@ func ExampleSource() {
 		"model.safetensors": hubtest.Generated(1<<20, 1),
 	})
 
-	// A private or gated repository needs prefetch.WithHFToken(token) too.
+	// A private or gated repository needs WithToken(token) too.
 	src, err := hf.New(nil, hf.WithEndpoint(hub.URL))
 	if err != nil {
 		log.Fatal(err)

@@ -22,21 +22,21 @@ import (
 	"github.com/weightd/weightd/pkg/source/internal/fetch"
 )
 
-// DefaultHFEndpoint is the hub HFSource asks when no endpoint is given.
+// DefaultEndpoint is the hub Source asks when no endpoint is given.
 const DefaultEndpoint = "https://huggingface.co"
 
-// Limits on what a hub may make HFSource hold or do.
+// Limits on what a hub may make Source hold or do.
 const (
-	// MaxHFInlineFile is the largest file not stored with LFS that HFSource
+	// MaxInlineFile is the largest file not stored with LFS that Source
 	// accepts: such files (configs, tokenizers) are read whole into memory
 	// while resolving, to learn their sha256. The hub itself refuses larger
 	// ones outside LFS.
 	MaxInlineFile = 16 << 20
-	// MaxHFInlineTotal bounds the bytes of all such files of one model.
+	// MaxInlineTotal bounds the bytes of all such files of one model.
 	MaxInlineTotal = 256 << 20
-	// maxHFListing bounds the bytes of all pages of a tree listing together.
+	// maxListing bounds the bytes of all pages of a tree listing together.
 	maxListing = 4 * httpsource.MaxManifestSize
-	// maxHFPages bounds the pages of a tree listing.
+	// maxPages bounds the pages of a tree listing.
 	maxPages = 10_000
 	// hfInlineFetches is how many small files are read at once.
 	hfInlineFetches = 8
@@ -45,7 +45,7 @@ const (
 	hfAPITimeout = 2 * time.Minute
 )
 
-// HFSource resolves ref.KindHF references against a Hugging Face hub (or a
+// Source resolves ref.KindHF references against a Hugging Face hub (or a
 // mirror speaking its API) and reads their files.
 //
 // Resolving asks the hub which commit the revision names (unless the
@@ -55,8 +55,8 @@ const (
 // sha256 and size in the listing and read later with ranged GETs of
 // /{repo}/resolve/{commit}/{path}, which the hub redirects to its CDN. A file
 // stored in git (config.json, tokenizer files…) has only a git blob id there,
-// so it is read whole while resolving (at most MaxHFInlineFile bytes each,
-// MaxHFInlineTotal together), checked against that id, hashed, and served from
+// so it is read whole while resolving (at most MaxInlineFile bytes each,
+// MaxInlineTotal together), checked against that id, hashed, and served from
 // memory.
 //
 // The model is named after the repository ("org/name") at the commit, so it
@@ -66,7 +66,7 @@ const (
 // own clients write it: offline, a loader finds the model by name and
 // branch only through it. A reference pinned to a commit writes no ref.
 //
-// The token, if any, is sent only for the requesters WithHFAgentCredentials
+// The token, if any, is sent only for the requesters WithAgentCredentials
 // allows, as "Authorization: Bearer …" and only to the
 // endpoint's own scheme, host and port: never to the CDN a download is
 // redirected to, whatever the client's redirect policy.
@@ -85,12 +85,12 @@ type Source struct {
 	untrusted commitSet
 }
 
-// HFOption configures an HFSource.
+// Option configures a Source.
 type Option func(*Source) error
 
-// WithHFEndpoint sets the hub's base URL (HF_ENDPOINT): an absolute http or
+// WithEndpoint sets the hub's base URL (HF_ENDPOINT): an absolute http or
 // https URL, possibly with a path prefix, without query, fragment or user
-// information. The default is DefaultHFEndpoint.
+// information. The default is DefaultEndpoint.
 func WithEndpoint(endpoint string) Option {
 	return func(s *Source) error {
 		u, err := url.Parse(strings.TrimRight(endpoint, "/"))
@@ -117,7 +117,7 @@ func WithEndpoint(endpoint string) Option {
 	}
 }
 
-// WithHFToken sets the access token (HF_TOKEN) sent to the hub as a bearer
+// WithToken sets the access token (HF_TOKEN) sent to the hub as a bearer
 // token; "" sends none. It must be printable ASCII without spaces.
 func WithToken(token string) Option {
 	return func(s *Source) error {
@@ -131,7 +131,7 @@ func WithToken(token string) Option {
 	}
 }
 
-// WithHFAgentCredentials says for which requesters (see WithRequester) the
+// WithAgentCredentials says for which requesters (see source.WithRequester) the
 // token is sent: always for the operator, for a pod's namespace only where a
 // rule names the hub's host (host[:port] of the endpoint) and the namespace.
 // The default sends it for the operator alone. A pod's fetch without the
@@ -144,12 +144,12 @@ func WithAgentCredentials(a source.AgentCredentials) Option {
 	}
 }
 
-// WithHFShared resolves each listing at a commit through shared: once for
+// WithShared resolves each listing at a commit through shared: once for
 // the cluster, the other nodes taking the model from the node that asked the
 // hub (see p2p.Swarm.SharedResolve). Without it every resolve asks the hub.
 // A listing taken from another node is used only as the hub confirms it:
 // its paths, sizes and LFS digests against the hub's listing, its other
-// files' bytes against their git blob ids (see HFSource.confirm); what
+// files' bytes against their git blob ids (see Source.confirm); what
 // sharing saves is reading every small file on every node.
 func WithShared(shared SharedResolver) Option {
 	return func(s *Source) error {
@@ -158,7 +158,7 @@ func WithShared(shared SharedResolver) Option {
 	}
 }
 
-// WithHFVersion sets the version sent in the User-Agent header
+// WithVersion sets the version sent in the User-Agent header
 // ("weightd/<version>"); the default is "dev".
 func WithVersion(version string) Option {
 	return func(s *Source) error {
@@ -167,7 +167,7 @@ func WithVersion(version string) Option {
 	}
 }
 
-// NewHFSource returns a source for hub references that makes its requests
+// New returns a source for hub references that makes its requests
 // with client (nil: a client with no overall timeout over
 // http.DefaultTransport; stalled downloads are the cache's to detect). The
 // client's redirect policy applies; the Range header survives redirects, the
@@ -200,7 +200,7 @@ func New(client *http.Client, opts ...Option) (*Source, error) {
 	return s, nil
 }
 
-// hfAuthTransport adds the Authorization header to requests for one origin
+// authTransport adds the Authorization header to requests for one origin
 // only, so that no redirect can carry it elsewhere.
 type authTransport struct {
 	base   http.RoundTripper
@@ -375,7 +375,7 @@ func (s *Source) resolveListing(ctx context.Context, repo, commit string, entrie
 	return res, nil
 }
 
-// checkHFPaths checks, before anything is fetched, that no two files have
+// checkPaths checks, before anything is fetched, that no two files have
 // the same path and no file is also another's directory.
 func checkPaths(entries []treeEntry) error {
 	files := make(map[string]bool, len(entries))

@@ -26,7 +26,6 @@ import (
 	"github.com/weightd/weightd/pkg/source"
 	"github.com/weightd/weightd/pkg/source/hf"
 	httpsource "github.com/weightd/weightd/pkg/source/http"
-	"github.com/weightd/weightd/pkg/source/internal/fetch"
 )
 
 // hfSource returns a source for hub.
@@ -203,7 +202,7 @@ func TestHFPrivateAndGated(t *testing.T) {
 	_, err := hfResolve(t, hfSource(t, hub.URL), "hf://org/private")
 	require.Error(t, err)
 	assert.ErrorIs(t, err, content.ErrPermanent)
-	var se *fetch.StatusError
+	var se *source.StatusError
 	require.ErrorAs(t, err, &se)
 	assert.Equal(t, http.StatusUnauthorized, se.StatusCode)
 	assert.Contains(t, err.Error(), `hub error "RepoNotFound"`)
@@ -343,7 +342,7 @@ func TestHFRetriable(t *testing.T) {
 		_, err := hfResolve(t, src, "hf://org/model")
 		require.Error(t, err, tc.route)
 		assert.NotErrorIs(t, err, content.ErrPermanent, tc.route)
-		var se *fetch.StatusError
+		var se *source.StatusError
 		require.ErrorAs(t, err, &se)
 		assert.Equal(t, tc.status, se.StatusCode)
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/weightd/weightd/pkg/source/internal/fetch"
 )
 
-// maxDistrusted bounds the commits an HFSource remembers as wrongly
+// maxDistrusted bounds the commits a Source remembers as wrongly
 // resolved by another node.
 const maxDistrusted = 1024
 

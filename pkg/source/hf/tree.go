@@ -13,7 +13,7 @@ import (
 	"github.com/weightd/weightd/pkg/source/internal/fetch"
 )
 
-// hfTreeEntry is one entry of a tree listing: a file or a directory.
+// treeEntry is one entry of a tree listing: a file or a directory.
 type treeEntry struct {
 	Type string   `json:"type"`
 	OID  string   `json:"oid"`
@@ -28,7 +28,7 @@ type treeLFS struct {
 	PointerSize int64  `json:"pointerSize"`
 }
 
-// parseHFTree parses and checks one page of a tree listing: a JSON array of
+// parseTree parses and checks one page of a tree listing: a JSON array of
 // entries. Directories are returned unchecked; every file must have a valid
 // path (see content.ValidatePath; no control characters either), a size that
 // is not negative, and either an LFS sha256 (64 lowercase hex digits, a

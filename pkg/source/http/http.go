@@ -16,11 +16,11 @@ import (
 	"github.com/weightd/weightd/pkg/source/internal/fetch"
 )
 
-// HTTPSource resolves ref.KindHTTP references: model manifests (see
+// Source resolves ref.KindHTTP references: model manifests (see
 // Manifest) and single files pinned by digest. Its blobs are read with
 // ranged GETs.
 //
-// Either is laid out under the name of its URL (ModelName), never under
+// Either is laid out under the name of its URL (source.ModelName), never under
 // a name the document gives: a manifest naming another model (a hub's, or
 // another URL's) cannot put its files where that model's users load it.
 //
@@ -43,7 +43,7 @@ type Source struct {
 	client fetch.Client
 }
 
-// HTTPOption configures an HTTPSource.
+// Option configures a Source.
 type Option func(*Source)
 
 // WithVersion sets the version sent in the User-Agent header
@@ -52,7 +52,7 @@ func WithVersion(version string) Option {
 	return func(s *Source) { s.client.UserAgent = "weightd/" + version }
 }
 
-// NewHTTPSource returns a source that makes its requests with client (nil:
+// New returns a source that makes its requests with client (nil:
 // a client with no overall timeout over http.DefaultTransport; stalls are the
 // cache's to detect). The client's redirect policy applies; the Range header
 // survives redirects.

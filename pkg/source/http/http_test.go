@@ -25,7 +25,6 @@ import (
 	"github.com/weightd/weightd/pkg/ref"
 	"github.com/weightd/weightd/pkg/source"
 	httpsource "github.com/weightd/weightd/pkg/source/http"
-	"github.com/weightd/weightd/pkg/source/internal/fetch"
 )
 
 // resolveFile resolves a digest-pinned reference to url and returns its one
@@ -167,7 +166,7 @@ func TestHTTPBlobStatusError(t *testing.T) {
 	defer srv.Close()
 	_, op := resolveFile(t, httpsource.New(srv.Client()), srv.URL+"/w.bin", d)
 	_, err := op.OpenRange(t.Context(), 0)
-	var se *fetch.StatusError
+	var se *source.StatusError
 	require.ErrorAs(t, err, &se)
 	assert.Equal(t, http.StatusNotFound, se.StatusCode)
 	assert.Equal(t, http.MethodGet, se.Method)

@@ -54,7 +54,7 @@ const (
 // manifest fetched over https may not send its files over plain http.
 //
 // The name and revision are the manifest's word, not where its files are
-// laid out: HTTPSource lays them out under the name of the manifest's URL,
+// laid out: Source lays them out under the name of the manifest's URL,
 // at a snapshot its revision names only when it is a commit.
 type Manifest struct {
 	Name     string         `json:"name"`

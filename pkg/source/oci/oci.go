@@ -21,11 +21,11 @@ import (
 	"github.com/weightd/weightd/pkg/source/internal/fetch"
 )
 
-// DefaultMaxOCIManifestSize is the largest manifest or index an OCISource
+// DefaultMaxManifestSize is the largest manifest or index a Source
 // accepts by default, in bytes: containerd's limit.
 const DefaultMaxManifestSize = 4 << 20
 
-// OCISource resolves ref.KindOCI references: container images and ModelPack
+// Source resolves ref.KindOCI references: container images and ModelPack
 // model artifacts in OCI registries (the distribution API), with anonymous,
 // basic or bearer-token authentication through go-containerregistry.
 //
@@ -68,17 +68,17 @@ type Source struct {
 	transports map[string]cachedTransport // by registry/repository and RegistryAuth.Key
 }
 
-// OCIOption configures an OCISource.
+// Option configures a Source.
 type Option func(*Source)
 
-// WithOCITransport sets the transport requests go through (default
+// WithTransport sets the transport requests go through (default
 // http.DefaultTransport). It sees the registry's authentication handshake
 // and every request; timeouts are the caller's contexts' and the cache's.
 func WithTransport(t http.RoundTripper) Option {
 	return func(s *Source) { s.base = t }
 }
 
-// WithOCIVersion sets the version sent in the User-Agent header
+// WithVersion sets the version sent in the User-Agent header
 // ("weightd/<version>"); the default is "dev".
 func WithVersion(version string) Option {
 	return func(s *Source) { s.userAgent = "weightd/" + version }
@@ -121,7 +121,7 @@ func WithPullSecret(dockerConfigJSON []byte) Option {
 	}
 }
 
-// WithOCIAgentCredentials says for which requesters (see WithRequester)
+// WithAgentCredentials says for which requesters (see source.WithRequester)
 // resolutions use the agent's credentials (pull secrets, Docker config):
 // always for the operator, for a pod's namespace only where a rule names the
 // registry and the namespace. The default uses them for the operator alone;
@@ -130,7 +130,7 @@ func WithAgentCredentials(a source.AgentCredentials) Option {
 	return func(s *Source) { s.creds = a }
 }
 
-// AgentCredentials returns what WithOCIAgentCredentials set: the registry
+// AgentCredentials returns what WithAgentCredentials set: the registry
 // mirror, which sends its requests through this source, follows it too.
 func (s *Source) AgentCredentials() source.AgentCredentials { return s.creds }
 
@@ -142,7 +142,7 @@ func WithPlatform(p Platform) Option {
 }
 
 // WithMaxManifestSize sets the largest manifest or index accepted, in bytes
-// (default DefaultMaxOCIManifestSize). A larger one is a permanent error.
+// (default DefaultMaxManifestSize). A larger one is a permanent error.
 func WithMaxManifestSize(n int64) Option {
 	return func(s *Source) {
 		if n > 0 {
@@ -151,7 +151,7 @@ func WithMaxManifestSize(n int64) Option {
 	}
 }
 
-// NewOCISource returns an OCI registry source. It starts nothing and makes
+// New returns an OCI registry source. It starts nothing and makes
 // no request until asked.
 func New(opts ...Option) *Source {
 	s := &Source{

@@ -21,14 +21,14 @@ import (
 	"github.com/weightd/weightd/pkg/source/internal/fetch"
 )
 
-// Bounds on the authenticated transports an OCISource keeps.
+// Bounds on the authenticated transports a Source keeps.
 const (
 	transportTTL  = 10 * time.Minute // then credentials are looked up again
 	maxTransports = 256
 	maxRedirects  = 10
 )
 
-// manifestAccept is what an OCISource asks registries for, best first.
+// manifestAccept is what a Source asks registries for, best first.
 var manifestAccept = strings.Join([]string{
 	MediaTypeOCIIndex, MediaTypeOCIManifest, MediaTypeDockerList, MediaTypeDockerManifest, MediaTypeModelManifest,
 }, ", ")
@@ -186,7 +186,7 @@ func isLoopbackHost(host string) bool {
 
 // transport returns the authenticated transport for repo and auth, doing
 // the registry's authentication handshake (ping, token) on first use and
-// again after ociTransportTTL.
+// again after transportTTL.
 func (s *Source) transport(ctx context.Context, repo name.Repository, auth RegistryAuth) (http.RoundTripper, error) {
 	key := repo.RegistryStr() + "/" + repo.RepositoryStr() + "\x00" + auth.Key()
 	s.mu.Lock()
@@ -406,7 +406,7 @@ func (s *Source) blob(repo name.Repository, auth RegistryAuth, desc content.Desc
 	}}
 }
 
-// checkRegistryRange is checkRange for a registry: a 200 that ignored the
+// checkRegistryRange is fetch.CheckRange for a registry: a 200 that ignored the
 // range of a resumed read is refused, and other statuses are the registry's
 // errors.
 func checkRegistryRange(resp *http.Response, off, end, size int64) error {

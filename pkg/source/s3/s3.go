@@ -30,20 +30,20 @@ import (
 	"github.com/weightd/weightd/pkg/source/internal/fetch"
 )
 
-// S3ManifestName is the key, under a reference's prefix, of the model.json
-// (see Manifest) that S3Source reads first.
+// ManifestName is the key, under a reference's prefix, of the model.json
+// (see httpsource.Manifest) that Source reads first.
 const ManifestName = "model.json"
 
-// ErrUnverifiable is S3Source's refusal of objects it has no sha256 for:
+// ErrUnverifiable is Source's refusal of objects it has no sha256 for:
 // no model.json beside them, no full-object SHA-256 checksum kept by the
 // store, and no digest in the reference.
 var ErrUnverifiable = errors.New("no sha256 to verify the object against")
 
-// s3HeadConcurrency bounds the HEAD requests that read a listing's
+// headConcurrency bounds the HEAD requests that read a listing's
 // checksums: a model has a few to a few thousand objects.
 const headConcurrency = 16
 
-// S3Source resolves ref.KindS3 references against one S3 endpoint (AWS, or
+// Source resolves ref.KindS3 references against one S3 endpoint (AWS, or
 // an S3-compatible store: MinIO, Ceph RGW, R2, GCS interop) and reads their
 // objects with ranged GetObject requests.
 //
@@ -52,8 +52,8 @@ const headConcurrency = 16
 // rather than a HEAD per object):
 //
 //  1. s3://bucket/key#sha256:… names one object, pinned by that digest:
-//     a one-file model named as HTTPSource names a pinned URL's.
-//  2. a model.json (see Manifest) at <prefix>/model.json: its files are the
+//     a one-file model named as httpsource.Source names a pinned URL's.
+//  2. a model.json (see httpsource.Manifest) at <prefix>/model.json: its files are the
 //     model, each read from <prefix>/<path> ("url" is refused: an S3 model's
 //     files live beside its manifest). s3://bucket/prefix@VERSION reads the
 //     model.json at that S3 object version: object versions never change,
@@ -67,12 +67,12 @@ const headConcurrency = 16
 //     unverified is ever stored.
 //
 // A model is laid out under the name of "s3://bucket/prefix"
-// (ModelName), never under a name the store's content gives; a listed
-// model's revision is the commit-like id of its files (see HTTPSource), a
-// manifest's as HTTPSource lays it out.
+// (source.ModelName), never under a name the store's content gives; a listed
+// model's revision is the commit-like id of its files (see httpsource.Source), a
+// manifest's as httpsource.Source lays it out.
 //
-// Credentials: requests carry the agent's credentials (WithS3Credentials)
-// for the operator, and for a pod's namespace only where an AgentCredentials
+// Credentials: requests carry the agent's credentials (WithCredentials)
+// for the operator, and for a pod's namespace only where a source.AgentCredentials
 // rule names "s3://bucket" and the namespace; every other request is
 // anonymous, so a pod reads what the public may read.
 type Source struct {
@@ -81,7 +81,7 @@ type Source struct {
 	creds source.AgentCredentials
 }
 
-// s3Options configures an S3Source.
+// options configures a Source.
 type options struct {
 	endpoint  string
 	region    string
@@ -90,10 +90,10 @@ type options struct {
 	rules     source.AgentCredentials
 }
 
-// S3Option configures an S3Source.
+// Option configures a Source.
 type Option func(*options) error
 
-// WithS3Endpoint sets the endpoint of an S3-compatible store: an absolute
+// WithEndpoint sets the endpoint of an S3-compatible store: an absolute
 // http or https URL without query, fragment or user information. The
 // default is AWS's regional endpoint.
 func WithEndpoint(endpoint string) Option {
@@ -119,7 +119,7 @@ func WithEndpoint(endpoint string) Option {
 	}
 }
 
-// WithS3Region sets the region requests are signed for. The default is
+// WithRegion sets the region requests are signed for. The default is
 // us-east-1, which S3-compatible stores generally accept; AWS answers a
 // bucket of another region with a redirect that is not followed.
 func WithRegion(region string) Option {
@@ -129,7 +129,7 @@ func WithRegion(region string) Option {
 	}
 }
 
-// WithS3PathStyle addresses buckets in the path (https://host/bucket/key)
+// WithPathStyle addresses buckets in the path (https://host/bucket/key)
 // rather than the host name (https://bucket.host/key), as most self-hosted
 // stores need.
 func WithPathStyle(on bool) Option {
@@ -139,8 +139,8 @@ func WithPathStyle(on bool) Option {
 	}
 }
 
-// WithS3Credentials sets the agent's own credentials (see
-// LoadS3Credentials); without them every request is anonymous.
+// WithCredentials sets the agent's own credentials (see
+// LoadCredentials); without them every request is anonymous.
 func WithCredentials(p aws.CredentialsProvider) Option {
 	return func(o *options) error {
 		o.creds = p
@@ -148,7 +148,7 @@ func WithCredentials(p aws.CredentialsProvider) Option {
 	}
 }
 
-// WithS3AgentCredentials says for which requesters (see WithRequester) the
+// WithAgentCredentials says for which requesters (see source.WithRequester) the
 // agent's credentials are used: always for the operator, for a pod's
 // namespace only where a rule names "s3://bucket" and the namespace.
 func WithAgentCredentials(a source.AgentCredentials) Option {
@@ -158,7 +158,7 @@ func WithAgentCredentials(a source.AgentCredentials) Option {
 	}
 }
 
-// NewS3Source returns a source whose requests go through client (nil: a
+// New returns a source whose requests go through client (nil: a
 // client over http.DefaultTransport).
 func New(client *http.Client, opts ...Option) (*Source, error) {
 	if client == nil {
@@ -200,7 +200,7 @@ func nilIfEmpty(s string) *string {
 	return &s
 }
 
-// LoadS3Credentials returns the AWS SDK's default credential chain
+// LoadCredentials returns the AWS SDK's default credential chain
 // (environment, shared config and credentials files, web identity for IRSA,
 // the container endpoint of EKS Pod Identity) and the region configured
 // with it ("" if none). The instance metadata service (IMDS) is part of the
@@ -220,7 +220,7 @@ func LoadCredentials(ctx context.Context, allowIMDS bool) (aws.CredentialsProvid
 	return cfg.Credentials, cfg.Region, nil
 }
 
-// Resolve reads the model a reference names (see S3Source) and returns it
+// Resolve reads the model a reference names (see Source) and returns it
 // with one ranged-GetObject opener per blob.
 func (s *Source) Resolve(ctx context.Context, r ref.Ref) (*source.Resolution, error) {
 	if r.Kind != ref.KindS3 || r.URL == nil {
@@ -250,7 +250,7 @@ func (s *Source) Resolve(ctx context.Context, r ref.Ref) (*source.Resolution, er
 	return res, nil
 }
 
-// s3CredentialHost is how AgentCredentials rules name a bucket.
+// credentialHost is how source.AgentCredentials rules name a bucket.
 func credentialHost(bucket string) string { return "s3://" + bucket }
 
 // s3Bucket makes one requester's requests to one bucket.
@@ -428,7 +428,7 @@ func fullObjectSHA256(value *string, typ types.ChecksumType) digest.Digest {
 }
 
 // blob reads an object of size bytes with ranged GetObject requests; the
-// response is checked as HTTPSource checks its own (checkRange).
+// response is checked as httpsource.Source checks its own (fetch.CheckRange).
 func (b s3Bucket) blob(key string, size int64) fetch.Blob {
 	return fetch.Blob{Size: size, Fetch: func(ctx context.Context, off, end int64) (io.ReadCloser, error) {
 		rng := "bytes=" + strconv.FormatInt(off, 10) + "-" + strconv.FormatInt(end-1, 10)
