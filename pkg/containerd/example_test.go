@@ -23,7 +23,7 @@ func ExampleImporter_Import() {
 	}
 	defer im.Close()
 
-	var img *source.Image // from a prefetch.Resolution, its blobs fetched into store
+	var img *source.Image // from a source.Resolution, its blobs fetched into store
 	if err := im.Import(context.Background(), img); err != nil {
 		log.Fatal(err)
 	}

@@ -68,7 +68,7 @@ const headConcurrency = 16
 //
 // A model is laid out under the name of "s3://bucket/prefix"
 // (source.ModelName), never under a name the store's content gives; a listed
-// model's revision is the commit-like id of its files (see httpsource.Source), a
+// model's revision is the commit-like id of its files (httpsource.FilesRevision), a
 // manifest's as httpsource.Source lays it out.
 //
 // Credentials: requests carry the agent's credentials (WithCredentials)
