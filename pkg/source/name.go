@@ -14,6 +14,27 @@ import (
 	"github.com/weightd/weightd/pkg/source/internal/fetch"
 )
 
+// ModelName is the name r's model is laid out under in the cache, derived
+// from the reference alone, never from what its source answers: the
+// repository for a hub model ("org/name"), the repository's last component
+// under the ones before it for a registry model, and for a URL
+// "<host>/<path>/<key>" (see httpsource.Source), which no hub or registry model and
+// no other URL is named; an S3 reference likewise, from "s3://bucket/prefix"
+// (the key tells it from any https URL).
+func ModelName(r ref.Ref) string {
+	switch r.Kind {
+	case ref.KindHF:
+		return r.Repository
+	case ref.KindOCI:
+		return modelName(r.Repository)
+	case ref.KindHTTP, ref.KindS3:
+		if r.URL != nil {
+			return urlModelName(r.URL)
+		}
+	}
+	return ""
+}
+
 // urlModelName is the name of the model a URL names (ModelName):
 // "<host>/<path>/<key>", three parts where hubs' names have at most two, so
 // that no hub model is ever laid out in its place. Host (and "-<port>") and
@@ -51,25 +72,4 @@ func modelName(repository string) string {
 		return name
 	}
 	return fetch.Sanitize(strings.Join(parts[:len(parts)-1], "."), 96, "org") + "/" + name
-}
-
-// ModelName is the name r's model is laid out under in the cache, derived
-// from the reference alone, never from what its source answers: the
-// repository for a hub model ("org/name"), the repository's last component
-// under the ones before it for a registry model, and for a URL
-// "<host>/<path>/<key>" (see httpsource.Source), which no hub or registry model and
-// no other URL is named; an S3 reference likewise, from "s3://bucket/prefix"
-// (the key tells it from any https URL).
-func ModelName(r ref.Ref) string {
-	switch r.Kind {
-	case ref.KindHF:
-		return r.Repository
-	case ref.KindOCI:
-		return modelName(r.Repository)
-	case ref.KindHTTP, ref.KindS3:
-		if r.URL != nil {
-			return urlModelName(r.URL)
-		}
-	}
-	return ""
 }
