@@ -14,7 +14,7 @@ import (
 	"github.com/weightd/weightd/pkg/source/dialguard"
 )
 
-func TestDialGuardCheck(t *testing.T) {
+func TestGuardCheck(t *testing.T) {
 	t.Parallel()
 	allow, err := dialguard.ParseAllowList([]string{"127.0.0.2", "169.254.7.0/24"})
 	require.NoError(t, err)
@@ -51,7 +51,7 @@ func TestDialGuardCheck(t *testing.T) {
 	}
 }
 
-func TestDialGuardRefusesOwnAddresses(t *testing.T) {
+func TestGuardRefusesOwnAddresses(t *testing.T) {
 	t.Parallel()
 	addrs, err := net.InterfaceAddrs()
 	require.NoError(t, err)
@@ -79,7 +79,7 @@ func TestParseAllowList(t *testing.T) {
 // A redirect from an allowed origin to a refused one is refused when the
 // second connection is dialled, a name resolving to a refused address is
 // refused, and a trusted host:port is dialled as is.
-func TestDialGuardRedirect(t *testing.T) {
+func TestGuardRedirect(t *testing.T) {
 	t.Parallel()
 	var hits atomic.Int64
 	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { hits.Add(1) }))
@@ -112,9 +112,9 @@ func TestDialGuardRedirect(t *testing.T) {
 	require.EqualValues(t, 1, hits.Load())
 }
 
-// BenchmarkDialGuardCheck is the guard's cost per new connection to an
+// BenchmarkGuardCheck is the guard's cost per new connection to an
 // acceptable address: it lists the node's addresses each time.
-func BenchmarkDialGuardCheck(b *testing.B) {
+func BenchmarkGuardCheck(b *testing.B) {
 	g := dialguard.New(nil)
 	ip := netip.MustParseAddr("10.1.2.3")
 	for b.Loop() {

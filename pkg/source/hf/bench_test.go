@@ -11,9 +11,9 @@ import (
 	"github.com/weightd/weightd/pkg/source/hf"
 )
 
-// BenchmarkHFFetch resolves a two-file model on an in-process hub, fetches it
+// BenchmarkFetch resolves a two-file model on an in-process hub, fetches it
 // into a fresh store through the CDN redirect and materialises it.
-func BenchmarkHFFetch(b *testing.B) {
+func BenchmarkFetch(b *testing.B) {
 	for _, size := range []int64{1 << 20, 64 << 20, 256 << 20} {
 		b.Run(fmt.Sprintf("%dMiB", size>>20), func(b *testing.B) {
 			hub := hubtest.New()

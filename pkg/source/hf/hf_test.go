@@ -110,7 +110,7 @@ func modelFiles() map[string]hubtest.Content {
 	}
 }
 
-func TestHFResolveFetchMaterialize(t *testing.T) {
+func TestResolveFetchMaterialize(t *testing.T) {
 	t.Parallel()
 	hub := hubtest.New(hubtest.WithPageSize(3))
 	t.Cleanup(hub.Close)
@@ -143,7 +143,7 @@ func TestHFResolveFetchMaterialize(t *testing.T) {
 	assert.Equal(t, int64(1), st.Requests[hubtest.RouteInfo])
 }
 
-func TestHFRevisions(t *testing.T) {
+func TestRevisions(t *testing.T) {
 	t.Parallel()
 	hub := hubtest.New()
 	t.Cleanup(hub.Close)
@@ -179,7 +179,7 @@ func TestHFRevisions(t *testing.T) {
 	}
 }
 
-func TestHFCommitSkipsRevisionLookup(t *testing.T) {
+func TestCommitSkipsRevisionLookup(t *testing.T) {
 	t.Parallel()
 	hub := hubtest.New()
 	t.Cleanup(hub.Close)
@@ -190,7 +190,7 @@ func TestHFCommitSkipsRevisionLookup(t *testing.T) {
 	assert.Zero(t, hub.Stats().Requests[hubtest.RouteInfo], "a commit needs no lookup")
 }
 
-func TestHFPrivateAndGated(t *testing.T) {
+func TestPrivateAndGated(t *testing.T) {
 	t.Parallel()
 	hub := hubtest.New()
 	t.Cleanup(hub.Close)
@@ -238,9 +238,9 @@ func TestHFPrivateAndGated(t *testing.T) {
 	}
 }
 
-// TestHFTokenStaysOnHub serves LFS bytes from another server, which refuses
+// TestTokenStaysOnHub serves LFS bytes from another server, which refuses
 // (400) requests carrying Authorization, as presigned object stores do.
-func TestHFTokenStaysOnHub(t *testing.T) {
+func TestTokenStaysOnHub(t *testing.T) {
 	t.Parallel()
 	hub := hubtest.New(hubtest.WithSeparateCDN())
 	t.Cleanup(hub.Close)
@@ -269,7 +269,7 @@ func TestHFTokenStaysOnHub(t *testing.T) {
 	}
 }
 
-func TestHFNotFound(t *testing.T) {
+func TestNotFound(t *testing.T) {
 	t.Parallel()
 	hub := hubtest.New()
 	t.Cleanup(hub.Close)
@@ -322,7 +322,7 @@ func hubFront(t *testing.T, hub *hubtest.Hub, intercept func(http.ResponseWriter
 	return srv.URL + "/mirror/"
 }
 
-func TestHFRetriable(t *testing.T) {
+func TestRetriable(t *testing.T) {
 	t.Parallel()
 	hub := hubtest.New()
 	t.Cleanup(hub.Close)
@@ -368,7 +368,7 @@ func TestHFRetriable(t *testing.T) {
 	assert.Equal(t, int64(2), after[hubtest.RouteCDN]-before[hubtest.RouteCDN])
 }
 
-func TestHFLyingHub(t *testing.T) {
+func TestLyingHub(t *testing.T) {
 	t.Parallel()
 	hub := hubtest.New()
 	t.Cleanup(hub.Close)
@@ -405,7 +405,7 @@ func TestHFLyingHub(t *testing.T) {
 	assert.Contains(t, err.Error(), "git blob id")
 }
 
-func TestHFRangesThroughRedirect(t *testing.T) {
+func TestRangesThroughRedirect(t *testing.T) {
 	t.Parallel()
 	hub := hubtest.New(hubtest.WithSeparateCDN())
 	t.Cleanup(hub.Close)
@@ -463,7 +463,7 @@ func fakeHub(t *testing.T, tree func(w http.ResponseWriter, r *http.Request), fi
 	return srv.URL
 }
 
-func TestHFUntrustedListing(t *testing.T) {
+func TestUntrustedListing(t *testing.T) {
 	t.Parallel()
 	oid := strings.Repeat("0", 40)
 	sha := strings.Repeat("a", 64)
@@ -505,7 +505,7 @@ func TestHFUntrustedListing(t *testing.T) {
 	}
 }
 
-func TestHFServerIgnoringRange(t *testing.T) {
+func TestServerIgnoringRange(t *testing.T) {
 	t.Parallel()
 	data := []byte("0123456789")
 	d := digest.FromBytes(data)
@@ -527,7 +527,7 @@ func TestHFServerIgnoringRange(t *testing.T) {
 	assert.Contains(t, err.Error(), "ignored Range")
 }
 
-func TestHFListingTooLarge(t *testing.T) {
+func TestListingTooLarge(t *testing.T) {
 	t.Parallel()
 	endpoint := fakeHub(t, func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "[")
@@ -544,7 +544,7 @@ func TestHFListingTooLarge(t *testing.T) {
 	assert.Contains(t, err.Error(), "bytes allowed")
 }
 
-func TestHFSourceOptions(t *testing.T) {
+func TestOptions(t *testing.T) {
 	t.Parallel()
 	for _, opt := range []hf.Option{
 		hf.WithEndpoint("ftp://hub"),
@@ -565,7 +565,7 @@ func TestHFSourceOptions(t *testing.T) {
 	assert.ErrorIs(t, err, content.ErrPermanent)
 }
 
-func TestHFEndpointWithPath(t *testing.T) {
+func TestEndpointWithPath(t *testing.T) {
 	t.Parallel()
 	hub := hubtest.New()
 	t.Cleanup(hub.Close)
@@ -578,7 +578,7 @@ func TestHFEndpointWithPath(t *testing.T) {
 	checkDir(t, dir, files)
 }
 
-func TestHFStalledHubIsRetriable(t *testing.T) {
+func TestStalledHubIsRetriable(t *testing.T) {
 	t.Parallel()
 	release := make(chan struct{})
 	endpoint := fakeHub(t, func(w http.ResponseWriter, r *http.Request) {

@@ -13,9 +13,9 @@ import (
 	"github.com/weightd/weightd/pkg/source/hf"
 )
 
-// TestHFTokenPerNamespace: the token goes only on requests for the
+// TestTokenPerNamespace: the token goes only on requests for the
 // operator and the namespaces a rule names for the hub's host.
-func TestHFTokenPerNamespace(t *testing.T) {
+func TestTokenPerNamespace(t *testing.T) {
 	t.Parallel()
 	hub := hubtest.New()
 	t.Cleanup(hub.Close)

@@ -26,7 +26,7 @@ func readRef(t *testing.T, root, repo, name string) string {
 // A branch or tag is written to refs/<name> holding the commit the hub's API
 // named for it, as huggingface_hub does: offline (HF_HUB_OFFLINE=1) a loader
 // finds hf://org/model@main only through refs/main → snapshots/<commit>.
-func TestHFRefsHoldTheCommit(t *testing.T) {
+func TestRefsHoldTheCommit(t *testing.T) {
 	t.Parallel()
 	hub := hubtest.New()
 	t.Cleanup(hub.Close)
@@ -89,7 +89,7 @@ func TestHFRefsHoldTheCommit(t *testing.T) {
 
 // The listing shared with peers is the commit's and names no ref: the ref
 // is the reference's own, set on this node whatever a peer's answer says.
-func TestHFSharedListingCarriesNoRef(t *testing.T) {
+func TestSharedListingCarriesNoRef(t *testing.T) {
 	t.Parallel()
 	hub := hubtest.New()
 	t.Cleanup(hub.Close)

@@ -16,12 +16,12 @@ import (
 	"github.com/weightd/weightd/pkg/source/hf"
 )
 
-// TestHFSharedResolve: a node that takes the listing from the node that
+// TestSharedResolve: a node that takes the listing from the node that
 // resolved it asks the hub which commit "main" is and for the listing at
 // that commit, to check the one it took, but reads no file while
 // resolving; it then reads every file, small ones too, with ranged GETs at
 // that commit, and checks the small ones against the hub's git blob ids.
-func TestHFSharedResolve(t *testing.T) {
+func TestSharedResolve(t *testing.T) {
 	t.Parallel()
 	hub := hubtest.New()
 	t.Cleanup(hub.Close)
@@ -66,11 +66,11 @@ func TestHFSharedResolve(t *testing.T) {
 	}
 }
 
-// TestHFSharedResolveSmallFileLie: another node's listing has the hub's
+// TestSharedResolveSmallFileLie: another node's listing has the hub's
 // paths and sizes, but its own bytes for a file stored in git, which the hub
 // names only by its git blob id. Verify refuses them once they are in the
 // store, and the source then resolves that commit from the hub alone.
-func TestHFSharedResolveSmallFileLie(t *testing.T) {
+func TestSharedResolveSmallFileLie(t *testing.T) {
 	t.Parallel()
 	hub := hubtest.New()
 	t.Cleanup(hub.Close)

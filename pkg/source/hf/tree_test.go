@@ -12,7 +12,7 @@ import (
 	"github.com/weightd/weightd/pkg/content"
 )
 
-func FuzzHFTree(f *testing.F) {
+func FuzzTree(f *testing.F) {
 	oid := strings.Repeat("0", 40)
 	sha := strings.Repeat("a", 64)
 	for _, s := range []string{
@@ -111,7 +111,7 @@ func TestNextLink(t *testing.T) {
 	}
 }
 
-func FuzzHFLink(f *testing.F) {
+func FuzzLink(f *testing.F) {
 	for _, s := range []string{
 		`<https://hub.example/x?cursor=1>; rel="next"`,
 		`<a>; rel=prev, <b>; rel=next`,

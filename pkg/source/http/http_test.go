@@ -59,7 +59,7 @@ func rangeHandler(data []byte, getFn func(w http.ResponseWriter, r *http.Request
 	})
 }
 
-func TestHTTPBlobOpenRange(t *testing.T) {
+func TestBlobOpenRange(t *testing.T) {
 	t.Parallel()
 	data, d := sourcetest.BlobData(10_000)
 	n := int64(len(data))
@@ -157,7 +157,7 @@ func TestHTTPBlobOpenRange(t *testing.T) {
 	}
 }
 
-func TestHTTPBlobStatusError(t *testing.T) {
+func TestBlobStatusError(t *testing.T) {
 	t.Parallel()
 	data, d := sourcetest.BlobData(100)
 	srv := httptest.NewServer(rangeHandler(data, func(w http.ResponseWriter, _ *http.Request, _ int64) {
@@ -173,7 +173,7 @@ func TestHTTPBlobStatusError(t *testing.T) {
 	assert.Equal(t, srv.URL+"/w.bin", se.URL)
 }
 
-func TestHTTPBlobEdges(t *testing.T) {
+func TestBlobEdges(t *testing.T) {
 	t.Parallel()
 	data, d := sourcetest.BlobData(100)
 	var gets int
@@ -213,7 +213,7 @@ func TestHTTPBlobEdges(t *testing.T) {
 	assert.ErrorIs(t, err, context.Canceled)
 }
 
-func TestHTTPSourceHeaders(t *testing.T) {
+func TestHeaders(t *testing.T) {
 	t.Parallel()
 	data, d := sourcetest.BlobData(100)
 	agents := make(chan string, 4)
@@ -234,7 +234,7 @@ func TestHTTPSourceHeaders(t *testing.T) {
 	assert.Equal(t, "GET bytes=10- identity", <-ranges)
 }
 
-func TestHTTPSourceResolveFile(t *testing.T) {
+func TestResolveFile(t *testing.T) {
 	t.Parallel()
 	data, d := sourcetest.BlobData(5000)
 	tests := []struct {
@@ -273,7 +273,7 @@ func TestHTTPSourceResolveFile(t *testing.T) {
 	}
 }
 
-func TestHTTPSourceResolveFileErrors(t *testing.T) {
+func TestResolveFileErrors(t *testing.T) {
 	t.Parallel()
 	_, d := sourcetest.BlobData(10)
 	tests := []struct {
@@ -300,7 +300,7 @@ func TestHTTPSourceResolveFileErrors(t *testing.T) {
 	}
 }
 
-func TestHTTPSourceResolveManifest(t *testing.T) {
+func TestResolveManifest(t *testing.T) {
 	t.Parallel()
 	s, m := sourcetest.StartOrigin(t, genmodel.Spec{Name: "org/gen", Files: 5, TotalBytes: 1 << 20, Seed: 9})
 	r, err := ref.Parse(s.URL() + "/" + genmodel.ManifestName)
@@ -329,7 +329,7 @@ func TestHTTPSourceResolveManifest(t *testing.T) {
 // so it cannot take a hub model's place or another URL's (attack 1 of issue
 // 21); a revision that is not a commit is a branch: a ref to a snapshot
 // named by the files, so that other files behind it make another snapshot.
-func TestHTTPSourceLaysManifestOutUnderItsURL(t *testing.T) {
+func TestLaysManifestOutUnderItsURL(t *testing.T) {
 	t.Parallel()
 	docs := map[string]string{
 		"/a/model.json":        `{"name":"Qwen/Qwen2.5-0.5B-Instruct","revision":"main","files":[` + fileJSON("config.json", 1, hexA) + `,` + fileJSON("w.bin", 2, hexB) + `]}`,
@@ -379,7 +379,7 @@ func TestHTTPSourceLaysManifestOutUnderItsURL(t *testing.T) {
 	assert.NotEqual(t, source.ModelName(parsed), source.ModelName(https))
 }
 
-func TestHTTPSourceResolveManifestFileURLs(t *testing.T) {
+func TestResolveManifestFileURLs(t *testing.T) {
 	t.Parallel()
 	data, d := sourcetest.BlobData(300)
 	var mu sync.Mutex
@@ -412,7 +412,7 @@ func TestHTTPSourceResolveManifestFileURLs(t *testing.T) {
 	assert.Equal(t, []string{"/m/a%20dir/w.bin"}, paths, "the first file's URL serves the blob")
 }
 
-func TestHTTPSourceResolveManifestErrors(t *testing.T) {
+func TestResolveManifestErrors(t *testing.T) {
 	t.Parallel()
 	good := manifestJSON(fileJSON("a", 1, hexA))
 	tests := []struct {
@@ -464,14 +464,14 @@ func TestHTTPSourceResolveManifestErrors(t *testing.T) {
 	}
 }
 
-func TestHTTPSourceUnsupported(t *testing.T) {
+func TestUnsupported(t *testing.T) {
 	t.Parallel()
 	_, err := httpsource.New(nil).Resolve(t.Context(), ref.Ref{Kind: "oci"})
 	assert.ErrorIs(t, err, errors.ErrUnsupported)
 	assert.ErrorIs(t, err, content.ErrPermanent)
 }
 
-func TestHTTPBlobOpenBoundedRange(t *testing.T) {
+func TestBlobOpenBoundedRange(t *testing.T) {
 	t.Parallel()
 	data, d := sourcetest.BlobData(1000)
 	var mu sync.Mutex

@@ -51,7 +51,7 @@ func status(code int) ociFault {
 	}
 }
 
-func TestOCIManifestFaults(t *testing.T) {
+func TestManifestFaults(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name      string
@@ -89,7 +89,7 @@ func TestOCIManifestFaults(t *testing.T) {
 	}
 }
 
-func TestOCIBlobFaults(t *testing.T) {
+func TestBlobFaults(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name      string
@@ -151,9 +151,9 @@ func TestOCIBlobFaults(t *testing.T) {
 	}
 }
 
-// TestOCIBadContent pushes documents the source must refuse, each a
+// TestBadContent pushes documents the source must refuse, each a
 // permanent error naming what is wrong.
-func TestOCIBadContent(t *testing.T) {
+func TestBadContent(t *testing.T) {
 	t.Parallel()
 	rg := newOCIRegistry(t)
 	cfg := rg.pushBlob(t, "bad", oci.MediaTypeOCIConfig, []byte(`{"os":"linux"}`))
@@ -221,7 +221,7 @@ func TestOCIBadContent(t *testing.T) {
 	}
 }
 
-func TestOCIManifestSizeLimit(t *testing.T) {
+func TestManifestSizeLimit(t *testing.T) {
 	t.Parallel()
 	rg := newOCIRegistry(t)
 	img := rg.pushImage(t, "big", "v1", oci.MediaTypeOCIManifest, "amd64")
@@ -259,7 +259,7 @@ func (s stripLength) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-func TestOCIDigestMismatch(t *testing.T) {
+func TestDigestMismatch(t *testing.T) {
 	t.Parallel()
 	rg := newOCIRegistry(t)
 	img := rg.pushImage(t, "app", "v1", oci.MediaTypeOCIManifest, "amd64")
@@ -296,9 +296,9 @@ func TestOCIDigestMismatch(t *testing.T) {
 	})
 }
 
-// TestOCICorruptBlob serves a layer whose bytes do not match its digest: the
+// TestCorruptBlob serves a layer whose bytes do not match its digest: the
 // opener passes them on, the cache refuses to commit them.
-func TestOCICorruptBlob(t *testing.T) {
+func TestCorruptBlob(t *testing.T) {
 	t.Parallel()
 	rg := newOCIRegistry(t)
 	img := rg.pushImage(t, "app", "v1", oci.MediaTypeOCIManifest, "amd64")
@@ -378,7 +378,7 @@ func dockerConfigJSON(host, user, pass string) []byte {
 	return fmt.Appendf(nil, `{"auths":{%q:{"auth":%q}}}`, host, auth)
 }
 
-func TestOCIAuth(t *testing.T) {
+func TestAuth(t *testing.T) {
 	t.Parallel()
 	for _, bearer := range []bool{false, true} {
 		rg, tokens := authRegistry(t, bearer)
@@ -424,7 +424,7 @@ func TestOCIAuth(t *testing.T) {
 	}
 }
 
-func TestOCIBadPullSecret(t *testing.T) {
+func TestBadPullSecret(t *testing.T) {
 	t.Parallel()
 	rg := newOCIRegistry(t)
 	rg.pushImage(t, "app", "v1", oci.MediaTypeOCIManifest, "amd64")
@@ -436,10 +436,10 @@ func TestOCIBadPullSecret(t *testing.T) {
 	}
 }
 
-// TestOCIRedirect sends blob reads to an object store: the Range header
+// TestRedirect sends blob reads to an object store: the Range header
 // follows, the registry's credentials do not, and a presigned query stays
 // out of errors.
-func TestOCIRedirect(t *testing.T) {
+func TestRedirect(t *testing.T) {
 	t.Parallel()
 	rg, _ := authRegistry(t, false)
 	data := bytes.Repeat([]byte("0123456789"), 1000)
@@ -490,7 +490,7 @@ func TestOCIRedirect(t *testing.T) {
 	assert.NotContains(t, err.Error(), "SECRET")
 }
 
-func TestOCIUserAgent(t *testing.T) {
+func TestUserAgent(t *testing.T) {
 	t.Parallel()
 	rg := newOCIRegistry(t)
 	rg.pushImage(t, "app", "v1", oci.MediaTypeOCIManifest, "amd64")
@@ -521,7 +521,7 @@ func (s *schemeRecorder) RoundTrip(r *http.Request) (*http.Response, error) {
 	return nil, errors.New("connection refused (test)")
 }
 
-func TestOCIInsecureRegistries(t *testing.T) {
+func TestInsecureRegistries(t *testing.T) {
 	t.Parallel()
 	for _, insecure := range []bool{false, true} {
 		rec := &schemeRecorder{}
@@ -539,9 +539,9 @@ func TestOCIInsecureRegistries(t *testing.T) {
 	}
 }
 
-// TestOCIHandshakeShared opens many blobs at once from a fresh source: they
+// TestHandshakeShared opens many blobs at once from a fresh source: they
 // share one authentication handshake (one token).
-func TestOCIHandshakeShared(t *testing.T) {
+func TestHandshakeShared(t *testing.T) {
 	t.Parallel()
 	rg, tokens := authRegistry(t, true)
 	d := rg.pushBlob(t, "private/app", "application/octet-stream", bytes.Repeat([]byte("z"), 4096))

@@ -22,7 +22,7 @@ func authUser(t *testing.T, a authn.Authenticator) string {
 	return cfg.Username + ":" + cfg.Password + ":" + cfg.IdentityToken
 }
 
-func TestOCIKeychainLookup(t *testing.T) {
+func TestKeychainLookup(t *testing.T) {
 	t.Parallel()
 	b64 := func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
 	auths := map[string]dockerAuth{
@@ -63,7 +63,7 @@ func TestOCIKeychainLookup(t *testing.T) {
 	}
 }
 
-func TestOCIKeychainOrder(t *testing.T) {
+func TestKeychainOrder(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	file := filepath.Join(dir, "config.json")
@@ -99,7 +99,7 @@ func TestOCIKeychainOrder(t *testing.T) {
 	assert.ErrorIs(t, err, content.ErrInvalid)
 }
 
-func TestOCIPlatformMatch(t *testing.T) {
+func TestPlatformMatch(t *testing.T) {
 	t.Parallel()
 	p := func(os, arch, variant string) *ociPlatform {
 		return &ociPlatform{OS: os, Architecture: arch, Variant: variant}
@@ -127,7 +127,7 @@ func TestOCIPlatformMatch(t *testing.T) {
 	assert.Equal(t, "v8", Platform{OS: "linux", Architecture: "arm64"}.normalize().Variant)
 }
 
-func TestOCIModelLayerTypes(t *testing.T) {
+func TestModelLayerTypes(t *testing.T) {
 	t.Parallel()
 	for mt, want := range map[string]struct {
 		c       source.Compression
@@ -156,10 +156,10 @@ func TestOCIModelLayerTypes(t *testing.T) {
 	}
 }
 
-// FuzzOCIManifest feeds arbitrary documents through the parsing and
+// FuzzManifest feeds arbitrary documents through the parsing and
 // classification of manifests and indexes: errors, never panics, and what
 // is accepted is well formed.
-func FuzzOCIManifest(f *testing.F) {
+func FuzzManifest(f *testing.F) {
 	f.Add(MediaTypeOCIManifest, []byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a","size":2},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a","size":2}]}`))
 	f.Add("", []byte(`{"schemaVersion":2,"artifactType":"application/vnd.cnai.model.config.v1+json","config":{"mediaType":"application/vnd.oci.empty.v1+json","digest":"sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a","size":2},"layers":[{"mediaType":"application/vnd.cnai.model.weight.v1.raw","digest":"sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a","size":2,"annotations":{"org.cncf.model.filepath":"a/b.bin"}}]}`))
 	f.Add(MediaTypeOCIIndex, []byte(`{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a","size":2,"platform":{"os":"linux","architecture":"arm64"}}]}`))

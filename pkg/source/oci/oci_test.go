@@ -200,7 +200,7 @@ func assertBlobs(t *testing.T, res *source.Resolution, data map[digest.Digest][]
 	}
 }
 
-func TestOCIResolveImage(t *testing.T) {
+func TestResolveImage(t *testing.T) {
 	t.Parallel()
 	rg := newOCIRegistry(t)
 	for _, tc := range []struct {
@@ -256,7 +256,7 @@ func TestOCIResolveImage(t *testing.T) {
 	}
 }
 
-func TestOCIResolveIndex(t *testing.T) {
+func TestResolveIndex(t *testing.T) {
 	t.Parallel()
 	rg := newOCIRegistry(t)
 	for _, indexMT := range []string{oci.MediaTypeOCIIndex, oci.MediaTypeDockerList} {
@@ -405,7 +405,7 @@ func (rg *ociRegistry) pushModel(t *testing.T, repo, tag, how string, layers []o
 	return rg.pushManifest(t, repo, tag, doc.MediaType, body)
 }
 
-func TestOCIResolveModel(t *testing.T) {
+func TestResolveModel(t *testing.T) {
 	t.Parallel()
 	rg := newOCIRegistry(t)
 	for _, how := range []string{"artifactType", "config", "manifest media type", "cncf", "v0.0.6", "v0.0.7"} {
@@ -448,9 +448,9 @@ func TestOCIResolveModel(t *testing.T) {
 	}
 }
 
-// TestOCIModelIntoCache fetches a model artifact's blobs into a store, as the
+// TestModelIntoCache fetches a model artifact's blobs into a store, as the
 // queue does, and unpacks its packed layers.
-func TestOCIModelIntoCache(t *testing.T) {
+func TestModelIntoCache(t *testing.T) {
 	t.Parallel()
 	rg := newOCIRegistry(t)
 	layers := modelLayers(t)
@@ -498,7 +498,7 @@ func TestOCIModelIntoCache(t *testing.T) {
 	}
 }
 
-func TestOCIBlobRanges(t *testing.T) {
+func TestBlobRanges(t *testing.T) {
 	t.Parallel()
 	rg := newOCIRegistry(t)
 	data := make([]byte, 100_000)
@@ -538,7 +538,7 @@ func TestOCIBlobRanges(t *testing.T) {
 	assert.ErrorIs(t, err, content.ErrPermanent)
 }
 
-func TestOCIManifestForMirror(t *testing.T) {
+func TestManifestForMirror(t *testing.T) {
 	t.Parallel()
 	rg := newOCIRegistry(t)
 	img := rg.pushImage(t, "mirror/app", "v2", oci.MediaTypeDockerManifest, "amd64")
@@ -560,7 +560,7 @@ func TestOCIManifestForMirror(t *testing.T) {
 	}
 }
 
-func TestOCIUnsupported(t *testing.T) {
+func TestUnsupported(t *testing.T) {
 	t.Parallel()
 	_, err := oci.New().Resolve(t.Context(), ref.Ref{Kind: ref.KindHF, Repository: "a/b", Revision: "main"})
 	assert.ErrorIs(t, err, content.ErrPermanent)

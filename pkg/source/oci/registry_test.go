@@ -17,10 +17,10 @@ import (
 	"github.com/weightd/weightd/pkg/source/oci"
 )
 
-// TestOCIRealRegistry resolves and fetches an image and ModelPack models
+// TestRealRegistry resolves and fetches an image and ModelPack models
 // (as v0.0.6 and v0.0.7 of the spec lay them out) from a real
 // docker-registry (distribution), anonymous and behind bearer tokens. It skips where docker-registry is missing, except under CI=true.
-func TestOCIRealRegistry(t *testing.T) {
+func TestRealRegistry(t *testing.T) {
 	t.Parallel()
 	for _, tokenAuth := range []bool{false, true} {
 		name := "anonymous"

@@ -127,7 +127,7 @@ func assertFiles(t *testing.T, dir string, files map[string][]byte) {
 	assert.Equal(t, len(files), n)
 }
 
-func TestS3ManifestModel(t *testing.T) {
+func TestManifestModel(t *testing.T) {
 	t.Parallel()
 	srv := startS3(t, "models", false)
 	files := s3Files()
@@ -148,7 +148,7 @@ func TestS3ManifestModel(t *testing.T) {
 	}
 }
 
-func TestS3ListingWithChecksums(t *testing.T) {
+func TestListingWithChecksums(t *testing.T) {
 	t.Parallel()
 	srv := startS3(t, "models", false)
 	files := s3Files()
@@ -178,7 +178,7 @@ func TestS3ListingWithChecksums(t *testing.T) {
 	assertFiles(t, st.Dir, files)
 }
 
-func TestS3Refusals(t *testing.T) {
+func TestRefusals(t *testing.T) {
 	t.Parallel()
 	srv := startS3(t, "models", false)
 	data := []byte("weights")
@@ -244,7 +244,7 @@ func TestS3Refusals(t *testing.T) {
 	assert.ErrorIs(t, err, content.ErrDigestMismatch)
 }
 
-func TestS3PinnedObjectAndVersion(t *testing.T) {
+func TestPinnedObjectAndVersion(t *testing.T) {
 	t.Parallel()
 	srv := startS3(t, "models", true)
 	v1 := map[string][]byte{"a.bin": []byte("one")}
@@ -277,7 +277,7 @@ func TestS3PinnedObjectAndVersion(t *testing.T) {
 	assertFiles(t, st.Dir, v2)
 }
 
-func TestS3RangedResume(t *testing.T) {
+func TestRangedResume(t *testing.T) {
 	t.Parallel()
 	// The first full GET of the shard breaks off after 200 KiB; the cache
 	// resumes from its last verified chunk with a ranged GET.
@@ -349,7 +349,7 @@ func (w *cutWriter) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-func TestS3AgentCredentials(t *testing.T) {
+func TestAgentCredentials(t *testing.T) {
 	t.Parallel()
 	srv := startS3(t, "public", false)
 	require.NoError(t, srv.CreateBucket(t.Context(), "team-a", false))
@@ -389,7 +389,7 @@ func TestS3AgentCredentials(t *testing.T) {
 	}
 }
 
-func TestS3VirtualHostedStyle(t *testing.T) {
+func TestVirtualHostedStyle(t *testing.T) {
 	t.Parallel()
 	srv := startS3(t, "models", false)
 	files := map[string][]byte{"a.bin": []byte("a"), "b/c.bin": []byte("bc")}
@@ -411,7 +411,7 @@ func TestS3VirtualHostedStyle(t *testing.T) {
 	}
 }
 
-func TestS3Options(t *testing.T) {
+func TestOptions(t *testing.T) {
 	t.Parallel()
 	for _, e := range []string{"ftp://x", "http://", "https://u:p@host", "https://host?x=1", "https://host:99999", "::"} {
 		_, err := s3.New(nil, s3.WithEndpoint(e))
