@@ -45,6 +45,8 @@ import (
 	"github.com/weightd/weightd/pkg/lora"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
+	httpsource "github.com/weightd/weightd/pkg/source/http"
 	"github.com/weightd/weightd/pkg/warmpool"
 	"github.com/weightd/weightd/pkg/warmpool/engine"
 )
@@ -146,7 +148,7 @@ func run(ctx context.Context, n, adapters int) (result, error) {
 		return result{}, err
 	}
 	defer store.Close()
-	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
+	queue := prefetch.NewQueue(store, source.Sources{ref.KindHTTP: httpsource.New(http.DefaultClient)})
 	srv, err := loratest.NewVLLM(loratest.Options{Base: "base", Slots: adapters - 1})
 	if err != nil {
 		return result{}, err
@@ -233,14 +235,14 @@ func writeAdapter(dir, name string) error {
 	if err := loratest.WriteAdapter(dir, loratest.AdapterSpec{Base: "base"}); err != nil {
 		return err
 	}
-	m := prefetch.Manifest{Name: "bench/" + name, Revision: "main"}
+	m := httpsource.Manifest{Name: "bench/" + name, Revision: "main"}
 	for _, f := range []string{lora.ConfigFile, lora.WeightsFile} {
 		b, err := os.ReadFile(filepath.Join(dir, f))
 		if err != nil {
 			return err
 		}
 		sum := sha256.Sum256(b)
-		m.Files = append(m.Files, prefetch.ManifestFile{Path: f, Size: int64(len(b)), SHA256: hex.EncodeToString(sum[:])})
+		m.Files = append(m.Files, httpsource.ManifestFile{Path: f, Size: int64(len(b)), SHA256: hex.EncodeToString(sum[:])})
 	}
 	b, err := json.Marshal(m)
 	if err != nil {

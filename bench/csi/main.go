@@ -38,6 +38,8 @@ import (
 	"github.com/weightd/weightd/pkg/csi"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
+	"github.com/weightd/weightd/pkg/source/hf"
 )
 
 type result struct {
@@ -92,11 +94,11 @@ func run(nFiles int, fileSize int64, publishes int) (result, error) {
 		return res, err
 	}
 	defer store.Close()
-	src, err := prefetch.NewHFSource(nil, prefetch.WithHFEndpoint(hub.URL), prefetch.WithHFVersion("bench"))
+	src, err := hf.New(nil, hf.WithEndpoint(hub.URL), hf.WithVersion("bench"))
 	if err != nil {
 		return res, err
 	}
-	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHF: src})
+	queue := prefetch.NewQueue(store, source.Sources{ref.KindHF: src})
 	driver, err := csi.NewDriver(store, queue, csi.Config{NodeID: "bench", StateDir: filepath.Join(dir, "state"), PublishWait: time.Minute})
 	if err != nil {
 		return res, err

@@ -46,6 +46,8 @@ import (
 	"github.com/weightd/weightd/pkg/podrequest"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
+	httpsource "github.com/weightd/weightd/pkg/source/http"
 )
 
 type result struct {
@@ -181,7 +183,7 @@ func run(size int64, seconds float64) error {
 	}
 	defer store.Close()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)},
+	queue := prefetch.NewQueue(store, source.Sources{ref.KindHTTP: httpsource.New(http.DefaultClient)},
 		prefetch.WithLogger(logger))
 	intake, err := kube.NewPodIntake(client, nodeName, queue, kube.WithIntakeLogger(logger))
 	if err != nil {

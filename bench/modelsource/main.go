@@ -50,6 +50,7 @@ import (
 	"github.com/weightd/weightd/internal/services"
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source/oci"
 )
 
 type result struct {
@@ -213,7 +214,7 @@ func fetchOnce(ctx context.Context, bin, root, hubURL, registry, ref string) (ti
 // file, and returns its reference (registry/repository:tag).
 func pushModelPack(ctx context.Context, registry, dir string, m *genmodel.Manifest) (string, error) {
 	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
-	img = mutate.ConfigMediaType(img, types.MediaType(prefetch.MediaTypeModelConfig))
+	img = mutate.ConfigMediaType(img, types.MediaType(oci.MediaTypeModelConfig))
 	for _, f := range m.Files {
 		mt := "application/vnd.cnai.model.weight.v1.raw"
 		if filepath.Ext(f.Path) == ".json" {
@@ -223,7 +224,7 @@ func pushModelPack(ctx context.Context, registry, dir string, m *genmodel.Manife
 		if err != nil {
 			return "", err
 		}
-		img, err = mutate.Append(img, mutate.Addendum{Layer: l, Annotations: map[string]string{prefetch.AnnotationModelFilepath: f.Path}})
+		img, err = mutate.Append(img, mutate.Addendum{Layer: l, Annotations: map[string]string{oci.AnnotationModelFilepath: f.Path}})
 		if err != nil {
 			return "", err
 		}

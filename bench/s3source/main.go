@@ -7,7 +7,7 @@
 //   - ingest: every file goes into the cache (cache.Store.Fetch: hashed,
 //     verified, fsynced, committed) from a local reader over the generated
 //     file: the cache's own speed, the baseline;
-//   - s3: S3Source resolves s3://bench/model (its model.json) and every
+//   - s3: s3.Source resolves s3://bench/model (its model.json) and every
 //     blob goes into the cache through the source's ranged GetObject
 //     openers, the same Fetch call.
 //
@@ -46,6 +46,7 @@ import (
 	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source/s3"
 )
 
 type result struct {
@@ -107,8 +108,8 @@ func run(ctx context.Context, work string, size int64, files, rounds, concurrenc
 			return fmt.Errorf("putting %s: %w", p, err)
 		}
 	}
-	src, err := prefetch.NewS3Source(nil, prefetch.WithS3Endpoint(srv.URL), prefetch.WithS3PathStyle(true),
-		prefetch.WithS3Credentials(credentials.NewStaticCredentialsProvider("bench", "bench", "")))
+	src, err := s3.New(nil, s3.WithEndpoint(srv.URL), s3.WithPathStyle(true),
+		s3.WithCredentials(credentials.NewStaticCredentialsProvider("bench", "bench", "")))
 	if err != nil {
 		return err
 	}

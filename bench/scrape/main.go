@@ -47,6 +47,8 @@ import (
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
+	httpsource "github.com/weightd/weightd/pkg/source/http"
 )
 
 type scrapeResult struct {
@@ -177,7 +179,7 @@ func run(models, scrapes int, downloadBytes int64) error {
 		return err
 	}
 	defer store.Close()
-	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(nil)},
+	queue := prefetch.NewQueue(store, source.Sources{ref.KindHTTP: httpsource.New(nil)},
 		prefetch.WithRegisterer(reg), prefetch.WithJobConcurrency(8))
 	wg.Go(func() {
 		if err := queue.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {

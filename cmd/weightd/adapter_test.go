@@ -12,6 +12,7 @@ import (
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source"
 )
 
 // fakeAdapters answers POST /v1/adapters from a table.
@@ -41,7 +42,7 @@ func TestAdapterEnsureCommand(t *testing.T) {
 	}
 	defer store.Close()
 	fake := &fakeAdapters{}
-	h, err := api.NewServer(api.QueueJobs(prefetch.NewQueue(store, prefetch.Sources{})), store, api.WithAdapters(fake))
+	h, err := api.NewServer(api.QueueJobs(prefetch.NewQueue(store, source.Sources{})), store, api.WithAdapters(fake))
 	if err != nil {
 		t.Fatal(err)
 	}

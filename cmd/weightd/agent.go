@@ -29,6 +29,8 @@ import (
 	"github.com/weightd/weightd/pkg/p2p"
 	"github.com/weightd/weightd/pkg/pagecache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source"
+	"github.com/weightd/weightd/pkg/source/hf"
 	"github.com/weightd/weightd/pkg/warmpool"
 )
 
@@ -182,7 +184,7 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening cache: %w", err)
 	}
-	var shared prefetch.SharedResolver
+	var shared hf.SharedResolver
 	if a.peers != nil {
 		shared = a.peers.sharedResolve
 	}
@@ -190,7 +192,7 @@ func newAgent(cfg agentConfig, log *slog.Logger) (_ *agent, err error) {
 	if err != nil {
 		return nil, err
 	}
-	var src prefetch.Source = sources
+	var src source.Source = sources
 	var blobSource mirror.BlobSource
 	if a.peers != nil {
 		src = a.peers.source(src, log.With("component", "p2p"))

@@ -18,6 +18,7 @@ import (
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
 )
 
 // shortTempDir returns a temporary directory with a short path: unix socket
@@ -124,7 +125,7 @@ func TestFetchWait(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	name := prefetch.ModelName(parsed) // its URL's, not the manifest's "test/model"
+	name := source.ModelName(parsed) // its URL's, not the manifest's "test/model"
 	if !strings.Contains(dir, "models--"+strings.ReplaceAll(name, "/", "--")+"/snapshots/") {
 		t.Fatalf("stdout %q, want the model directory", stdout)
 	}

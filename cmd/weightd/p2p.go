@@ -23,6 +23,7 @@ import (
 	"github.com/weightd/weightd/pkg/peertls"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
 )
 
 // p2pConfig is the peer-to-peer part of the agent's configuration.
@@ -199,7 +200,7 @@ func (p *peering) list() []api.Peer {
 
 // source routes every blob the inner source resolves through the swarm,
 // and resolves through peers when the origin cannot be reached.
-func (p *peering) source(inner prefetch.Source, log *slog.Logger) prefetch.Source {
+func (p *peering) source(inner source.Source, log *slog.Logger) source.Source {
 	return swarmSource{inner: inner, p: p, log: log}
 }
 
@@ -233,12 +234,12 @@ func (p *peering) sharedResolve(ctx context.Context, pinned ref.Ref, resolve fun
 }
 
 type swarmSource struct {
-	inner prefetch.Source
+	inner source.Source
 	p     *peering
 	log   *slog.Logger
 }
 
-func (s swarmSource) Resolve(ctx context.Context, r ref.Ref) (*prefetch.Resolution, error) {
+func (s swarmSource) Resolve(ctx context.Context, r ref.Ref) (*source.Resolution, error) {
 	res, err := s.inner.Resolve(ctx, r)
 	switch {
 	case err == nil && res.Verify == nil && res.Image == nil && len(res.Packed) == 0:
@@ -265,7 +266,7 @@ func (s swarmSource) Resolve(ctx context.Context, r ref.Ref) (*prefetch.Resoluti
 
 // throughSwarm routes every blob of res through wrap: a model's files, its
 // packed layers and an image's blobs alike.
-func throughSwarm(res *prefetch.Resolution, wrap func(content.Descriptor, content.RangeOpener) content.RangeOpener) {
+func throughSwarm(res *source.Resolution, wrap func(content.Descriptor, content.RangeOpener) content.RangeOpener) {
 	descs := make([]content.Descriptor, 0, len(res.Blobs))
 	for _, f := range res.Model.Files {
 		descs = append(descs, f.Descriptor)
@@ -292,7 +293,7 @@ func throughSwarm(res *prefetch.Resolution, wrap func(content.Descriptor, conten
 // digest, what a peer says (prefetch.CheckWithoutOrigin). Any other
 // reference fails: a peer's file list for it is unverifiable without the
 // origin. The blobs can then come only from peers.
-func (s swarmSource) resolveFromPeers(ctx context.Context, r ref.Ref, originErr error) (*prefetch.Resolution, error) {
+func (s swarmSource) resolveFromPeers(ctx context.Context, r ref.Ref, originErr error) (*source.Resolution, error) {
 	if errors.Is(originErr, content.ErrPermanent) {
 		return nil, originErr // the origin answered: the reference is wrong
 	}
@@ -308,7 +309,7 @@ func (s swarmSource) resolveFromPeers(ctx context.Context, r ref.Ref, originErr 
 		}
 	}
 	s.log.Warn("origin unreachable; resolved as before or through a peer, fetching from peers only", "ref", r.Redacted(), "err", originErr)
-	res := &prefetch.Resolution{Model: m, Blobs: make(map[digest.Digest]content.RangeOpener, len(m.Files))}
+	res := &source.Resolution{Model: m, Blobs: make(map[digest.Digest]content.RangeOpener, len(m.Files))}
 	for _, f := range m.Files {
 		res.Blobs[f.Digest] = unreachable{originErr}
 	}

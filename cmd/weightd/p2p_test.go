@@ -11,7 +11,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/peertls"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source"
 )
 
 type wrappedOpener struct {
@@ -31,10 +31,10 @@ func TestThroughSwarmWrapsEveryBlob(t *testing.T) {
 		return content.Descriptor{Digest: digest.FromString(s), Size: int64(len(s))}
 	}
 	file, packed, manifest, layer := desc("file"), desc("packed"), desc("manifest"), desc("layer")
-	res := &prefetch.Resolution{
+	res := &source.Resolution{
 		Model:  content.Model{Files: []content.File{{Path: "a", Descriptor: file}, {Path: "b", Descriptor: file}}},
-		Packed: []prefetch.PackedLayer{{Descriptor: packed}},
-		Image:  &prefetch.Image{Blobs: []prefetch.ImageBlob{{Descriptor: manifest}, {Descriptor: layer}}},
+		Packed: []source.PackedLayer{{Descriptor: packed}},
+		Image:  &source.Image{Blobs: []source.ImageBlob{{Descriptor: manifest}, {Descriptor: layer}}},
 		Blobs:  map[digest.Digest]content.RangeOpener{},
 	}
 	for _, d := range []content.Descriptor{file, packed, manifest, layer} {

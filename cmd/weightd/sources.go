@@ -22,6 +22,12 @@ import (
 	"github.com/weightd/weightd/pkg/mirror"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
+	"github.com/weightd/weightd/pkg/source/dialguard"
+	"github.com/weightd/weightd/pkg/source/hf"
+	httpsource "github.com/weightd/weightd/pkg/source/http"
+	"github.com/weightd/weightd/pkg/source/oci"
+	"github.com/weightd/weightd/pkg/source/s3"
 )
 
 // sourcesConfig says where references are resolved and with which
@@ -59,17 +65,17 @@ type mirrorConfig struct {
 // sources builds the origin sources: HTTP(S), OCI registries and the hub.
 // The OCI source is also the mirror's upstream. shared, when not nil,
 // resolves hub listings once for the cluster. Every connection goes through
-// one DialGuard: pods name the references, so they must not reach the
+// one dialguard.Guard: pods name the references, so they must not reach the
 // node's own services or the cloud metadata service through the agent; the
 // hub endpoint and the mirrored registries are the operator's choice and
 // are trusted wherever they are. Credentials sent over plain HTTP are
 // logged (see plainCredentials).
-func (c sourcesConfig) sources(shared prefetch.SharedResolver, mirrored []string, log *slog.Logger) (prefetch.Sources, *prefetch.OCISource, error) {
-	allow, err := prefetch.ParseAllowList(c.FetchAllowCIDRs)
+func (c sourcesConfig) sources(shared hf.SharedResolver, mirrored []string, log *slog.Logger) (source.Sources, *oci.Source, error) {
+	allow, err := dialguard.ParseAllowList(c.FetchAllowCIDRs)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--fetch-allow-cidrs: %w", err)
 	}
-	creds, err := prefetch.ParseAgentCredentials(c.AgentCredentials)
+	creds, err := source.ParseAgentCredentials(c.AgentCredentials)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--agent-credentials: %w", err)
 	}
@@ -88,24 +94,24 @@ func (c sourcesConfig) sources(shared prefetch.SharedResolver, mirrored []string
 		}
 		trusted = append(trusted, u.Host)
 	}
-	transport := &plainCredentials{base: prefetch.NewDialGuard(allow, trusted...).Transport(), log: log}
+	transport := &plainCredentials{base: dialguard.New(allow, trusted...).Transport(), log: log}
 	client := &http.Client{Transport: transport}
 
-	ociOpts := []prefetch.OCIOption{
-		prefetch.WithOCIVersion(version), prefetch.WithInsecureRegistries(c.InsecureRegistries...),
-		prefetch.WithOCITransport(transport), prefetch.WithOCIAgentCredentials(creds),
+	ociOpts := []oci.Option{
+		oci.WithVersion(version), oci.WithInsecureRegistries(c.InsecureRegistries...),
+		oci.WithTransport(transport), oci.WithAgentCredentials(creds),
 	}
 	if c.DockerConfig != "" {
-		ociOpts = append(ociOpts, prefetch.WithDockerConfig(c.DockerConfig))
+		ociOpts = append(ociOpts, oci.WithDockerConfig(c.DockerConfig))
 	}
 	if c.Platform != "" {
 		p, err := platforms.Parse(c.Platform)
 		if err != nil {
 			return nil, nil, fmt.Errorf("--platform %q: %w", c.Platform, err)
 		}
-		ociOpts = append(ociOpts, prefetch.WithPlatform(prefetch.Platform{OS: p.OS, Architecture: p.Architecture, Variant: p.Variant}))
+		ociOpts = append(ociOpts, oci.WithPlatform(oci.Platform{OS: p.OS, Architecture: p.Architecture, Variant: p.Variant}))
 	}
-	oci := prefetch.NewOCISource(ociOpts...)
+	ociSrc := oci.New(ociOpts...)
 
 	token := os.Getenv("HF_TOKEN")
 	if c.HFTokenFile != "" {
@@ -115,65 +121,65 @@ func (c sourcesConfig) sources(shared prefetch.SharedResolver, mirrored []string
 		}
 		token = strings.TrimSpace(string(b))
 	}
-	hfOpts := []prefetch.HFOption{prefetch.WithHFVersion(version), prefetch.WithHFAgentCredentials(creds)}
+	hfOpts := []hf.Option{hf.WithVersion(version), hf.WithAgentCredentials(creds)}
 	if c.HFEndpoint != "" {
-		hfOpts = append(hfOpts, prefetch.WithHFEndpoint(c.HFEndpoint))
+		hfOpts = append(hfOpts, hf.WithEndpoint(c.HFEndpoint))
 	}
 	if token != "" {
-		hfOpts = append(hfOpts, prefetch.WithHFToken(token))
+		hfOpts = append(hfOpts, hf.WithToken(token))
 	}
 	if shared != nil {
-		hfOpts = append(hfOpts, prefetch.WithHFShared(shared))
+		hfOpts = append(hfOpts, hf.WithShared(shared))
 	}
-	hf, err := prefetch.NewHFSource(client, hfOpts...)
+	hfSrc, err := hf.New(client, hfOpts...)
 	if err != nil {
 		return nil, nil, err
 	}
-	s3, err := c.s3Source(client, creds, log)
+	s3Src, err := c.s3Source(client, creds, log)
 	if err != nil {
 		return nil, nil, err
 	}
-	return prefetch.Sources{
-		ref.KindHTTP: prefetch.NewHTTPSource(client, prefetch.WithVersion(version)),
-		ref.KindOCI:  oci,
-		ref.KindHF:   hf,
-		ref.KindS3:   s3,
-	}, oci, nil
+	return source.Sources{
+		ref.KindHTTP: httpsource.New(client, httpsource.WithVersion(version)),
+		ref.KindOCI:  ociSrc,
+		ref.KindHF:   hfSrc,
+		ref.KindS3:   s3Src,
+	}, ociSrc, nil
 }
 
 // s3Source builds the S3 source with the AWS SDK's default credential
 // chain, IMDS only where --s3-allow-imds says. Credentials are tried once
 // here: an agent with none (most clusters without AWS) fetches anonymously
 // rather than failing every s3:// reference, public buckets included.
-func (c sourcesConfig) s3Source(client *http.Client, rules prefetch.AgentCredentials, log *slog.Logger) (*prefetch.S3Source, error) {
+func (c sourcesConfig) s3Source(client *http.Client, rules source.AgentCredentials, log *slog.Logger) (*s3.Source, error) {
 	// newAgent has no context: it starts nothing that outlives it, and the
 	// look-up is bounded.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	opts := []prefetch.S3Option{prefetch.WithS3AgentCredentials(rules), prefetch.WithS3PathStyle(c.S3PathStyle)}
-	creds, region, err := prefetch.LoadS3Credentials(ctx, c.S3AllowIMDS)
+	opts := []s3.Option{s3.WithAgentCredentials(rules), s3.WithPathStyle(c.S3PathStyle)}
+	creds, region, err := s3.LoadCredentials(ctx, c.S3AllowIMDS)
 	if err != nil {
 		return nil, err
 	}
 	if _, err := creds.Retrieve(ctx); err != nil {
 		log.Info("no AWS credentials found: s3:// references are fetched anonymously", "err", err)
 	} else {
-		opts = append(opts, prefetch.WithS3Credentials(creds))
+		opts = append(opts, s3.WithCredentials(creds))
 	}
 	if c.S3Region != "" {
 		region = c.S3Region
 	}
 	if region != "" {
-		opts = append(opts, prefetch.WithS3Region(region))
+		opts = append(opts, s3.WithRegion(region))
 	}
 	if c.S3Endpoint != "" {
-		opts = append(opts, prefetch.WithS3Endpoint(c.S3Endpoint))
+		opts = append(opts, s3.WithEndpoint(c.S3Endpoint))
 	}
-	s3, err := prefetch.NewS3Source(client, opts...)
+	src, err := s3.New(client, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("--s3-endpoint: %w", err)
 	}
-	return s3, nil
+	return src, nil
 }
 
 // plainCredentials warns, once per host, when a request carrying
@@ -234,7 +240,7 @@ type imageSink struct {
 }
 
 // Import tells the mirror, then imports into containerd.
-func (s imageSink) Import(ctx context.Context, img *prefetch.Image) error {
+func (s imageSink) Import(ctx context.Context, img *source.Image) error {
 	s.learn(img)
 	if s.importer == nil {
 		return nil
@@ -243,7 +249,7 @@ func (s imageSink) Import(ctx context.Context, img *prefetch.Image) error {
 }
 
 // learn tells the mirror the image's tag.
-func (s imageSink) learn(img *prefetch.Image) {
+func (s imageSink) learn(img *source.Image) {
 	if s.mirror == nil {
 		return
 	}
@@ -261,7 +267,7 @@ type streamingSink struct{ imageSink }
 
 // Begin begins a streaming import; the mirror learns the tag at Commit,
 // once every blob is in the cache.
-func (s streamingSink) Begin(ctx context.Context, img *prefetch.Image) (prefetch.ImageImport, error) {
+func (s streamingSink) Begin(ctx context.Context, img *source.Image) (prefetch.ImageImport, error) {
 	imp, err := s.importer.Begin(ctx, img)
 	if err != nil {
 		return nil, err
@@ -304,7 +310,7 @@ type nodeMirror struct {
 
 // newMirror opens the mirror's listener, or returns nil when it is disabled.
 // blobSource routes the mirror's cache misses (through the swarm).
-func newMirror(cfg mirrorConfig, store *cache.Store, upstream *prefetch.OCISource, blobSource mirror.BlobSource,
+func newMirror(cfg mirrorConfig, store *cache.Store, upstream *oci.Source, blobSource mirror.BlobSource,
 	log *slog.Logger, reg prometheus.Registerer,
 ) (*nodeMirror, error) {
 	if cfg.MirrorAddr == "" {

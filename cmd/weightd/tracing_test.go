@@ -18,6 +18,7 @@ import (
 	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	httpsource "github.com/weightd/weightd/pkg/source/http"
 )
 
 // otlpReceiver is an OTLP/HTTP trace receiver: it decodes every export
@@ -86,7 +87,7 @@ func fetchTraced(t *testing.T, tp trace.TracerProvider) {
 	store, err := cache.Open(t.TempDir())
 	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
-	q := prefetch.NewQueue(store, prefetch.NewHTTPSource(nil), prefetch.WithTracerProvider(tp))
+	q := prefetch.NewQueue(store, httpsource.New(nil), prefetch.WithTracerProvider(tp))
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- q.Run(ctx) }()

@@ -20,6 +20,7 @@ import (
 	"github.com/weightd/weightd/pkg/pagecache"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
 	"github.com/weightd/weightd/pkg/warmpool"
 )
 
@@ -104,7 +105,7 @@ func newWarmPool(cfg warmConfig, root string, queue *prefetch.Queue, store *cach
 type adapterFetcher struct{ q *prefetch.Queue }
 
 func (f adapterFetcher) Fetch(ctx context.Context, ref string) (string, error) {
-	j, err := submitAndWait(ctx, f.q, ref, prefetch.PriorityPod, prefetch.ForNamespace(prefetch.Requester(ctx)))
+	j, err := submitAndWait(ctx, f.q, ref, prefetch.PriorityPod, prefetch.ForNamespace(source.Requester(ctx)))
 	if err != nil {
 		return "", err
 	}

@@ -26,6 +26,8 @@ import (
 	"github.com/weightd/weightd/pkg/lora"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
+	httpsource "github.com/weightd/weightd/pkg/source/http"
 	"github.com/weightd/weightd/pkg/warmpool"
 	"github.com/weightd/weightd/pkg/warmpool/engine"
 )
@@ -39,14 +41,14 @@ func serveAdapter(t *testing.T, dir, name string) string {
 	if err := loratest.WriteAdapter(sub, loratest.AdapterSpec{}); err != nil {
 		t.Fatal(err)
 	}
-	m := prefetch.Manifest{Name: "test/" + name, Revision: "main"}
+	m := httpsource.Manifest{Name: "test/" + name, Revision: "main"}
 	for _, f := range []string{lora.ConfigFile, lora.WeightsFile} {
 		b, err := os.ReadFile(filepath.Join(sub, f))
 		if err != nil {
 			t.Fatal(err)
 		}
 		sum := sha256.Sum256(b)
-		m.Files = append(m.Files, prefetch.ManifestFile{Path: f, Size: int64(len(b)), SHA256: hex.EncodeToString(sum[:])})
+		m.Files = append(m.Files, httpsource.ManifestFile{Path: f, Size: int64(len(b)), SHA256: hex.EncodeToString(sum[:])})
 	}
 	b, err := json.Marshal(m)
 	if err != nil {
@@ -84,7 +86,7 @@ func TestWarmPoolOnQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
+	queue := prefetch.NewQueue(store, source.Sources{ref.KindHTTP: httpsource.New(http.DefaultClient)})
 	cfg := warmConfig{Warm: true, WarmHealthInterval: 20 * time.Millisecond, WarmDRAMBudget: 4 << 20}
 	dram, err := newDRAMTier(cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
@@ -213,7 +215,7 @@ func TestWarmPinBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
+	queue := prefetch.NewQueue(store, source.Sources{ref.KindHTTP: httpsource.New(http.DefaultClient)})
 	cfg := warmConfig{Warm: true, WarmHealthInterval: 20 * time.Millisecond, WarmPinBudgetPercent: 50}
 	pool, err := newWarmPool(cfg, root, queue, store, nil, nil, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {

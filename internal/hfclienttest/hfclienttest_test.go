@@ -19,6 +19,8 @@ import (
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
+	"github.com/weightd/weightd/pkg/source/hf"
 )
 
 func contentBytes(t *testing.T, c hubtest.Content) []byte {
@@ -65,9 +67,9 @@ func TestHubJSReadsTheCache(t *testing.T) {
 	store, err := cache.Open(root)
 	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
-	src, err := prefetch.NewHFSource(nil, prefetch.WithHFEndpoint(hub.URL))
+	src, err := hf.New(nil, hf.WithEndpoint(hub.URL))
 	require.NoError(t, err)
-	q := prefetch.NewQueue(store, prefetch.Sources{ref.KindHF: src})
+	q := prefetch.NewQueue(store, source.Sources{ref.KindHF: src})
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
 	wg.Go(func() { q.Run(ctx) })

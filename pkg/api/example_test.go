@@ -13,6 +13,7 @@ import (
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	httpsource "github.com/weightd/weightd/pkg/source/http"
 )
 
 // An agent's API on a unix socket, and a client that fetches a model through
@@ -37,7 +38,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer store.Close()
-	queue := prefetch.NewQueue(store, prefetch.NewHTTPSource(nil))
+	queue := prefetch.NewQueue(store, httpsource.New(nil))
 	srv, err := api.NewServer(api.QueueJobs(queue), store)
 	if err != nil {
 		log.Fatal(err)

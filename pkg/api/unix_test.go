@@ -18,6 +18,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	httpsource "github.com/weightd/weightd/pkg/source/http"
 )
 
 func TestParseAddr(t *testing.T) {
@@ -108,11 +109,11 @@ func TestListenUnixSocket(t *testing.T) {
 // testOrigin serves a manifest and its files; it returns the manifest's URL.
 func testOrigin(t *testing.T, files map[string][]byte) string {
 	t.Helper()
-	m := prefetch.Manifest{Name: "test/model", Revision: "main"}
+	m := httpsource.Manifest{Name: "test/model", Revision: "main"}
 	mux := http.NewServeMux()
 	for name, data := range files {
 		sum := sha256.Sum256(data)
-		m.Files = append(m.Files, prefetch.ManifestFile{Path: name, Size: int64(len(data)), SHA256: hex.EncodeToString(sum[:])})
+		m.Files = append(m.Files, httpsource.ManifestFile{Path: name, Size: int64(len(data)), SHA256: hex.EncodeToString(sum[:])})
 		mux.HandleFunc("/m/"+name, func(w http.ResponseWriter, r *http.Request) {
 			http.ServeContent(w, r, name, time.Time{}, strings.NewReader(string(data)))
 		})
@@ -140,7 +141,7 @@ func TestOverUnixSocketWithQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	q := prefetch.NewQueue(store, prefetch.NewHTTPSource(nil))
+	q := prefetch.NewQueue(store, httpsource.New(nil))
 	srv, err := NewServer(QueueJobs(q), store)
 	if err != nil {
 		t.Fatal(err)

@@ -6,7 +6,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/cache"
 	ctrimport "github.com/weightd/weightd/pkg/containerd"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source"
 )
 
 // An image whose blobs the cache holds (resolved and fetched by prefetch)
@@ -23,7 +23,7 @@ func ExampleImporter_Import() {
 	}
 	defer im.Close()
 
-	var img *prefetch.Image // from a prefetch.Resolution, its blobs fetched into store
+	var img *source.Image // from a source.Resolution, its blobs fetched into store
 	if err := im.Import(context.Background(), img); err != nil {
 		log.Fatal(err)
 	}

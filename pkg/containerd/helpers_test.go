@@ -23,12 +23,12 @@ import (
 
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/content"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source"
 )
 
 // fixture is an image built by hand, its blobs in a cache store.
 type fixture struct {
-	img     *prefetch.Image
+	img     *source.Image
 	diffIDs []digest.Digest
 	config  digest.Digest
 	layers  []digest.Digest
@@ -56,12 +56,12 @@ func (b bytesOpener) OpenRange(_ context.Context, off int64) (io.ReadCloser, err
 }
 
 // put stores b in the cache and returns its blob.
-func put(t testing.TB, s *cache.Store, mediaType string, b []byte) prefetch.ImageBlob {
+func put(t testing.TB, s *cache.Store, mediaType string, b []byte) source.ImageBlob {
 	t.Helper()
 	d := content.Descriptor{Digest: digest.FromBytes(b), Size: int64(len(b))}
 	_, err := s.Fetch(t.Context(), d, bytesOpener(b), nil)
 	require.NoError(t, err)
-	return prefetch.ImageBlob{Descriptor: d, MediaType: mediaType}
+	return source.ImageBlob{Descriptor: d, MediaType: mediaType}
 }
 
 // gzipLayer is a gzip tar layer of a few small files; its files depend on
@@ -96,7 +96,7 @@ func gzipLayer(t testing.TB, seed uint64, files int) ([]byte, digest.Digest) {
 
 // bigTarLayer writes an uncompressed tar layer of one file of size random
 // bytes into dir, streaming, and stores it in the cache.
-func bigTarLayer(t testing.TB, s *cache.Store, dir string, size int64) (prefetch.ImageBlob, digest.Digest) {
+func bigTarLayer(t testing.TB, s *cache.Store, dir string, size int64) (source.ImageBlob, digest.Digest) {
 	t.Helper()
 	path := filepath.Join(dir, "big.tar")
 	f, err := os.Create(path)
@@ -121,7 +121,7 @@ func bigTarLayer(t testing.TB, s *cache.Store, dir string, size int64) (prefetch
 	_, err = s.Fetch(t.Context(), d, fileOpener{path}, nil)
 	require.NoError(t, err)
 	require.NoError(t, os.Remove(path))
-	return prefetch.ImageBlob{Descriptor: d, MediaType: ocispec.MediaTypeImageLayer}, d.Digest
+	return source.ImageBlob{Descriptor: d, MediaType: ocispec.MediaTypeImageLayer}, d.Digest
 }
 
 // fixtureOpts shape newFixture's image.
@@ -138,7 +138,7 @@ type fixtureOpts struct {
 func newFixture(t testing.TB, store *cache.Store, name string, o fixtureOpts) *fixture {
 	t.Helper()
 	fx := &fixture{}
-	var layerBlobs []prefetch.ImageBlob
+	var layerBlobs []source.ImageBlob
 	for i := range o.layers {
 		b, diffID := gzipLayer(t, o.seed*100+uint64(i), 3)
 		layerBlobs = append(layerBlobs, put(t, store, ocispec.MediaTypeImageLayerGzip, b))
@@ -176,7 +176,7 @@ func newFixture(t testing.TB, store *cache.Store, name string, o fixtureOpts) *f
 	require.NoError(t, err)
 	mBlob := put(t, store, ocispec.MediaTypeImageManifest, mJSON)
 
-	img := &prefetch.Image{Name: name, Target: mBlob}
+	img := &source.Image{Name: name, Target: mBlob}
 	if o.index {
 		other := []byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","other":true}`)
 		otherArch := "arm64"

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source"
 )
 
 // BlobOpener opens a complete, verified blob by digest: the cache's *Store.
@@ -122,7 +123,7 @@ func (im *Importer) Close() error {
 // blob missing from the cache wraps the opener's error; containerd not
 // answering wraps ErrUnreachable. Nothing is left half-imported: a retry
 // picks up where a failed import stopped.
-func (im *Importer) Import(ctx context.Context, img *prefetch.Image) error {
+func (im *Importer) Import(ctx context.Context, img *source.Image) error {
 	start := time.Now()
 	p, err := newPlan(img, im.platform, im.cfg.Platform)
 	if err == nil {
@@ -154,7 +155,7 @@ func (im *Importer) Import(ctx context.Context, img *prefetch.Image) error {
 // is left to do when the last blob lands. Errors are Import's; while
 // another import of the same name is under way Begin fails at once, so
 // that the caller's downloads are not held up.
-func (im *Importer) Begin(ctx context.Context, img *prefetch.Image) (prefetch.ImageImport, error) {
+func (im *Importer) Begin(ctx context.Context, img *source.Image) (prefetch.ImageImport, error) {
 	start := time.Now()
 	p, err := newPlan(img, im.platform, im.cfg.Platform)
 	if err != nil {
@@ -525,7 +526,7 @@ func appendRepo(old, repo string) string {
 	return old + "," + repo
 }
 
-func nameOf(img *prefetch.Image) string {
+func nameOf(img *source.Image) string {
 	if img == nil {
 		return ""
 	}

@@ -26,7 +26,7 @@ import (
 	"github.com/weightd/weightd/pkg/cache"
 	ctrimport "github.com/weightd/weightd/pkg/containerd"
 	"github.com/weightd/weightd/pkg/content"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source"
 )
 
 // env is a containerd, a cache and an importer between them.
@@ -376,17 +376,17 @@ func TestImportInvalidImages(t *testing.T) {
 
 	for _, tc := range []struct {
 		name   string
-		mutate func(*prefetch.Image)
+		mutate func(*source.Image)
 		want   string
 	}{
-		{"no name", func(i *prefetch.Image) { i.Name = "" }, "image name"},
-		{"bad name", func(i *prefetch.Image) { i.Name = "UPPER/Case:tag" }, "image name"},
-		{"layer not among the blobs", func(i *prefetch.Image) { i.Blobs = i.Blobs[:len(i.Blobs)-1] }, "not among its blobs"},
-		{"target not among the blobs", func(i *prefetch.Image) { i.Blobs = i.Blobs[1:] }, "target"},
-		{"bad digest", func(i *prefetch.Image) { i.Blobs[1].Digest = "sha256:nothex" }, "blob"},
-		{"no media type", func(i *prefetch.Image) { i.Blobs[2].MediaType = "" }, "media type"},
-		{"name's digest is not the target's", func(i *prefetch.Image) { i.Name = "registry.example/app@" + i.Blobs[1].Digest.String() }, "digest"},
-		{"target is a layer", func(i *prefetch.Image) { i.Target = i.Blobs[2]; i.Blobs = i.Blobs[2:] }, "neither an index nor a manifest"},
+		{"no name", func(i *source.Image) { i.Name = "" }, "image name"},
+		{"bad name", func(i *source.Image) { i.Name = "UPPER/Case:tag" }, "image name"},
+		{"layer not among the blobs", func(i *source.Image) { i.Blobs = i.Blobs[:len(i.Blobs)-1] }, "not among its blobs"},
+		{"target not among the blobs", func(i *source.Image) { i.Blobs = i.Blobs[1:] }, "target"},
+		{"bad digest", func(i *source.Image) { i.Blobs[1].Digest = "sha256:nothex" }, "blob"},
+		{"no media type", func(i *source.Image) { i.Blobs[2].MediaType = "" }, "media type"},
+		{"name's digest is not the target's", func(i *source.Image) { i.Name = "registry.example/app@" + i.Blobs[1].Digest.String() }, "digest"},
+		{"target is a layer", func(i *source.Image) { i.Target = i.Blobs[2]; i.Blobs = i.Blobs[2:] }, "neither an index nor a manifest"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fx := newFixture(t, store, "registry.example/app:invalid", fixtureOpts{layers: 2, seed: 9})
@@ -462,7 +462,7 @@ func TestImportPushedImage(t *testing.T) {
 	rimg, err := desc.Image()
 	require.NoError(t, err)
 	mt := string(desc.MediaType)
-	img := &prefetch.Image{Name: pushed.Ref}
+	img := &source.Image{Name: pushed.Ref}
 	img.Target = put(t, e.store, mt, desc.Manifest)
 	img.Blobs = append(img.Blobs, img.Target)
 	m, err := rimg.Manifest()

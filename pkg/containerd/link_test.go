@@ -20,7 +20,7 @@ import (
 
 	ctrimport "github.com/weightd/weightd/pkg/containerd"
 	wcontent "github.com/weightd/weightd/pkg/content"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source"
 )
 
 // contentBlob is where containerd's content store keeps blob d.
@@ -30,14 +30,14 @@ func (e *env) contentBlob(d digest.Digest) string {
 
 // requireLinked checks that each of img's blobs in containerd is the
 // cache's file, not a copy.
-func (e *env) requireLinked(t *testing.T, img *prefetch.Image) {
+func (e *env) requireLinked(t *testing.T, img *source.Image) {
 	t.Helper()
 	e.requireShared(t, img, true)
 }
 
 // requireCopied checks that each of img's blobs in containerd is a file of
 // its own, written once over gRPC.
-func (e *env) requireCopied(t *testing.T, img *prefetch.Image) {
+func (e *env) requireCopied(t *testing.T, img *source.Image) {
 	t.Helper()
 	var total int64
 	for _, b := range img.Blobs {
@@ -49,7 +49,7 @@ func (e *env) requireCopied(t *testing.T, img *prefetch.Image) {
 
 // requireShared checks whether each of img's blobs in containerd is the
 // cache's file (linked) or not.
-func (e *env) requireShared(t *testing.T, img *prefetch.Image, linked bool) {
+func (e *env) requireShared(t *testing.T, img *source.Image, linked bool) {
 	t.Helper()
 	for _, b := range img.Blobs {
 		p, err := e.store.BlobPath(b.Digest)

@@ -19,7 +19,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/weightd/weightd/pkg/content"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source"
 )
 
 // maxManifestSize bounds the index, manifest and config blobs read into
@@ -80,7 +80,7 @@ func invalid(format string, args ...any) error {
 }
 
 // newPlan checks what img says of itself, reading nothing from the cache.
-func newPlan(img *prefetch.Image, platform platforms.MatchComparer, platformName string) (*plan, error) {
+func newPlan(img *source.Image, platform platforms.MatchComparer, platformName string) (*plan, error) {
 	if img == nil {
 		return nil, invalid("no image")
 	}

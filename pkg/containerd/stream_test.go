@@ -18,7 +18,7 @@ import (
 	"github.com/weightd/weightd/pkg/cache"
 	ctrimport "github.com/weightd/weightd/pkg/containerd"
 	"github.com/weightd/weightd/pkg/content"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source"
 )
 
 // arrivingStore is a cache whose blobs arrive one by one: Open finds a blob
@@ -71,7 +71,7 @@ func (e *env) snapshotExists(t *testing.T, key string) bool {
 
 // requireCollected runs the GC and checks that none of img's blobs and no
 // snapshot are left.
-func (e *env) requireCollected(t *testing.T, img *prefetch.Image) {
+func (e *env) requireCollected(t *testing.T, img *source.Image) {
 	t.Helper()
 	e.gc(t)
 	for _, b := range img.Blobs {

@@ -23,6 +23,7 @@ import (
 	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
 )
 
 // DriverName is the CSI driver's name, as pods and the CSIDriver object name it.
@@ -214,7 +215,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 	}
 	ns := r.Namespace
 	if ns == "" {
-		ns = prefetch.UnknownNamespace
+		ns = source.UnknownNamespace
 	}
 	if err := d.cfg.Allow.Check(ns, r.Ref.String()); err != nil {
 		return nil, status.Error(codes.PermissionDenied, err.Error())

@@ -33,6 +33,8 @@ import (
 	"github.com/weightd/weightd/pkg/csi"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
+	"github.com/weightd/weightd/pkg/source/hf"
 )
 
 // requireRoot skips a test that bind-mounts when not root, except under
@@ -78,9 +80,9 @@ func newNode(t *testing.T, hub *hubtest.Hub, root string, o nodeOpts) *node {
 	}
 	store, err := cache.Open(filepath.Join(root, "cache"), copts...)
 	require.NoError(t, err)
-	src, err := prefetch.NewHFSource(nil, prefetch.WithHFEndpoint(hub.URL), prefetch.WithHFVersion("test"))
+	src, err := hf.New(nil, hf.WithEndpoint(hub.URL), hf.WithVersion("test"))
 	require.NoError(t, err)
-	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHF: src}, prefetch.WithResolveRetries(1, time.Millisecond))
+	queue := prefetch.NewQueue(store, source.Sources{ref.KindHF: src}, prefetch.WithResolveRetries(1, time.Millisecond))
 	driver, err := csi.NewDriver(store, queue, csi.Config{
 		NodeID: "node-a", StateDir: filepath.Join(root, "csi"), Allow: o.allow, TargetRoot: o.targetRoot, PublishWait: 10 * time.Second,
 		Announce: o.announce,

@@ -27,6 +27,8 @@ import (
 	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
+	httpsource "github.com/weightd/weightd/pkg/source/http"
 )
 
 // writeCounter counts the write requests (anything but GET) a client sends.
@@ -153,7 +155,7 @@ func startAgent(t *testing.T, env *kubetest.Env, node, root string, o agentOpts)
 		t.Fatal(err)
 	}
 	a.blobs = &hidingBlobs{store: a.store}
-	a.queue = prefetch.NewQueue(a.store, prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)},
+	a.queue = prefetch.NewQueue(a.store, source.Sources{ref.KindHTTP: httpsource.New(http.DefaultClient)},
 		prefetch.WithResolveRetries(1, 0))
 	if a.intake, err = NewPodIntake(client, node, a.queue,
 		WithStatusInterval(200*time.Millisecond, 500*time.Millisecond), WithIntakeLogger(testLogger(t))); err != nil {

@@ -20,6 +20,8 @@ import (
 	"github.com/weightd/weightd/pkg/nodestate"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
+	httpsource "github.com/weightd/weightd/pkg/source/http"
 )
 
 // TestPublisherFakeAPI runs the node publisher against client-go's fake
@@ -43,7 +45,7 @@ func TestPublisherFakeAPI(t *testing.T) {
 	require.NoError(t, err)
 	defer store.Close()
 	blobs := &hidingBlobs{store: store}
-	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
+	queue := prefetch.NewQueue(store, source.Sources{ref.KindHTTP: httpsource.New(http.DefaultClient)})
 	pub, err := NewNodePublisher(client, "n1", queue, blobs, WithNodeInterval(50*time.Millisecond, 200*time.Millisecond))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(t.Context())
@@ -107,7 +109,7 @@ func TestIntakeFakeAPI(t *testing.T) {
 	store, err := wcache.Open(t.TempDir())
 	require.NoError(t, err)
 	defer store.Close()
-	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
+	queue := prefetch.NewQueue(store, source.Sources{ref.KindHTTP: httpsource.New(http.DefaultClient)})
 	in, err := NewPodIntake(client, "n1", queue, WithStatusInterval(50*time.Millisecond, 100*time.Millisecond), WithFirstStatusDelay(0))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(t.Context())
@@ -168,7 +170,7 @@ func TestIntakeSettledPod(t *testing.T) {
 	store, err := wcache.Open(t.TempDir())
 	require.NoError(t, err)
 	defer store.Close()
-	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
+	queue := prefetch.NewQueue(store, source.Sources{ref.KindHTTP: httpsource.New(http.DefaultClient)})
 	in, err := NewPodIntake(client, "n1", queue, WithStatusInterval(50*time.Millisecond, 100*time.Millisecond), WithFirstStatusDelay(0))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(t.Context())
@@ -202,7 +204,7 @@ func TestIntakeFinalStatusNotHeldBack(t *testing.T) {
 	store, err := wcache.Open(t.TempDir())
 	require.NoError(t, err)
 	defer store.Close()
-	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
+	queue := prefetch.NewQueue(store, source.Sources{ref.KindHTTP: httpsource.New(http.DefaultClient)})
 	in, err := NewPodIntake(client, "n1", queue, WithStatusInterval(100*time.Millisecond, time.Hour), WithFirstStatusDelay(0))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(t.Context())

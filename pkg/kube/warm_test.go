@@ -27,6 +27,8 @@ import (
 	"github.com/weightd/weightd/pkg/podrequest"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
+	httpsource "github.com/weightd/weightd/pkg/source/http"
 	"github.com/weightd/weightd/pkg/warmpool"
 )
 
@@ -452,7 +454,7 @@ func testPodPrefetchReadySeconds(t *testing.T, env *kubetest.Env, nodeName strin
 	store, err := wcache.Open(cacheDir(t), wcache.WithChunkSize(1<<20))
 	require.NoError(t, err)
 	defer store.Close()
-	queue := prefetch.NewQueue(store, prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(http.DefaultClient)})
+	queue := prefetch.NewQueue(store, source.Sources{ref.KindHTTP: httpsource.New(http.DefaultClient)})
 	reg := prometheus.NewRegistry()
 	client, _ := countingClient(t, env)
 	in, err := NewPodIntake(client, nodeName, queue, WithIntakeRegisterer(reg), WithStatusInterval(100*time.Millisecond, 0))

@@ -11,7 +11,8 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/weightd/weightd/pkg/content"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source"
+	"github.com/weightd/weightd/pkg/source/oci"
 )
 
 // Who may have what the mirror holds. The cache is shared by every pod on
@@ -42,19 +43,19 @@ const grantTTL = time.Minute
 const maxGrants = 1 << 14
 
 // requestAuth is whose credentials the upstream requests for r carry.
-func (m *Mirror) requestAuth(r *http.Request, registry string) prefetch.RegistryAuth {
+func (m *Mirror) requestAuth(r *http.Request, registry string) oci.RegistryAuth {
 	if user, pass, ok := r.BasicAuth(); ok && (user != "" || pass != "") {
-		return prefetch.RegistryAuth{Username: user, Password: pass}
+		return oci.RegistryAuth{Username: user, Password: pass}
 	}
-	return prefetch.RegistryAuth{Agent: m.opts.agentCreds.Allow(registry, prefetch.UnknownNamespace)}
+	return oci.RegistryAuth{Agent: m.opts.agentCreds.Allow(registry, source.UnknownNamespace)}
 }
 
 // anonymous reports whether requests with auth carry no credentials.
-func anonymous(auth prefetch.RegistryAuth) bool { return !auth.Own() && !auth.Agent }
+func anonymous(auth oci.RegistryAuth) bool { return !auth.Own() && !auth.Agent }
 
 // deniedErr is the answer to a client the registry refused: a challenge
 // for its own credentials when it sent none, else 403.
-func deniedErr(auth prefetch.RegistryAuth) *apiError {
+func deniedErr(auth oci.RegistryAuth) *apiError {
 	if auth.Own() {
 		return errDenied
 	}
@@ -65,7 +66,7 @@ func deniedErr(auth prefetch.RegistryAuth) *apiError {
 // registry/repository, to the error it sees. A refusal also forgets what
 // the registry allowed the client in that repository before: access
 // revoked there ends at once for everything cached from it.
-func (m *Mirror) upstreamErr(err error, auth prefetch.RegistryAuth, registry, repository string, notFound *apiError) *apiError {
+func (m *Mirror) upstreamErr(err error, auth oci.RegistryAuth, registry, repository string, notFound *apiError) *apiError {
 	switch {
 	case errors.Is(err, content.ErrNotFound):
 		return notFound
@@ -89,7 +90,7 @@ func outcomeOf(aerr *apiError) string {
 
 // allowed records that the registry gave d of registry/repository to a
 // request with auth: to everyone when it carried no credentials.
-func (m *Mirror) allowed(auth prefetch.RegistryAuth, registry, repository string, d digest.Digest) {
+func (m *Mirror) allowed(auth oci.RegistryAuth, registry, repository string, d digest.Digest) {
 	if anonymous(auth) {
 		m.public.add(d)
 		return
@@ -100,7 +101,7 @@ func (m *Mirror) allowed(auth prefetch.RegistryAuth, registry, repository string
 // authorize says whether d of registry/repository may go to a client with
 // auth: public content may, other content once the registry says so (see
 // above). manifest says which the digest is. A nil error lets it go.
-func (m *Mirror) authorize(ctx context.Context, auth prefetch.RegistryAuth, registry, repository string, d digest.Digest, manifest bool) *apiError {
+func (m *Mirror) authorize(ctx context.Context, auth oci.RegistryAuth, registry, repository string, d digest.Digest, manifest bool) *apiError {
 	if m.public.has(d) || m.grants.has(grantKey(auth, registry, repository, d)) {
 		return nil
 	}
@@ -128,12 +129,12 @@ func (m *Mirror) authorize(ctx context.Context, auth prefetch.RegistryAuth, regi
 	return nil
 }
 
-func grantKey(auth prefetch.RegistryAuth, registry, repository string, d digest.Digest) string {
+func grantKey(auth oci.RegistryAuth, registry, repository string, d digest.Digest) string {
 	return grantPrefix(auth, registry, repository) + d.String()
 }
 
 // grantPrefix begins the keys of the grants to auth in registry/repository.
-func grantPrefix(auth prefetch.RegistryAuth, registry, repository string) string {
+func grantPrefix(auth oci.RegistryAuth, registry, repository string) string {
 	return auth.Key() + "\x00" + registry + "/" + repository + "@"
 }
 

@@ -11,7 +11,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/content"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source"
 )
 
 func basic(user, pass string) []string {
@@ -69,14 +69,14 @@ func TestAgentCredentialsForMirrorClients(t *testing.T) {
 	up := newFakeUpstream()
 	up.password = "s3cret"
 	up.addImage(6, "docker.io", "team/app", "v1", 1000)
-	creds, err := prefetch.ParseAgentCredentials([]string{"docker.io=*"})
+	creds, err := source.ParseAgentCredentials([]string{"docker.io=*"})
 	require.NoError(t, err)
 	tm := newTestMirror(t, up, WithAgentCredentials(creds))
 	resp, body, err := tm.do(t, http.MethodGet, "/v2/team/app/manifests/v1?ns=docker.io")
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
 
-	named, err := prefetch.ParseAgentCredentials([]string{"docker.io=team"})
+	named, err := source.ParseAgentCredentials([]string{"docker.io=team"})
 	require.NoError(t, err)
 	tm = newTestMirror(t, up, WithAgentCredentials(named))
 	resp, _, err = tm.do(t, http.MethodGet, "/v2/team/app/manifests/v1?ns=docker.io")

@@ -16,7 +16,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/content"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source/oci"
 )
 
 // serveBlob serves a blob to a client the registry lets have it: from the
@@ -94,7 +94,7 @@ func setBlobHeaders(w http.ResponseWriter, d digest.Digest) {
 
 // blobSize learns the size of a blob the cache does not hold whole: from a
 // download in flight, from a manifest seen before, or from the upstream.
-func (m *Mirror) blobSize(ctx context.Context, auth prefetch.RegistryAuth, registry, repository string, d digest.Digest) (int64, *apiError) {
+func (m *Mirror) blobSize(ctx context.Context, auth oci.RegistryAuth, registry, repository string, d digest.Digest) (int64, *apiError) {
 	if st, err := m.store.ChunkState(d); err == nil {
 		return st.Size, nil
 	}
@@ -175,7 +175,7 @@ func (dl *download) want(off int64) {
 // auth if none runs (every request is authorised before it joins one). The fetch runs detached from the request, bounded by the fetch
 // timeout, so that it completes into the cache even when every client has
 // gone; the cache coalesces it with any other fetch of the blob.
-func (m *Mirror) download(auth prefetch.RegistryAuth, registry, repository string, desc content.Descriptor) (*download, error) {
+func (m *Mirror) download(auth oci.RegistryAuth, registry, repository string, desc content.Descriptor) (*download, error) {
 	running := func() (*download, error) {
 		if m.closed {
 			return nil, cache.ErrClosed

@@ -13,21 +13,21 @@ import (
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/mirror"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source/oci"
 )
 
 // noUpstream is an upstream registry that has nothing.
 type noUpstream struct{}
 
-func (noUpstream) Manifest(context.Context, prefetch.RegistryAuth, string, string, string) (string, []byte, digest.Digest, error) {
+func (noUpstream) Manifest(context.Context, oci.RegistryAuth, string, string, string) (string, []byte, digest.Digest, error) {
 	return "", nil, "", content.ErrNotFound
 }
 
-func (noUpstream) BlobSize(context.Context, prefetch.RegistryAuth, string, string, digest.Digest) (int64, error) {
+func (noUpstream) BlobSize(context.Context, oci.RegistryAuth, string, string, digest.Digest) (int64, error) {
 	return 0, content.ErrNotFound
 }
 
-func (noUpstream) BlobOpener(prefetch.RegistryAuth, string, string, content.Descriptor) content.RangeOpener {
+func (noUpstream) BlobOpener(oci.RegistryAuth, string, string, content.Descriptor) content.RangeOpener {
 	return nil
 }
 

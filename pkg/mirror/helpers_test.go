@@ -21,7 +21,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/content"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source/oci"
 )
 
 // testChunk is the cache's chunk size in tests: small, so that a blob of a
@@ -55,7 +55,7 @@ type fakeUpstream struct {
 
 // refuses says whether the registry refuses a request with auth; u.mu is
 // held.
-func (u *fakeUpstream) refuses(auth prefetch.RegistryAuth) error {
+func (u *fakeUpstream) refuses(auth oci.RegistryAuth) error {
 	if u.password == "" || auth.Agent && !auth.Own() || auth.Password == u.password {
 		return nil
 	}
@@ -83,7 +83,7 @@ func (u *fakeUpstream) setDown(down bool) {
 
 var errDown = fmt.Errorf("connection refused")
 
-func (u *fakeUpstream) Manifest(ctx context.Context, auth prefetch.RegistryAuth, registry, repository, reference string) (string, []byte, digest.Digest, error) {
+func (u *fakeUpstream) Manifest(ctx context.Context, auth oci.RegistryAuth, registry, repository, reference string) (string, []byte, digest.Digest, error) {
 	u.manifestCalls.Add(1)
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -100,7 +100,7 @@ func (u *fakeUpstream) Manifest(ctx context.Context, auth prefetch.RegistryAuth,
 	return m.mediaType, m.body, digest.FromBytes(m.body), nil
 }
 
-func (u *fakeUpstream) BlobSize(ctx context.Context, auth prefetch.RegistryAuth, registry, repository string, d digest.Digest) (int64, error) {
+func (u *fakeUpstream) BlobSize(ctx context.Context, auth oci.RegistryAuth, registry, repository string, d digest.Digest) (int64, error) {
 	u.sizeCalls.Add(1)
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -117,7 +117,7 @@ func (u *fakeUpstream) BlobSize(ctx context.Context, auth prefetch.RegistryAuth,
 	return int64(len(b)), nil
 }
 
-func (u *fakeUpstream) BlobOpener(auth prefetch.RegistryAuth, registry, repository string, desc content.Descriptor) content.RangeOpener {
+func (u *fakeUpstream) BlobOpener(auth oci.RegistryAuth, registry, repository string, desc content.Descriptor) content.RangeOpener {
 	return openerFunc(func(ctx context.Context, off int64) (io.ReadCloser, error) {
 		u.opens.Add(1)
 		u.mu.Lock()

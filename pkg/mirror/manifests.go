@@ -16,7 +16,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/content"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source/oci"
 )
 
 // maxManifest bounds a manifest's size: manifests are read into memory.
@@ -228,7 +228,7 @@ func (m *Mirror) manifestByDigest(w http.ResponseWriter, r *http.Request, regist
 // upstreamManifest fetches a manifest upstream and checks it: its size, its
 // digest (against want where it is set, and against what the upstream
 // says), and its media type. It remembers the manifest's children.
-func (m *Mirror) upstreamManifest(ctx context.Context, auth prefetch.RegistryAuth, registry, repository, reference string, want digest.Digest) (string, []byte, digest.Digest, error) {
+func (m *Mirror) upstreamManifest(ctx context.Context, auth oci.RegistryAuth, registry, repository, reference string, want digest.Digest) (string, []byte, digest.Digest, error) {
 	ctx, cancel := context.WithTimeout(ctx, m.opts.manifestTimeout)
 	defer cancel()
 	mt, body, said, err := m.upstream.Manifest(ctx, auth, registry, repository, reference)
@@ -342,7 +342,7 @@ func (m *Mirror) cachedManifest(d digest.Digest) ([]byte, string, error) {
 // writeManifest sends a manifest (GET) or its headers (HEAD), with Range and
 // conditional requests handled by http.ServeContent. A GET of an image
 // manifest starts the fetches of its config and layers.
-func (m *Mirror) writeManifest(w http.ResponseWriter, r *http.Request, auth prefetch.RegistryAuth, registry, repository string, d digest.Digest, mediaType string, body []byte, source string) {
+func (m *Mirror) writeManifest(w http.ResponseWriter, r *http.Request, auth oci.RegistryAuth, registry, repository string, d digest.Digest, mediaType string, body []byte, source string) {
 	if r.Method == http.MethodGet && m.opts.prefetchLayers {
 		m.prefetchLayers(auth, registry, repository, body)
 	}
@@ -361,7 +361,7 @@ func (m *Mirror) writeManifest(w http.ResponseWriter, r *http.Request, auth pref
 // through the swarm late, where all of them can cross the cluster at once.
 // An index's manifests are left alone: only one platform's is wanted. They
 // are fetched with the credentials the manifest was served for.
-func (m *Mirror) prefetchLayers(auth prefetch.RegistryAuth, registry, repository string, body []byte) {
+func (m *Mirror) prefetchLayers(auth oci.RegistryAuth, registry, repository string, body []byte) {
 	var mf manifestJSON
 	if json.Unmarshal(body, &mf) != nil || mf.Config == nil {
 		return

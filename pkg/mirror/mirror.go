@@ -15,7 +15,8 @@ import (
 
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/content"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source"
+	"github.com/weightd/weightd/pkg/source/oci"
 )
 
 // Store is what the mirror needs of the cache. *cache.Store implements it.
@@ -29,19 +30,19 @@ type Store interface {
 
 var _ Store = (*cache.Store)(nil)
 
-// Upstream is the registry the mirror falls back to (prefetch.OCISource).
+// Upstream is the registry the mirror falls back to (oci.Source).
 // Each request carries auth: the client's credentials, the agent's, or
 // none. A registry's refusal (401, 403) is an error wrapping
 // content.ErrDenied. Its methods are called concurrently.
 type Upstream interface {
 	// Manifest fetches a manifest by tag or digest. A manifest the registry
 	// does not have is an error wrapping content.ErrNotFound.
-	Manifest(ctx context.Context, auth prefetch.RegistryAuth, registry, repository, reference string) (mediaType string, body []byte, d digest.Digest, err error)
+	Manifest(ctx context.Context, auth oci.RegistryAuth, registry, repository, reference string) (mediaType string, body []byte, d digest.Digest, err error)
 	// BlobSize asks the registry for a blob's size (content.ErrNotFound if it
 	// has none).
-	BlobSize(ctx context.Context, auth prefetch.RegistryAuth, registry, repository string, d digest.Digest) (int64, error)
+	BlobSize(ctx context.Context, auth oci.RegistryAuth, registry, repository string, d digest.Digest) (int64, error)
 	// BlobOpener reads a blob from the registry.
-	BlobOpener(auth prefetch.RegistryAuth, registry, repository string, desc content.Descriptor) content.RangeOpener
+	BlobOpener(auth oci.RegistryAuth, registry, repository string, desc content.Descriptor) content.RangeOpener
 }
 
 // BlobSource turns the upstream reader of a blob into the reader the cache
@@ -53,7 +54,7 @@ type Option func(*options) error
 
 type options struct {
 	registries      []string
-	agentCreds      prefetch.AgentCredentials
+	agentCreds      source.AgentCredentials
 	blobSource      BlobSource
 	logger          *slog.Logger
 	registerer      prometheus.Registerer
@@ -88,7 +89,7 @@ func WithRegistries(hosts ...string) Option {
 // AnyNamespace rule (the mirror cannot tell a client's namespace). The
 // default is none: such a client gets what an anonymous one gets, and is
 // asked for its own.
-func WithAgentCredentials(a prefetch.AgentCredentials) Option {
+func WithAgentCredentials(a source.AgentCredentials) Option {
 	return func(o *options) error { o.agentCreds = a; return nil }
 }
 

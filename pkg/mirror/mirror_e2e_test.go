@@ -11,7 +11,7 @@ import (
 
 	"github.com/weightd/weightd/internal/services"
 	"github.com/weightd/weightd/pkg/cache"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source/oci"
 )
 
 // TestContainerdPullThroughMirror pulls an image with a real containerd
@@ -30,7 +30,7 @@ func TestContainerdPullThroughMirror(t *testing.T) {
 	store, err := cache.Open(t.TempDir(), cache.WithChunkSize(testChunk), cache.WithRetries(2, 10*time.Millisecond))
 	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
-	m, err := New(store, prefetch.NewOCISource(), WithRegistries(reg.Addr), WithStateDir(t.TempDir()))
+	m, err := New(store, oci.New(), WithRegistries(reg.Addr), WithStateDir(t.TempDir()))
 	require.NoError(t, err)
 	srv := httptest.NewServer(m)
 	t.Cleanup(func() { srv.Close(); m.Close() })
@@ -71,7 +71,7 @@ func TestContainerdPullThroughMirror(t *testing.T) {
 }
 
 // The mirror's upstream in the agent.
-var _ Upstream = (*prefetch.OCISource)(nil)
+var _ Upstream = (*oci.Source)(nil)
 
 func testutilRequests(m *Mirror, kind, outcome string) float64 {
 	return toFloat(m.m.requests.WithLabelValues(kind, outcome))

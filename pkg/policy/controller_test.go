@@ -44,6 +44,9 @@ import (
 	"github.com/weightd/weightd/pkg/policy"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
+	httpsource "github.com/weightd/weightd/pkg/source/http"
+	"github.com/weightd/weightd/pkg/source/oci"
 )
 
 var (
@@ -120,7 +123,7 @@ func startAgent(t *testing.T, kc kubernetes.Interface, dc dynamic.Interface, nod
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	src := prefetch.Sources{ref.KindHTTP: prefetch.NewHTTPSource(nil), ref.KindOCI: prefetch.NewOCISource()}
+	src := source.Sources{ref.KindHTTP: httpsource.New(nil), ref.KindOCI: oci.New()}
 	q := prefetch.NewQueue(store, src, prefetch.WithResolveRetries(1, 0), prefetch.WithLogger(log))
 	c, err := policy.New(node, kc, dc, policy.FromQueue(q), store, policy.Config{
 		Debounce:     200 * time.Millisecond,
@@ -422,7 +425,7 @@ func TestPolicyAgentRestart(t *testing.T) {
 	run := func() (*policy.Controller, *cache.Store, func()) {
 		store, err := cache.Open(root)
 		require.NoError(t, err)
-		q := prefetch.NewQueue(store, prefetch.NewHTTPSource(nil))
+		q := prefetch.NewQueue(store, httpsource.New(nil))
 		c, err := policy.New(node, kc, dc, policy.FromQueue(q), store, policy.Config{Debounce: 100 * time.Millisecond})
 		require.NoError(t, err)
 		ctx, cancel := context.WithCancel(context.Background())

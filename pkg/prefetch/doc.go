@@ -1,29 +1,20 @@
 // Package prefetch brings models and images onto the node before anything
-// asks for them: it resolves references through sources to blobs named by
-// digest, and runs the fetch queue that downloads those blobs into the
-// cache and materialises models as directories (or hands images to an
-// Importer).
+// asks for them: it runs the fetch queue that resolves references through a
+// source.Source, downloads the blobs they name by digest into the cache,
+// unpacks packed layers and materialises models as directories (or hands
+// images to an Importer).
 //
-// # References
+// # References and sources
 //
 // A reference (package ref, which holds the grammar) names a model, an
 // image or a single file where it can be fetched from: oci://, hf://,
-// https://, http:// or s3://. ModelName is the name a reference's model is
-// laid out under in the cache.
-//
-// # Sources
-//
-// A Source turns a ref.Ref into a Resolution: the model's files (path,
-// digest, size), packed layers to unpack (ModelPack tar, gzip and zstd
-// layers), or an image for the container runtime, and for each blob a
-// content.RangeOpener that reads it from the origin starting at any offset. HTTPSource,
-// OCISource (go-containerregistry: Docker config and pull-secret
-// credentials, token auth, platform selection from indexes) and HFSource
-// (the hub's revision, tree and resolve APIs) and S3Source (the AWS SDK,
-// for AWS S3 and S3-compatible stores) are the four kinds; Sources
-// dispatches by kind. Sources stay small: they open ranges and classify
-// errors (content.Permanent for what retrying cannot fix). Retries, resume,
-// stall detection and verification live in the cache.
+// https://, http:// or s3://. Resolving one is a source's work, and the
+// sources live in pkg/source: the Source interface, Resolution and the
+// Sources dispatcher there, one package per kind below it (pkg/source/oci,
+// pkg/source/hf, pkg/source/http, pkg/source/s3). source.ModelName is the
+// name a reference's model is laid out under in the cache. Unpack extracts
+// a source's packed layers; CheckWithoutOrigin checks what another node
+// says a reference resolved to while its origin cannot be reached.
 //
 // # The queue
 //

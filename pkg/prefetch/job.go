@@ -224,7 +224,7 @@ func (j *Job) plan(name, revision string, blobs []fetchBlob) {
 	defer j.mu.Unlock()
 	j.blobs = make(map[digest.Digest]*blobProgress, len(blobs))
 	j.st.Model, j.st.Revision = name, revision
-	// A job resolved again (ErrUnverified) plans anew.
+	// A job resolved again (source.ErrUnverified) plans anew.
 	j.descs = j.descs[:0]
 	j.st.BytesTotal, j.st.BytesDone, j.st.BytesFromPeers, j.st.FilesTotal, j.st.FilesDone = 0, 0, 0, 0, 0
 	for _, b := range blobs {

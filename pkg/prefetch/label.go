@@ -1,6 +1,8 @@
 package prefetch
 
-import "sync"
+import (
+	"sync"
+)
 
 // OtherLabel is the label value a LabelLimiter gives every value beyond its
 // first n.

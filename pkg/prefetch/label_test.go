@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/weightd/weightd/internal/sourcetest"
 	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
@@ -75,7 +76,7 @@ func TestQueueReadySecondsBounded(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	q := prefetch.NewQueue(&fakeStore{}, src, prefetch.WithRegisterer(reg), prefetch.WithHistory(0),
 		prefetch.WithModelLabels(limit), prefetch.WithJobConcurrency(4))
-	runQueue(t, q)
+	sourcetest.RunQueue(t, q)
 	run := func(from, to int) {
 		t.Helper()
 		jobs := make([]*prefetch.Job, 0, to-from)
@@ -85,7 +86,7 @@ func TestQueueReadySecondsBounded(t *testing.T) {
 			jobs = append(jobs, j)
 		}
 		for _, j := range jobs {
-			_, err := wait(t, j)
+			_, err := sourcetest.Wait(t, j)
 			require.NoError(t, err)
 		}
 	}

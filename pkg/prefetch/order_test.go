@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/weightd/weightd/internal/sourcetest"
 	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
@@ -47,10 +48,10 @@ func TestQueueFileOrder(t *testing.T) {
 	store := &fakeStore{}
 	src := &fakeSource{models: map[string]content.Model{"m": m, "n": model("n", 10, 50, 30)}}
 	q := prefetch.NewQueue(store, src, prefetch.WithFileConcurrency(1), prefetch.WithFileOrder(order))
-	runQueue(t, q)
+	sourcetest.RunQueue(t, q)
 	j, err := q.Submit(refFor("m"), prefetch.PriorityNormal)
 	require.NoError(t, err)
-	st, err := wait(t, j)
+	st, err := sourcetest.Wait(t, j)
 	require.NoError(t, err)
 	assert.Equal(t, 8, st.FilesDone)
 	assert.Equal(t, []int64{20, 10, 30, 70, 60, 50, 40}, fetchedSizes(store), "first-read files first, then largest first")
@@ -61,7 +62,7 @@ func TestQueueFileOrder(t *testing.T) {
 	store.mu.Unlock()
 	j, err = q.Submit(refFor("n"), prefetch.PriorityNormal)
 	require.NoError(t, err)
-	_, err = wait(t, j)
+	_, err = sourcetest.Wait(t, j)
 	require.NoError(t, err)
 	assert.Equal(t, []int64{50, 30, 10}, fetchedSizes(store))
 	order.mu.Lock()
@@ -72,12 +73,12 @@ func TestQueueFileOrder(t *testing.T) {
 func TestQueueFileOrderSkipsImages(t *testing.T) {
 	t.Parallel()
 	order := &staticOrder{}
-	store := openStore(t)
+	store := sourcetest.OpenStore(t)
 	q := prefetch.NewQueue(store, imageSource{imageResolution()}, prefetch.WithFileOrder(order))
-	runQueue(t, q)
+	sourcetest.RunQueue(t, q)
 	j, err := q.Submit("oci://registry.example/org/app:v1", prefetch.PriorityPod)
 	require.NoError(t, err)
-	_, err = wait(t, j)
+	_, err = sourcetest.Wait(t, j)
 	require.NoError(t, err)
 	assert.Empty(t, order.asked, "an image's blobs keep their order: documents first")
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
 )
 
 // TestCheckWithoutOrigin: only a file pinned by digest is taken from
@@ -17,7 +18,7 @@ func TestCheckWithoutOrigin(t *testing.T) {
 	d := digest.FromString("adapter")
 	pinned, err := ref.Parse("https://files.example/a/adapter.bin#" + d.String())
 	require.NoError(t, err)
-	honest := singleFileModel(pinned.URL, d, 7)
+	honest := source.SingleFileModel(pinned.URL, d, 7)
 	require.NoError(t, CheckWithoutOrigin(pinned, honest))
 
 	extra := honest

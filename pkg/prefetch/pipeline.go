@@ -1,10 +1,5 @@
 package prefetch
 
-// The pipeline a job runs once the queue has scheduled it: resolve the
-// reference, fetch its blobs into the cache (an image's import takes each
-// as it lands), verify, unpack packed layers, and lay the model out in the
-// cache. The queue (queue.go) only admits, orders and tracks jobs.
-
 import (
 	"cmp"
 	"context"
@@ -24,6 +19,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
 )
 
 // run resolves, fetches and materialises one job's model.
@@ -107,10 +103,10 @@ func (q *Queue) run(ctx context.Context, j *Job) (string, error) {
 
 // resolve resolves the job's reference, retrying, and lists the blobs to
 // fetch in the order to fetch them.
-func (q *Queue) resolve(ctx context.Context, j *Job) (_ *Resolution, _ []fetchBlob, err error) {
+func (q *Queue) resolve(ctx context.Context, j *Job) (_ *source.Resolution, _ []fetchBlob, err error) {
 	ctx, span := q.cfg.tracer.Start(ctx, "resolve")
 	defer func() { endSpan(span, err) }()
-	res, err := retry(ctx, q, "resolving", j.ref, func() (*Resolution, error) { return q.src.Resolve(ctx, j.ref) })
+	res, err := retry(ctx, q, "resolving", j.ref, func() (*source.Resolution, error) { return q.src.Resolve(ctx, j.ref) })
 	if err != nil {
 		return nil, nil, err
 	}
@@ -139,7 +135,7 @@ type fetchBlob struct {
 // fetchList checks a resolution and lists the distinct blobs to fetch,
 // largest first: the model's files, its packed layers, the image's blobs
 // (an image's index, manifest and config before all).
-func fetchList(res *Resolution) ([]fetchBlob, error) {
+func fetchList(res *source.Resolution) ([]fetchBlob, error) {
 	if res.Image == nil || len(res.Model.Files) > 0 {
 		if err := res.Model.Validate(); err != nil {
 			return nil, err
@@ -179,7 +175,7 @@ func fetchList(res *Resolution) ([]fetchBlob, error) {
 		}
 	}
 	if img := res.Image; img != nil {
-		if !slices.ContainsFunc(img.Blobs, func(b ImageBlob) bool { return b.Digest == img.Target.Digest }) {
+		if !slices.ContainsFunc(img.Blobs, func(b source.ImageBlob) bool { return b.Digest == img.Target.Digest }) {
 			return nil, fmt.Errorf("image %s: target %s is not among its blobs", img.Name, img.Target.Digest)
 		}
 		for _, b := range img.Blobs {
@@ -207,7 +203,7 @@ func fetchList(res *Resolution) ([]fetchBlob, error) {
 
 // unpack stores the files of a fetched packed layer in the store, each
 // bounded by its declared size, and holds each (hold) as it is stored.
-func (q *Queue) unpack(ctx context.Context, l PackedLayer, hold func(digest.Digest)) ([]content.File, error) {
+func (q *Queue) unpack(ctx context.Context, l source.PackedLayer, hold func(digest.Digest)) ([]content.File, error) {
 	f, err := q.store.Open(l.Digest)
 	if err != nil {
 		return nil, err
@@ -226,7 +222,7 @@ func (q *Queue) unpack(ctx context.Context, l PackedLayer, hold func(digest.Dige
 // importImage finishes the image's import: it commits the streaming
 // import, if one runs, or hands the image to the importer whole, retrying
 // errors that are not permanent (with whole imports).
-func (q *Queue) importImage(ctx context.Context, j *Job, img *Image, imp *streamingImport) error {
+func (q *Queue) importImage(ctx context.Context, j *Job, img *source.Image, imp *streamingImport) error {
 	if q.cfg.importer == nil {
 		q.cfg.logger.Info("image fetched into the cache; no container runtime to import it into is configured", "job", j.id, "image", img.Name)
 		return nil
@@ -256,7 +252,7 @@ type streamingImport struct {
 
 // beginImport begins a streaming import of img if the importer can, or
 // returns nil: the image is then imported whole once fetched.
-func (q *Queue) beginImport(ctx context.Context, j *Job, img *Image) *streamingImport {
+func (q *Queue) beginImport(ctx context.Context, j *Job, img *source.Image) *streamingImport {
 	si, ok := q.cfg.importer.(StreamingImporter)
 	if !ok {
 		return nil

@@ -23,6 +23,7 @@ import (
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
 )
 
 // Store is what the queue needs of the cache; *cache.Store provides it.
@@ -48,7 +49,7 @@ type Store interface {
 // container runtime finds it (pkg/containerd implements it). Errors not
 // wrapped with content.Permanent are retried.
 type Importer interface {
-	Import(ctx context.Context, img *Image) error
+	Import(ctx context.Context, img *source.Image) error
 }
 
 // StreamingImporter is an Importer that can take an image's blobs one by
@@ -58,7 +59,7 @@ type StreamingImporter interface {
 	Importer
 	// Begin starts importing img, none of whose blobs need be in the store
 	// yet. Its errors are Import's.
-	Begin(ctx context.Context, img *Image) (ImageImport, error)
+	Begin(ctx context.Context, img *source.Image) (ImageImport, error)
 }
 
 // ImageImport is one image's import under way (StreamingImporter.Begin).
@@ -250,7 +251,7 @@ func WithModelLabels(n int) QueueOption {
 // runs; its methods are safe for concurrent use.
 type Queue struct {
 	store   Store
-	src     Source
+	src     source.Source
 	cfg     queueConfig
 	metrics queueMetrics
 
@@ -270,7 +271,7 @@ type Queue struct {
 
 // NewQueue returns a queue that fetches into store what src resolves. It
 // starts nothing: call Run.
-func NewQueue(store Store, src Source, opts ...QueueOption) *Queue {
+func NewQueue(store Store, src source.Source, opts ...QueueOption) *Queue {
 	cfg := queueConfig{
 		jobs:            DefaultJobConcurrency,
 		files:           DefaultFileConcurrency,
@@ -351,8 +352,8 @@ type submitConfig struct {
 }
 
 // ForNamespace submits the job on behalf of a pod of namespace ns: its
-// sources use the agent's credentials only where the AgentCredentials they
-// were given allow ns (see WithRequester), and namespaces take turns at the
+// sources use the agent's credentials only where the source.AgentCredentials they
+// were given allow ns (see source.WithRequester), and namespaces take turns at the
 // job slots. Without it the job is the operator's.
 func ForNamespace(ns string) SubmitOption {
 	return func(c *submitConfig) { c.namespace = ns }
@@ -479,9 +480,9 @@ func (q *Queue) work(ctx context.Context) {
 			q.ended(j)
 			continue
 		}
-		sctx, span := q.startJobSpan(WithRequester(jctx, j.namespace), j)
+		sctx, span := q.startJobSpan(source.WithRequester(jctx, j.namespace), j)
 		dir, err := q.run(sctx, j)
-		if errors.Is(err, ErrUnverified) && jctx.Err() == nil {
+		if errors.Is(err, source.ErrUnverified) && jctx.Err() == nil {
 			// The source no longer gives what failed: resolve anew.
 			q.cfg.logger.Warn("resolution did not match its content; resolving again", "job", j.id, "ref", j.ref.Redacted(), "err", err)
 			dir, err = q.run(sctx, j)
@@ -656,4 +657,11 @@ func newQueueMetrics(modelLabels int) queueMetrics {
 
 func (m queueMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.jobs, m.depth, m.seconds, m.ready}
+}
+
+func truncate(s string) string {
+	if len(s) > 120 {
+		return s[:120] + "…"
+	}
+	return s
 }

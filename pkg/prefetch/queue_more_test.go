@@ -18,10 +18,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/weightd/weightd/internal/sourcetest"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
 )
 
 func TestQueuePriorities(t *testing.T) {
@@ -34,7 +36,7 @@ func TestQueuePriorities(t *testing.T) {
 	q := prefetch.NewQueue(store, &fakeSource{models: models}, prefetch.WithJobConcurrency(1))
 	busy, err := q.Submit(refFor("busy"), prefetch.PriorityNormal)
 	require.NoError(t, err)
-	runQueue(t, q)
+	sourcetest.RunQueue(t, q)
 	require.Eventually(t, func() bool { return busy.Status().State == prefetch.StateFetching }, 5*time.Second, time.Millisecond)
 
 	var jobs []*prefetch.Job
@@ -55,7 +57,7 @@ func TestQueuePriorities(t *testing.T) {
 
 	close(store.gate)
 	for _, j := range append(jobs, busy) {
-		_, err := wait(t, j)
+		_, err := sourcetest.Wait(t, j)
 		require.NoError(t, err)
 	}
 	// With one worker, jobs run one at a time in the order they start.
@@ -82,7 +84,7 @@ func TestQueueCancel(t *testing.T) {
 	store := &fakeStore{gate: make(chan struct{})}
 	src := &fakeSource{models: map[string]content.Model{"a": model("a", 1), "b": model("b", 1)}}
 	q := prefetch.NewQueue(store, src, prefetch.WithJobConcurrency(1))
-	runQueue(t, q)
+	sourcetest.RunQueue(t, q)
 	running, err := q.Submit(refFor("a"), prefetch.PriorityNormal)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return running.Status().State == prefetch.StateFetching }, 5*time.Second, time.Millisecond)
@@ -90,13 +92,13 @@ func TestQueueCancel(t *testing.T) {
 	require.NoError(t, err)
 
 	require.True(t, q.Cancel(queued.ID()))
-	st, err := wait(t, queued)
+	st, err := sourcetest.Wait(t, queued)
 	assert.ErrorIs(t, err, prefetch.ErrCanceled)
 	assert.Equal(t, prefetch.StateFailed, st.State)
 	assert.True(t, st.Started.IsZero())
 
 	require.True(t, q.Cancel(running.ID()))
-	_, err = wait(t, running)
+	_, err = sourcetest.Wait(t, running)
 	assert.ErrorIs(t, err, prefetch.ErrCanceled)
 
 	assert.False(t, q.Cancel("nope"))
@@ -108,9 +110,9 @@ func TestQueueCancel(t *testing.T) {
 }
 
 // imageSource resolves every reference to one image whose blobs it serves.
-type imageSource struct{ res *prefetch.Resolution }
+type imageSource struct{ res *source.Resolution }
 
-func (s imageSource) Resolve(context.Context, ref.Ref) (*prefetch.Resolution, error) {
+func (s imageSource) Resolve(context.Context, ref.Ref) (*source.Resolution, error) {
 	return s.res, nil
 }
 
@@ -123,7 +125,7 @@ type fakeImporter struct {
 	imported []string
 }
 
-func (f *fakeImporter) Import(_ context.Context, img *prefetch.Image) error {
+func (f *fakeImporter) Import(_ context.Context, img *source.Image) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
@@ -139,14 +141,14 @@ func (f *fakeImporter) Import(_ context.Context, img *prefetch.Image) error {
 	return nil
 }
 
-func imageResolution() *prefetch.Resolution {
-	res := &prefetch.Resolution{Blobs: map[digest.Digest]content.RangeOpener{}, Model: content.Model{Name: "org/app", Revision: "v1"}}
-	img := &prefetch.Image{Name: "registry.example/org/app:v1"}
+func imageResolution() *source.Resolution {
+	res := &source.Resolution{Blobs: map[digest.Digest]content.RangeOpener{}, Model: content.Model{Name: "org/app", Revision: "v1"}}
+	img := &source.Image{Name: "registry.example/org/app:v1"}
 	for i, body := range []string{`{"manifest":1}`, `{"config":1}`, "layer-one", "layer-two"} {
 		b := cache.Bytes(body)
 		desc := content.Descriptor{Digest: digest.FromString(body), Size: int64(len(body))}
 		res.Blobs[desc.Digest] = b
-		img.Blobs = append(img.Blobs, prefetch.ImageBlob{Descriptor: desc, MediaType: []string{"m", "c", "l", "l"}[i]})
+		img.Blobs = append(img.Blobs, source.ImageBlob{Descriptor: desc, MediaType: []string{"m", "c", "l", "l"}[i]})
 	}
 	img.Target = img.Blobs[0]
 	res.Image = img
@@ -155,13 +157,13 @@ func imageResolution() *prefetch.Resolution {
 
 func TestQueueImportsImages(t *testing.T) {
 	t.Parallel()
-	store := openStore(t)
+	store := sourcetest.OpenStore(t)
 	imp := &fakeImporter{store: store, failures: 1}
 	q := prefetch.NewQueue(store, imageSource{imageResolution()}, prefetch.WithImporter(imp), prefetch.WithResolveRetries(3, time.Millisecond))
-	runQueue(t, q)
+	sourcetest.RunQueue(t, q)
 	j, err := q.Submit("oci://registry.example/org/app:v1", prefetch.PriorityPod)
 	require.NoError(t, err)
-	st, err := wait(t, j)
+	st, err := sourcetest.Wait(t, j)
 	require.NoError(t, err)
 	assert.Equal(t, prefetch.StateReady, st.State)
 	assert.Equal(t, 4, len(store.List()), "every blob is in the cache")
@@ -173,13 +175,13 @@ func TestQueueImportsImages(t *testing.T) {
 
 func TestQueueImportFailsPermanently(t *testing.T) {
 	t.Parallel()
-	store := openStore(t)
+	store := sourcetest.OpenStore(t)
 	imp := &fakeImporter{store: store, failures: 100}
 	q := prefetch.NewQueue(store, imageSource{imageResolution()}, prefetch.WithImporter(imp), prefetch.WithResolveRetries(2, time.Millisecond))
-	runQueue(t, q)
+	sourcetest.RunQueue(t, q)
 	j, err := q.Submit("oci://registry.example/org/app:v1", prefetch.PriorityNormal)
 	require.NoError(t, err)
-	st, err := wait(t, j)
+	st, err := sourcetest.Wait(t, j)
 	require.ErrorContains(t, err, "containerd restarting")
 	assert.Equal(t, prefetch.StateFailed, st.State)
 	assert.Equal(t, 2, imp.calls)
@@ -199,17 +201,17 @@ func TestQueueUnpacksPackedLayers(t *testing.T) {
 	layer := content.Descriptor{Digest: digest.FromBytes(buf.Bytes()), Size: int64(buf.Len())}
 	raw := "raw file"
 	rawDesc := content.Descriptor{Digest: digest.FromString(raw), Size: int64(len(raw))}
-	res := &prefetch.Resolution{
+	res := &source.Resolution{
 		Model:  content.Model{Name: "org/packed", Revision: "v1", Files: []content.File{{Path: "README.md", Descriptor: rawDesc}}},
 		Blobs:  map[digest.Digest]content.RangeOpener{layer.Digest: cache.Bytes(buf.Bytes()), rawDesc.Digest: cache.Bytes(raw)},
-		Packed: []prefetch.PackedLayer{{Descriptor: layer, MediaType: "application/vnd.cnai.model.weight.v1.tar", Archive: true}},
+		Packed: []source.PackedLayer{{Descriptor: layer, MediaType: "application/vnd.cnai.model.weight.v1.tar", Archive: true}},
 	}
-	store := openStore(t)
+	store := sourcetest.OpenStore(t)
 	q := prefetch.NewQueue(store, imageSource{res})
-	runQueue(t, q)
+	sourcetest.RunQueue(t, q)
 	j, err := q.Submit("oci://registry.example/org/packed:v1", prefetch.PriorityNormal)
 	require.NoError(t, err)
-	st, err := wait(t, j)
+	st, err := sourcetest.Wait(t, j)
 	require.NoError(t, err)
 	files["README.md"] = raw
 	for name, want := range files {
@@ -235,7 +237,7 @@ type fakeStreaming struct {
 	imported []string
 }
 
-func (f *fakeStreaming) Import(_ context.Context, img *prefetch.Image) error {
+func (f *fakeStreaming) Import(_ context.Context, img *source.Image) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.imports++
@@ -243,7 +245,7 @@ func (f *fakeStreaming) Import(_ context.Context, img *prefetch.Image) error {
 	return nil
 }
 
-func (f *fakeStreaming) Begin(context.Context, *prefetch.Image) (prefetch.ImageImport, error) {
+func (f *fakeStreaming) Begin(context.Context, *source.Image) (prefetch.ImageImport, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.beginErr != nil {
@@ -293,9 +295,9 @@ func (i *fakeImageImport) Abort() {
 
 // streamedImage is an image of a manifest, a config and two layers of
 // different sizes, the smaller listed first.
-func streamedImage() (*prefetch.Resolution, []digest.Digest) {
-	res := &prefetch.Resolution{Blobs: map[digest.Digest]content.RangeOpener{}, Model: content.Model{Name: "org/app", Revision: "v1"}}
-	img := &prefetch.Image{Name: "registry.example/org/app:v1"}
+func streamedImage() (*source.Resolution, []digest.Digest) {
+	res := &source.Resolution{Blobs: map[digest.Digest]content.RangeOpener{}, Model: content.Model{Name: "org/app", Revision: "v1"}}
+	img := &source.Image{Name: "registry.example/org/app:v1"}
 	var order []digest.Digest
 	for _, b := range []struct{ mediaType, content string }{
 		{"application/vnd.oci.image.manifest.v1+json", `{"manifest":"the largest of the documents, still smaller than a layer"}`},
@@ -305,7 +307,7 @@ func streamedImage() (*prefetch.Resolution, []digest.Digest) {
 	} {
 		desc := content.Descriptor{Digest: digest.FromString(b.content), Size: int64(len(b.content))}
 		res.Blobs[desc.Digest] = cache.Bytes(b.content)
-		img.Blobs = append(img.Blobs, prefetch.ImageBlob{Descriptor: desc, MediaType: b.mediaType})
+		img.Blobs = append(img.Blobs, source.ImageBlob{Descriptor: desc, MediaType: b.mediaType})
 		order = append(order, desc.Digest)
 	}
 	img.Target = img.Blobs[0]
@@ -317,14 +319,14 @@ func streamedImage() (*prefetch.Resolution, []digest.Digest) {
 
 func TestQueueStreamsImageBlobs(t *testing.T) {
 	t.Parallel()
-	store := openStore(t)
+	store := sourcetest.OpenStore(t)
 	imp := &fakeStreaming{store: store}
 	res, order := streamedImage()
 	q := prefetch.NewQueue(store, imageSource{res}, prefetch.WithImporter(imp), prefetch.WithFileConcurrency(1))
-	runQueue(t, q)
+	sourcetest.RunQueue(t, q)
 	j, err := q.Submit("oci://registry.example/org/app:v1", prefetch.PriorityPod)
 	require.NoError(t, err)
-	st, err := wait(t, j)
+	st, err := sourcetest.Wait(t, j)
 	require.NoError(t, err)
 	assert.Equal(t, prefetch.StateReady, st.State)
 
@@ -344,10 +346,10 @@ func TestQueueStreamingAbortsOnFetchFailure(t *testing.T) {
 	store := &fakeStore{fail: map[digest.Digest]error{order[3]: boom}}
 	imp := &fakeStreaming{store: storeOpening{}} // the fake store holds nothing to open
 	q := prefetch.NewQueue(store, imageSource{res}, prefetch.WithImporter(imp), prefetch.WithFileConcurrency(1))
-	runQueue(t, q)
+	sourcetest.RunQueue(t, q)
 	j, err := q.Submit("oci://registry.example/org/app:v1", prefetch.PriorityPod)
 	require.NoError(t, err)
-	_, err = wait(t, j)
+	_, err = sourcetest.Wait(t, j)
 	require.ErrorIs(t, err, boom)
 
 	imp.mu.Lock()
@@ -374,15 +376,15 @@ func TestQueueStreamingFallsBackToWholeImports(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			store := openStore(t)
+			store := sourcetest.OpenStore(t)
 			imp := tc.imp
 			imp.store = store
 			res, _ := streamedImage()
 			q := prefetch.NewQueue(store, imageSource{res}, prefetch.WithImporter(imp), prefetch.WithResolveRetries(3, time.Millisecond))
-			runQueue(t, q)
+			sourcetest.RunQueue(t, q)
 			j, err := q.Submit("oci://registry.example/org/app:v1", prefetch.PriorityPod)
 			require.NoError(t, err)
-			st, err := wait(t, j)
+			st, err := sourcetest.Wait(t, j)
 			require.NoError(t, err)
 			assert.Equal(t, prefetch.StateReady, st.State)
 			imp.mu.Lock()

@@ -25,44 +25,16 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/internal/genmodel"
+	"github.com/weightd/weightd/internal/sourcetest"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
+	httpsource "github.com/weightd/weightd/pkg/source/http"
 )
 
 var _ prefetch.Store = (*cache.Store)(nil)
-
-// runQueue runs q until the test ends.
-func runQueue(t *testing.T, q *prefetch.Queue) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- q.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		assert.NoError(t, <-done)
-	})
-}
-
-// wait waits for the job, failing the test if it takes too long.
-func wait(t *testing.T, j *prefetch.Job) (prefetch.JobStatus, error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	st, err := j.Wait(ctx)
-	require.NotErrorIs(t, err, context.DeadlineExceeded, "job %s stuck in %s", j.ID(), st.State)
-	return st, err
-}
-
-func openStore(t *testing.T, opts ...cache.Option) *cache.Store {
-	t.Helper()
-	opts = append([]cache.Option{cache.WithChunkSize(64 << 10), cache.WithRetries(5, time.Millisecond), cache.WithStallTimeout(2 * time.Second)}, opts...)
-	s, err := cache.Open(t.TempDir(), opts...)
-	require.NoError(t, err)
-	t.Cleanup(func() { s.Close() })
-	return s
-}
 
 // assertModelDir checks that dir holds the files of m with the bytes the
 // origin serves from originDir.
@@ -80,7 +52,7 @@ func assertModelDir(t *testing.T, dir, originDir string, m *genmodel.Manifest) {
 // startOriginDir is startOrigin that also returns the served directory.
 func startOriginDir(t *testing.T, spec genmodel.Spec, opts ...genmodel.ServerOption) (*genmodel.Server, *genmodel.Manifest, string) {
 	t.Helper()
-	s, m := startOrigin(t, spec, opts...)
+	s, m := sourcetest.StartOrigin(t, spec, opts...)
 	// startOrigin serves a fresh temporary directory; regenerate the same
 	// (deterministic) model to compare against.
 	dir := t.TempDir()
@@ -94,9 +66,9 @@ func TestQueueFetchesModel(t *testing.T) {
 	t.Parallel()
 	spec := genmodel.Spec{Name: "org/llama", Files: 6, TotalBytes: 3<<20 + 17, Seed: 1}
 	srv, m, dir := startOriginDir(t, spec)
-	store := openStore(t)
+	store := sourcetest.OpenStore(t)
 	reg := prometheus.NewPedanticRegistry()
-	q := prefetch.NewQueue(store, prefetch.NewHTTPSource(nil), prefetch.WithRegisterer(reg),
+	q := prefetch.NewQueue(store, httpsource.New(nil), prefetch.WithRegisterer(reg),
 		prefetch.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	r := srv.URL() + "/" + genmodel.ManifestName
 
@@ -107,13 +79,13 @@ func TestQueueFetchesModel(t *testing.T) {
 	assert.Same(t, j, again, "same reference while unfinished: same job")
 	assert.Equal(t, prefetch.StateQueued, j.Status().State)
 
-	runQueue(t, q)
-	st, err := wait(t, j)
+	sourcetest.RunQueue(t, q)
+	st, err := sourcetest.Wait(t, j)
 	require.NoError(t, err)
 	assert.Equal(t, prefetch.StateReady, st.State)
 	pref, err := ref.Parse(r)
 	require.NoError(t, err)
-	assert.Equal(t, prefetch.ModelName(pref), st.Model, "named after its URL, not as the manifest names itself")
+	assert.Equal(t, source.ModelName(pref), st.Model, "named after its URL, not as the manifest names itself")
 	assert.Equal(t, m.Revision, st.Revision)
 	assert.Equal(t, m.TotalBytes(), st.BytesTotal)
 	assert.Equal(t, st.BytesTotal, st.BytesDone)
@@ -122,7 +94,7 @@ func TestQueueFetchesModel(t *testing.T) {
 	assert.Empty(t, st.Error)
 	assert.False(t, st.Started.Before(st.Created))
 	assert.False(t, st.Finished.Before(st.Started))
-	want, err := store.ModelDir(prefetch.ModelName(pref), m.Revision)
+	want, err := store.ModelDir(source.ModelName(pref), m.Revision)
 	require.NoError(t, err)
 	assert.Equal(t, want, st.Dir)
 	assertModelDir(t, st.Dir, dir, m)
@@ -133,7 +105,7 @@ func TestQueueFetchesModel(t *testing.T) {
 	j2, err := q.Submit(r, prefetch.PriorityNormal)
 	require.NoError(t, err)
 	assert.NotEqual(t, j.ID(), j2.ID())
-	st2, err := wait(t, j2)
+	st2, err := sourcetest.Wait(t, j2)
 	require.NoError(t, err)
 	assert.Equal(t, st.Dir, st2.Dir)
 	assert.Equal(t, egress+int64(len(mustRead(t, filepath.Join(dir, genmodel.ManifestName)))), srv.BytesServed(), "only the manifest again")
@@ -188,12 +160,12 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name, outcome string) f
 func TestQueueSingleFile(t *testing.T) {
 	t.Parallel()
 	srv, m, dir := startOriginDir(t, genmodel.Spec{Name: "org/one", Files: 1, TotalBytes: 500_000, Seed: 2})
-	q := prefetch.NewQueue(openStore(t), prefetch.NewHTTPSource(nil))
-	runQueue(t, q)
+	q := prefetch.NewQueue(sourcetest.OpenStore(t), httpsource.New(nil))
+	sourcetest.RunQueue(t, q)
 	f := m.Files[0]
 	j, err := q.Submit(srv.URL()+"/"+f.Path+"#"+f.Digest().String(), prefetch.PriorityNormal)
 	require.NoError(t, err)
-	st, err := wait(t, j)
+	st, err := sourcetest.Wait(t, j)
 	require.NoError(t, err)
 	assert.Equal(t, f.Digest().Encoded()[:12], st.Revision)
 	assert.Equal(t, mustRead(t, filepath.Join(dir, f.Path)), mustRead(t, filepath.Join(st.Dir, f.Path)))
@@ -206,11 +178,11 @@ func TestQueueSurvivesFaultyOrigin(t *testing.T) {
 		genmodel.WithDrop(genmodel.Fault{Path: "model.safetensors", After: 300 << 10, Times: 2}),
 		genmodel.WithStall(genmodel.Fault{Path: "tokenizer.json", After: 1000, Times: 1}),
 	)
-	q := prefetch.NewQueue(openStore(t), prefetch.NewHTTPSource(nil))
-	runQueue(t, q)
+	q := prefetch.NewQueue(sourcetest.OpenStore(t), httpsource.New(nil))
+	sourcetest.RunQueue(t, q)
 	j, err := q.Submit(srv.URL()+"/"+genmodel.ManifestName, prefetch.PriorityNormal)
 	require.NoError(t, err)
-	st, err := wait(t, j)
+	st, err := sourcetest.Wait(t, j)
 	require.NoError(t, err, "the cache retries and resumes")
 	assertModelDir(t, st.Dir, dir, m)
 }
@@ -220,13 +192,13 @@ func TestQueueCorruptOriginFailsThenRecovers(t *testing.T) {
 	spec := genmodel.Spec{Name: "org/corrupt", Files: 1, TotalBytes: 1 << 20, Seed: 4}
 	srv, m, dir := startOriginDir(t, spec, genmodel.WithCorrupt(genmodel.Fault{After: 12345, Times: 1}))
 	reg := prometheus.NewRegistry()
-	q := prefetch.NewQueue(openStore(t), prefetch.NewHTTPSource(nil), prefetch.WithRegisterer(reg))
-	runQueue(t, q)
+	q := prefetch.NewQueue(sourcetest.OpenStore(t), httpsource.New(nil), prefetch.WithRegisterer(reg))
+	sourcetest.RunQueue(t, q)
 	ref := srv.URL() + "/" + genmodel.ManifestName
 
 	j, err := q.Submit(ref, prefetch.PriorityNormal)
 	require.NoError(t, err)
-	st, err := wait(t, j)
+	st, err := sourcetest.Wait(t, j)
 	require.ErrorIs(t, err, content.ErrDigestMismatch)
 	assert.Equal(t, prefetch.StateFailed, st.State)
 	assert.Contains(t, st.Error, "model.safetensors")
@@ -235,7 +207,7 @@ func TestQueueCorruptOriginFailsThenRecovers(t *testing.T) {
 	j2, err := q.Submit(ref, prefetch.PriorityNormal)
 	require.NoError(t, err)
 	assert.NotEqual(t, j.ID(), j2.ID(), "a failed job can be resubmitted")
-	st, err = wait(t, j2)
+	st, err = sourcetest.Wait(t, j2)
 	require.NoError(t, err)
 	assertModelDir(t, st.Dir, dir, m)
 	assert.InDelta(t, 1, metricValue(t, reg, "weightd_prefetch_jobs_total", "failed"), 0)
@@ -243,12 +215,12 @@ func TestQueueCorruptOriginFailsThenRecovers(t *testing.T) {
 
 func TestQueuePermanentErrorNotRetried(t *testing.T) {
 	t.Parallel()
-	srv, _ := startOrigin(t, genmodel.Spec{Name: "org/x", Files: 1, TotalBytes: 10})
-	q := prefetch.NewQueue(openStore(t), prefetch.NewHTTPSource(nil), prefetch.WithResolveRetries(5, time.Hour))
-	runQueue(t, q)
+	srv, _ := sourcetest.StartOrigin(t, genmodel.Spec{Name: "org/x", Files: 1, TotalBytes: 10})
+	q := prefetch.NewQueue(sourcetest.OpenStore(t), httpsource.New(nil), prefetch.WithResolveRetries(5, time.Hour))
+	sourcetest.RunQueue(t, q)
 	j, err := q.Submit(srv.URL()+"/missing/model.json", prefetch.PriorityNormal)
 	require.NoError(t, err)
-	st, err := wait(t, j)
+	st, err := sourcetest.Wait(t, j)
 	require.ErrorIs(t, err, content.ErrPermanent)
 	assert.Contains(t, st.Error, "404")
 	assert.Equal(t, int64(1), srv.Requests())
@@ -270,7 +242,7 @@ type fakeSource struct {
 	resolves int
 }
 
-func (s *fakeSource) Resolve(_ context.Context, r ref.Ref) (*prefetch.Resolution, error) {
+func (s *fakeSource) Resolve(_ context.Context, r ref.Ref) (*source.Resolution, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.resolves++
@@ -284,7 +256,7 @@ func (s *fakeSource) Resolve(_ context.Context, r ref.Ref) (*prefetch.Resolution
 	if !ok {
 		return nil, content.Permanent(fmt.Errorf("no model %q", name))
 	}
-	res := &prefetch.Resolution{Model: m, Blobs: make(map[digest.Digest]content.RangeOpener)}
+	res := &source.Resolution{Model: m, Blobs: make(map[digest.Digest]content.RangeOpener)}
 	for _, f := range m.Files {
 		res.Blobs[f.Digest] = nopOpener{}
 	}
@@ -389,7 +361,7 @@ func TestQueueFileConcurrencyAndOrder(t *testing.T) {
 	store := &fakeStore{gate: make(chan struct{})}
 	src := &fakeSource{models: map[string]content.Model{"m": model("m", 10, 50, 30, 70, 20, 60, 40)}}
 	q := prefetch.NewQueue(store, src, prefetch.WithFileConcurrency(3))
-	runQueue(t, q)
+	sourcetest.RunQueue(t, q)
 	j, err := q.Submit(refFor("m"), prefetch.PriorityNormal)
 	require.NoError(t, err)
 
@@ -403,7 +375,7 @@ func TestQueueFileConcurrencyAndOrder(t *testing.T) {
 	assert.Equal(t, int64(14+12+10), st.BytesFromPeers, "a fifth of the three largest from peers")
 	close(store.gate)
 
-	st, err = wait(t, j)
+	st, err = sourcetest.Wait(t, j)
 	require.NoError(t, err)
 	assert.Equal(t, "/models/org/m/main", st.Dir)
 	assert.Equal(t, int64(280), st.BytesDone)
@@ -420,10 +392,10 @@ func TestQueueLargestFirst(t *testing.T) {
 	store := &fakeStore{}
 	src := &fakeSource{models: map[string]content.Model{"m": model("m", 10, 50, 30, 70, 20, 60, 40)}}
 	q := prefetch.NewQueue(store, src, prefetch.WithFileConcurrency(1))
-	runQueue(t, q)
+	sourcetest.RunQueue(t, q)
 	j, err := q.Submit(refFor("m"), prefetch.PriorityNormal)
 	require.NoError(t, err)
-	_, err = wait(t, j)
+	_, err = sourcetest.Wait(t, j)
 	require.NoError(t, err)
 	var sizes []int64
 	for _, d := range store.fetched {
@@ -440,10 +412,10 @@ func TestQueueSharedBlobFetchedOnce(t *testing.T) {
 	store := &fakeStore{}
 	src := &fakeSource{models: map[string]content.Model{"m": model("m", 10, 20, 10, 10)}}
 	q := prefetch.NewQueue(store, src)
-	runQueue(t, q)
+	sourcetest.RunQueue(t, q)
 	j, err := q.Submit(refFor("m"), prefetch.PriorityNormal)
 	require.NoError(t, err)
-	st, err := wait(t, j)
+	st, err := sourcetest.Wait(t, j)
 	require.NoError(t, err)
 	assert.Len(t, store.fetched, 2)
 	assert.Equal(t, int64(30), st.BytesTotal)
@@ -466,7 +438,7 @@ func TestQueueJobConcurrency(t *testing.T) {
 		require.NoError(t, err)
 		jobs = append(jobs, j)
 	}
-	runQueue(t, q)
+	sourcetest.RunQueue(t, q)
 	require.Eventually(t, func() bool { return store.inFlight.Load() == 2 }, 5*time.Second, time.Millisecond)
 	time.Sleep(20 * time.Millisecond)
 	assert.Equal(t, int32(2), store.maxIn.Load())
@@ -479,7 +451,7 @@ func TestQueueJobConcurrency(t *testing.T) {
 
 	close(store.gate)
 	for _, j := range jobs {
-		_, err := wait(t, j)
+		_, err := sourcetest.Wait(t, j)
 		require.NoError(t, err)
 	}
 	assert.Equal(t, int32(2), store.maxIn.Load())
@@ -506,10 +478,10 @@ func TestQueueResolveRetries(t *testing.T) {
 			t.Parallel()
 			src := &fakeSource{models: map[string]content.Model{"m": model("m", 10)}, errs: tt.errs}
 			q := prefetch.NewQueue(&fakeStore{}, src, prefetch.WithResolveRetries(tt.attempts, time.Millisecond))
-			runQueue(t, q)
+			sourcetest.RunQueue(t, q)
 			j, err := q.Submit(refFor("m"), prefetch.PriorityNormal)
 			require.NoError(t, err)
-			st, err := wait(t, j)
+			st, err := sourcetest.Wait(t, j)
 			assert.Equal(t, tt.ok, err == nil, "%v", err)
 			assert.Equal(t, tt.ok, st.State == prefetch.StateReady)
 			src.mu.Lock()
@@ -525,10 +497,10 @@ func TestQueueFetchFailure(t *testing.T) {
 	boom := content.Permanent(errors.New("boom"))
 	store := &fakeStore{fail: map[digest.Digest]error{m.Files[1].Digest: boom}}
 	q := prefetch.NewQueue(store, &fakeSource{models: map[string]content.Model{"m": m}})
-	runQueue(t, q)
+	sourcetest.RunQueue(t, q)
 	j, err := q.Submit(refFor("m"), prefetch.PriorityNormal)
 	require.NoError(t, err)
-	st, err := wait(t, j)
+	st, err := sourcetest.Wait(t, j)
 	require.ErrorIs(t, err, boom)
 	assert.Equal(t, prefetch.StateFailed, st.State)
 	assert.Equal(t, `fetching f1 (`+m.Files[1].Digest.String()+`): boom`, st.Error)
@@ -553,7 +525,7 @@ func TestQueueWatch(t *testing.T) {
 		return !ok
 	}, 5*time.Second, time.Millisecond, "a cancelled watch is closed")
 
-	runQueue(t, q)
+	sourcetest.RunQueue(t, q)
 	var seen []prefetch.JobStatus
 	gateClosed := false
 	for st := range fast {
@@ -623,12 +595,12 @@ func TestQueueHistory(t *testing.T) {
 	t.Parallel()
 	src := &fakeSource{models: map[string]content.Model{"a": model("a", 1), "b": model("b", 1), "c": model("c", 1)}}
 	q := prefetch.NewQueue(&fakeStore{}, src, prefetch.WithHistory(2))
-	runQueue(t, q)
+	sourcetest.RunQueue(t, q)
 	var ids []string
 	for _, name := range []string{"a", "b", "c"} {
 		j, err := q.Submit(refFor(name), prefetch.PriorityNormal)
 		require.NoError(t, err)
-		_, err = wait(t, j)
+		_, err = sourcetest.Wait(t, j)
 		require.NoError(t, err)
 		ids = append(ids, j.ID())
 	}
@@ -646,7 +618,7 @@ func TestQueueMetricsRegistration(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	q1 := prefetch.NewQueue(&fakeStore{}, &fakeSource{}, prefetch.WithRegisterer(reg))
 	q2 := prefetch.NewQueue(&fakeStore{}, &fakeSource{}, prefetch.WithRegisterer(reg))
-	runQueue(t, q1)
+	sourcetest.RunQueue(t, q1)
 	require.Eventually(t, func() bool {
 		n, _ := testutil.GatherAndCount(reg, "weightd_prefetch_queue_depth")
 		return n == 1
@@ -691,7 +663,7 @@ func BenchmarkQueueIngest(b *testing.B) {
 				for b.Loop() {
 					store, err := cache.Open(b.TempDir())
 					require.NoError(b, err)
-					q := prefetch.NewQueue(store, prefetch.NewHTTPSource(nil))
+					q := prefetch.NewQueue(store, httpsource.New(nil))
 					qctx, qcancel := context.WithCancel(ctx)
 					done := make(chan error, 1)
 					go func() { done <- q.Run(qctx) }()

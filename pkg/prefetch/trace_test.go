@@ -13,6 +13,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/weightd/weightd/internal/sourcetest"
 	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
@@ -48,10 +49,10 @@ func TestQueueTracesJob(t *testing.T) {
 	tp, sr := recordSpans(t)
 	m := model("m", 10, 20, 10)
 	q := prefetch.NewQueue(&fakeStore{}, &fakeSource{models: map[string]content.Model{"m": m}}, prefetch.WithTracerProvider(tp))
-	runQueue(t, q)
+	sourcetest.RunQueue(t, q)
 	j, err := q.Submit(refFor("m"), prefetch.PriorityPod)
 	require.NoError(t, err)
-	_, err = wait(t, j)
+	_, err = sourcetest.Wait(t, j)
 	require.NoError(t, err)
 
 	spans := spansByName(sr)
@@ -94,10 +95,10 @@ func TestQueueTracesFailures(t *testing.T) {
 	broken := errors.New("origin on fire")
 	store := &fakeStore{fail: map[digest.Digest]error{m.Files[1].Digest: content.Permanent(broken)}}
 	q := prefetch.NewQueue(store, &fakeSource{models: map[string]content.Model{"m": m}}, prefetch.WithTracerProvider(tp))
-	runQueue(t, q)
+	sourcetest.RunQueue(t, q)
 	j, err := q.Submit(refFor("m"), prefetch.PriorityNormal)
 	require.NoError(t, err)
-	_, err = wait(t, j)
+	_, err = sourcetest.Wait(t, j)
 	require.ErrorIs(t, err, broken)
 
 	spans := spansByName(sr)
@@ -120,7 +121,7 @@ func TestQueueTracesFailures(t *testing.T) {
 	// Resolving fails: the resolve span says so.
 	j, err = q.Submit(refFor("nope"), prefetch.PriorityNormal)
 	require.NoError(t, err)
-	_, err = wait(t, j)
+	_, err = sourcetest.Wait(t, j)
 	require.Error(t, err)
 	spans = spansByName(sr)
 	require.Len(t, spans["resolve"], 2)
@@ -136,13 +137,13 @@ func TestQueueTracesFailures(t *testing.T) {
 func TestQueueTracesImport(t *testing.T) {
 	t.Parallel()
 	tp, sr := recordSpans(t)
-	store := openStore(t)
+	store := sourcetest.OpenStore(t)
 	imp := &fakeImporter{store: store}
 	q := prefetch.NewQueue(store, imageSource{imageResolution()}, prefetch.WithImporter(imp), prefetch.WithTracerProvider(tp))
-	runQueue(t, q)
+	sourcetest.RunQueue(t, q)
 	j, err := q.Submit("oci://registry.example/org/app:v1", prefetch.PriorityPod)
 	require.NoError(t, err)
-	_, err = wait(t, j)
+	_, err = sourcetest.Wait(t, j)
 	require.NoError(t, err)
 	spans := spansByName(sr)
 	require.Len(t, spans["prefetch"], 1)
@@ -157,9 +158,9 @@ func TestQueueTracesImport(t *testing.T) {
 func TestQueueNotTracedByDefault(t *testing.T) {
 	t.Parallel()
 	q := prefetch.NewQueue(&fakeStore{}, &fakeSource{models: map[string]content.Model{"m": model("m", 10)}})
-	runQueue(t, q)
+	sourcetest.RunQueue(t, q)
 	j, err := q.Submit(refFor("m"), prefetch.PriorityNormal)
 	require.NoError(t, err)
-	_, err = wait(t, j)
+	_, err = sourcetest.Wait(t, j)
 	require.NoError(t, err, "the no-op tracer changes nothing")
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/weightd/weightd/pkg/content"
+	"github.com/weightd/weightd/pkg/source"
 )
 
 // Limits on packed layers, which come from the network (verified against
@@ -49,7 +50,7 @@ const (
 // declared size, and cache.Store.Put stores no more than that, nor more
 // than the cache can hold, so that a small layer that decompresses to
 // terabytes (a decompression bomb) cannot fill the disk.
-func Unpack(ctx context.Context, r io.Reader, layer PackedLayer, put func(path string, r io.Reader, size int64) (content.Descriptor, error)) ([]content.File, error) {
+func Unpack(ctx context.Context, r io.Reader, layer source.PackedLayer, put func(path string, r io.Reader, size int64) (content.Descriptor, error)) ([]content.File, error) {
 	files, err := unpack(ctx, r, layer, put)
 	if err != nil {
 		return nil, fmt.Errorf("unpacking layer %s (%s): %w", layer.Digest, layer.MediaType, err)
@@ -57,7 +58,7 @@ func Unpack(ctx context.Context, r io.Reader, layer PackedLayer, put func(path s
 	return files, nil
 }
 
-func unpack(ctx context.Context, r io.Reader, layer PackedLayer, put func(string, io.Reader, int64) (content.Descriptor, error)) ([]content.File, error) {
+func unpack(ctx context.Context, r io.Reader, layer source.PackedLayer, put func(string, io.Reader, int64) (content.Descriptor, error)) ([]content.File, error) {
 	switch {
 	case layer.Archive && layer.Path != "":
 		if err := content.ValidatePath(layer.Path); err != nil {
@@ -189,11 +190,11 @@ func typeName(t byte) string {
 }
 
 // decompress returns a reader of r's bytes decompressed as c says.
-func decompress(r io.Reader, c Compression) (io.ReadCloser, error) {
+func decompress(r io.Reader, c source.Compression) (io.ReadCloser, error) {
 	switch c {
-	case CompressionNone:
+	case source.CompressionNone:
 		return io.NopCloser(r), nil
-	case CompressionGzip:
+	case source.CompressionGzip:
 		zr, err := gzip.NewReader(r)
 		if err != nil {
 			var se *sourceError
@@ -203,7 +204,7 @@ func decompress(r io.Reader, c Compression) (io.ReadCloser, error) {
 			return nil, invalidData("gzip header", err)
 		}
 		return zr, nil
-	case CompressionZstd:
+	case source.CompressionZstd:
 		zr, err := zstd.NewReader(r, zstd.WithDecoderMaxWindow(maxZstdWindow), zstd.WithDecoderConcurrency(1))
 		if err != nil {
 			return nil, invalidData("zstd", err)
@@ -240,6 +241,7 @@ func (s sourceReader) Read(p []byte) (int, error) {
 type sourceError struct{ err error }
 
 func (e *sourceError) Error() string { return e.err.Error() }
+
 func (e *sourceError) Unwrap() error { return e.err }
 
 // invalidOnError marks errors of the decompressing reader that do not come
@@ -259,6 +261,7 @@ func (i invalidOnError) Read(p []byte) (int, error) {
 type corruptError struct{ err error }
 
 func (e *corruptError) Error() string { return "corrupt data: " + e.err.Error() }
+
 func (e *corruptError) Unwrap() []error {
 	return []error{e.err, content.ErrInvalid, content.ErrPermanent}
 }

@@ -12,66 +12,15 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/klauspost/compress/gzip"
-	"github.com/klauspost/compress/zstd"
 	"github.com/opencontainers/go-digest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/weightd/weightd/internal/sourcetest"
 	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source"
 )
-
-// unpackEntry is one tar entry of a test archive.
-type unpackEntry struct {
-	name string
-	typ  byte
-	body string
-	link string
-}
-
-func unpackTar(t testing.TB, entries ...unpackEntry) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, e := range entries {
-		hdr := &tar.Header{Name: e.name, Typeflag: e.typ, Mode: 0o644, Linkname: e.link}
-		if e.typ == tar.TypeXGlobalHeader {
-			hdr = &tar.Header{Typeflag: e.typ, PAXRecords: map[string]string{"comment": "global"}}
-		}
-		if e.typ == tar.TypeReg {
-			hdr.Size = int64(len(e.body))
-		}
-		require.NoError(t, tw.WriteHeader(hdr))
-		if e.typ == tar.TypeReg {
-			_, err := tw.Write([]byte(e.body))
-			require.NoError(t, err)
-		}
-	}
-	require.NoError(t, tw.Close())
-	return buf.Bytes()
-}
-
-func unpackCompress(t testing.TB, c prefetch.Compression, data []byte) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	switch c {
-	case prefetch.CompressionNone:
-		return data
-	case prefetch.CompressionGzip:
-		zw := gzip.NewWriter(&buf)
-		_, err := zw.Write(data)
-		require.NoError(t, err)
-		require.NoError(t, zw.Close())
-	case prefetch.CompressionZstd:
-		zw, err := zstd.NewWriter(&buf)
-		require.NoError(t, err)
-		_, err = zw.Write(data)
-		require.NoError(t, err)
-		require.NoError(t, zw.Close())
-	}
-	return buf.Bytes()
-}
 
 // memPut is a put function that keeps files in memory.
 type memPut struct {
@@ -96,33 +45,28 @@ func (m *memPut) put(p string, r io.Reader, size int64) (content.Descriptor, err
 	return content.Descriptor{Digest: digest.FromBytes(data), Size: int64(len(data))}, nil
 }
 
-func unpackReg(name, body string) unpackEntry {
-	return unpackEntry{name: name, typ: tar.TypeReg, body: body}
-}
-func unpackDir(name string) unpackEntry { return unpackEntry{name: name, typ: tar.TypeDir} }
-
 func TestUnpack(t *testing.T) {
 	t.Parallel()
 	archive := func(t *testing.T) []byte {
-		return unpackTar(t,
-			unpackDir("./"), unpackDir("sub/"), unpackReg("./config.json", `{"a":1}`), unpackReg("sub/model.safetensors", strings.Repeat("w", 10000)),
-			unpackReg("empty", ""), unpackEntry{name: "g", typ: tar.TypeXGlobalHeader})
+		return sourcetest.Tar(t,
+			sourcetest.Dir("./"), sourcetest.Dir("sub/"), sourcetest.Reg("./config.json", `{"a":1}`), sourcetest.Reg("sub/model.safetensors", strings.Repeat("w", 10000)),
+			sourcetest.Reg("empty", ""), sourcetest.TarEntry{Name: "g", Type: tar.TypeXGlobalHeader})
 	}
 	wantArchive := map[string]string{"config.json": `{"a":1}`, "sub/model.safetensors": strings.Repeat("w", 10000), "empty": ""}
 	for _, tc := range []struct {
 		name    string
-		c       prefetch.Compression
+		c       source.Compression
 		archive bool
 		path    string
 		want    map[string]string
 	}{
-		{"raw", prefetch.CompressionNone, false, "weights/model.bin", map[string]string{"weights/model.bin": "raw bytes"}},
-		{"gzip file", prefetch.CompressionGzip, false, "model.bin", map[string]string{"model.bin": "raw bytes"}},
-		{"zstd file", prefetch.CompressionZstd, false, "model.bin", map[string]string{"model.bin": "raw bytes"}},
-		{"tar", prefetch.CompressionNone, true, "", wantArchive},
-		{"tar+gzip", prefetch.CompressionGzip, true, "", wantArchive},
-		{"tar+zstd", prefetch.CompressionZstd, true, "", wantArchive},
-		{"tar under a directory", prefetch.CompressionNone, true, "docs/v1", map[string]string{
+		{"raw", source.CompressionNone, false, "weights/model.bin", map[string]string{"weights/model.bin": "raw bytes"}},
+		{"gzip file", source.CompressionGzip, false, "model.bin", map[string]string{"model.bin": "raw bytes"}},
+		{"zstd file", source.CompressionZstd, false, "model.bin", map[string]string{"model.bin": "raw bytes"}},
+		{"tar", source.CompressionNone, true, "", wantArchive},
+		{"tar+gzip", source.CompressionGzip, true, "", wantArchive},
+		{"tar+zstd", source.CompressionZstd, true, "", wantArchive},
+		{"tar under a directory", source.CompressionNone, true, "docs/v1", map[string]string{
 			"docs/v1/config.json": `{"a":1}`, "docs/v1/sub/model.safetensors": strings.Repeat("w", 10000), "docs/v1/empty": ""}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -131,9 +75,9 @@ func TestUnpack(t *testing.T) {
 			if tc.archive {
 				data = archive(t)
 			}
-			blob := unpackCompress(t, tc.c, data)
+			blob := sourcetest.Compress(t, tc.c, data)
 			var m memPut
-			files, err := prefetch.Unpack(t.Context(), bytes.NewReader(blob), prefetch.PackedLayer{
+			files, err := prefetch.Unpack(t.Context(), bytes.NewReader(blob), source.PackedLayer{
 				Descriptor:  content.Descriptor{Digest: digest.FromBytes(blob), Size: int64(len(blob))},
 				Compression: tc.c, Archive: tc.archive, Path: tc.path,
 			}, m.put)
@@ -154,31 +98,31 @@ func TestUnpackRejects(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name    string
-		entries []unpackEntry
+		entries []sourcetest.TarEntry
 		path    string
 		want    string
 	}{
-		{"symlink", []unpackEntry{{name: "link", typ: tar.TypeSymlink, link: "/etc/passwd"}}, "", "symbolic link"},
-		{"hard link", []unpackEntry{unpackReg("a", "x"), {name: "b", typ: tar.TypeLink, link: "a"}}, "", "hard link"},
-		{"char device", []unpackEntry{{name: "tty", typ: tar.TypeChar}}, "", "character device"},
-		{"block device", []unpackEntry{{name: "sda", typ: tar.TypeBlock}}, "", "block device"},
-		{"fifo", []unpackEntry{{name: "pipe", typ: tar.TypeFifo}}, "", "FIFO"},
-		{"absolute", []unpackEntry{unpackReg("/etc/passwd", "x")}, "", "absolute"},
-		{"dot dot", []unpackEntry{unpackReg("a/../../b", "x")}, "", "leaves"},
-		{"dot dot under a directory", []unpackEntry{unpackReg("../b", "x")}, "sub", "leaves"},
-		{"dot dot directory", []unpackEntry{unpackDir("../")}, "", "leaves"},
-		{"backslash", []unpackEntry{unpackReg(`a\b`, "x")}, "", "backslash"},
-		{"root file", []unpackEntry{unpackReg(".", "x")}, "", "layer's directory"},
-		{"directory file", []unpackEntry{unpackReg("./.", "x")}, "sub", "layer's directory"},
-		{"duplicate", []unpackEntry{unpackReg("a", "x"), unpackReg("./a", "y")}, "", "duplicate"},
-		{"file and directory", []unpackEntry{unpackReg("a", "x"), unpackReg("a/b", "y")}, "", "both a file and a directory"},
-		{"bad directory", []unpackEntry{unpackReg("a", "x")}, "../up", "not clean"},
+		{"symlink", []sourcetest.TarEntry{{Name: "link", Type: tar.TypeSymlink, Link: "/etc/passwd"}}, "", "symbolic link"},
+		{"hard link", []sourcetest.TarEntry{sourcetest.Reg("a", "x"), {Name: "b", Type: tar.TypeLink, Link: "a"}}, "", "hard link"},
+		{"char device", []sourcetest.TarEntry{{Name: "tty", Type: tar.TypeChar}}, "", "character device"},
+		{"block device", []sourcetest.TarEntry{{Name: "sda", Type: tar.TypeBlock}}, "", "block device"},
+		{"fifo", []sourcetest.TarEntry{{Name: "pipe", Type: tar.TypeFifo}}, "", "FIFO"},
+		{"absolute", []sourcetest.TarEntry{sourcetest.Reg("/etc/passwd", "x")}, "", "absolute"},
+		{"dot dot", []sourcetest.TarEntry{sourcetest.Reg("a/../../b", "x")}, "", "leaves"},
+		{"dot dot under a directory", []sourcetest.TarEntry{sourcetest.Reg("../b", "x")}, "sub", "leaves"},
+		{"dot dot directory", []sourcetest.TarEntry{sourcetest.Dir("../")}, "", "leaves"},
+		{"backslash", []sourcetest.TarEntry{sourcetest.Reg(`a\b`, "x")}, "", "backslash"},
+		{"root file", []sourcetest.TarEntry{sourcetest.Reg(".", "x")}, "", "layer's directory"},
+		{"directory file", []sourcetest.TarEntry{sourcetest.Reg("./.", "x")}, "sub", "layer's directory"},
+		{"duplicate", []sourcetest.TarEntry{sourcetest.Reg("a", "x"), sourcetest.Reg("./a", "y")}, "", "duplicate"},
+		{"file and directory", []sourcetest.TarEntry{sourcetest.Reg("a", "x"), sourcetest.Reg("a/b", "y")}, "", "both a file and a directory"},
+		{"bad directory", []sourcetest.TarEntry{sourcetest.Reg("a", "x")}, "../up", "not clean"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			blob := unpackTar(t, tc.entries...)
+			blob := sourcetest.Tar(t, tc.entries...)
 			var m memPut
-			_, err := prefetch.Unpack(t.Context(), bytes.NewReader(blob), prefetch.PackedLayer{Archive: true, Path: tc.path}, m.put)
+			_, err := prefetch.Unpack(t.Context(), bytes.NewReader(blob), source.PackedLayer{Archive: true, Path: tc.path}, m.put)
 			require.Error(t, err)
 			assert.ErrorContains(t, err, tc.want)
 			assert.ErrorIs(t, err, content.ErrInvalid)
@@ -193,9 +137,9 @@ func TestUnpackRejects(t *testing.T) {
 
 func TestUnpackCorrupt(t *testing.T) {
 	t.Parallel()
-	tarball := unpackTar(t, unpackReg("a", strings.Repeat("x", 5000)))
-	gz := unpackCompress(t, prefetch.CompressionGzip, tarball)
-	zs := unpackCompress(t, prefetch.CompressionZstd, tarball)
+	tarball := sourcetest.Tar(t, sourcetest.Reg("a", strings.Repeat("x", 5000)))
+	gz := sourcetest.Compress(t, source.CompressionGzip, tarball)
+	zs := sourcetest.Compress(t, source.CompressionZstd, tarball)
 	flip := func(b []byte, i int) []byte {
 		c := bytes.Clone(b)
 		c[i] ^= 0xff
@@ -204,24 +148,24 @@ func TestUnpackCorrupt(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		blob    []byte
-		c       prefetch.Compression
+		c       source.Compression
 		archive bool
 	}{
-		{"not gzip", []byte("plain"), prefetch.CompressionGzip, true},
-		{"empty gzip", nil, prefetch.CompressionGzip, false},
-		{"gzip body flipped", flip(gz, len(gz)/2), prefetch.CompressionGzip, true},
-		{"gzip truncated", gz[:len(gz)/2], prefetch.CompressionGzip, true},
-		{"gzip checksum", flip(gz, len(gz)-6), prefetch.CompressionGzip, false},
-		{"not zstd", []byte("plain text"), prefetch.CompressionZstd, true},
-		{"zstd truncated", zs[:len(zs)/2], prefetch.CompressionZstd, false},
-		{"tar truncated", tarball[:700], prefetch.CompressionNone, true},
-		{"tar header garbage", bytes.Repeat([]byte{'z'}, 1024), prefetch.CompressionNone, true},
-		{"unknown compression", tarball, prefetch.Compression("lz4"), true},
+		{"not gzip", []byte("plain"), source.CompressionGzip, true},
+		{"empty gzip", nil, source.CompressionGzip, false},
+		{"gzip body flipped", flip(gz, len(gz)/2), source.CompressionGzip, true},
+		{"gzip truncated", gz[:len(gz)/2], source.CompressionGzip, true},
+		{"gzip checksum", flip(gz, len(gz)-6), source.CompressionGzip, false},
+		{"not zstd", []byte("plain text"), source.CompressionZstd, true},
+		{"zstd truncated", zs[:len(zs)/2], source.CompressionZstd, false},
+		{"tar truncated", tarball[:700], source.CompressionNone, true},
+		{"tar header garbage", bytes.Repeat([]byte{'z'}, 1024), source.CompressionNone, true},
+		{"unknown compression", tarball, source.Compression("lz4"), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			var m memPut
-			_, err := prefetch.Unpack(t.Context(), bytes.NewReader(tc.blob), prefetch.PackedLayer{Compression: tc.c, Archive: tc.archive, Path: "f"}, m.put)
+			_, err := prefetch.Unpack(t.Context(), bytes.NewReader(tc.blob), source.PackedLayer{Compression: tc.c, Archive: tc.archive, Path: "f"}, m.put)
 			require.Error(t, err)
 			assert.ErrorIs(t, err, content.ErrInvalid)
 			assert.ErrorIs(t, err, content.ErrPermanent)
@@ -243,7 +187,7 @@ func TestUnpackEntryLimit(t *testing.T) {
 		pw.CloseWithError(tw.Close())
 	}()
 	var m memPut
-	_, err := prefetch.Unpack(t.Context(), pr, prefetch.PackedLayer{Archive: true}, m.put)
+	_, err := prefetch.Unpack(t.Context(), pr, source.PackedLayer{Archive: true}, m.put)
 	pr.Close()
 	assert.ErrorIs(t, err, content.ErrInvalid)
 	assert.ErrorContains(t, err, "more than")
@@ -251,12 +195,12 @@ func TestUnpackEntryLimit(t *testing.T) {
 
 func TestUnpackPutAndSourceErrors(t *testing.T) {
 	t.Parallel()
-	blob := unpackTar(t, unpackReg("a", "x"), unpackReg("b", "y"))
+	blob := sourcetest.Tar(t, sourcetest.Reg("a", "x"), sourcetest.Reg("b", "y"))
 
 	t.Run("put", func(t *testing.T) {
 		t.Parallel()
 		errFull := errors.New("disk full")
-		_, err := prefetch.Unpack(t.Context(), bytes.NewReader(blob), prefetch.PackedLayer{Archive: true},
+		_, err := prefetch.Unpack(t.Context(), bytes.NewReader(blob), source.PackedLayer{Archive: true},
 			func(string, io.Reader, int64) (content.Descriptor, error) { return content.Descriptor{}, errFull })
 		assert.ErrorIs(t, err, errFull)
 		assert.NotErrorIs(t, err, content.ErrPermanent)
@@ -265,10 +209,10 @@ func TestUnpackPutAndSourceErrors(t *testing.T) {
 	t.Run("source", func(t *testing.T) {
 		t.Parallel()
 		errIO := errors.New("input/output error")
-		gz := unpackCompress(t, prefetch.CompressionGzip, blob)
+		gz := sourcetest.Compress(t, source.CompressionGzip, blob)
 		r := io.MultiReader(bytes.NewReader(gz[:20]), iotestErrReader{errIO})
 		var m memPut
-		_, err := prefetch.Unpack(t.Context(), r, prefetch.PackedLayer{Archive: true, Compression: prefetch.CompressionGzip}, m.put)
+		_, err := prefetch.Unpack(t.Context(), r, source.PackedLayer{Archive: true, Compression: source.CompressionGzip}, m.put)
 		assert.ErrorIs(t, err, errIO)
 		assert.NotErrorIs(t, err, content.ErrInvalid)
 	})
@@ -277,7 +221,7 @@ func TestUnpackPutAndSourceErrors(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
 		var m memPut
-		_, err := prefetch.Unpack(ctx, bytes.NewReader(blob), prefetch.PackedLayer{Archive: true}, m.put)
+		_, err := prefetch.Unpack(ctx, bytes.NewReader(blob), source.PackedLayer{Archive: true}, m.put)
 		assert.ErrorIs(t, err, context.Canceled)
 		assert.NotErrorIs(t, err, content.ErrInvalid)
 		assert.Empty(t, m.files)
@@ -285,7 +229,7 @@ func TestUnpackPutAndSourceErrors(t *testing.T) {
 	t.Run("bad file path", func(t *testing.T) {
 		t.Parallel()
 		var m memPut
-		_, err := prefetch.Unpack(t.Context(), strings.NewReader("x"), prefetch.PackedLayer{Path: ""}, m.put)
+		_, err := prefetch.Unpack(t.Context(), strings.NewReader("x"), source.PackedLayer{Path: ""}, m.put)
 		assert.ErrorIs(t, err, content.ErrInvalid)
 		assert.Empty(t, m.files)
 	})
@@ -299,14 +243,14 @@ func (r iotestErrReader) Read([]byte) (int, error) { return 0, r.err }
 // bad input must be an error, never a panic, and nothing may be stored
 // outside the layer's directory.
 func FuzzUnpack(f *testing.F) {
-	f.Add(unpackTar(f, unpackReg("a", "x"), unpackDir("d/"), unpackReg("d/b", "yy")), uint8(0))
-	f.Add(unpackCompress(f, prefetch.CompressionGzip, unpackTar(f, unpackReg("a", "x"))), uint8(1))
-	f.Add(unpackCompress(f, prefetch.CompressionZstd, unpackTar(f, unpackReg("a", "x"))), uint8(2))
-	f.Add(unpackTar(f, unpackReg("../a", "x")), uint8(4))
-	f.Add(unpackCompress(f, prefetch.CompressionGzip, []byte("file")), uint8(5))
+	f.Add(sourcetest.Tar(f, sourcetest.Reg("a", "x"), sourcetest.Dir("d/"), sourcetest.Reg("d/b", "yy")), uint8(0))
+	f.Add(sourcetest.Compress(f, source.CompressionGzip, sourcetest.Tar(f, sourcetest.Reg("a", "x"))), uint8(1))
+	f.Add(sourcetest.Compress(f, source.CompressionZstd, sourcetest.Tar(f, sourcetest.Reg("a", "x"))), uint8(2))
+	f.Add(sourcetest.Tar(f, sourcetest.Reg("../a", "x")), uint8(4))
+	f.Add(sourcetest.Compress(f, source.CompressionGzip, []byte("file")), uint8(5))
 	f.Fuzz(func(t *testing.T, data []byte, mode uint8) {
-		layer := prefetch.PackedLayer{
-			Compression: []prefetch.Compression{prefetch.CompressionNone, prefetch.CompressionGzip, prefetch.CompressionZstd}[mode%3],
+		layer := source.PackedLayer{
+			Compression: []source.Compression{source.CompressionNone, source.CompressionGzip, source.CompressionZstd}[mode%3],
 			Archive:     mode&4 == 0,
 			Path:        "model",
 		}
@@ -349,9 +293,9 @@ func BenchmarkUnpack(b *testing.B) {
 	for i := range body {
 		body[i] = byte(i * 131 >> 7) // compressible, not trivially
 	}
-	archive := unpackTar(b, unpackReg("model.safetensors", string(body)))
-	for _, c := range []prefetch.Compression{prefetch.CompressionNone, prefetch.CompressionGzip, prefetch.CompressionZstd} {
-		blob := unpackCompress(b, c, archive)
+	archive := sourcetest.Tar(b, sourcetest.Reg("model.safetensors", string(body)))
+	for _, c := range []source.Compression{source.CompressionNone, source.CompressionGzip, source.CompressionZstd} {
+		blob := sourcetest.Compress(b, c, archive)
 		name := string(c)
 		if name == "" {
 			name = "none"
@@ -359,7 +303,7 @@ func BenchmarkUnpack(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			b.SetBytes(size)
 			for b.Loop() {
-				_, err := prefetch.Unpack(b.Context(), bytes.NewReader(blob), prefetch.PackedLayer{Compression: c, Archive: true},
+				_, err := prefetch.Unpack(b.Context(), bytes.NewReader(blob), source.PackedLayer{Compression: c, Archive: true},
 					func(_ string, r io.Reader, _ int64) (content.Descriptor, error) {
 						n, err := io.Copy(io.Discard, r)
 						return content.Descriptor{Size: n}, err

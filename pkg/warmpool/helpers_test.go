@@ -16,7 +16,7 @@ import (
 
 	"github.com/weightd/weightd/internal/loratest"
 	"github.com/weightd/weightd/pkg/api"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source"
 	"github.com/weightd/weightd/pkg/warmpool/engine"
 )
 
@@ -35,7 +35,7 @@ type dirFetcher struct {
 func (f *dirFetcher) Fetch(ctx context.Context, ref string) (string, error) {
 	f.calls.Add(1)
 	f.mu.Lock()
-	f.requesters = append(f.requesters, prefetch.Requester(ctx))
+	f.requesters = append(f.requesters, source.Requester(ctx))
 	f.mu.Unlock()
 	name, ok := strings.CutPrefix(ref, "test://")
 	if !ok {

@@ -16,7 +16,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/lora"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source"
 	"github.com/weightd/weightd/pkg/warmpool/engine"
 )
 
@@ -353,7 +353,7 @@ func (p *Pool) baseServedLocked(base, namespace string) error {
 // an adapter if it must), loads it and verifies that
 // the server lists it. The caller holds the adapter's flight.
 func (p *Pool) load(ctx context.Context, owner string, req api.AdapterRequest, name string, start time.Time) (api.AdapterAnswer, error) {
-	dir, err := p.cfg.Fetcher.Fetch(prefetch.WithRequester(ctx, req.Namespace), req.Ref)
+	dir, err := p.cfg.Fetcher.Fetch(source.WithRequester(ctx, req.Namespace), req.Ref)
 	if err != nil {
 		return api.AdapterAnswer{}, fmt.Errorf("fetching adapter %s: %w", req.Ref, err)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source/oci"
 )
 
 // TestCacheWipeHugeClaimedSize is the cache wipe of issue 21: a blob that
@@ -83,11 +84,11 @@ func diskHugeImage(t *testing.T, huge int64) string {
 	manifest := fmt.Sprintf(`{"schemaVersion":2,"mediaType":%q,`+
 		`"config":{"mediaType":%q,"digest":%q,"size":%d},`+
 		`"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":%q,"size":%d}]}`,
-		prefetch.MediaTypeOCIManifest, prefetch.MediaTypeOCIConfig, digest.FromBytes(cfg), len(cfg),
+		oci.MediaTypeOCIManifest, oci.MediaTypeOCIConfig, digest.FromBytes(cfg), len(cfg),
 		digest.FromString("never served"), huge)
 	tag, err := name.NewTag(host + "/evil/app:v1")
 	require.NoError(t, err)
-	require.NoError(t, remote.Put(tag, diskRawManifest{[]byte(manifest), prefetch.MediaTypeOCIManifest}))
+	require.NoError(t, remote.Put(tag, diskRawManifest{[]byte(manifest), oci.MediaTypeOCIManifest}))
 	return "oci://" + host + "/evil/app:v1"
 }
 

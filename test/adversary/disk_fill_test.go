@@ -24,6 +24,8 @@ import (
 
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source"
+	"github.com/weightd/weightd/pkg/source/oci"
 )
 
 // TestDiskFillDecompressionBomb is the disk fill of issue 21: a ModelPack
@@ -46,7 +48,7 @@ func TestDiskFillDecompressionBomb(t *testing.T) {
 		{"one huge file", 1, 256 << 20},
 		{"many files under the budget each", 20, 12 << 20},
 	} {
-		for _, c := range []prefetch.Compression{prefetch.CompressionZstd, prefetch.CompressionGzip} {
+		for _, c := range []source.Compression{source.CompressionZstd, source.CompressionGzip} {
 			t.Run(fmt.Sprintf("%s/%s", bomb.name, c), func(t *testing.T) {
 				t.Parallel()
 				store, reg := diskStore(t, t.TempDir(), cache.WithBudget(budget, 0))
@@ -81,16 +83,16 @@ func TestDiskFillDecompressionBomb(t *testing.T) {
 // entries files of size zero bytes each (but for a counter in the first
 // bytes, so that none is the same blob as another), compressed with c, to
 // an in-memory registry, and returns its oci:// reference.
-func diskBombModel(t *testing.T, c prefetch.Compression, entries int, size int64) string {
+func diskBombModel(t *testing.T, c source.Compression, entries int, size int64) string {
 	t.Helper()
 	var layer bytes.Buffer
 	var zw io.WriteCloser
 	switch c {
-	case prefetch.CompressionZstd:
+	case source.CompressionZstd:
 		enc, err := zstd.NewWriter(&layer, zstd.WithEncoderLevel(zstd.SpeedFastest))
 		require.NoError(t, err)
 		zw = enc
-	case prefetch.CompressionGzip:
+	case source.CompressionGzip:
 		gz, err := gzip.NewWriterLevel(&layer, gzip.BestSpeed)
 		require.NoError(t, err)
 		zw = gz
@@ -122,10 +124,10 @@ func diskBombModel(t *testing.T, c prefetch.Compression, entries int, size int64
 	}
 	manifest := `{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json",` +
 		`"artifactType":"application/vnd.cnai.model.config.v1+json",` +
-		`"config":` + push(prefetch.MediaTypeModelConfig, []byte(`{}`)) + `,` +
+		`"config":` + push(oci.MediaTypeModelConfig, []byte(`{}`)) + `,` +
 		`"layers":[` + push("application/vnd.cnai.model.weight.v1.tar+"+string(c), layer.Bytes()) + `]}`
 	tag, err := name.NewTag(host + "/evil/bomb:v1")
 	require.NoError(t, err)
-	require.NoError(t, remote.Put(tag, diskRawManifest{[]byte(manifest), prefetch.MediaTypeOCIManifest}))
+	require.NoError(t, remote.Put(tag, diskRawManifest{[]byte(manifest), oci.MediaTypeOCIManifest}))
 	return "oci://" + host + "/evil/bomb:v1"
 }

@@ -30,6 +30,9 @@ import (
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
+	httpsource "github.com/weightd/weightd/pkg/source/http"
+	"github.com/weightd/weightd/pkg/source/oci"
 )
 
 // diskOrigin serves files from memory over HTTP with ranges and HEAD
@@ -145,7 +148,7 @@ func diskStore(t *testing.T, root string, opts ...cache.Option) (*cache.Store, *
 // sources until the test ends.
 func diskQueue(t *testing.T, store *cache.Store) *prefetch.Queue {
 	t.Helper()
-	src := diskSources{http: prefetch.NewHTTPSource(nil), oci: prefetch.NewOCISource()}
+	src := diskSources{http: httpsource.New(nil), oci: oci.New()}
 	q := prefetch.NewQueue(store, src, prefetch.WithLogger(slog.New(slog.DiscardHandler)))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -159,11 +162,11 @@ func diskQueue(t *testing.T, store *cache.Store) *prefetch.Queue {
 
 // diskSources sends each reference to the source of its kind.
 type diskSources struct {
-	http *prefetch.HTTPSource
-	oci  *prefetch.OCISource
+	http *httpsource.Source
+	oci  *oci.Source
 }
 
-func (s diskSources) Resolve(ctx context.Context, r ref.Ref) (*prefetch.Resolution, error) {
+func (s diskSources) Resolve(ctx context.Context, r ref.Ref) (*source.Resolution, error) {
 	if r.Kind == ref.KindOCI {
 		return s.oci.Resolve(ctx, r)
 	}

@@ -26,6 +26,8 @@ import (
 	"github.com/weightd/weightd/pkg/kube"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
+	"github.com/weightd/weightd/pkg/source/hf"
 )
 
 func TestHFTokenForAnyNamespace(t *testing.T) {
@@ -48,9 +50,9 @@ func TestHFTokenForAnyNamespace(t *testing.T) {
 	t.Cleanup(func() { store.Close() })
 	// The agent as the operator deploys it: with a token that reads team
 	// a's repository, for team a's pods and the operator's prefetches.
-	hf, err := prefetch.NewHFSource(nil, prefetch.WithHFEndpoint(hub.URL), prefetch.WithHFToken(token))
+	hfSrc, err := hf.New(nil, hf.WithEndpoint(hub.URL), hf.WithToken(token))
 	require.NoError(t, err)
-	q := prefetch.NewQueue(store, prefetch.Sources{ref.KindHF: hf}, prefetch.WithResolveRetries(1, 0))
+	q := prefetch.NewQueue(store, source.Sources{ref.KindHF: hfSrc}, prefetch.WithResolveRetries(1, 0))
 
 	env := kubetest.NewT(t, kubetest.Config{})
 	cs := env.Clientset()

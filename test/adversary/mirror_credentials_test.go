@@ -26,7 +26,7 @@ import (
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/mirror"
-	"github.com/weightd/weightd/pkg/prefetch"
+	"github.com/weightd/weightd/pkg/source/oci"
 )
 
 // privateRegistry is a real docker-registry that gives nothing without a
@@ -62,7 +62,7 @@ func newPrivateRegistry(t *testing.T) *privateRegistry {
 	store, err := cache.Open(t.TempDir(), cache.WithRetries(2, time.Millisecond))
 	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
-	m, err := mirror.New(store, prefetch.NewOCISource(prefetch.WithDockerConfig(dockerConfig)),
+	m, err := mirror.New(store, oci.New(oci.WithDockerConfig(dockerConfig)),
 		mirror.WithRegistries(reg.Addr), mirror.WithManifestTimeout(5*time.Second))
 	require.NoError(t, err)
 	srv := httptest.NewServer(m)

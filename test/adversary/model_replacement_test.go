@@ -29,6 +29,9 @@ import (
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
+	"github.com/weightd/weightd/pkg/source"
+	"github.com/weightd/weightd/pkg/source/hf"
+	httpsource "github.com/weightd/weightd/pkg/source/http"
 )
 
 func TestModelReplacement(t *testing.T) {
@@ -46,9 +49,9 @@ func TestModelReplacement(t *testing.T) {
 	store, err := cache.Open(t.TempDir(), cache.WithRetries(2, time.Millisecond))
 	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
-	hf, err := prefetch.NewHFSource(nil, prefetch.WithHFEndpoint(hub.URL))
+	hfSrc, err := hf.New(nil, hf.WithEndpoint(hub.URL))
 	require.NoError(t, err)
-	q := replaceQueue(t, store, prefetch.Sources{ref.KindHF: hf, ref.KindHTTP: prefetch.NewHTTPSource(nil)})
+	q := replaceQueue(t, store, source.Sources{ref.KindHF: hfSrc, ref.KindHTTP: httpsource.New(nil)})
 
 	st, err := replaceFetch(t, q, "hf://"+victim+"@main")
 	require.NoError(t, err)
@@ -115,7 +118,7 @@ func TestModelReplacement(t *testing.T) {
 
 // replaceQueue runs a prefetch queue over store and src until the test
 // ends.
-func replaceQueue(t *testing.T, store *cache.Store, src prefetch.Source) *prefetch.Queue {
+func replaceQueue(t *testing.T, store *cache.Store, src source.Source) *prefetch.Queue {
 	t.Helper()
 	q := prefetch.NewQueue(store, src, prefetch.WithLogger(slog.New(slog.DiscardHandler)), prefetch.WithResolveRetries(1, 0))
 	ctx, cancel := context.WithCancel(context.Background())

@@ -335,7 +335,7 @@ func TestPeerResolutionOriginDown(t *testing.T) {
 }
 
 // pinnedFile is the model an agent makes of url pinned to body's digest
-// (pkg/prefetch singleFileModel and urlModelName, read from the source), and
+// (pkg/prefetch source.SingleFileModel and urlModelName, read from the source), and
 // that reference.
 func pinnedFile(url string, body []byte) (content.Model, string) {
 	d := digest.FromBytes(body)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
+	httpsource "github.com/weightd/weightd/pkg/source/http"
 )
 
 // TestQueueFairnessAcrossNamespaces: namespace team-a queues 50 slow jobs,
@@ -54,7 +55,7 @@ func TestQueueFairnessAcrossNamespaces(t *testing.T) {
 	store, err := cache.Open(t.TempDir(), cache.WithChunkSize(1<<20), cache.WithBudget(0, 0))
 	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
-	q := prefetch.NewQueue(store, prefetch.NewHTTPSource(nil), prefetch.WithResolveRetries(1, 0))
+	q := prefetch.NewQueue(store, httpsource.New(nil), prefetch.WithResolveRetries(1, 0))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- q.Run(ctx) }()
