@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"path"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -43,6 +44,12 @@ const (
 	// hfAPITimeout bounds each metadata request and small-file read, body
 	// included; a timeout is retried.
 	hfAPITimeout = 2 * time.Minute
+	// maxDistrusted bounds the commits a Source remembers as wrongly
+	// resolved by another node.
+	maxDistrusted = 1024
+	// maxResolvedFiles bounds the files of the models a Source remembers
+	// resolving (a few MiB).
+	maxResolvedFiles = 1 << 16
 )
 
 // Source resolves ref.KindHF references against a Hugging Face hub (or a
@@ -82,7 +89,10 @@ type Source struct {
 	creds source.AgentCredentials
 	anon  *Source
 	// untrusted holds repo@commit listings another node gave wrongly.
-	untrusted commitSet
+	untrusted recent[struct{}]
+	// resolved holds the models this node resolved from the hub, by
+	// repo@commit: a listing at a commit never changes.
+	resolved recent[content.Model]
 }
 
 // Option configures a Source.
@@ -183,12 +193,14 @@ func New(client *http.Client, opts ...Option) (*Source, error) {
 		}
 	}
 	s.base = s.endpoint.String()
+	s.untrusted.limit, s.resolved.limit = maxDistrusted, maxResolvedFiles
 	if client == nil {
 		client = &http.Client{Transport: http.DefaultTransport}
 	}
 	s.http = fetch.Client{HTTP: client, UserAgent: "weightd/" + s.version}
 	if s.token != "" {
 		s.anon = &Source{endpoint: s.endpoint, base: s.base, version: s.version, http: s.http}
+		s.anon.resolved.limit = maxResolvedFiles
 		c := *client
 		base := c.Transport
 		if base == nil {
@@ -276,6 +288,9 @@ func (s *Source) resolve(ctx context.Context, r ref.Ref) (*source.Resolution, er
 		if commit, err = s.commit(ctx, r.Repository, r.Revision); err != nil {
 			return nil, err
 		}
+	}
+	if m, ok := s.resolved.get(r.Repository + "@" + commit); ok {
+		return s.resolutionOf(m), nil
 	}
 	if s.shared == nil || s.distrusted(r.Repository, commit) {
 		return s.resolveAt(ctx, r.Repository, commit)
@@ -372,7 +387,23 @@ func (s *Source) resolveListing(ctx context.Context, repo, commit string, entrie
 	if err := res.Model.Validate(); err != nil {
 		return nil, content.Permanent(fmt.Errorf("hub listing at %s: %w", commit, err))
 	}
+	m := res.Model
+	m.Files = slices.Clone(m.Files)
+	s.resolved.add(repo+"@"+commit, m, len(m.Files))
 	return res, nil
+}
+
+// resolutionOf is the resolution of m, resolved before: every file read
+// from the hub at its commit when a store lacks it.
+func (s *Source) resolutionOf(m content.Model) *source.Resolution {
+	m.Files = slices.Clone(m.Files)
+	res := &source.Resolution{Model: m, Blobs: make(map[digest.Digest]content.RangeOpener, len(m.Files))}
+	for _, f := range m.Files {
+		if _, ok := res.Blobs[f.Digest]; !ok {
+			res.Blobs[f.Digest] = s.blob(s.fileURL(m.Name, m.Revision, f.Path), f.Size)
+		}
+	}
+	return res
 }
 
 // checkPaths checks, before anything is fetched, that no two files have

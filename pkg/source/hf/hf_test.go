@@ -396,9 +396,15 @@ func TestLyingHub(t *testing.T) {
 	_, err = store.Materialize(res.Model)
 	assert.ErrorIs(t, err, content.ErrNotFound)
 
-	// Wrong bytes for a git file: resolving fails, retriably.
+	// Wrong bytes for a git file: resolving anew fails, retriably; a source
+	// that resolved the commit before knows the file's sha256, and the store
+	// rejects the bytes.
 	hub.Corrupt("org/model", "config.json")
-	_, err = hfResolve(t, src, "hf://org/model")
+	again, err := hfResolve(t, src, "hf://org/model")
+	require.NoError(t, err)
+	_, err = hfFetch(t, hfStore(t), again)
+	assert.ErrorIs(t, err, content.ErrDigestMismatch)
+	_, err = hfResolve(t, hfSource(t, hub.URL), "hf://org/model")
 	require.Error(t, err)
 	assert.ErrorIs(t, err, content.ErrDigestMismatch)
 	assert.NotErrorIs(t, err, content.ErrPermanent)
@@ -596,4 +602,32 @@ func TestStalledHubIsRetriable(t *testing.T) {
 	require.Error(t, err)
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.NotErrorIs(t, err, content.ErrPermanent)
+}
+
+// A branch resolved again to the commit it named before reads neither the
+// listing nor the files stored in git a second time: a listing at a commit
+// never changes. The files are still fetched from the hub when a store
+// lacks them.
+func TestResolvingACommitAgainReadsNothing(t *testing.T) {
+	t.Parallel()
+	hub := hubtest.New(hubtest.WithPageSize(3))
+	t.Cleanup(hub.Close)
+	files := modelFiles()
+	hub.AddRepo("org/again", files)
+	src := hfSource(t, hub.URL)
+
+	first, err := hfResolve(t, src, "hf://org/again")
+	require.NoError(t, err)
+	before := hub.Stats()
+	again, err := hfResolve(t, src, "hf://org/again@main")
+	require.NoError(t, err)
+	after := hub.Stats()
+	assert.Equal(t, first.Model, again.Model)
+	assert.Equal(t, before.Bytes, after.Bytes, "no file read again")
+	assert.Equal(t, before.Requests[hubtest.RouteTree], after.Requests[hubtest.RouteTree], "no listing read again")
+	assert.Equal(t, before.Requests[hubtest.RouteInfo]+1, after.Requests[hubtest.RouteInfo], "the branch is looked up each time")
+
+	dir, err := hfFetch(t, hfStore(t), again)
+	require.NoError(t, err)
+	checkDir(t, dir, files)
 }

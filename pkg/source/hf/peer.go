@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"sync"
 
 	"github.com/opencontainers/go-digest"
 
@@ -13,10 +12,6 @@ import (
 	"github.com/weightd/weightd/pkg/source"
 	"github.com/weightd/weightd/pkg/source/internal/fetch"
 )
-
-// maxDistrusted bounds the commits a Source remembers as wrongly
-// resolved by another node.
-const maxDistrusted = 1024
 
 // hubConfirmation checks listings other nodes resolved against the hub's
 // own listing at their commit: the same paths, an LFS file's sha256 and size
@@ -66,16 +61,11 @@ func (c *hubConfirmation) resolve(ctx context.Context, s *Source, repo, commit s
 // from the hub at its commit, the files stored in git verified once stored.
 func (c *hubConfirmation) resolution(s *Source, m content.Model) *source.Resolution {
 	inGit := c.inGit
-	res := &source.Resolution{Model: m, Blobs: make(map[digest.Digest]content.RangeOpener, len(m.Files))}
-	for _, f := range m.Files {
-		if _, ok := res.Blobs[f.Digest]; !ok {
-			res.Blobs[f.Digest] = s.blob(s.fileURL(m.Name, m.Revision, f.Path), f.Size)
-		}
-	}
+	res := s.resolutionOf(m)
 	if len(inGit) > 0 {
 		res.Verify = func(open func(digest.Digest) (*os.File, error)) error {
 			if err := verifyGitBlobs(m, inGit, open); err != nil {
-				s.untrusted.add(m.Name + "@" + m.Revision)
+				s.untrusted.add(m.Name+"@"+m.Revision, struct{}{}, 1)
 				return err
 			}
 			return nil
@@ -87,7 +77,8 @@ func (c *hubConfirmation) resolution(s *Source, m content.Model) *source.Resolut
 // distrusted says whether a listing of repo at commit from another node
 // failed Verify here: it is then resolved from the hub alone.
 func (s *Source) distrusted(repo, commit string) bool {
-	return s.untrusted.has(repo + "@" + commit)
+	_, ok := s.untrusted.get(repo + "@" + commit)
+	return ok
 }
 
 // matchListing checks m's files against the hub's listing and returns the
@@ -140,37 +131,6 @@ func verifyGitBlobs(m content.Model, inGit map[string]string, open func(digest.D
 		}
 	}
 	return nil
-}
-
-// commitSet is a bounded set of strings, oldest forgotten first, safe for
-// concurrent use.
-type commitSet struct {
-	mu    sync.Mutex
-	m     map[string]bool
-	order []string
-}
-
-func (c *commitSet) add(k string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.m[k] {
-		return
-	}
-	if c.m == nil {
-		c.m = make(map[string]bool)
-	}
-	c.m[k] = true
-	c.order = append(c.order, k)
-	if len(c.order) > maxDistrusted {
-		delete(c.m, c.order[0])
-		c.order = c.order[1:]
-	}
-}
-
-func (c *commitSet) has(k string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.m[k]
 }
 
 // SharedResolver resolves a pinned reference once for a group of nodes: it
