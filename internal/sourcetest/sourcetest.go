@@ -7,7 +7,6 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
-	"net"
 	"testing"
 	"time"
 
@@ -17,7 +16,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/source"
@@ -30,26 +28,6 @@ func BlobData(n int) ([]byte, digest.Digest) {
 		data[i] = byte(i*7 + i>>8)
 	}
 	return data, digest.FromBytes(data)
-}
-
-// StartOrigin generates a model and serves it; it returns the server and the
-// manifest.
-func StartOrigin(t *testing.T, spec genmodel.Spec, opts ...genmodel.ServerOption) (*genmodel.Server, *genmodel.Manifest) {
-	t.Helper()
-	dir := t.TempDir()
-	m, err := genmodel.Generate(dir, spec)
-	require.NoError(t, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	s := genmodel.NewServer(ln, dir, opts...)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		assert.NoError(t, <-done)
-	})
-	return s, m
 }
 
 // RunQueue runs q until the test ends.

@@ -25,6 +25,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/internal/genmodel"
+	"github.com/weightd/weightd/internal/genmodel/genmodeltest"
 	"github.com/weightd/weightd/internal/sourcetest"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/content"
@@ -49,17 +50,12 @@ func assertModelDir(t *testing.T, dir, originDir string, m *genmodel.Manifest) {
 	}
 }
 
-// startOriginDir is startOrigin that also returns the served directory.
+// startOriginDir serves a generated model and returns the server, the
+// manifest and the served directory.
 func startOriginDir(t *testing.T, spec genmodel.Spec, opts ...genmodel.ServerOption) (*genmodel.Server, *genmodel.Manifest, string) {
 	t.Helper()
-	s, m := sourcetest.StartOrigin(t, spec, opts...)
-	// startOrigin serves a fresh temporary directory; regenerate the same
-	// (deterministic) model to compare against.
-	dir := t.TempDir()
-	again, err := genmodel.Generate(dir, spec)
-	require.NoError(t, err)
-	require.Equal(t, m, again)
-	return s, m, dir
+	o := genmodeltest.Start(t, spec, opts...)
+	return o.Server, o.Manifest, o.Dir
 }
 
 func TestQueueFetchesModel(t *testing.T) {
@@ -215,7 +211,7 @@ func TestQueueCorruptOriginFailsThenRecovers(t *testing.T) {
 
 func TestQueuePermanentErrorNotRetried(t *testing.T) {
 	t.Parallel()
-	srv, _ := sourcetest.StartOrigin(t, genmodel.Spec{Name: "org/x", Files: 1, TotalBytes: 10})
+	srv := genmodeltest.Start(t, genmodel.Spec{Name: "org/x", Files: 1, TotalBytes: 10})
 	q := prefetch.NewQueue(sourcetest.OpenStore(t), httpsource.New(nil), prefetch.WithResolveRetries(5, time.Hour))
 	sourcetest.RunQueue(t, q)
 	j, err := q.Submit(srv.URL()+"/missing/model.json", prefetch.PriorityNormal)

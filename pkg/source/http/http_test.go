@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/internal/genmodel"
+	"github.com/weightd/weightd/internal/genmodel/genmodeltest"
 	"github.com/weightd/weightd/internal/sourcetest"
 	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/ref"
@@ -302,7 +303,8 @@ func TestResolveFileErrors(t *testing.T) {
 
 func TestResolveManifest(t *testing.T) {
 	t.Parallel()
-	s, m := sourcetest.StartOrigin(t, genmodel.Spec{Name: "org/gen", Files: 5, TotalBytes: 1 << 20, Seed: 9})
+	o := genmodeltest.Start(t, genmodel.Spec{Name: "org/gen", Files: 5, TotalBytes: 1 << 20, Seed: 9})
+	s, m := o.Server, o.Manifest
 	r, err := ref.Parse(s.URL() + "/" + genmodel.ManifestName)
 	require.NoError(t, err)
 	res, err := httpsource.New(nil).Resolve(t.Context(), r)
