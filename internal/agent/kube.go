@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -21,10 +21,10 @@ import (
 	"github.com/weightd/weightd/pkg/warmpool"
 )
 
-// kubeConfig is the Kubernetes part of the agent's configuration. Zero
+// KubeConfig is the Kubernetes part of the agent's configuration. Zero
 // values mean the defaults, so that a configuration built in code (the demo,
 // tests) needs none of it.
-type kubeConfig struct {
+type KubeConfig struct {
 	Kubeconfig         string        `help:"kubeconfig file of the cluster; empty: the in-cluster configuration when KUBERNETES_SERVICE_HOST is set, else Kubernetes features (pod intake, node labels) are off." env:"WEIGHTD_KUBECONFIG" type:"path"`
 	KubeQPS            float32       `name:"kube-qps" help:"Most requests per second to the Kubernetes API server, on average (0: 5)." env:"WEIGHTD_KUBE_QPS"`
 	KubeBurst          int           `name:"kube-burst" help:"Most requests to the Kubernetes API server in a burst (0: 10)." env:"WEIGHTD_KUBE_BURST"`
@@ -50,7 +50,7 @@ type kubeSide struct {
 // newKube builds the Kubernetes side for node, or returns nil when no
 // cluster is configured (one info line says so). pool is the warm pool, nil
 // when off. It starts nothing.
-func newKube(cfg kubeConfig, node string, queue *prefetch.Queue, store *cache.Store, pool *warmpool.Pool, log *slog.Logger, reg prometheus.Registerer) (*kubeSide, error) {
+func newKube(cfg KubeConfig, node, version string, queue *prefetch.Queue, store *cache.Store, pool *warmpool.Pool, log *slog.Logger, reg prometheus.Registerer) (*kubeSide, error) {
 	if cfg.KubeQPS < 0 || cfg.KubeBurst < 0 || cfg.NodeUpdateInterval < 0 {
 		return nil, fmt.Errorf("--kube-qps, --kube-burst and --node-update-interval must not be negative")
 	}
