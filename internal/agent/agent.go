@@ -130,6 +130,7 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 			if a.gpus != nil {
 				a.gpus.Close()
 			}
+			a.kube.close()
 		}
 	}()
 
@@ -393,6 +394,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		})
 	}
 	err := g.Wait()
+	a.kube.close()
 	if a.imports != nil {
 		if cerr := a.imports.Close(); cerr != nil {
 			a.log.Warn("closing the containerd connection", "err", cerr)

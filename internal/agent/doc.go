@@ -16,7 +16,8 @@
 //     (images), the warm pool and its DRAM tier (bases and adapters), the
 //     CSI plugin (models as volumes), and, with a cluster, the Kubernetes
 //     side: pod intake, node publisher, policy, warm-server discovery,
-//     Node events and pod volumes;
+//     Node events and pod volumes, sharing one watch of the node's pods,
+//     one of its Node and one event broadcaster (kube.Shared);
 //   - pods: served through the local API, the mirror, CSI volumes and the
 //     warm servers; GPUs, metrics and profiles are read beside them.
 //
