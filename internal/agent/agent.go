@@ -33,8 +33,8 @@ import (
 )
 
 // Config is the agent's configuration; the agent command fills it from
-// flags, WEIGHTD_* environment variables and the YAML file, the demo sets it
-// directly.
+// flags, WEIGHTD_* environment variables and the YAML file (hence the kong
+// tags), the demo, benchmarks and tests set it directly.
 type Config struct {
 	Root            string        `help:"Cache root directory." default:"/var/lib/weightd" env:"WEIGHTD_ROOT" type:"path"`
 	API             string        `name:"api" help:"Local API address: unix:///path.sock or tcp://127.0.0.1:PORT (a loopback address unless --api-allow-remote)." default:"${default_api}" env:"WEIGHTD_API"`
@@ -99,7 +99,8 @@ type Agent struct {
 }
 
 // New opens the cache, builds every component on one Prometheus
-// registry and opens the API and metrics listeners. It starts no goroutines.
+// registry and opens the API and metrics listeners. It starts no component:
+// only, with a cluster, the shared event broadcaster, which Run stops.
 func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if cfg.MaxJobs < 1 {
 		return nil, fmt.Errorf("--max-jobs must be at least 1, not %d", cfg.MaxJobs)

@@ -21,6 +21,6 @@
 //   - pods: served through the local API, the mirror, CSI volumes and the
 //     warm servers; GPUs, metrics and profiles are read beside them.
 //
-// New opens listeners but starts nothing; Run runs every component under
+// New opens listeners but starts no component; Run runs every component under
 // one errgroup until its context ends or one fails, then closes the cache.
 package agent

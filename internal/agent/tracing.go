@@ -36,7 +36,7 @@ func (c TracingConfig) enabled() bool {
 // resource attributes (OTEL_RESOURCE_ATTRIBUTES adds more). shutdown flushes
 // what is batched and stops the exporter; it is never nil. An enabled
 // provider runs the batcher's goroutine from the start: build it where the
-// agent starts running (agentCmd.Run), not in a constructor.
+// agent starts running (the agent command's Run), not in New.
 func NewTracerProvider(ctx context.Context, cfg TracingConfig, node, version string) (trace.TracerProvider, func(context.Context) error, error) {
 	nothing := func(context.Context) error { return nil }
 	if cfg.OtelSampleRatio < 0 || cfg.OtelSampleRatio > 1 {
