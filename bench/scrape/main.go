@@ -1,14 +1,13 @@
 // Command scrape measures a Prometheus scrape of an agent's metrics with
 // 1,000 cached models, and the same scrape while a large model downloads.
 //
-// It builds the agent's metric-bearing core directly (cmd/weightd is not
-// importable): a cache.Store and a prefetch.Queue on one registry, with the
-// Go and process collectors the agent also registers. The queue fetches
-// 1,000 small generated models from a local origin (internal/genmodel) into the
-// store, so every per-model metric has seen 1,000 models. Then it serves the
-// registry through promhttp on loopback and times GETs of /metrics (the
-// median of -scrapes). Then it fetches one large model and scrapes every 10
-// ms until the download ends.
+// It runs an agent in-process, wired by internal/agent as `weightd agent`
+// is (without peers, Kubernetes or the load tracer), with its metrics on
+// loopback. Through its local API it fetches 1,000 small generated models
+// from a local origin (internal/genmodel), so every per-model metric has
+// seen 1,000 models. Then it times GETs of the agent's /metrics (the median
+// of -scrapes). Then it fetches one large model and scrapes every 10 ms
+// until the download ends.
 //
 // As on a node, the origin and the scraper are other processes than the
 // agent: the origin is this program run again as a child (serving on a
@@ -30,8 +29,8 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,16 +38,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-
+	"github.com/weightd/weightd/internal/agent"
 	"github.com/weightd/weightd/internal/genmodel"
-	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/prefetch"
-	"github.com/weightd/weightd/pkg/ref"
-	"github.com/weightd/weightd/pkg/source"
-	httpsource "github.com/weightd/weightd/pkg/source/http"
 )
 
 type scrapeResult struct {
@@ -171,29 +164,43 @@ func run(models, scrapes int, downloadBytes int64) error {
 		}
 	}()
 
-	// The agent's core on one registry, as newAgent wires it.
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	store, err := cache.Open(filepath.Join(work, "cache"), cache.WithRegisterer(reg))
+	// The agent, its API on a unix socket and its metrics on loopback.
+	sock := "unix://" + filepath.Join(work, "api.sock")
+	a, err := agent.New(agent.Config{
+		Root: filepath.Join(work, "cache"), API: sock, MetricsAddr: "127.0.0.1:0",
+		ChunkSize: 16 << 20, MaxJobs: 8, ShutdownTimeout: 5 * time.Second,
+		// The origin listens on loopback, which agents refuse to fetch
+		// from unless told.
+		SourcesConfig: agent.SourcesConfig{FetchAllowCIDRs: []string{"127.0.0.1/32"}},
+	}, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
 		return err
 	}
-	defer store.Close()
-	queue := prefetch.NewQueue(store, source.Sources{ref.KindHTTP: httpsource.New(nil)},
-		prefetch.WithRegisterer(reg), prefetch.WithJobConcurrency(8))
 	wg.Go(func() {
-		if err := queue.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
-			log.Printf("queue: %v", err)
+		if err := a.Run(ctx); err != nil {
+			log.Printf("agent: %v", err)
 		}
 	})
-	jobs := make([]*prefetch.Job, models)
-	for i := range jobs {
-		if jobs[i], err = queue.Submit(fmt.Sprintf("%s/m%04d/%s", originURL, i, genmodel.ManifestName), prefetch.PriorityBackground); err != nil {
+	client, err := api.NewClient(sock)
+	if err != nil {
+		return err
+	}
+	readyCtx, cancelReady := context.WithTimeout(ctx, 10*time.Second)
+	err = client.WaitReady(readyCtx)
+	cancelReady()
+	if err != nil {
+		return err
+	}
+	ids := make([]string, models)
+	for i := range ids {
+		st, err := client.Submit(ctx, api.FetchRequest{Ref: fmt.Sprintf("%s/m%04d/%s", originURL, i, genmodel.ManifestName), Priority: "background"})
+		if err != nil {
 			return err
 		}
+		ids[i] = st.ID
 	}
-	for _, j := range jobs {
-		st, err := j.Wait(ctx)
+	for _, id := range ids {
+		st, err := client.Watch(ctx, id, nil)
 		if err != nil {
 			return err
 		}
@@ -201,16 +208,7 @@ func run(models, scrapes int, downloadBytes int64) error {
 			return fmt.Errorf("fetching %s: %s: %s", st.Ref, st.State, st.Error)
 		}
 	}
-
-	// /metrics on loopback.
-	mln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	metrics := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), ReadHeaderTimeout: 10 * time.Second}
-	wg.Go(func() { _ = metrics.Serve(mln) })
-	defer metrics.Close()
-	url := "http://" + mln.Addr().String() + "/metrics"
+	url := "http://" + a.MetricsAddr() + "/metrics"
 
 	idle := make([]time.Duration, scrapes)
 	size := 0
@@ -221,10 +219,17 @@ func run(models, scrapes int, downloadBytes int64) error {
 	}
 
 	// The same scrape while the large model downloads.
-	large, err := queue.Submit(originURL+"/large/"+genmodel.ManifestName, prefetch.PriorityPod)
+	large, err := client.Submit(ctx, api.FetchRequest{Ref: originURL + "/large/" + genmodel.ManifestName, Priority: "pod"})
 	if err != nil {
 		return err
 	}
+	done := make(chan struct{})
+	var final prefetch.JobStatus
+	var watchErr error
+	go func() {
+		defer close(done)
+		final, watchErr = client.Watch(ctx, large.ID, nil)
+	}()
 	var busy []time.Duration
 	for {
 		_, took, err := scrape(ctx, url)
@@ -232,7 +237,7 @@ func run(models, scrapes int, downloadBytes int64) error {
 			return err
 		}
 		select {
-		case <-large.Done():
+		case <-done:
 		default:
 			busy = append(busy, took)
 			time.Sleep(10 * time.Millisecond)
@@ -240,8 +245,11 @@ func run(models, scrapes int, downloadBytes int64) error {
 		}
 		break
 	}
-	if st := large.Status(); st.State != prefetch.StateReady {
-		return fmt.Errorf("fetching the large model: %s: %s", st.State, st.Error)
+	if watchErr != nil {
+		return fmt.Errorf("fetching the large model: %w", watchErr)
+	}
+	if final.State != prefetch.StateReady {
+		return fmt.Errorf("fetching the large model: %s: %s", final.State, final.Error)
 	}
 	if len(busy) == 0 {
 		return errors.New("the large model downloaded before the first scrape ended: raise -download-mib")

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weightd/weightd/internal/agent"
 	"github.com/weightd/weightd/pkg/cache"
 )
 
@@ -51,15 +52,15 @@ agent:
 `)
 	flat := writeFile(t, "flat.yaml", "agent-root: /flat\nagent-budget-bytes: 2GiB\n")
 	typo := writeFile(t, "typo.yaml", "agent:\n  budget_percent: 50\n")
-	defaults := agentCmd{agentConfig: agentConfig{
+	defaults := agentCmd{Config: agent.Config{
 		Root: "/var/lib/weightd", API: defaultAPI, MetricsAddr: "127.0.0.1:9464", ChunkSize: 16 << 20,
 		BudgetPercent: 80, MinFreePercent: cache.DefaultMinFreePercent, MaxJobs: 2, ShutdownTimeout: 15 * time.Second, ModelLabels: 50, ProcRoot: "/proc",
-		p2pConfig:       p2pConfig{GossipAddr: ":7946", ChunkAddr: ":7947", OriginFetchers: 2, MaxUploads: 6, UploadTCP: "cubic", PeerCertLifetime: 24 * time.Hour},
-		sourcesConfig:   sourcesConfig{HFEndpoint: "https://huggingface.co"},
-		importConfig:    importConfig{ContainerdNamespace: "k8s.io", Snapshotter: "overlayfs"},
-		loadTraceConfig: loadTraceConfig{LoadTrace: true, CgroupRoot: "/sys/fs/cgroup"},
-		tracingConfig:   tracingConfig{OtelSampleRatio: 1},
-		csiConfig:       csiConfig{KubeletRegistrationDir: "/var/lib/kubelet/plugins_registry", KubeletDir: "/var/lib/kubelet"},
+		P2PConfig:       agent.P2PConfig{GossipAddr: ":7946", ChunkAddr: ":7947", OriginFetchers: 2, MaxUploads: 6, UploadTCP: "cubic", PeerCertLifetime: 24 * time.Hour},
+		SourcesConfig:   agent.SourcesConfig{HFEndpoint: "https://huggingface.co"},
+		ImportConfig:    agent.ImportConfig{ContainerdNamespace: "k8s.io", Snapshotter: "overlayfs"},
+		LoadTraceConfig: agent.LoadTraceConfig{LoadTrace: true, CgroupRoot: "/sys/fs/cgroup"},
+		TracingConfig:   agent.TracingConfig{OtelSampleRatio: 1},
+		CSIConfig:       agent.CSIConfig{KubeletRegistrationDir: "/var/lib/kubelet/plugins_registry", KubeletDir: "/var/lib/kubelet"},
 	}, LogLevel: slog.LevelInfo, LogFormat: "text"}
 
 	tests := []struct {
@@ -75,7 +76,7 @@ agent:
 			args: []string{"--csi-endpoint", "unix:///k/plugins/models.weightd.io/csi.sock", "--kubelet-dir", "/k"},
 			env:  map[string]string{"WEIGHTD_KUBELET_REGISTRATION_DIR": "/k/plugins_registry", "WEIGHTD_CSI_ALLOWED_REFS": "team-a=hf://org/"},
 			want: func(c *agentCmd) {
-				c.csiConfig = csiConfig{CSIEndpoint: "unix:///k/plugins/models.weightd.io/csi.sock", KubeletRegistrationDir: "/k/plugins_registry", KubeletDir: "/k", CSIAllowedRefs: "team-a=hf://org/"}
+				c.CSIConfig = agent.CSIConfig{CSIEndpoint: "unix:///k/plugins/models.weightd.io/csi.sock", KubeletRegistrationDir: "/k/plugins_registry", KubeletDir: "/k", CSIAllowedRefs: "team-a=hf://org/"}
 			},
 		},
 		{
@@ -102,7 +103,7 @@ agent:
 			name: "yaml file",
 			args: []string{"--config", nested},
 			want: func(c *agentCmd) {
-				c.Config = "" // compared apart
+				c.ConfigFile = "" // compared apart
 				c.Root, c.API, c.ChunkSize, c.BudgetBytes, c.BudgetPercent = "/data/weightd", "tcp://127.0.0.1:7000", 32<<20, 1<<30, 50
 				c.MaxJobs, c.MetricsAddr, c.LogLevel, c.LogFormat = 3, "", slog.LevelDebug, "json"
 			},
@@ -110,14 +111,14 @@ agent:
 		{
 			name: "yaml file from the environment, flat keys",
 			env:  map[string]string{"WEIGHTD_CONFIG": flat},
-			want: func(c *agentCmd) { c.Config, c.Root, c.BudgetBytes = "", "/flat", 2<<30 },
+			want: func(c *agentCmd) { c.ConfigFile, c.Root, c.BudgetBytes = "", "/flat", 2<<30 },
 		},
 		{
 			name: "flag beats environment beats file",
 			args: []string{"--config", nested, "--max-jobs", "9"},
 			env:  map[string]string{"WEIGHTD_MAX_JOBS": "7", "WEIGHTD_BUDGET_PERCENT": "33"},
 			want: func(c *agentCmd) {
-				c.Config = ""
+				c.ConfigFile = ""
 				c.Root, c.API, c.ChunkSize, c.BudgetBytes = "/data/weightd", "tcp://127.0.0.1:7000", 32<<20, 1<<30
 				c.MetricsAddr, c.LogLevel, c.LogFormat = "", slog.LevelDebug, "json"
 				c.MaxJobs, c.BudgetPercent = 9, 33
@@ -150,7 +151,7 @@ agent:
 			want := defaults
 			tt.want(&want)
 			got := c.Agent
-			got.Config = ""
+			got.ConfigFile = ""
 			if !reflect.DeepEqual(got, want) {
 				t.Fatalf("got  %+v\nwant %+v", got, want)
 			}

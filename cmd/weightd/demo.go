@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/weightd/weightd/internal/agent"
 	"github.com/weightd/weightd/internal/bytesize"
 	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/pkg/api"
@@ -30,13 +31,13 @@ import (
 // that share chunks peer-to-peer on loopback all fetch it at once through
 // their local APIs; the first agent then fetches it again from its cache.
 type demoCmd struct {
-	Files     int        `help:"Files in the generated model." default:"8"`
-	Size      byteSize   `help:"Total size of the generated model (units: KiB, MiB, GiB, kB, MB, GB)." default:"1GiB"`
-	Agents    int        `help:"Agents that fetch the model at once, sharing chunks on loopback (1: no peers)." default:"3"`
-	ChunkSize byteSize   `help:"Chunk size of the agents: the unit of transfer between peers (a multiple of 64KiB)." default:"16MiB"`
-	Keep      bool       `help:"Keep the working directory (origin files, caches) and keep the agents and origin running until Ctrl-C."`
-	Dir       string     `help:"Working directory (default: a new temporary directory)." type:"path"`
-	LogLevel  slog.Level `help:"Log level of the embedded agents." default:"warn" env:"WEIGHTD_LOG_LEVEL"`
+	Files     int           `help:"Files in the generated model." default:"8"`
+	Size      bytesize.Size `help:"Total size of the generated model (units: KiB, MiB, GiB, kB, MB, GB)." default:"1GiB"`
+	Agents    int           `help:"Agents that fetch the model at once, sharing chunks on loopback (1: no peers)." default:"3"`
+	ChunkSize bytesize.Size `help:"Chunk size of the agents: the unit of transfer between peers (a multiple of 64KiB)." default:"16MiB"`
+	Keep      bool          `help:"Keep the working directory (origin files, caches) and keep the agents and origin running until Ctrl-C."`
+	Dir       string        `help:"Working directory (default: a new temporary directory)." type:"path"`
+	LogLevel  slog.Level    `help:"Log level of the embedded agents." default:"warn" env:"WEIGHTD_LOG_LEVEL"`
 }
 
 // demoModel is the name of the generated model.
@@ -55,7 +56,7 @@ const (
 type demoAgent struct {
 	name   string
 	dir    string // its cache and API socket are in there
-	agent  *agent
+	agent  *agent.Agent
 	client *api.Client
 	api    string
 	stop   context.CancelFunc // set by start
@@ -215,7 +216,7 @@ func demoNodeName(i int) string { return "demo-" + string(rune('a'+i)) }
 func (c *demoCmd) newDemoAgent(dir string, i int, join []string, ca peertls.Files, log *slog.Logger) (*demoAgent, error) {
 	d := &demoAgent{name: demoNodeName(i), dir: filepath.Join(dir, demoNodeName(i))}
 	d.api = "unix://" + filepath.Join(d.dir, "weightd.sock")
-	cfg := agentConfig{
+	cfg := agent.Config{
 		Root:            d.cacheDir(),
 		API:             d.api,
 		MetricsAddr:     "127.0.0.1:0",
@@ -223,9 +224,11 @@ func (c *demoCmd) newDemoAgent(dir string, i int, join []string, ca peertls.File
 		BudgetPercent:   90,
 		MaxJobs:         prefetch.DefaultJobConcurrency,
 		ShutdownTimeout: 5 * time.Second,
+		Version:         version,
+		Commit:          commit,
 		// The embedded origin listens on loopback, which agents refuse to
 		// fetch from unless told.
-		sourcesConfig: sourcesConfig{FetchAllowCIDRs: []string{"127.0.0.1/32"}},
+		SourcesConfig: agent.SourcesConfig{FetchAllowCIDRs: []string{"127.0.0.1/32"}},
 	}
 	if c.Agents > 1 {
 		// memberlist's LAN timings, not FastGossip's: on a loaded machine
@@ -233,7 +236,7 @@ func (c *demoCmd) newDemoAgent(dir string, i int, join []string, ca peertls.File
 		// declares live agents dead, and a peer declared dead is forgotten
 		// with its holdings, so a second agent takes the origin role for
 		// blobs already being fetched.
-		cfg.p2pConfig = p2pConfig{
+		cfg.P2PConfig = agent.P2PConfig{
 			GossipAddr:     "127.0.0.1:0",
 			ChunkAddr:      "127.0.0.1:0",
 			Join:           join,
@@ -249,7 +252,7 @@ func (c *demoCmd) newDemoAgent(dir string, i int, join []string, ca peertls.File
 	if d.client, err = api.NewClient(d.api); err != nil {
 		return nil, err
 	}
-	if d.agent, err = newAgent(cfg, log.With("node", d.name)); err != nil {
+	if d.agent, err = agent.New(cfg, log.With("node", d.name)); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", d.name, err)
 	}
 	return d, nil
@@ -261,8 +264,8 @@ func gossipAddr(ctx context.Context, a *demoAgent) (string, error) {
 	timer := time.NewTimer(demoStartTimeout)
 	defer timer.Stop()
 	select {
-	case <-a.agent.peers.membership.Ready():
-		return a.agent.peers.membership.LocalAddr(), nil
+	case <-a.agent.Membership().Ready():
+		return a.agent.Membership().LocalAddr(), nil
 	case <-timer.C:
 		return "", fmt.Errorf("%s: gossip not up after %s", a.name, demoStartTimeout)
 	case <-ctx.Done():
@@ -412,7 +415,7 @@ func waitForPeers(ctx context.Context, agents []*demoAgent, timeout time.Duratio
 		var waiting string
 		for _, a := range agents {
 			seen := 0
-			for _, p := range a.agent.peers.membership.Members() {
+			for _, p := range a.agent.Membership().Members() {
 				if p.Meta.ChunkAddr != "" {
 					seen++
 				}

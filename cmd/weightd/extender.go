@@ -16,6 +16,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/weightd/weightd/internal/agent"
+	"github.com/weightd/weightd/internal/bytesize"
 	"github.com/weightd/weightd/pkg/extender"
 	"github.com/weightd/weightd/pkg/kube"
 )
@@ -24,7 +26,7 @@ import (
 type extenderConfig struct {
 	Listen          string        `help:"Address to serve the extender (POST /prioritize, /filter), /healthz, /readyz and /metrics on." default:":8888" env:"WEIGHTD_EXTENDER_LISTEN"`
 	Kubeconfig      string        `help:"kubeconfig file of the cluster; empty: the in-cluster configuration." env:"WEIGHTD_KUBECONFIG" type:"path"`
-	MaxBody         byteSize      `help:"Largest extender request body accepted (nodes mode sends whole Node objects)." default:"64MiB" env:"WEIGHTD_EXTENDER_MAX_BODY"`
+	MaxBody         bytesize.Size `help:"Largest extender request body accepted (nodes mode sends whole Node objects)." default:"64MiB" env:"WEIGHTD_EXTENDER_MAX_BODY"`
 	ShutdownTimeout time.Duration `help:"How long open requests may take to finish at shutdown." default:"15s" env:"WEIGHTD_SHUTDOWN_TIMEOUT"`
 }
 
@@ -73,7 +75,7 @@ func newExtenderServer(cfg extenderConfig, rc *rest.Config, log *slog.Logger) (*
 	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		buildInfo(),
+		agent.BuildInfo(version, commit),
 	)
 	c := extender.NewCache()
 	x := &extenderServer{cfg: cfg, log: log, watcher: extender.NewWatcher(client, c, extender.WatchLogger(log.With("component", "watcher")))}
@@ -117,7 +119,7 @@ func (x *extenderServer) Run(ctx context.Context) error {
 		}
 		return nil
 	})
-	g.Go(func() error { return serveHTTP(gctx, x.ln, x.handler, x.cfg.ShutdownTimeout, x.log) })
+	g.Go(func() error { return agent.ServeHTTP(gctx, x.ln, x.handler, x.cfg.ShutdownTimeout, x.log) })
 	err := g.Wait()
 	if err != nil && !errors.Is(err, context.Canceled) {
 		x.log.Error("weightd extender stopped", "err", err)

@@ -4,15 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
-	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/nvml"
 )
 
@@ -111,86 +108,4 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
-}
-
-// apiGPUs converts the inventory's GPUs for the local API's status.
-func apiGPUs(gpus []nvml.GPU) []api.GPU {
-	out := make([]api.GPU, 0, len(gpus))
-	for _, g := range gpus {
-		out = append(out, api.GPU{
-			Index:            g.Index,
-			UUID:             g.UUID,
-			Name:             g.Name,
-			MemoryTotalBytes: g.MemoryTotalBytes,
-			MemoryUsedBytes:  g.MemoryUsedBytes,
-		})
-	}
-	return out
-}
-
-// gpuStatus returns what api.WithGPUs wants: the node's GPUs read from inv
-// at each call (nil without a driver: inv is nil), each with the bases of
-// the healthy warm servers whose processes use it (servers is nil without
-// a warm pool). A failed read is logged and answers no GPUs.
-func gpuStatus(inv *nvml.Inventory, servers func() []api.WarmServer, log *slog.Logger) func() []api.GPU {
-	return func() []api.GPU {
-		if inv == nil {
-			return nil
-		}
-		gpus, err := inv.GPUs()
-		if err != nil {
-			log.Warn("reading GPUs", "err", err)
-			return nil
-		}
-		out := apiGPUs(gpus)
-		if servers == nil {
-			return out
-		}
-		for _, s := range servers() {
-			if !s.Healthy {
-				continue
-			}
-			for i := range out {
-				if slices.Contains(s.GPUs, out[i].UUID) && !slices.Contains(out[i].Bases, s.Base) {
-					out[i].Bases = append(out[i].Bases, s.Base)
-				}
-			}
-		}
-		return out
-	}
-}
-
-// openGPUs opens the node's NVML (lib; gonvml.New() for the system's) for
-// the agent. Where it cannot — no driver, or NVML failing — it logs why once
-// and returns nil: the agent runs with its GPU features off, and
-// weightd_gpu_available says 0.
-func openGPUs(lib gonvml.Interface, procRoot string, log *slog.Logger) *nvml.Inventory {
-	inv, err := nvml.New(lib, nvml.WithLogger(log), nvml.WithProcRoot(procRoot))
-	switch {
-	case errors.Is(err, nvml.ErrNoDriver):
-		log.Info("GPU features off: no NVIDIA driver on this node", "err", err)
-		return nil
-	case err != nil:
-		log.Warn("GPU features off: NVML fails", "err", err)
-		return nil
-	}
-	return inv
-}
-
-// gpuUse returns what the warm pool wants to know of a warm server's pod:
-// the UUIDs of the GPUs its processes use and their memory, read from inv at
-// each call; nil without a driver (inv is nil). A failed read is logged and
-// answers nothing.
-func gpuUse(inv *nvml.Inventory, log *slog.Logger) func(podUID string) ([]string, uint64) {
-	if inv == nil {
-		return nil
-	}
-	return func(podUID string) ([]string, uint64) {
-		gpus, err := inv.GPUs()
-		if err != nil {
-			log.Warn("reading GPUs", "err", err)
-			return nil, 0
-		}
-		return nvml.PodGPUs(gpus, podUID)
-	}
 }

@@ -3,16 +3,13 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/nvml"
 	"github.com/weightd/weightd/pkg/nvml/nvmltest"
 )
@@ -118,55 +115,5 @@ func TestGPUsCommandLine(t *testing.T) {
 	code, stdout, stderr := runCLI(t, "gpus", "--help")
 	if code != 0 || !strings.Contains(stdout, "--json") || !strings.Contains(stdout, "--proc-root") {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
-	}
-}
-
-func TestAgentGPUs(t *testing.T) {
-	t.Parallel()
-	var logs bytes.Buffer
-	log := slog.New(slog.NewTextHandler(&logs, nil))
-	if inv := openGPUs(nvmltest.NoDriver(), "/proc", log); inv != nil {
-		t.Fatal("an inventory without a driver")
-	}
-	if !strings.Contains(logs.String(), "GPU features off: no NVIDIA driver") {
-		t.Errorf("log:\n%s", logs.String())
-	}
-	if got := gpuStatus(nil, nil, log)(); got != nil {
-		t.Errorf("GPUs without a driver: %+v", got)
-	}
-
-	m, proc := gpuMachine(t)
-	inv := openGPUs(m, proc, log)
-	if inv == nil {
-		t.Fatal("no inventory")
-	}
-	uuid := m.Device(1).UUID
-	servers := func() []api.WarmServer {
-		return []api.WarmServer{
-			{Pod: "ai/a", Base: "hf://org/base@main", Healthy: true, GPUs: []string{uuid}},
-			{Pod: "ai/b", Base: "hf://org/base@main", Healthy: true, GPUs: []string{uuid}},
-			{Pod: "ai/c", Base: "hf://org/other@main", Healthy: false, GPUs: []string{uuid}},
-		}
-	}
-	got := gpuStatus(inv, servers, log)()
-	if len(got) != 8 {
-		t.Fatalf("%d GPUs, want 8", len(got))
-	}
-	want := api.GPU{Index: 1, UUID: m.Device(1).UUID, Name: "NVIDIA H100 80GB HBM3", MemoryTotalBytes: 80 << 30, MemoryUsedBytes: 12 << 30}
-	if g := got[1]; g.Index != want.Index || g.UUID != want.UUID || g.Name != want.Name ||
-		g.MemoryTotalBytes != want.MemoryTotalBytes || g.MemoryUsedBytes != want.MemoryUsedBytes {
-		t.Errorf("GPU 1 = %+v, want %+v", g, want)
-	}
-	// The healthy servers' base, once; the unhealthy server's not.
-	if !slices.Equal(got[1].Bases, []string{"hf://org/base@main"}) || got[0].Bases != nil {
-		t.Errorf("warm bases: GPU 1 %v, GPU 0 %v", got[1].Bases, got[0].Bases)
-	}
-
-	m.DeviceGetCountFunc = func() (int, gonvml.Return) { return 0, gonvml.ERROR_UNKNOWN }
-	if got := gpuStatus(inv, nil, log)(); got != nil {
-		t.Errorf("GPUs when NVML fails: %+v", got)
-	}
-	if !strings.Contains(logs.String(), "reading GPUs") {
-		t.Errorf("log:\n%s", logs.String())
 	}
 }

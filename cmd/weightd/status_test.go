@@ -272,3 +272,45 @@ func TestStatusWatch(t *testing.T) {
 	assert.GreaterOrEqual(t, strings.Count(out.String(), "\n\nweightd v1.2.3 at "), 1)
 	assert.NotContains(t, out.String(), "\x1b")
 }
+
+func TestRenderMirror(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	// What the agent's mirror check says of containerd 1.6 without a config_path.
+	const problem = "containerd 1.6.20's CRI has no registry config_path, so it reads none of the hosts.toml files in /etc/containerd/certs.d: " +
+		"the kubelet's pulls bypass the mirror and go straight to the registries; " +
+		`set [plugins."io.containerd.grpc.v1.cri".registry] config_path = "/etc/containerd/certs.d" in containerd's config.toml and restart containerd`
+	renderStatus(&out, api.Status{Version: "dev", Mirror: &api.MirrorStatus{
+		Addr: "127.0.0.1:5001", Registries: []string{"docker.io", "ghcr.io"}, HostsDir: "/etc/containerd/certs.d",
+		ConfigPathState: api.ConfigPathUnset, ContainerdVersion: "1.6.20", Problem: problem,
+	}}, statusView{api: "unix:///run/weightd.sock", now: statusNow})
+	const want = `
+MIRROR
+  address     127.0.0.1:5001
+  registries  docker.io, ghcr.io
+  hosts dir   /etc/containerd/certs.d
+  containerd  unset
+  version     1.6.20
+  containerd 1.6.20's CRI has no registry config_path, so it reads none of the hosts.toml files in
+  /etc/containerd/certs.d: the kubelet's pulls bypass the mirror and go straight to the registries;
+  set [plugins."io.containerd.grpc.v1.cri".registry] config_path = "/etc/containerd/certs.d" in
+  containerd's config.toml and restart containerd
+`
+	assert.Contains(t, out.String(), want)
+	for _, line := range strings.Split(out.String(), "\n") {
+		assert.LessOrEqual(t, utf8.RuneCountInString(line), statusWidth, "%q", line)
+	}
+
+	out.Reset()
+	renderStatus(&out, api.Status{Version: "dev", Mirror: &api.MirrorStatus{Addr: "127.0.0.1:5001", Registries: []string{"docker.io"}}},
+		statusView{api: "x", now: statusNow})
+	assert.Contains(t, out.String(), "  hosts dir   - (no hosts.toml written)\n")
+	out.Reset()
+	renderStatus(&out, api.Status{Version: "dev"}, statusView{api: "x", now: statusNow})
+	assert.NotContains(t, out.String(), "MIRROR")
+
+	long := strings.Repeat("x", 300)
+	assert.Equal(t, []string{"a b c", strings.Repeat("x", 9) + "…", "d e f g"}, wrapWords("a b c "+long+" d e f g", 10))
+	assert.Equal(t, []string{"abcd", "efgh"}, wrapWords("abcd efgh", 8))
+	assert.Empty(t, wrapWords("  ", 10))
+}

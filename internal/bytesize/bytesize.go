@@ -1,4 +1,5 @@
-// Package bytesize formats byte counts for people: the CLI's tables and the
+// Package bytesize formats byte counts for people, and parses the sizes
+// people write in flags and configuration (Size): the CLI's tables and the
 // CSI plugin's progress messages say sizes the same way.
 package bytesize
 

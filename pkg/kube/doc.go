@@ -31,6 +31,11 @@
 //     in use while the pod lives, and writes on each healthy warm server's
 //     pod the adapters loaded in it (weightd.io/loaded-adapters).
 //
+// In an agent they share one Shared (NewShared), with NodeEvents,
+// PodVolumes and the policy controller: one watch of the node's pods, one
+// of its Node, one event broadcaster. A component given none watches and
+// records on its own.
+//
 // Each has a Run(ctx) error that returns only when ctx ends: an API server
 // that is down or restarting never stops the agent; informers reconnect, and
 // writes are retried with backoff. None holds anything the local API or the

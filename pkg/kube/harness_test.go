@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,23 +32,34 @@ import (
 	httpsource "github.com/weightd/weightd/pkg/source/http"
 )
 
-// writeCounter counts the write requests (anything but GET) a client sends.
+// writeCounter counts the write requests (anything but GET) a client sends,
+// and the watches it opens.
 type writeCounter struct {
-	mu    sync.Mutex
-	times []time.Time
-	what  []string
+	mu      sync.Mutex
+	times   []time.Time
+	what    []string
+	watches []string // paths
 }
 
 func (c *writeCounter) wrap(rt http.RoundTripper) http.RoundTripper {
 	return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		c.mu.Lock()
 		if r.Method != http.MethodGet {
-			c.mu.Lock()
 			c.times = append(c.times, time.Now())
 			c.what = append(c.what, r.Method+" "+r.URL.Path)
-			c.mu.Unlock()
+		} else if r.URL.Query().Get("watch") == "true" {
+			c.watches = append(c.watches, r.URL.Path)
 		}
+		c.mu.Unlock()
 		return rt.RoundTrip(r)
 	})
+}
+
+// watchesOf returns how many watches were opened on path.
+func (c *writeCounter) watchesOf(path string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(slices.DeleteFunc(slices.Clone(c.watches), func(p string) bool { return p != path }))
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
@@ -134,6 +146,9 @@ type agent struct {
 type agentOpts struct {
 	qps   float32
 	burst int
+	// warm, when set, adds WarmPods over it, and the components share one
+	// Shared, as in the agent.
+	warm WarmPool
 }
 
 // startAgent runs an agent for node with its cache in root until stop (or
@@ -157,16 +172,29 @@ func startAgent(t *testing.T, env *kubetest.Env, node, root string, o agentOpts)
 	a.blobs = &hidingBlobs{store: a.store}
 	a.queue = prefetch.NewQueue(a.store, source.Sources{ref.KindHTTP: httpsource.New(http.DefaultClient)},
 		prefetch.WithResolveRetries(1, 0))
+	var shared *Shared
+	if o.warm != nil {
+		shared = NewShared(client, node)
+	}
 	if a.intake, err = NewPodIntake(client, node, a.queue,
-		WithStatusInterval(200*time.Millisecond, 500*time.Millisecond), WithIntakeLogger(testLogger(t))); err != nil {
+		WithStatusInterval(200*time.Millisecond, 500*time.Millisecond), WithIntakeLogger(testLogger(t)), WithIntakeShared(shared)); err != nil {
 		t.Fatal(err)
 	}
-	if a.pub, err = NewNodePublisher(client, node, a.queue, a.blobs, WithNodeInterval(200*time.Millisecond, time.Second), WithPublisherLogger(testLogger(t))); err != nil {
+	if a.pub, err = NewNodePublisher(client, node, a.queue, a.blobs, WithNodeInterval(200*time.Millisecond, time.Second),
+		WithPublisherLogger(testLogger(t)), WithPublisherShared(shared)); err != nil {
 		t.Fatal(err)
+	}
+	runs := []func(context.Context) error{a.queue.Run, a.intake.Run, a.pub.Run}
+	if o.warm != nil {
+		w, err := NewWarmPods(client, node, o.warm, WithWarmLogger(testLogger(t)), WithWarmShared(shared))
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs = append(runs, w.Run)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for _, run := range []func(context.Context) error{a.queue.Run, a.intake.Run, a.pub.Run} {
+	for _, run := range runs {
 		wg.Go(func() {
 			if err := run(ctx); err != nil {
 				t.Errorf("run: %v", err)
@@ -178,6 +206,9 @@ func startAgent(t *testing.T, env *kubetest.Env, node, root string, o agentOpts)
 		once.Do(func() {
 			cancel()
 			wg.Wait()
+			if shared != nil {
+				shared.Close()
+			}
 			a.store.Close()
 		})
 	}

@@ -14,12 +14,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
@@ -58,6 +54,13 @@ type intakeConfig struct {
 	workers          int
 	logger           *slog.Logger
 	registerer       prometheus.Registerer
+	shared           *Shared
+}
+
+// WithIntakeShared has the intake watch pods and record Events through
+// what the agent's components share.
+func WithIntakeShared(s *Shared) IntakeOption {
+	return func(c *intakeConfig) { c.shared = s }
 }
 
 // WithStatusInterval sets the least time between two status patches of one
@@ -196,10 +199,10 @@ func (in *PodIntake) Run(ctx context.Context) error {
 		}
 		defer r.Unregister(in.ready)
 	}
-	recorder, stopRecorder := newRecorder(ctx, in.client, in.node)
+	recorder, stopRecorder := in.cfg.shared.recorder(ctx, in.client, in.node)
 	defer stopRecorder()
 
-	factory := nodePods(in.client, in.node, slimPod)
+	factory, stopFactory := in.cfg.shared.pods(in.client, in.node)
 	informer := factory.Core().V1().Pods().Informer()
 	queue := workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.NewTypedItemExponentialFailureRateLimiter[string](500*time.Millisecond, 30*time.Second),
@@ -232,7 +235,7 @@ func (in *PodIntake) Run(ctx context.Context) error {
 	<-ctx.Done()
 	queue.ShutDown()
 	wg.Wait()
-	factory.Shutdown()
+	stopFactory()
 	return nil
 }
 
@@ -467,26 +470,6 @@ func patchAnnotations(ctx context.Context, client kubernetes.Interface, pod *cor
 	return err
 }
 
-// newRecorder starts sending Events from weightd on node to the API server;
-// stop flushes and ends it.
-func newRecorder(ctx context.Context, client kubernetes.Interface, node string) (recorder record.EventRecorder, stop func()) {
-	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
-	return broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: FieldManager, Host: node}), broadcaster.Shutdown
-}
-
-// nodePods is an informer factory that lists and watches only the pods
-// bound to node (a field selector on spec.nodeName), each put through
-// transform.
-func nodePods(client kubernetes.Interface, node string, transform cache.TransformFunc) informers.SharedInformerFactory {
-	return informers.NewSharedInformerFactoryWithOptions(client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
-		}),
-		informers.WithTransform(transform),
-	)
-}
-
 // forget stops following a pod, if it did; its jobs go on.
 func (in *PodIntake) forget(key string) bool {
 	in.mu.Lock()
@@ -524,8 +507,10 @@ func fingerprint(pod *corev1.Pod) string {
 	return b.String()
 }
 
-// slimPod is the informer's transform: it keeps of a pod only what the intake
-// reads, so that the node's pods cost little memory.
+// slimPod is the pod informer's transform: it keeps of a pod only what the
+// intake and WarmPods read (the warm-server label and the pod's IP are
+// WarmPods'; the images, the intake's), so that the node's pods cost little
+// memory.
 func slimPod(obj any) (any, error) {
 	pod, ok := obj.(*corev1.Pod)
 	if !ok {
@@ -538,7 +523,10 @@ func slimPod(obj any) (any, error) {
 			ResourceVersion: pod.ResourceVersion, DeletionTimestamp: pod.DeletionTimestamp,
 		},
 		Spec:   corev1.PodSpec{NodeName: pod.Spec.NodeName},
-		Status: corev1.PodStatus{Phase: pod.Status.Phase},
+		Status: corev1.PodStatus{Phase: pod.Status.Phase, PodIP: pod.Status.PodIP},
+	}
+	if v, ok := pod.Labels[podrequest.WarmServerLabel]; ok {
+		slim.Labels = map[string]string{podrequest.WarmServerLabel: v}
 	}
 	for k, v := range pod.Annotations {
 		if strings.HasPrefix(k, "weightd.io/") {

@@ -117,6 +117,28 @@ func TestPodToReady(t *testing.T) {
 	assert.Equal(t, "ready", node(t, env, nodeName).Labels["models.weightd.io/by-hand"])
 }
 
+// TestShared: the intake and WarmPods share one watch of the node's pods,
+// and the publisher's watch of the Node and the intake's Events go through
+// what they share, as in the agent.
+func TestShared(t *testing.T) {
+	const nodeName = "gpu-1"
+	env := startEnv(t, nodeName)
+	ref, _ := testOrigin(t, "test/model", 4, modelSize)
+	a := startAgent(t, env, nodeName, cacheDir(t), agentOpts{warm: newFakePool()})
+
+	createPod(t, env, newPod("p1", nodeName, map[string]string{podrequest.Models: ref}))
+	waitStatus(t, env, "p1", "ready", 30*time.Second)
+	eventually(t, 10*time.Second, func() string {
+		if ev := podEvents(t, env, "p1"); !hasEvent(ev, "Normal Prefetched: prefetched ") {
+			return fmt.Sprintf("events %q", ev)
+		}
+		return ""
+	})
+	eventually(t, 10*time.Second, func() string { return nodeShows(t, node(t, env, nodeName), ref, true) })
+	assert.Equal(t, 1, a.writes.watchesOf("/api/v1/pods"), "watches of the node's pods")
+	assert.Equal(t, 1, a.writes.watchesOf("/api/v1/nodes"), "watches of the Node")
+}
+
 // TestInvalidAnnotation: a malformed annotation is a Warning Event on its
 // pod, and nothing else.
 func TestInvalidAnnotation(t *testing.T) {

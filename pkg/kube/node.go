@@ -15,9 +15,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	applycorev1 "k8s.io/client-go/applyconfigurations/core/v1"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 
 	wcache "github.com/weightd/weightd/pkg/cache"
@@ -58,6 +56,7 @@ type publisherConfig struct {
 	maxEntries         int
 	logger             *slog.Logger
 	warmBases          func() ([]string, bool)
+	shared             *Shared
 }
 
 // WithNodeInterval sets the least time between two writes of the Node
@@ -105,6 +104,12 @@ func WithPublisherLogger(l *slog.Logger) PublisherOption {
 // written with the others, in the same apply, and go when a base does.
 func WithWarmBases(bases func() ([]string, bool)) PublisherOption {
 	return func(c *publisherConfig) { c.warmBases = bases }
+}
+
+// WithPublisherShared has the publisher watch the Node through what the
+// agent's components share.
+func WithPublisherShared(s *Shared) PublisherOption {
+	return func(c *publisherConfig) { c.shared = s }
 }
 
 // NodePublisher publishes a node's cache state on its Node object: a label
@@ -187,15 +192,10 @@ func (p *NodePublisher) Writes() int {
 // compares what it should publish with what the node shows and writes the
 // difference. An unreachable API server delays writes, never fails Run.
 func (p *NodePublisher) Run(ctx context.Context) error {
-	factory := informers.NewSharedInformerFactoryWithOptions(p.client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", p.node).String()
-		}),
-		informers.WithTransform(slimNode),
-	)
+	factory, stopFactory := p.cfg.shared.nodes(p.client, p.node)
 	informer := factory.Core().V1().Nodes().Informer()
 	factory.Start(ctx.Done())
-	defer factory.Shutdown()
+	defer stopFactory()
 
 	t := time.NewTicker(p.cfg.interval)
 	defer t.Stop()

@@ -34,18 +34,20 @@ const nodeEventQueue = 16
 type NodeEvents struct {
 	client kubernetes.Interface
 	node   string
+	shared *Shared // nil: its own recorder
 	queue  chan nodeEvent
 }
 
 type nodeEvent struct{ typ, reason, message string }
 
-// NewNodeEvents returns the Event recorder for node. It starts nothing:
-// Run records the Events.
-func NewNodeEvents(client kubernetes.Interface, node string) (*NodeEvents, error) {
+// NewNodeEvents returns the Event recorder for node, recording through
+// shared (nil: a recorder of its own). It starts nothing: Run records the
+// Events.
+func NewNodeEvents(client kubernetes.Interface, node string, shared *Shared) (*NodeEvents, error) {
 	if client == nil || node == "" {
 		return nil, errors.New("kube: node events need a client and a node name")
 	}
-	return &NodeEvents{client: client, node: node, queue: make(chan nodeEvent, nodeEventQueue)}, nil
+	return &NodeEvents{client: client, node: node, shared: shared, queue: make(chan nodeEvent, nodeEventQueue)}, nil
 }
 
 // Event queues an Event on the node (eventType is corev1.EventTypeNormal or
@@ -66,7 +68,7 @@ func (n *NodeEvents) Event(eventType, reason, message string) bool {
 // spam filter and aggregation included) until ctx ends. An API server that
 // is down delays them; it never stops Run.
 func (n *NodeEvents) Run(ctx context.Context) error {
-	recorder, stop := newRecorder(ctx, n.client, n.node)
+	recorder, stop := n.shared.recorder(ctx, n.client, n.node)
 	defer stop()
 	ref := &corev1.ObjectReference{Kind: "Node", Name: n.node, UID: types.UID(n.node)}
 	for {

@@ -20,9 +20,9 @@ import (
 func TestNodeEventsFakeAPI(t *testing.T) {
 	t.Parallel()
 	client := fake.NewClientset()
-	_, err := NewNodeEvents(client, "")
+	_, err := NewNodeEvents(client, "", nil)
 	require.Error(t, err)
-	ev, err := NewNodeEvents(client, "n1")
+	ev, err := NewNodeEvents(client, "n1", nil)
 	require.NoError(t, err)
 
 	long := strings.Repeat("é", MaxNodeEventLen)

@@ -36,16 +36,18 @@ type PodVolumes struct {
 	client kubernetes.Interface
 	node   string
 	log    *slog.Logger
+	shared *Shared // nil: its own recorder
 	queue  chan csi.Published
 }
 
-// NewPodVolumes returns the announcer of node's model volumes. It starts
-// nothing: Run writes what Announce queues.
-func NewPodVolumes(client kubernetes.Interface, node string, log *slog.Logger) (*PodVolumes, error) {
+// NewPodVolumes returns the announcer of node's model volumes, recording
+// Events through shared (nil: a recorder of its own). It starts nothing:
+// Run writes what Announce queues.
+func NewPodVolumes(client kubernetes.Interface, node string, shared *Shared, log *slog.Logger) (*PodVolumes, error) {
 	if client == nil || node == "" {
 		return nil, errors.New("kube: pod volumes need a client and a node name")
 	}
-	return &PodVolumes{client: client, node: node, log: log, queue: make(chan csi.Published, podVolumeQueue)}, nil
+	return &PodVolumes{client: client, node: node, log: log, shared: shared, queue: make(chan csi.Published, podVolumeQueue)}, nil
 }
 
 // Announce queues p and returns at once (csi.Config.Announce).
@@ -60,7 +62,7 @@ func (v *PodVolumes) Announce(_ context.Context, p csi.Published) {
 // Run writes the queued announcements until ctx ends. A pod gone since is
 // skipped; an API server that fails costs the annotation, never the volume.
 func (v *PodVolumes) Run(ctx context.Context) error {
-	recorder, stop := newRecorder(ctx, v.client, v.node)
+	recorder, stop := v.shared.recorder(ctx, v.client, v.node)
 	defer stop()
 	for {
 		select {

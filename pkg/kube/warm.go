@@ -16,7 +16,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -74,6 +73,13 @@ type warmConfig struct {
 	logger              *slog.Logger
 	serverNamespaces    map[string]bool // may hold warm servers for their own pods
 	sharedNamespaces    map[string]bool // may hold warm servers for every namespace's pods
+	shared              *Shared
+}
+
+// WithWarmShared has WarmPods watch pods and record Events through what the
+// agent's components share.
+func WithWarmShared(s *Shared) WarmOption {
+	return func(c *warmConfig) { c.shared = s }
 }
 
 // WithWarmServerNamespaces names the namespaces whose pods may be warm
@@ -295,9 +301,9 @@ func (w *WarmPods) Tracked() int {
 // adapter requests are served from then on. An API server that is down
 // delays that and later writes (retried), never fails Run.
 func (w *WarmPods) Run(ctx context.Context) error {
-	recorder, stopRecorder := newRecorder(ctx, w.client, w.node)
+	recorder, stopRecorder := w.cfg.shared.recorder(ctx, w.client, w.node)
 	defer stopRecorder()
-	factory := nodePods(w.client, w.node, slimWarmPod)
+	factory, stopFactory := w.cfg.shared.pods(w.client, w.node)
 	informer := factory.Core().V1().Pods().Informer()
 	queue := workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.NewTypedItemExponentialFailureRateLimiter[string](w.cfg.retryBase, w.cfg.retryMax),
@@ -335,7 +341,7 @@ func (w *WarmPods) Run(ctx context.Context) error {
 		return fmt.Errorf("warm pods: %w", err)
 	}
 	factory.Start(ctx.Done())
-	defer factory.Shutdown()
+	defer stopFactory()
 	defer queue.ShutDown()
 	w.cfg.logger.Info("watching this node's warm servers and adapter requests", "node", w.node)
 	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
@@ -759,35 +765,4 @@ func podFinished(pod *corev1.Pod) bool {
 
 func podRef(pod *corev1.Pod) corev1.ObjectReference {
 	return corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
-}
-
-// slimWarmPod is the warm informer's transform: it keeps of a pod only what
-// WarmPods reads (the warm-server label, weightd's annotations, phase and
-// IP).
-func slimWarmPod(obj any) (any, error) {
-	pod, ok := obj.(*corev1.Pod)
-	if !ok {
-		return obj, nil // a tombstone
-	}
-	slim := &corev1.Pod{
-		TypeMeta: pod.TypeMeta,
-		ObjectMeta: metav1.ObjectMeta{
-			Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID,
-			ResourceVersion: pod.ResourceVersion, DeletionTimestamp: pod.DeletionTimestamp,
-		},
-		Spec:   corev1.PodSpec{NodeName: pod.Spec.NodeName},
-		Status: corev1.PodStatus{Phase: pod.Status.Phase, PodIP: pod.Status.PodIP},
-	}
-	if v, ok := pod.Labels[podrequest.WarmServerLabel]; ok {
-		slim.Labels = map[string]string{podrequest.WarmServerLabel: v}
-	}
-	for k, v := range pod.Annotations {
-		if strings.HasPrefix(k, "weightd.io/") {
-			if slim.Annotations == nil {
-				slim.Annotations = make(map[string]string)
-			}
-			slim.Annotations[k] = v
-		}
-	}
-	return slim, nil
 }

@@ -262,7 +262,7 @@ func (m *Mirror) upstreamManifest(ctx context.Context, auth oci.RegistryAuth, re
 // Learn records that tag names the manifest or index d, as a prefetch that
 // resolved the tag learned it, so that a pull of the tag through the mirror
 // is served even while the upstream is down, if the image is public (the
-// prefetch fetched it without credentials; see prefetch.Image.Public). The
+// prefetch fetched it without credentials; see source.Image.Public). The
 // manifest must be in the cache already (a prefetched image's is). Tags of
 // registries the mirror does not serve are ignored.
 func (m *Mirror) Learn(registry, repository, tag string, d digest.Digest, public bool) error {

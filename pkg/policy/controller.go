@@ -98,6 +98,10 @@ type Config struct {
 	// Recorder records the Events on policies (default: one that writes
 	// them through the clientset, started by Run).
 	Recorder record.EventRecorder
+	// Nodes is the informer factory of this node's Node object, shared with
+	// the agent's other components (kube.Shared); its Node must keep its
+	// labels. Default: one of the controller's own, started by Run.
+	Nodes informers.SharedInformerFactory
 	// Registerer, when set, gets the controller's metrics while Run runs:
 	// weightd_policy_status_writes_total, weightd_policy_selected and
 	// weightd_policy_pinned_blobs.
@@ -268,14 +272,16 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	c.policies = pinf.GetStore()
 
-	nf := informers.NewSharedInformerFactoryWithOptions(c.kube, c.cfg.Resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", c.node).String()
-		}))
-	ninf := nf.Core().V1().Nodes().Informer()
-	if err := ninf.SetTransform(nodeLabelsOnly); err != nil {
-		return fmt.Errorf("node informer: %w", err)
+	nf := c.cfg.Nodes
+	if nf == nil {
+		nf = informers.NewSharedInformerFactoryWithOptions(c.kube, c.cfg.Resync,
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", c.node).String()
+			}),
+			informers.WithTransform(nodeLabelsOnly))
+		defer nf.Shutdown()
 	}
+	ninf := nf.Core().V1().Nodes().Informer()
 	if _, err := ninf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { c.enqueueAll() },
 		UpdateFunc: func(old, obj any) {
@@ -294,7 +300,6 @@ func (c *Controller) Run(ctx context.Context) error {
 	pf.Start(ctx.Done())
 	nf.Start(ctx.Done())
 	defer pf.Shutdown()
-	defer nf.Shutdown()
 
 	c.log.Info("policy controller waiting for PrefetchPolicies and the node")
 	if !toolscache.WaitForCacheSync(ctx.Done(), pinf.HasSynced, ninf.HasSynced) {

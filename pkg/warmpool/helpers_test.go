@@ -29,7 +29,7 @@ type dirFetcher struct {
 	calls atomic.Int32
 
 	mu         sync.Mutex
-	requesters []string // prefetch.Requester of each fetch
+	requesters []string // source.Requester of each fetch
 }
 
 func (f *dirFetcher) Fetch(ctx context.Context, ref string) (string, error) {

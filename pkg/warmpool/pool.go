@@ -20,19 +20,19 @@ import (
 	"github.com/weightd/weightd/pkg/warmpool/engine"
 )
 
-// Fetcher brings an adapter into the local cache. The agent implements it
-// with its prefetch queue (cache and swarm).
+// Fetcher brings an adapter into the local cache. QueueFetcher implements
+// it with the agent's prefetch queue (cache and swarm).
 type Fetcher interface {
 	// Fetch fetches the adapter at ref and returns the directory holding
 	// its files (adapter_config.json, the safetensors weights). ctx names
-	// the pod's namespace the fetch is for (prefetch.Requester), which
+	// the pod's namespace the fetch is for (source.Requester), which
 	// decides whether the agent's credentials go on it. An unparsable
 	// reference is an error wrapping api.ErrBadRequest.
 	Fetch(ctx context.Context, ref string) (dir string, err error)
 }
 
-// Bases keeps the base models of warm servers in the cache. The agent
-// implements it with its prefetch queue and pins in the cache.
+// Bases keeps the base models of warm servers in the cache. NewBasePinner
+// implements it with the agent's prefetch queue and pins in the cache.
 type Bases interface {
 	// Keep fetches the base model of s and pins its blobs on behalf of s.
 	// It may take long (a base is large); the pool calls it from Run and

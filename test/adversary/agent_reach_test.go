@@ -423,7 +423,7 @@ func TestAgentOwnWritesAllowed(t *testing.T) {
 	}
 	// Events through the agent's recorder (created, then patched as they
 	// repeat) on its node, on a pod of its node and on a policy.
-	events, err := kube.NewNodeEvents(f.agent, "n1")
+	events, err := kube.NewNodeEvents(f.agent, "n1", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -445,7 +445,7 @@ func TestAgentOwnWritesAllowed(t *testing.T) {
 	recorded.Event(w1Ref, corev1.EventTypeNormal, kube.ReasonPrefetched, "twice")
 	waitEvent(t, f.admin, "default", "involvedObject.name=w1,reason="+kube.ReasonPrefetched, 2)
 	// The CSI plugin's announcement of a model volume's revision.
-	volumes, err := kube.NewPodVolumes(f.agent, "n1", slog.New(slog.DiscardHandler))
+	volumes, err := kube.NewPodVolumes(f.agent, "n1", nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,7 @@
 package adversary
 
 // The agents the attacks of slow readers and big answers (attack 8) are
-// aimed at: a chunk server started as cmd/weightd starts it, and a swarm
+// aimed at: a chunk server started as internal/agent starts it, and a swarm
 // downloader that fetches a blob from peers, on real TCP over loopback.
 
 import (
@@ -28,7 +28,7 @@ import (
 // agentMaxUploads is cmd/weightd's default --max-uploads.
 const agentMaxUploads = 6
 
-// servingAgent is one agent's chunk server, started as cmd/weightd starts
+// servingAgent is one agent's chunk server, started as internal/agent starts
 // it: ListenChunks, NewChunkServer with its swarm, upload slots and
 // resolutions, Run until the test ends.
 type servingAgent struct {
@@ -111,7 +111,7 @@ func (d staticDirectory) Holders(digest.Digest) []p2p.Holder {
 }
 
 // fetchingAgent is an agent downloading blobs from its peers with the
-// swarm, configured as cmd/weightd configures it; its log is kept.
+// swarm, configured as internal/agent configures it; its log is kept.
 type fetchingAgent struct {
 	store *cache.Store
 	swarm *p2p.Swarm

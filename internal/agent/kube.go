@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -21,10 +21,10 @@ import (
 	"github.com/weightd/weightd/pkg/warmpool"
 )
 
-// kubeConfig is the Kubernetes part of the agent's configuration. Zero
+// KubeConfig is the Kubernetes part of the agent's configuration. Zero
 // values mean the defaults, so that a configuration built in code (the demo,
 // tests) needs none of it.
-type kubeConfig struct {
+type KubeConfig struct {
 	Kubeconfig         string        `help:"kubeconfig file of the cluster; empty: the in-cluster configuration when KUBERNETES_SERVICE_HOST is set, else Kubernetes features (pod intake, node labels) are off." env:"WEIGHTD_KUBECONFIG" type:"path"`
 	KubeQPS            float32       `name:"kube-qps" help:"Most requests per second to the Kubernetes API server, on average (0: 5)." env:"WEIGHTD_KUBE_QPS"`
 	KubeBurst          int           `name:"kube-burst" help:"Most requests to the Kubernetes API server in a burst (0: 10)." env:"WEIGHTD_KUBE_BURST"`
@@ -38,7 +38,9 @@ type kubeConfig struct {
 // kubeSide is the agent's Kubernetes side: the pod intake, the node
 // publisher, the node-group policy controller and, with a warm pool, its
 // warm servers and adapter requests, each run in the agent's errgroup.
+// They watch the node's pods and Node, and record Events, through shared.
 type kubeSide struct {
+	shared    *kube.Shared
 	intake    *kube.PodIntake
 	publisher *kube.NodePublisher
 	policy    *policy.Controller
@@ -49,8 +51,8 @@ type kubeSide struct {
 
 // newKube builds the Kubernetes side for node, or returns nil when no
 // cluster is configured (one info line says so). pool is the warm pool, nil
-// when off. It starts nothing.
-func newKube(cfg kubeConfig, node string, queue *prefetch.Queue, store *cache.Store, pool *warmpool.Pool, log *slog.Logger, reg prometheus.Registerer) (*kubeSide, error) {
+// when off. It starts only the shared event broadcaster, which close stops.
+func newKube(cfg KubeConfig, node, version string, queue *prefetch.Queue, store *cache.Store, pool *warmpool.Pool, log *slog.Logger, reg prometheus.Registerer) (_ *kubeSide, err error) {
 	if cfg.KubeQPS < 0 || cfg.KubeBurst < 0 || cfg.NodeUpdateInterval < 0 {
 		return nil, fmt.Errorf("--kube-qps, --kube-burst and --node-update-interval must not be negative")
 	}
@@ -84,23 +86,33 @@ func newKube(cfg kubeConfig, node string, queue *prefetch.Queue, store *cache.St
 	if interval == 0 {
 		interval = kube.DefaultNodeInterval
 	}
-	k := &kubeSide{}
-	if k.volumes, err = kube.NewPodVolumes(client, node, log.With("component", "csi", "node", node)); err != nil {
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("building the dynamic Kubernetes client: %w", err)
+	}
+	k := &kubeSide{shared: kube.NewShared(client, node)}
+	defer func() {
+		if err != nil {
+			k.close()
+		}
+	}()
+	if k.volumes, err = kube.NewPodVolumes(client, node, k.shared, log.With("component", "csi", "node", node)); err != nil {
 		return nil, err
 	}
-	if k.events, err = kube.NewNodeEvents(client, node); err != nil {
+	if k.events, err = kube.NewNodeEvents(client, node, k.shared); err != nil {
 		return nil, err
 	}
-	if k.intake, err = kube.NewPodIntake(client, node, queue, kube.WithIntakeLogger(kl), kube.WithIntakeRegisterer(reg)); err != nil {
+	if k.intake, err = kube.NewPodIntake(client, node, queue, kube.WithIntakeLogger(kl), kube.WithIntakeRegisterer(reg), kube.WithIntakeShared(k.shared)); err != nil {
 		return nil, err
 	}
-	pubOpts := []kube.PublisherOption{kube.WithNodeInterval(interval, 6*interval), kube.WithPublisherLogger(kl)}
+	pubOpts := []kube.PublisherOption{kube.WithNodeInterval(interval, 6*interval), kube.WithPublisherLogger(kl), kube.WithPublisherShared(k.shared)}
 	if pool != nil {
 		if len(cfg.WarmServerNamespaces)+len(cfg.WarmSharedNamespaces) == 0 {
 			log.Info("warm pool on, but no namespace may hold warm servers: set --warm-server-namespaces or --warm-shared-namespaces")
 		}
 		if k.warm, err = kube.NewWarmPods(client, node, pool, kube.WithWarmLogger(kl.With("part", "warm")),
-			kube.WithWarmServerNamespaces(cfg.WarmServerNamespaces...), kube.WithWarmSharedNamespaces(cfg.WarmSharedNamespaces...)); err != nil {
+			kube.WithWarmServerNamespaces(cfg.WarmServerNamespaces...), kube.WithWarmSharedNamespaces(cfg.WarmSharedNamespaces...),
+			kube.WithWarmShared(k.shared)); err != nil {
 			return nil, err
 		}
 		pubOpts = append(pubOpts, kube.WithWarmBases(k.warm.Bases))
@@ -108,12 +120,9 @@ func newKube(cfg kubeConfig, node string, queue *prefetch.Queue, store *cache.St
 	if k.publisher, err = kube.NewNodePublisher(client, node, queue, store, pubOpts...); err != nil {
 		return nil, err
 	}
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("building the dynamic Kubernetes client: %w", err)
-	}
 	pcfg := policy.DefaultConfig()
 	pcfg.Logger, pcfg.Registerer = log.With("component", "policy", "node", node), reg
+	pcfg.Recorder, pcfg.Nodes = k.shared.Recorder, k.shared.Nodes
 	if k.policy, err = policy.New(node, client, dyn, policy.FromQueue(queue), store, pcfg); err != nil {
 		return nil, err
 	}
@@ -132,6 +141,14 @@ func (k *kubeSide) runs() []func(context.Context) error {
 		runs = append(runs, k.warm.Run)
 	}
 	return runs
+}
+
+// close stops the shared informers and sends the Events recorded so far,
+// once every component has returned.
+func (k *kubeSide) close() {
+	if k != nil {
+		k.shared.Close()
+	}
 }
 
 // nodeEvent records an Event on the agent's Node; false when it was dropped.

@@ -1,11 +1,10 @@
-package main
+package agent
 
 import (
 	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -13,36 +12,35 @@ import (
 	"strings"
 	"time"
 
-	"github.com/opencontainers/go-digest"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/weightd/weightd/internal/bytesize"
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/p2p"
 	"github.com/weightd/weightd/pkg/peertls"
-	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 	"github.com/weightd/weightd/pkg/source"
 )
 
-// p2pConfig is the peer-to-peer part of the agent's configuration.
-type p2pConfig struct {
-	GossipAddr     string   `help:"Gossip (memberlist) listen address, host:port; empty disables sharing with peers." default:":7946" env:"WEIGHTD_GOSSIP_ADDR"`
-	AdvertiseAddr  string   `help:"IP that peers reach this node at, when not the listen address." env:"WEIGHTD_ADVERTISE_ADDR"`
-	Join           []string `help:"Peers to join through, host:port, comma-separated." env:"WEIGHTD_JOIN" sep:","`
-	JoinDNS        string   `help:"DNS name whose A/AAAA records are peers to join (a headless Service), name[:port]." env:"WEIGHTD_JOIN_DNS"`
-	GossipKeyFile  string   `help:"File of gossip encryption keys, base64, one per line, the first used to encrypt; without it gossip is not encrypted." env:"WEIGHTD_GOSSIP_KEY_FILE"`
-	NodeName       string   `help:"Member name, unique in the cluster (default: the hostname)." env:"WEIGHTD_NODE_NAME"`
-	Zone           string   `help:"Topology zone of this node, told to peers." env:"WEIGHTD_ZONE"`
-	ChunkAddr      string   `help:"Chunk server listen address, host:port: peers download verified chunks from it." default:":7947" env:"WEIGHTD_CHUNK_ADDR"`
-	UploadLimit    byteSize `help:"Most bytes per second served to peers; 0 for no limit." default:"0" env:"WEIGHTD_UPLOAD_LIMIT"`
-	DownloadLimit  byteSize `help:"Most bytes per second downloaded from peers and the origin by the swarm; 0 for no limit." default:"0" env:"WEIGHTD_DOWNLOAD_LIMIT"`
-	OriginFetchers int      `help:"Nodes that fetch one blob from its origin for the whole cluster, each a share of its chunks." default:"2" env:"WEIGHTD_ORIGIN_FETCHERS"`
-	MaxUploads     int      `help:"Chunk uploads served at once; more requests are sent to other peers." default:"6" env:"WEIGHTD_MAX_UPLOADS"`
-	MaxPeerUploads int      `help:"Chunk uploads served at once to one peer address, so that slow or hostile clients cannot hold them all; 0 for half of --max-uploads, rounded up." default:"0" env:"WEIGHTD_MAX_PEER_UPLOADS"`
-	UploadTCP      string   `help:"TCP congestion control of uploads to peers (cubic shares switch ports among many flows; BBRv1 floods them); empty for the node's default." default:"cubic" env:"WEIGHTD_UPLOAD_TCP"`
-	FastGossip     bool     `help:"Short gossip intervals, for small clusters on one LAN and tests." env:"WEIGHTD_FAST_GOSSIP"`
+// P2PConfig is the peer-to-peer part of the agent's configuration.
+type P2PConfig struct {
+	GossipAddr     string        `help:"Gossip (memberlist) listen address, host:port; empty disables sharing with peers." default:":7946" env:"WEIGHTD_GOSSIP_ADDR"`
+	AdvertiseAddr  string        `help:"IP that peers reach this node at, when not the listen address." env:"WEIGHTD_ADVERTISE_ADDR"`
+	Join           []string      `help:"Peers to join through, host:port, comma-separated." env:"WEIGHTD_JOIN" sep:","`
+	JoinDNS        string        `help:"DNS name whose A/AAAA records are peers to join (a headless Service), name[:port]." env:"WEIGHTD_JOIN_DNS"`
+	GossipKeyFile  string        `help:"File of gossip encryption keys, base64, one per line, the first used to encrypt; without it gossip is not encrypted." env:"WEIGHTD_GOSSIP_KEY_FILE"`
+	NodeName       string        `help:"Member name, unique in the cluster (default: the hostname)." env:"WEIGHTD_NODE_NAME"`
+	Zone           string        `help:"Topology zone of this node, told to peers." env:"WEIGHTD_ZONE"`
+	ChunkAddr      string        `help:"Chunk server listen address, host:port: peers download verified chunks from it." default:":7947" env:"WEIGHTD_CHUNK_ADDR"`
+	UploadLimit    bytesize.Size `help:"Most bytes per second served to peers; 0 for no limit." default:"0" env:"WEIGHTD_UPLOAD_LIMIT"`
+	DownloadLimit  bytesize.Size `help:"Most bytes per second downloaded from peers and the origin by the swarm; 0 for no limit." default:"0" env:"WEIGHTD_DOWNLOAD_LIMIT"`
+	OriginFetchers int           `help:"Nodes that fetch one blob from its origin for the whole cluster, each a share of its chunks." default:"2" env:"WEIGHTD_ORIGIN_FETCHERS"`
+	MaxUploads     int           `help:"Chunk uploads served at once; more requests are sent to other peers." default:"6" env:"WEIGHTD_MAX_UPLOADS"`
+	MaxPeerUploads int           `help:"Chunk uploads served at once to one peer address, so that slow or hostile clients cannot hold them all; 0 for half of --max-uploads, rounded up." default:"0" env:"WEIGHTD_MAX_PEER_UPLOADS"`
+	UploadTCP      string        `help:"TCP congestion control of uploads to peers (cubic shares switch ports among many flows; BBRv1 floods them); empty for the node's default." default:"cubic" env:"WEIGHTD_UPLOAD_TCP"`
+	FastGossip     bool          `help:"Short gossip intervals, for small clusters on one LAN and tests." env:"WEIGHTD_FAST_GOSSIP"`
 	// The chunk server serves any cached blob to whoever asks by digest:
 	// without mutual TLS, anything that reaches the node.
 	PeerCAFile       string        `name:"peer-ca-file" help:"PEM bundle of the cluster CA certificates peers must hold a certificate of (several while a CA is rotated); with --peer-ca-key-file, peers talk mutual TLS on the chunk address." env:"WEIGHTD_PEER_CA_FILE"`
@@ -54,7 +52,7 @@ type p2pConfig struct {
 // peerIdentity is the agent's TLS identity among its peers, or nil when
 // it shares over plain HTTP (--peer-insecure); an error when it has
 // neither the CA nor leave to go without.
-func peerIdentity(cfg p2pConfig, nodeName string, log *slog.Logger) (*peertls.Identity, error) {
+func peerIdentity(cfg P2PConfig, nodeName string, log *slog.Logger) (*peertls.Identity, error) {
 	switch {
 	case cfg.PeerInsecure && (cfg.PeerCAFile != "" || cfg.PeerCAKeyFile != ""):
 		return nil, errors.New("--peer-insecure and --peer-ca-file/--peer-ca-key-file: choose one")
@@ -91,7 +89,7 @@ type peering struct {
 
 // newPeering builds the peer-to-peer side, or returns nil when gossip is
 // disabled. It opens the chunk server's listener and starts nothing.
-func newPeering(cfg p2pConfig, log *slog.Logger, reg prometheus.Registerer) (*peering, error) {
+func newPeering(cfg P2PConfig, version string, log *slog.Logger, reg prometheus.Registerer) (*peering, error) {
 	if cfg.GossipAddr == "" {
 		return nil, nil
 	}
@@ -149,7 +147,7 @@ func newPeering(cfg p2pConfig, log *slog.Logger, reg prometheus.Registerer) (*pe
 // serve starts the chunk server on the store and keeps the membership up
 // until ctx ends. Once gossip is up, a chunk address without a host is
 // advertised on the gossip address's host.
-func (p *peering) serve(store *cache.Store, cfg p2pConfig, log *slog.Logger, reg prometheus.Registerer) (run []func(context.Context) error, err error) {
+func (p *peering) serve(store *cache.Store, cfg P2PConfig, version string, log *slog.Logger, reg prometheus.Registerer) (run []func(context.Context) error, err error) {
 	opts := []p2p.ServerOption{
 		p2p.WithSwarm(p.swarm),
 		p2p.WithUploadLimit(int64(cfg.UploadLimit)),
@@ -201,7 +199,7 @@ func (p *peering) list() []api.Peer {
 // source routes every blob the inner source resolves through the swarm,
 // and resolves through peers when the origin cannot be reached.
 func (p *peering) source(inner source.Source, log *slog.Logger) source.Source {
-	return swarmSource{inner: inner, p: p, log: log}
+	return p2p.NewSwarmSource(inner, p.swarm, p.resolutions, p.membership, log)
 }
 
 // blobSource routes a blob the registry mirror misses through the swarm
@@ -232,94 +230,6 @@ func (p *peering) sharedResolve(ctx context.Context, pinned ref.Ref, resolve fun
 	}
 	return p.swarm.SharedResolve(ctx, key, own, accept)
 }
-
-type swarmSource struct {
-	inner source.Source
-	p     *peering
-	log   *slog.Logger
-}
-
-func (s swarmSource) Resolve(ctx context.Context, r ref.Ref) (*source.Resolution, error) {
-	res, err := s.inner.Resolve(ctx, r)
-	switch {
-	case err == nil && res.Verify == nil && res.Image == nil && len(res.Packed) == 0:
-		// Remembered, to serve peers and to resolve it again while the
-		// origin is down: a verified model that is just its files.
-		s.p.resolutions.Put(r.String(), res.Model)
-	case err == nil:
-		// Not remembered: not verified yet (a peer's listing), or more
-		// than its files (an image, packed layers).
-	default:
-		if res, err = s.resolveFromPeers(ctx, r, err); err != nil {
-			return nil, err
-		}
-	}
-	if len(s.p.membership.Members()) == 0 {
-		// No peer to share with: stream from the origin, the fastest path for
-		// one node. Its chunks are still served as they are verified, so
-		// peers that join meanwhile can take them.
-		return res, nil
-	}
-	throughSwarm(res, s.p.swarm.Source)
-	return res, nil
-}
-
-// throughSwarm routes every blob of res through wrap: a model's files, its
-// packed layers and an image's blobs alike.
-func throughSwarm(res *source.Resolution, wrap func(content.Descriptor, content.RangeOpener) content.RangeOpener) {
-	descs := make([]content.Descriptor, 0, len(res.Blobs))
-	for _, f := range res.Model.Files {
-		descs = append(descs, f.Descriptor)
-	}
-	for _, l := range res.Packed {
-		descs = append(descs, l.Descriptor)
-	}
-	if res.Image != nil {
-		for _, b := range res.Image.Blobs {
-			descs = append(descs, b.Descriptor)
-		}
-	}
-	wrapped := make(map[digest.Digest]bool, len(res.Blobs))
-	for _, d := range descs {
-		if op, ok := res.Blobs[d.Digest]; ok && !wrapped[d.Digest] {
-			res.Blobs[d.Digest] = wrap(d, op)
-			wrapped[d.Digest] = true
-		}
-	}
-}
-
-// resolveFromPeers is the fallback when the origin fails to resolve r:
-// what this node itself resolved r to before, or, for a file pinned by
-// digest, what a peer says (prefetch.CheckWithoutOrigin). Any other
-// reference fails: a peer's file list for it is unverifiable without the
-// origin. The blobs can then come only from peers.
-func (s swarmSource) resolveFromPeers(ctx context.Context, r ref.Ref, originErr error) (*source.Resolution, error) {
-	if errors.Is(originErr, content.ErrPermanent) {
-		return nil, originErr // the origin answered: the reference is wrong
-	}
-	m, ok := s.p.resolutions.Get(r.String())
-	if !ok {
-		if err := prefetch.NeedsOrigin(r); err != nil {
-			return nil, fmt.Errorf("%w (and it was not resolved here before: %v)", originErr, err)
-		}
-		var err error
-		m, err = s.p.swarm.ResolveFromPeers(ctx, r.String(), func(m content.Model) error { return prefetch.CheckWithoutOrigin(r, m) })
-		if err != nil {
-			return nil, fmt.Errorf("%w (and no peer could resolve it: %v)", originErr, err)
-		}
-	}
-	s.log.Warn("origin unreachable; resolved as before or through a peer, fetching from peers only", "ref", r.Redacted(), "err", originErr)
-	res := &source.Resolution{Model: m, Blobs: make(map[digest.Digest]content.RangeOpener, len(m.Files))}
-	for _, f := range m.Files {
-		res.Blobs[f.Digest] = unreachable{originErr}
-	}
-	return res, nil
-}
-
-// unreachable is the origin of a blob whose origin cannot be reached.
-type unreachable struct{ err error }
-
-func (u unreachable) OpenRange(context.Context, int64) (io.ReadCloser, error) { return nil, u.err }
 
 // readGossipKeys reads base64 keys, one per line; blank lines and lines
 // starting with # are skipped.

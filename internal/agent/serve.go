@@ -1,29 +1,20 @@
-package main
+package agent
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"time"
 )
 
-// newLogger returns the process logger: text or JSON lines on w.
-func newLogger(w io.Writer, level slog.Level, format string) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: level}
-	if format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
-}
-
-// serveHTTP serves h on ln until ctx ends, then shuts the server down
+// ServeHTTP serves h on ln until ctx ends, then shuts the server down
 // gracefully, giving open requests up to timeout to finish. Request contexts
 // derive from ctx, so long-lived streams (watches) end when shutdown starts.
-func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, timeout time.Duration, log *slog.Logger) error {
+// The extender command serves with it too.
+func ServeHTTP(ctx context.Context, ln net.Listener, h http.Handler, timeout time.Duration, log *slog.Logger) error {
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,

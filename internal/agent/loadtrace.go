@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"fmt"
@@ -10,10 +10,10 @@ import (
 	"github.com/weightd/weightd/pkg/loadtrace"
 )
 
-// loadTraceConfig is the model-load tracer's part of the agent's
+// LoadTraceConfig is the model-load tracer's part of the agent's
 // configuration. Its zero value turns the tracer off (the demo and tests);
 // the agent command's default turns it on.
-type loadTraceConfig struct {
+type LoadTraceConfig struct {
 	LoadTrace      bool   `help:"Trace model loads with eBPF: per pod and model, first open to last close of the cache's files, and the order files are first read, which later prefetches follow. Where eBPF cannot load, the agent logs once and runs without it." default:"true" negatable:"" env:"WEIGHTD_LOAD_TRACE"`
 	LoadTraceMount string `help:"The path at which pods mount the cache root, if they do; models/ and blobs/sha256/ under it are traced besides the host's." env:"WEIGHTD_LOAD_TRACE_MOUNT"`
 	CgroupRoot     string `help:"The cgroup v2 mount under which the load tracer finds pods." default:"/sys/fs/cgroup" env:"WEIGHTD_CGROUP_ROOT"`
@@ -21,7 +21,7 @@ type loadTraceConfig struct {
 
 // loadTracer builds the model-load tracer over the cache under root, or
 // returns nil when it is off. It loads nothing into the kernel: Run does.
-func (c loadTraceConfig) loadTracer(root string, log *slog.Logger, reg prometheus.Registerer) (*loadtrace.Tracer, error) {
+func (c LoadTraceConfig) loadTracer(root string, log *slog.Logger, reg prometheus.Registerer) (*loadtrace.Tracer, error) {
 	if !c.LoadTrace {
 		return nil, nil
 	}

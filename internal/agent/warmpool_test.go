@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -87,7 +87,7 @@ func TestWarmPoolOnQueue(t *testing.T) {
 	}
 	defer store.Close()
 	queue := prefetch.NewQueue(store, source.Sources{ref.KindHTTP: httpsource.New(http.DefaultClient)})
-	cfg := warmConfig{Warm: true, WarmHealthInterval: 20 * time.Millisecond, WarmDRAMBudget: 4 << 20}
+	cfg := WarmConfig{Warm: true, WarmHealthInterval: 20 * time.Millisecond, WarmDRAMBudget: 4 << 20}
 	dram, err := newDRAMTier(cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
@@ -116,7 +116,7 @@ func TestWarmPoolOnQueue(t *testing.T) {
 
 	spec := warmpool.ServerSpec{Pod: "ai/warm-0", UID: "u0", Base: baseRef, Runtime: engine.VLLM, Endpoint: srv.URL(), Slots: 2}
 	pool.SetServers([]warmpool.ServerSpec{spec})
-	owner := warmPinPrefix + spec.Pod
+	owner := warmpool.PinPrefix + spec.Pod
 	pinned := func() int {
 		n := 0
 		for _, info := range store.List() {
@@ -179,14 +179,14 @@ func waitUntil(t *testing.T, pool *warmpool.Pool, ok func() bool) {
 
 func TestWarmPoolOff(t *testing.T) {
 	t.Parallel()
-	pool, err := newWarmPool(warmConfig{}, t.TempDir(), nil, nil, nil, nil, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	pool, err := newWarmPool(WarmConfig{}, t.TempDir(), nil, nil, nil, nil, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if pool != nil || err != nil {
 		t.Fatalf("pool %v, err %v with --warm off", pool, err)
 	}
-	if _, err := newWarmPool(warmConfig{Warm: true, WarmHealthInterval: -time.Second}, t.TempDir(), nil, nil, nil, nil, slog.New(slog.DiscardHandler), nil); err == nil {
+	if _, err := newWarmPool(WarmConfig{Warm: true, WarmHealthInterval: -time.Second}, t.TempDir(), nil, nil, nil, nil, slog.New(slog.DiscardHandler), nil); err == nil {
 		t.Fatal("negative interval accepted")
 	}
-	if _, err := newWarmPool(warmConfig{Warm: true, WarmEviction: "fifo"}, t.TempDir(), nil, nil, nil, nil, slog.New(slog.DiscardHandler), nil); err == nil {
+	if _, err := newWarmPool(WarmConfig{Warm: true, WarmEviction: "fifo"}, t.TempDir(), nil, nil, nil, nil, slog.New(slog.DiscardHandler), nil); err == nil {
 		t.Fatal("eviction fifo accepted")
 	}
 }
@@ -216,7 +216,7 @@ func TestWarmPinBudget(t *testing.T) {
 	}
 	defer store.Close()
 	queue := prefetch.NewQueue(store, source.Sources{ref.KindHTTP: httpsource.New(http.DefaultClient)})
-	cfg := warmConfig{Warm: true, WarmHealthInterval: 20 * time.Millisecond, WarmPinBudgetPercent: 50}
+	cfg := WarmConfig{Warm: true, WarmHealthInterval: 20 * time.Millisecond, WarmPinBudgetPercent: 50}
 	pool, err := newWarmPool(cfg, root, queue, store, nil, nil, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
@@ -246,7 +246,7 @@ func TestWarmPinBudget(t *testing.T) {
 	pinned := func(pod string) int {
 		n := 0
 		for _, info := range store.List() {
-			if slices.Contains(info.Pins, warmPinPrefix+pod) {
+			if slices.Contains(info.Pins, warmpool.PinPrefix+pod) {
 				n++
 			}
 		}

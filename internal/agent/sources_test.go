@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -45,7 +45,7 @@ func TestAgentImagesAndMirror(t *testing.T) {
 	img, err := services.PushRandomImage(t.Context(), reg.Addr, "test/app", "v1", 3, 1<<20, nil)
 	require.NoError(t, err)
 
-	addr := startAgentWith(t, func(c *agentConfig) {
+	addr := startAgentWith(t, func(c *Config) {
 		c.ContainerdAddress = ctrd.Address
 		c.MirrorAddr = "127.0.0.1:0"
 		c.MirrorRegistries = []string{reg.Addr}
@@ -83,7 +83,7 @@ func TestAgentHubModel(t *testing.T) {
 		"config.json":       hubtest.String(`{"model_type":"llama"}`),
 		"model.safetensors": hubtest.Generated(3<<20+5, 1),
 	})
-	addr := startAgentWith(t, func(c *agentConfig) { c.HFEndpoint = hub.URL })
+	addr := startAgentWith(t, func(c *Config) { c.HFEndpoint = hub.URL })
 	st := fetchWait(t, addr, "hf://org/tiny@main")
 	require.Equal(t, prefetch.StateReady, st.State, st.Error)
 	assert.Equal(t, repo.Resolve("main"), st.Revision, "the model is materialised at the commit")
@@ -117,7 +117,7 @@ func TestAgentS3Model(t *testing.T) {
 	}
 	srv.ResetRequests()
 
-	addr := startAgentWith(t, func(c *agentConfig) {
+	addr := startAgentWith(t, func(c *Config) {
 		c.FetchAllowCIDRs = nil
 		c.S3Endpoint, c.S3PathStyle, c.S3Region = srv.URL, true, "eu-central-1"
 	})

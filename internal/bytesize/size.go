@@ -1,4 +1,4 @@
-package main
+package bytesize
 
 import (
 	"errors"
@@ -8,14 +8,12 @@ import (
 	"strings"
 
 	"github.com/alecthomas/kong"
-
-	"github.com/weightd/weightd/internal/bytesize"
 )
 
-// byteSize is a size in bytes that flags, environment variables and the YAML
+// Size is a size in bytes that flags, environment variables and the YAML
 // configuration may give in human units: "1GiB", "512MiB", "16M", "2.5GB",
 // "1048576".
-type byteSize int64
+type Size int64
 
 // sizeUnits maps a lowercase unit to its multiplier: IEC units (KiB, Ki, …)
 // are powers of 1024, SI units (kB, MB, …) powers of 1000, and a bare letter
@@ -28,8 +26,8 @@ var sizeUnits = map[string]float64{
 	"t": 1 << 40, "ti": 1 << 40, "tib": 1 << 40, "tb": 1e12,
 }
 
-// parseSize parses a non-negative size with an optional unit.
-func parseSize(s string) (byteSize, error) {
+// Parse parses a non-negative size with an optional unit.
+func Parse(s string) (Size, error) {
 	t := strings.TrimSpace(s)
 	i := strings.IndexFunc(t, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
 	if i < 0 {
@@ -48,7 +46,7 @@ func parseSize(s string) (byteSize, error) {
 		if n > math.MaxInt64/int64(mult) {
 			return 0, fmt.Errorf("size %q is too large", s)
 		}
-		return byteSize(n * int64(mult)), nil
+		return Size(n * int64(mult)), nil
 	}
 	f, err := strconv.ParseFloat(num, 64)
 	if err != nil {
@@ -58,19 +56,19 @@ func parseSize(s string) (byteSize, error) {
 	if v >= math.MaxInt64 {
 		return 0, fmt.Errorf("size %q is too large", s)
 	}
-	return byteSize(v), nil
+	return Size(v), nil
 }
 
 // Decode implements kong.MapperValue: it accepts a string with units from a
 // flag or an environment variable, and a plain number from YAML.
-func (b *byteSize) Decode(ctx *kong.DecodeContext) error {
+func (b *Size) Decode(ctx *kong.DecodeContext) error {
 	tok, err := ctx.Scan.PopValue("size")
 	if err != nil {
 		return err
 	}
 	switch v := tok.Value.(type) {
 	case string:
-		n, err := parseSize(v)
+		n, err := Parse(v)
 		if err != nil {
 			return err
 		}
@@ -79,22 +77,22 @@ func (b *byteSize) Decode(ctx *kong.DecodeContext) error {
 		if v < 0 {
 			return fmt.Errorf("size %d is negative", v)
 		}
-		*b = byteSize(v)
+		*b = Size(v)
 	case int64:
 		if v < 0 {
 			return fmt.Errorf("size %d is negative", v)
 		}
-		*b = byteSize(v)
+		*b = Size(v)
 	case uint64:
 		if v > math.MaxInt64 {
 			return fmt.Errorf("size %d is too large", v)
 		}
-		*b = byteSize(v)
+		*b = Size(v)
 	case float64:
 		if v < 0 || v >= math.MaxInt64 || v != math.Trunc(v) {
 			return fmt.Errorf("size %v is not a whole number of bytes", v)
 		}
-		*b = byteSize(v)
+		*b = Size(v)
 	default:
 		return errors.New("size: want a number with an optional unit, such as 512MiB")
 	}
@@ -103,4 +101,4 @@ func (b *byteSize) Decode(ctx *kong.DecodeContext) error {
 
 // String formats the size in the largest IEC unit that keeps it readable; it
 // is what --help shows for defaults.
-func (b byteSize) String() string { return bytesize.IEC(int64(b)) }
+func (b Size) String() string { return IEC(int64(b)) }

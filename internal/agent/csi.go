@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -13,8 +13,8 @@ import (
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
-// csiConfig configures the CSI node plugin (models as volumes).
-type csiConfig struct {
+// CSIConfig configures the CSI node plugin (models as volumes).
+type CSIConfig struct {
 	CSIEndpoint            string `name:"csi-endpoint" help:"unix:// socket of the CSI node plugin (driver models.weightd.io), e.g. unix:///var/lib/kubelet/plugins/models.weightd.io/csi.sock; empty disables it." env:"WEIGHTD_CSI_ENDPOINT"`
 	KubeletRegistrationDir string `name:"kubelet-registration-dir" help:"The kubelet's plugin-registration directory, where the agent serves models.weightd.io-reg.sock so the kubelet finds the CSI plugin without a registrar sidecar." default:"/var/lib/kubelet/plugins_registry" env:"WEIGHTD_KUBELET_REGISTRATION_DIR" type:"path"`
 	KubeletDir             string `name:"kubelet-dir" help:"The kubelet's directory: the CSI plugin mounts model volumes only at targets under it (mounted into the agent with Bidirectional propagation)." default:"/var/lib/kubelet" env:"WEIGHTD_KUBELET_DIR" type:"path"`
@@ -25,7 +25,7 @@ type csiConfig struct {
 // records live under <root>/csi; volumes it finds no longer mounted are
 // released before it serves. announce, when not nil, tells pods what their
 // volumes resolved to.
-func newCSI(cfg csiConfig, root, nodeName string, store *cache.Store, queue *prefetch.Queue, announce func(context.Context, csi.Published), log *slog.Logger) (*csi.Server, error) {
+func newCSI(cfg CSIConfig, root, nodeName, version string, store *cache.Store, queue *prefetch.Queue, announce func(context.Context, csi.Published), log *slog.Logger) (*csi.Server, error) {
 	if cfg.CSIEndpoint == "" {
 		return nil, nil
 	}

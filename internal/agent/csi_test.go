@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -37,8 +37,8 @@ func TestAgentServesCSIVolume(t *testing.T) {
 	dir := shortTempDir(t)
 	sock := filepath.Join(dir, "plugins", "csi.sock")
 	kubelet := filepath.Join(dir, "kubelet")
-	addr := startAgentWith(t, func(c *agentConfig) {
-		c.csiConfig = csiConfig{CSIEndpoint: "unix://" + sock, KubeletRegistrationDir: filepath.Join(dir, "registry"), KubeletDir: kubelet}
+	addr := startAgentWith(t, func(c *Config) {
+		c.CSIConfig = CSIConfig{CSIEndpoint: "unix://" + sock, KubeletRegistrationDir: filepath.Join(dir, "registry"), KubeletDir: kubelet}
 	})
 	if _, err := os.Stat(filepath.Join(dir, "registry", csi.RegistrationSocketName)); err != nil {
 		t.Fatalf("registration socket: %v", err)
@@ -105,11 +105,11 @@ func TestAgentServesCSIVolume(t *testing.T) {
 // TestAgentRefusesBadCSIAllowlist fails at start on a malformed allowlist.
 func TestAgentRefusesBadCSIAllowlist(t *testing.T) {
 	dir := shortTempDir(t)
-	_, err := newAgent(agentConfig{
+	_, err := New(Config{
 		Root: filepath.Join(dir, "cache"), API: "unix://" + filepath.Join(dir, "api.sock"), ChunkSize: 1 << 20, MaxJobs: 1, ShutdownTimeout: time.Second,
-		csiConfig: csiConfig{CSIEndpoint: "unix://" + filepath.Join(dir, "csi.sock"), CSIAllowedRefs: "team-a"},
+		CSIConfig: CSIConfig{CSIEndpoint: "unix://" + filepath.Join(dir, "csi.sock"), CSIAllowedRefs: "team-a"},
 	}, slog.New(slog.DiscardHandler))
 	if err == nil || !strings.Contains(err.Error(), "--csi-allowed-refs") {
-		t.Fatalf("newAgent: %v, want a --csi-allowed-refs error", err)
+		t.Fatalf("New: %v, want a --csi-allowed-refs error", err)
 	}
 }

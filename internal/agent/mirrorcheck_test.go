@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"bytes"
@@ -12,7 +12,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
@@ -124,7 +123,7 @@ func TestMirrorCheckReports(t *testing.T) {
 	var logs bytes.Buffer
 	events := &fakeEvents{}
 	hosts := t.TempDir()
-	m := &nodeMirror{cfg: mirrorConfig{MirrorAddr: "127.0.0.1:0", MirrorRegistries: []string{"docker.io"}, HostsDir: hosts}}
+	m := &nodeMirror{cfg: MirrorConfig{MirrorAddr: "127.0.0.1:0", MirrorRegistries: []string{"docker.io"}, HostsDir: hosts}}
 	c, err := newMirrorCheck(m, "/run/containerd/containerd.sock", events.event, slog.New(slog.NewTextHandler(&logs, nil)), reg)
 	require.NoError(t, err)
 	assert.Equal(t, onlyState(""), gaugeStates(t, reg), "all 0 before the first check")
@@ -193,14 +192,14 @@ func TestMirrorCheckReports(t *testing.T) {
 // address, unknown with the fix for either version.
 func TestMirrorCheckWithout(t *testing.T) {
 	t.Parallel()
-	c, err := newMirrorCheck(&nodeMirror{cfg: mirrorConfig{MirrorAddr: "127.0.0.1:0"}}, "/run/containerd/containerd.sock", nil, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	c, err := newMirrorCheck(&nodeMirror{cfg: MirrorConfig{MirrorAddr: "127.0.0.1:0"}}, "/run/containerd/containerd.sock", nil, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	require.NoError(t, err)
 	assert.Nil(t, c)
 	c, err = newMirrorCheck(nil, "", nil, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	require.NoError(t, err)
 	assert.Nil(t, c)
 
-	c, err = newMirrorCheck(&nodeMirror{cfg: mirrorConfig{HostsDir: "/etc/containerd/certs.d"}}, "", nil, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	c, err = newMirrorCheck(&nodeMirror{cfg: MirrorConfig{HostsDir: "/etc/containerd/certs.d"}}, "", nil, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	require.NoError(t, err)
 	r := c.check(t.Context())
 	assert.Equal(t, api.ConfigPathUnknown, r.state)
@@ -214,7 +213,7 @@ func TestMirrorCheckWithout(t *testing.T) {
 func TestMirrorCheckRunStops(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	c, err := newMirrorCheck(&nodeMirror{cfg: mirrorConfig{HostsDir: "/etc/containerd/certs.d"}}, "/x.sock", nil, slog.New(slog.DiscardHandler), reg)
+	c, err := newMirrorCheck(&nodeMirror{cfg: MirrorConfig{HostsDir: "/etc/containerd/certs.d"}}, "/x.sock", nil, slog.New(slog.DiscardHandler), reg)
 	require.NoError(t, err)
 	asked := make(chan struct{}, 1)
 	c.read = func(context.Context, string) (containerd.RegistryConfig, error) {
@@ -230,45 +229,6 @@ func TestMirrorCheckRunStops(t *testing.T) {
 	<-asked
 	cancel()
 	require.NoError(t, <-done)
-}
-
-func TestRenderMirror(t *testing.T) {
-	t.Parallel()
-	var out bytes.Buffer
-	problem := classifyConfigPath(containerd.RegistryConfig{Version: "1.6.20"}, nil, "/etc/containerd/certs.d").problem
-	renderStatus(&out, api.Status{Version: "dev", Mirror: &api.MirrorStatus{
-		Addr: "127.0.0.1:5001", Registries: []string{"docker.io", "ghcr.io"}, HostsDir: "/etc/containerd/certs.d",
-		ConfigPathState: api.ConfigPathUnset, ContainerdVersion: "1.6.20", Problem: problem,
-	}}, statusView{api: "unix:///run/weightd.sock", now: statusNow})
-	const want = `
-MIRROR
-  address     127.0.0.1:5001
-  registries  docker.io, ghcr.io
-  hosts dir   /etc/containerd/certs.d
-  containerd  unset
-  version     1.6.20
-  containerd 1.6.20's CRI has no registry config_path, so it reads none of the hosts.toml files in
-  /etc/containerd/certs.d: the kubelet's pulls bypass the mirror and go straight to the registries;
-  set [plugins."io.containerd.grpc.v1.cri".registry] config_path = "/etc/containerd/certs.d" in
-  containerd's config.toml and restart containerd
-`
-	assert.Contains(t, out.String(), want)
-	for _, line := range strings.Split(out.String(), "\n") {
-		assert.LessOrEqual(t, utf8.RuneCountInString(line), statusWidth, "%q", line)
-	}
-
-	out.Reset()
-	renderStatus(&out, api.Status{Version: "dev", Mirror: &api.MirrorStatus{Addr: "127.0.0.1:5001", Registries: []string{"docker.io"}}},
-		statusView{api: "x", now: statusNow})
-	assert.Contains(t, out.String(), "  hosts dir   - (no hosts.toml written)\n")
-	out.Reset()
-	renderStatus(&out, api.Status{Version: "dev"}, statusView{api: "x", now: statusNow})
-	assert.NotContains(t, out.String(), "MIRROR")
-
-	long := strings.Repeat("x", 300)
-	assert.Equal(t, []string{"a b c", strings.Repeat("x", 9) + "…", "d e f g"}, wrapWords("a b c "+long+" d e f g", 10))
-	assert.Equal(t, []string{"abcd", "efgh"}, wrapWords("abcd efgh", 8))
-	assert.Empty(t, wrapWords("  ", 10))
 }
 
 // TestAgentMirrorConfigPath runs the agent with its mirror and a real
@@ -317,7 +277,7 @@ func TestAgentMirrorConfigPath(t *testing.T) {
 				_, err := env.CreateNode(t.Context(), node, nil)
 				require.NoError(t, err)
 			}
-			a, addr := startAgentReturning(t, func(c *agentConfig) {
+			a, addr := startAgentReturning(t, func(c *Config) {
 				c.ContainerdAddress = ctd.Address
 				c.MirrorAddr = "127.0.0.1:0"
 				c.MirrorRegistries = []string{reg.Addr}
@@ -397,13 +357,13 @@ type fakeAddrListener struct{ net.Listener }
 func (fakeAddrListener) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5001} }
 
 // startAgentReturning is startAgentWith returning the agent too.
-func startAgentReturning(t *testing.T, edit func(*agentConfig)) (*agent, string) {
+func startAgentReturning(t *testing.T, edit func(*Config)) (*Agent, string) {
 	t.Helper()
 	dir := shortTempDir(t)
 	addr := "unix://" + filepath.Join(dir, "api.sock")
-	cfg := agentConfig{Root: filepath.Join(dir, "cache"), API: addr, ChunkSize: 1 << 20, MaxJobs: 2, ShutdownTimeout: 5 * time.Second}
+	cfg := Config{Root: filepath.Join(dir, "cache"), API: addr, ChunkSize: 1 << 20, MaxJobs: 2, ShutdownTimeout: 5 * time.Second}
 	edit(&cfg)
-	a, err := newAgent(cfg, slog.New(slog.DiscardHandler))
+	a, err := New(cfg, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"log/slog"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -33,38 +33,31 @@ func shortTempDir(t *testing.T) string {
 	return dir
 }
 
-// startAgent runs an agent, wired by newAgent, on a unix socket until the
-// test ends; it returns the API address.
+// startAgent runs `weightd agent` in-process on a unix socket until the
+// test ends, with what it needs to fetch from the tests' origins on
+// loopback and nothing it does not (peers, metrics, the load tracer); it
+// returns the API address.
 func startAgent(t *testing.T) string {
-	t.Helper()
-	return startAgentWith(t, nil)
-}
-
-// startAgentWith is startAgent with a configuration changed by edit.
-func startAgentWith(t *testing.T, edit func(*agentConfig)) string {
 	t.Helper()
 	dir := shortTempDir(t)
 	addr := "unix://" + filepath.Join(dir, "api.sock")
-	cfg := agentConfig{
-		Root: filepath.Join(dir, "cache"), API: addr, ChunkSize: 1 << 20,
-		MaxJobs: 2, ShutdownTimeout: 5 * time.Second,
-		// The tests' origins listen on loopback.
-		sourcesConfig: sourcesConfig{FetchAllowCIDRs: []string{"127.0.0.0/8"}},
-	}
-	if edit != nil {
-		edit(&cfg)
-	}
-	a, err := newAgent(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
+	done := make(chan string, 1)
+	go func() {
+		var out bytes.Buffer
+		if code := run(ctx, []string{"agent", "--root", filepath.Join(dir, "cache"), "--api", addr,
+			"--chunk-size", "1MiB", "--budget-percent", "0", "--min-free-percent", "0", "--shutdown-timeout", "5s",
+			"--metrics-addr=", "--gossip-addr=", "--no-load-trace", "--fetch-allow-cidrs", "127.0.0.0/8",
+		}, &out, &out); code != 0 {
+			done <- fmt.Sprintf("exit %d:\n%s", code, out.String())
+			return
+		}
+		done <- ""
+	}()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("agent: %v", err)
+		if msg := <-done; msg != "" {
+			t.Errorf("agent: %s", msg)
 		}
 	})
 	client, err := api.NewClient(addr)

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -26,7 +26,7 @@ var dtoTypes = map[dto.MetricType]catalog.Type{
 	dto.MetricType_UNTYPED: catalog.Untyped,
 }
 
-// TestMetricsInCatalogue runs an agent wired by newAgent, with sharing and
+// TestMetricsInCatalogue runs an agent wired by New, with sharing and
 // the registry mirror on, fetches a model from a local origin so that the
 // labelled metrics have series, gathers its registry and checks every
 // weightd_* family against the catalogue scanned from the source
@@ -45,19 +45,19 @@ func TestMetricsInCatalogue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := newAgent(agentConfig{
+	a, err := New(Config{
 		Root: filepath.Join(dir, "cache"), API: addr, ChunkSize: 1 << 20, MaxJobs: 2, ShutdownTimeout: 5 * time.Second,
-		p2pConfig: p2pConfig{GossipAddr: "127.0.0.1:0", ChunkAddr: "127.0.0.1:0", OriginFetchers: 1, MaxUploads: 4, FastGossip: true,
+		P2PConfig: P2PConfig{GossipAddr: "127.0.0.1:0", ChunkAddr: "127.0.0.1:0", OriginFetchers: 1, MaxUploads: 4, FastGossip: true,
 			PeerCAFile: ca.CA, PeerCAKeyFile: ca.Key},
-		mirrorConfig: mirrorConfig{MirrorAddr: "127.0.0.1:0", MirrorRegistries: []string{"registry.invalid"}},
+		MirrorConfig: MirrorConfig{MirrorAddr: "127.0.0.1:0", MirrorRegistries: []string{"registry.invalid"}},
 		// The origin listens on loopback.
-		sourcesConfig: sourcesConfig{FetchAllowCIDRs: []string{"127.0.0.0/8"}},
+		SourcesConfig: SourcesConfig{FetchAllowCIDRs: []string{"127.0.0.0/8"}},
 		// Every optional part on: the warm pool with its DRAM tier, the load
 		// tracer (attached as root, else its metrics say unavailable), GPUs on
 		// a fake DGX H100.
-		warmConfig:      warmConfig{Warm: true, WarmDRAMBudget: 1 << 20},
-		loadTraceConfig: loadTraceConfig{LoadTrace: true},
-		nvmlLib:         nvmltest.NewDGXH100(),
+		WarmConfig:      WarmConfig{Warm: true, WarmDRAMBudget: 1 << 20},
+		LoadTraceConfig: LoadTraceConfig{LoadTrace: true},
+		NVML:            nvmltest.NewDGXH100(),
 	}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -30,9 +30,9 @@ import (
 	"github.com/weightd/weightd/pkg/source/s3"
 )
 
-// sourcesConfig says where references are resolved and with which
+// SourcesConfig says where references are resolved and with which
 // credentials.
-type sourcesConfig struct {
+type SourcesConfig struct {
 	HFEndpoint         string   `name:"hf-endpoint" help:"Hugging Face style hub that hf:// references resolve on (a mirror or private hub)." default:"https://huggingface.co" env:"HF_ENDPOINT"`
 	HFTokenFile        string   `name:"hf-token-file" help:"File holding the hub token; without it the HF_TOKEN environment variable is used, if set." env:"WEIGHTD_HF_TOKEN_FILE"`
 	DockerConfig       string   `help:"Docker config.json with registry credentials for oci:// references and the mirror." env:"WEIGHTD_DOCKER_CONFIG"`
@@ -46,8 +46,8 @@ type sourcesConfig struct {
 	FetchAllowCIDRs    []string `name:"fetch-allow-cidrs" help:"CIDRs or addresses that references may make the agent fetch from although they are loopback, link-local, cloud metadata or this node's own addresses (refused by default), comma-separated." env:"WEIGHTD_FETCH_ALLOW_CIDRS" sep:","`
 }
 
-// importConfig says which containerd prefetched images go into.
-type importConfig struct {
+// ImportConfig says which containerd prefetched images go into.
+type ImportConfig struct {
 	ContainerdAddress   string `help:"containerd socket that prefetched images are imported into; empty: images stay in the cache (and the mirror serves them)." env:"WEIGHTD_CONTAINERD_ADDRESS"`
 	ContainerdNamespace string `help:"containerd namespace of imported images; the kubelet's is k8s.io." default:"k8s.io" env:"WEIGHTD_CONTAINERD_NAMESPACE"`
 	Snapshotter         string `help:"Snapshotter imported images are unpacked for (the kubelet's)." default:"overlayfs" env:"WEIGHTD_SNAPSHOTTER"`
@@ -55,8 +55,8 @@ type importConfig struct {
 	ContainerdContentRoot string `help:"containerd's content store directory as this process sees it (<containerd root>/io.containerd.content.v1.content): cached blobs are hard-linked into it instead of copied over gRPC where it is in the cache's mount; empty: ask containerd (its path must then be the same here); none: always copy." env:"WEIGHTD_CONTAINERD_CONTENT_ROOT"`
 }
 
-// mirrorConfig is the node's registry mirror.
-type mirrorConfig struct {
+// MirrorConfig is the node's registry mirror.
+type MirrorConfig struct {
 	MirrorAddr       string   `help:"Listen address of the registry mirror, host:port (e.g. 127.0.0.1:5001); empty disables it." env:"WEIGHTD_MIRROR_ADDR"`
 	MirrorRegistries []string `help:"Registries the mirror serves, host[:port] (docker.io for Docker Hub), comma-separated." env:"WEIGHTD_MIRROR_REGISTRIES" sep:","`
 	HostsDir         string   `help:"containerd's registry config_path (e.g. /etc/containerd/certs.d): hosts.toml files pointing the mirrored registries at the mirror are written there at start." env:"WEIGHTD_HOSTS_DIR" type:"path"`
@@ -70,7 +70,7 @@ type mirrorConfig struct {
 // hub endpoint and the mirrored registries are the operator's choice and
 // are trusted wherever they are. Credentials sent over plain HTTP are
 // logged (see plainCredentials).
-func (c sourcesConfig) sources(shared hf.SharedResolver, mirrored []string, log *slog.Logger) (source.Sources, *oci.Source, error) {
+func (c SourcesConfig) sources(shared hf.SharedResolver, mirrored []string, version string, log *slog.Logger) (source.Sources, *oci.Source, error) {
 	allow, err := dialguard.ParseAllowList(c.FetchAllowCIDRs)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--fetch-allow-cidrs: %w", err)
@@ -151,8 +151,8 @@ func (c sourcesConfig) sources(shared hf.SharedResolver, mirrored []string, log 
 // chain, IMDS only where --s3-allow-imds says. Credentials are tried once
 // here: an agent with none (most clusters without AWS) fetches anonymously
 // rather than failing every s3:// reference, public buckets included.
-func (c sourcesConfig) s3Source(client *http.Client, rules source.AgentCredentials, log *slog.Logger) (*s3.Source, error) {
-	// newAgent has no context: it starts nothing that outlives it, and the
+func (c SourcesConfig) s3Source(client *http.Client, rules source.AgentCredentials, log *slog.Logger) (*s3.Source, error) {
+	// New has no context: it starts nothing that outlives it, and the
 	// look-up is bounded.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -214,7 +214,7 @@ func (p *plainCredentials) CloseIdleConnections() {
 
 // importer connects the queue to containerd, or returns nil when no
 // containerd is configured. It connects lazily.
-func (c importConfig) importer(store *cache.Store, platform string, log *slog.Logger, reg prometheus.Registerer) (*containerd.Importer, error) {
+func (c ImportConfig) importer(store *cache.Store, platform string, log *slog.Logger, reg prometheus.Registerer) (*containerd.Importer, error) {
 	if c.ContainerdAddress == "" {
 		return nil, nil
 	}
@@ -303,14 +303,14 @@ func splitImageName(name string) (registry, repository, tag string, ok bool) {
 
 // nodeMirror is the registry mirror with its listener.
 type nodeMirror struct {
-	cfg     mirrorConfig
+	cfg     MirrorConfig
 	handler *mirror.Mirror
 	ln      net.Listener
 }
 
 // newMirror opens the mirror's listener, or returns nil when it is disabled.
 // blobSource routes the mirror's cache misses (through the swarm).
-func newMirror(cfg mirrorConfig, store *cache.Store, upstream *oci.Source, blobSource mirror.BlobSource,
+func newMirror(cfg MirrorConfig, store *cache.Store, upstream *oci.Source, blobSource mirror.BlobSource,
 	log *slog.Logger, reg prometheus.Registerer,
 ) (*nodeMirror, error) {
 	if cfg.MirrorAddr == "" {

@@ -1,4 +1,4 @@
-package main
+package bytesize
 
 import (
 	"strconv"
@@ -10,7 +10,7 @@ func TestParseSize(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		in   string
-		want byteSize
+		want Size
 		err  string
 	}{
 		{"0", 0, ""},
@@ -38,35 +38,35 @@ func TestParseSize(t *testing.T) {
 		{"9000000000000000000.5TB", 0, "too large"},
 	}
 	for _, tt := range tests {
-		got, err := parseSize(tt.in)
+		got, err := Parse(tt.in)
 		if tt.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tt.err) {
-				t.Errorf("parseSize(%q) = %d, %v; want an error with %q", tt.in, got, err, tt.err)
+				t.Errorf("Parse(%q) = %d, %v; want an error with %q", tt.in, got, err, tt.err)
 			}
 			continue
 		}
 		if err != nil || got != tt.want {
-			t.Errorf("parseSize(%q) = %d, %v; want %d", tt.in, got, err, tt.want)
+			t.Errorf("Parse(%q) = %d, %v; want %d", tt.in, got, err, tt.want)
 		}
 	}
 }
 
-// FuzzParseSize checks that parseSize never panics nor returns a negative
+// FuzzParseSize checks that Parse never panics nor returns a negative
 // size, and that a plain integer is read exactly.
 func FuzzParseSize(f *testing.F) {
 	for _, s := range []string{"1GiB", "512MiB", "2.5GB", "0", "1e9", "9223372036854775807", ".", "1..2k"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		n, err := parseSize(s)
+		n, err := Parse(s)
 		if err != nil {
 			return
 		}
 		if n < 0 {
-			t.Fatalf("parseSize(%q) = %d: negative", s, n)
+			t.Fatalf("Parse(%q) = %d: negative", s, n)
 		}
 		if i, err := strconv.ParseInt(s, 10, 64); err == nil && int64(n) != i {
-			t.Fatalf("parseSize(%q) = %d, want %d", s, n, i)
+			t.Fatalf("Parse(%q) = %d, want %d", s, n, i)
 		}
 	})
 }

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"os"
@@ -25,7 +25,7 @@ func TestAgentTracesModelLoads(t *testing.T) {
 		t.Skip("loading BPF needs root")
 	}
 	url, _ := startOrigin(t, 3, 3<<20)
-	addr := startAgentWith(t, func(c *agentConfig) { c.LoadTrace = true })
+	addr := startAgentWith(t, func(c *Config) { c.LoadTrace = true })
 	st := fetchWait(t, addr, url)
 	if st.State != prefetch.StateReady {
 		t.Fatalf("fetch: %s: %s", st.State, st.Error)

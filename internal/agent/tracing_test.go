@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -103,7 +103,7 @@ func TestTracingExportsSpans(t *testing.T) {
 	for _, how := range []string{"flag", "env"} {
 		t.Run(how, func(t *testing.T) {
 			recv := newOTLPReceiver(t)
-			cfg := tracingConfig{OtelSampleRatio: 1}
+			cfg := TracingConfig{OtelSampleRatio: 1}
 			t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
 			if how == "flag" {
 				cfg.OtelEndpoint = recv.URL // no path: /v1/traces is added
@@ -111,7 +111,7 @@ func TestTracingExportsSpans(t *testing.T) {
 			} else {
 				t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", recv.URL)
 			}
-			tp, shutdown, err := newTracerProvider(t.Context(), cfg, "node-a")
+			tp, shutdown, err := NewTracerProvider(t.Context(), cfg, "node-a", "dev")
 			require.NoError(t, err)
 			fetchTraced(t, tp)
 			require.NoError(t, shutdown(context.Background()), "flushes the batch")
@@ -134,7 +134,7 @@ func TestTracingOffByDefault(t *testing.T) {
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
 	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
 	recv := newOTLPReceiver(t)
-	tp, shutdown, err := newTracerProvider(t.Context(), tracingConfig{OtelSampleRatio: 1}, "node-a")
+	tp, shutdown, err := NewTracerProvider(t.Context(), TracingConfig{OtelSampleRatio: 1}, "node-a", "dev")
 	require.NoError(t, err)
 	assert.IsType(t, noop.TracerProvider{}, tp)
 	fetchTraced(t, tp)
@@ -144,13 +144,13 @@ func TestTracingOffByDefault(t *testing.T) {
 }
 
 func TestTracingConfigErrors(t *testing.T) {
-	for _, cfg := range []tracingConfig{
+	for _, cfg := range []TracingConfig{
 		{OtelEndpoint: "collector:4318", OtelSampleRatio: 1},
 		{OtelEndpoint: "ftp://collector:4318", OtelSampleRatio: 1},
 		{OtelEndpoint: "http://collector:4318", OtelSampleRatio: 1.5},
 		{OtelSampleRatio: -0.1},
 	} {
-		_, shutdown, err := newTracerProvider(t.Context(), cfg, "")
+		_, shutdown, err := NewTracerProvider(t.Context(), cfg, "", "dev")
 		assert.Error(t, err, "%+v", cfg)
 		assert.NotNil(t, shutdown)
 	}

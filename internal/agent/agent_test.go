@@ -1,0 +1,96 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/weightd/weightd/internal/genmodel"
+	"github.com/weightd/weightd/pkg/api"
+)
+
+// shortTempDir returns a temporary directory with a short path: unix socket
+// paths are limited to about 100 bytes, and t.TempDir can be longer.
+func shortTempDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "wd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// startAgent runs an agent, wired by New, on a unix socket until the
+// test ends; it returns the API address.
+func startAgent(t *testing.T) string {
+	t.Helper()
+	return startAgentWith(t, nil)
+}
+
+// startAgentWith is startAgent with a configuration changed by edit.
+func startAgentWith(t *testing.T, edit func(*Config)) string {
+	t.Helper()
+	dir := shortTempDir(t)
+	addr := "unix://" + filepath.Join(dir, "api.sock")
+	cfg := Config{
+		Root: filepath.Join(dir, "cache"), API: addr, ChunkSize: 1 << 20,
+		MaxJobs: 2, ShutdownTimeout: 5 * time.Second,
+		// The tests' origins listen on loopback.
+		SourcesConfig: SourcesConfig{FetchAllowCIDRs: []string{"127.0.0.0/8"}},
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	a, err := New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	})
+	client, err := api.NewClient(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readyCtx, cancelReady := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancelReady()
+	if err := client.WaitReady(readyCtx); err != nil {
+		t.Fatal(err)
+	}
+	return addr
+}
+
+// startOrigin serves a generated model and returns the manifest's URL.
+func startOrigin(t *testing.T, files int, size int64) (string, *genmodel.Server) {
+	t.Helper()
+	dir := t.TempDir()
+	if _, err := genmodel.Generate(dir, genmodel.Spec{Name: "test/model", Files: files, TotalBytes: size, Seed: 7}); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := genmodel.NewServer(ln, dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("origin: %v", err)
+		}
+	})
+	return srv.URL() + "/" + genmodel.ManifestName, srv
+}
