@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/weightd/weightd/internal/genmodel"
+	"github.com/weightd/weightd/internal/genmodel/genmodeltest"
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
@@ -75,25 +75,8 @@ func startAgent(t *testing.T) string {
 // startOrigin serves a generated model and returns the manifest's URL.
 func startOrigin(t *testing.T, files int, size int64) (string, *genmodel.Server) {
 	t.Helper()
-	dir := t.TempDir()
-	if _, err := genmodel.Generate(dir, genmodel.Spec{Name: "test/model", Files: files, TotalBytes: size, Seed: 7}); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := genmodel.NewServer(ln, dir)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("origin: %v", err)
-		}
-	})
-	return srv.URL() + "/" + genmodel.ManifestName, srv
+	o := genmodeltest.Start(t, genmodel.Spec{Name: "test/model", Files: files, TotalBytes: size, Seed: 7})
+	return o.Ref(), o.Server
 }
 
 // runCLI runs the command line in-process and returns its exit code and output.

@@ -3,13 +3,13 @@ package agent
 import (
 	"context"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/weightd/weightd/internal/genmodel"
+	"github.com/weightd/weightd/internal/genmodel/genmodeltest"
 	"github.com/weightd/weightd/pkg/api"
 )
 
@@ -46,6 +46,14 @@ func startAgentWith(t *testing.T, edit func(*Config)) string {
 	if edit != nil {
 		edit(&cfg)
 	}
+	runAgent(t, cfg)
+	return addr
+}
+
+// runAgent builds an agent from cfg and runs it until the test ends; it
+// returns once the agent's API at cfg.API says it is ready.
+func runAgent(t *testing.T, cfg Config) *Agent {
+	t.Helper()
 	a, err := New(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
@@ -59,7 +67,7 @@ func startAgentWith(t *testing.T, edit func(*Config)) string {
 			t.Errorf("agent: %v", err)
 		}
 	})
-	client, err := api.NewClient(addr)
+	client, err := api.NewClient(cfg.API)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,29 +76,12 @@ func startAgentWith(t *testing.T, edit func(*Config)) string {
 	if err := client.WaitReady(readyCtx); err != nil {
 		t.Fatal(err)
 	}
-	return addr
+	return a
 }
 
 // startOrigin serves a generated model and returns the manifest's URL.
 func startOrigin(t *testing.T, files int, size int64) (string, *genmodel.Server) {
 	t.Helper()
-	dir := t.TempDir()
-	if _, err := genmodel.Generate(dir, genmodel.Spec{Name: "test/model", Files: files, TotalBytes: size, Seed: 7}); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := genmodel.NewServer(ln, dir)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("origin: %v", err)
-		}
-	})
-	return srv.URL() + "/" + genmodel.ManifestName, srv
+	o := genmodeltest.Start(t, genmodel.Spec{Name: "test/model", Files: files, TotalBytes: size, Seed: 7})
+	return o.Ref(), o.Server
 }

@@ -1,8 +1,6 @@
 package agent
 
 import (
-	"context"
-	"log/slog"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -45,7 +43,7 @@ func TestMetricsInCatalogue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(Config{
+	a := runAgent(t, Config{
 		Root: filepath.Join(dir, "cache"), API: addr, ChunkSize: 1 << 20, MaxJobs: 2, ShutdownTimeout: 5 * time.Second,
 		P2PConfig: P2PConfig{GossipAddr: "127.0.0.1:0", ChunkAddr: "127.0.0.1:0", OriginFetchers: 1, MaxUploads: 4, FastGossip: true,
 			PeerCAFile: ca.CA, PeerCAKeyFile: ca.Key},
@@ -58,33 +56,16 @@ func TestMetricsInCatalogue(t *testing.T) {
 		WarmConfig:      WarmConfig{Warm: true, WarmDRAMBudget: 1 << 20},
 		LoadTraceConfig: LoadTraceConfig{LoadTrace: true},
 		NVML:            nvmltest.NewDGXH100(),
-	}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("agent: %v", err)
-		}
 	})
-	client, err := api.NewClient(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	readyCtx, cancelReady := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancelReady()
-	if err := client.WaitReady(readyCtx); err != nil {
-		t.Fatal(err)
-	}
 	if st := fetchWait(t, addr, url); st.State != prefetch.StateReady {
 		t.Fatalf("fetch: %s: %s", st.State, st.Error)
 	}
 
 	// The local API shows what the optional parts see: the fake's 8 GPUs.
+	client, err := api.NewClient(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
 	st, err := client.Status(t.Context())
 	if err != nil {
 		t.Fatal(err)

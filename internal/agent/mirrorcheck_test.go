@@ -363,21 +363,5 @@ func startAgentReturning(t *testing.T, edit func(*Config)) (*Agent, string) {
 	addr := "unix://" + filepath.Join(dir, "api.sock")
 	cfg := Config{Root: filepath.Join(dir, "cache"), API: addr, ChunkSize: 1 << 20, MaxJobs: 2, ShutdownTimeout: 5 * time.Second}
 	edit(&cfg)
-	a, err := New(cfg, slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("agent: %v", err)
-		}
-	})
-	client, err := api.NewClient(addr)
-	require.NoError(t, err)
-	readyCtx, cancelReady := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancelReady()
-	require.NoError(t, client.WaitReady(readyCtx))
-	return a, addr
+	return runAgent(t, cfg), addr
 }
