@@ -58,6 +58,7 @@ agent:
 		P2PConfig:       agent.P2PConfig{GossipAddr: ":7946", ChunkAddr: ":7947", OriginFetchers: 2, MaxUploads: 6, UploadTCP: "cubic", PeerCertLifetime: 24 * time.Hour},
 		SourcesConfig:   agent.SourcesConfig{HFEndpoint: "https://huggingface.co"},
 		ImportConfig:    agent.ImportConfig{ContainerdNamespace: "k8s.io", Snapshotter: "overlayfs"},
+		WarmConfig:      agent.WarmConfig{WarmEviction: "lfu"},
 		LoadTraceConfig: agent.LoadTraceConfig{LoadTrace: true, CgroupRoot: "/sys/fs/cgroup"},
 		TracingConfig:   agent.TracingConfig{OtelSampleRatio: 1},
 		CSIConfig:       agent.CSIConfig{KubeletRegistrationDir: "/var/lib/kubelet/plugins_registry", KubeletDir: "/var/lib/kubelet"},

@@ -204,10 +204,7 @@ func (in *PodIntake) Run(ctx context.Context) error {
 
 	factory, stopFactory := in.cfg.shared.pods(in.client, in.node)
 	informer := factory.Core().V1().Pods().Informer()
-	queue := workqueue.NewTypedRateLimitingQueueWithConfig(
-		workqueue.NewTypedItemExponentialFailureRateLimiter[string](500*time.Millisecond, 30*time.Second),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: "weightd-pods"},
-	)
+	queue := newPodQueue("weightd-pods", 500*time.Millisecond, 30*time.Second)
 	enqueue := func(obj any) {
 		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
 			queue.Add(key)
@@ -224,17 +221,9 @@ func (in *PodIntake) Run(ctx context.Context) error {
 	log.Info("watching this node's pods", "node", in.node)
 
 	s := &syncer{in: in, indexer: informer.GetIndexer(), recorder: recorder, queue: queue}
-	var wg sync.WaitGroup
-	for range in.cfg.workers {
-		wg.Go(func() {
-			for s.next(ctx) {
-			}
-		})
-	}
-	wg.Go(func() { in.tick(ctx, queue) })
-	<-ctx.Done()
-	queue.ShutDown()
-	wg.Wait()
+	runWorkers(ctx, queue, in.cfg.workers, s.sync, func(key string, err error, retries int) {
+		log.Warn("syncing pod; retrying", "pod", key, "err", err, "retries", retries)
+	}, func(ctx context.Context) { in.tick(ctx, queue) })
 	stopFactory()
 	return nil
 }
@@ -291,24 +280,6 @@ type syncer struct {
 	indexer  cache.Indexer
 	recorder record.EventRecorder
 	queue    workqueue.TypedRateLimitingInterface[string]
-}
-
-// next syncs the next queued pod; false once the queue shuts down.
-func (s *syncer) next(ctx context.Context) bool {
-	key, shutdown := s.queue.Get()
-	if shutdown {
-		return false
-	}
-	defer s.queue.Done(key)
-	if err := s.sync(ctx, key); err != nil {
-		if ctx.Err() == nil {
-			s.in.cfg.logger.Warn("syncing pod; retrying", "pod", key, "err", err, "retries", s.queue.NumRequeues(key))
-		}
-		s.queue.AddRateLimited(key)
-		return true
-	}
-	s.queue.Forget(key)
-	return true
 }
 
 // sync brings one pod up to date: takes its request, submits it, writes its

@@ -305,10 +305,7 @@ func (w *WarmPods) Run(ctx context.Context) error {
 	defer stopRecorder()
 	factory, stopFactory := w.cfg.shared.pods(w.client, w.node)
 	informer := factory.Core().V1().Pods().Informer()
-	queue := workqueue.NewTypedRateLimitingQueueWithConfig(
-		workqueue.NewTypedItemExponentialFailureRateLimiter[string](w.cfg.retryBase, w.cfg.retryMax),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: "weightd-warm-pods"},
-	)
+	queue := newPodQueue("weightd-warm-pods", w.cfg.retryBase, w.cfg.retryMax)
 	dirty := make(chan struct{}, 1)
 	changed := func(obj any) {
 		if pod, ok := obj.(*corev1.Pod); ok && (podrequest.IsWarmServer(pod.Labels) || hasAnnotation(pod, nodestate.LoadedAdaptersAnnotation)) {
@@ -353,17 +350,9 @@ func (w *WarmPods) Run(ctx context.Context) error {
 		invalid: make(map[types.UID]string), refused: make(map[types.UID]bool), published: make(map[string]published),
 	}
 	s.discover()
-	var wg sync.WaitGroup
-	for range w.cfg.workers {
-		wg.Go(func() {
-			for s.next(ctx) {
-			}
-		})
-	}
-	wg.Go(func() { s.loop(ctx, dirty) })
-	<-ctx.Done()
-	queue.ShutDown()
-	wg.Wait()
+	runWorkers(ctx, queue, w.cfg.workers, s.sync, func(key string, err error, retries int) {
+		w.cfg.logger.Warn("serving adapter request; retrying", "pod", key, "err", err, "retries", retries)
+	}, func(ctx context.Context) { s.loop(ctx, dirty) })
 	return nil
 }
 
@@ -569,25 +558,6 @@ func (s *warmSyncer) publish(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// next syncs the next queued adapter request; false once the queue shuts
-// down.
-func (s *warmSyncer) next(ctx context.Context) bool {
-	key, shutdown := s.queue.Get()
-	if shutdown {
-		return false
-	}
-	defer s.queue.Done(key)
-	if err := s.sync(ctx, key); err != nil {
-		if ctx.Err() == nil {
-			s.w.cfg.logger.Warn("serving adapter request; retrying", "pod", key, "err", err, "retries", s.queue.NumRequeues(key))
-			s.queue.AddRateLimited(key)
-		}
-		return true
-	}
-	s.queue.Forget(key)
-	return true
 }
 
 // errRetry marks a sync whose adapter failed for a reason that may pass.
