@@ -93,17 +93,12 @@ var errAnswerTooBig = errors.New("answer too big")
 // An answer that says it is longer is not read at all, and one that does
 // not say is read only to limit+1 bytes (errAnswerTooBig).
 func (s *Swarm) getSmall(ctx context.Context, url string, limit int64) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := s.client.Do(req)
+	resp, err := s.get(ctx, url)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		drain(resp.Body)
 		if resp.StatusCode == http.StatusNotFound {
 			return nil, errNotHeld
 		}
@@ -117,6 +112,23 @@ func (s *Swarm) getSmall(ctx context.Context, url string, limit int64) ([]byte, 
 		err = fmt.Errorf("%w: over %d bytes", errAnswerTooBig, limit)
 	}
 	return b, err
+}
+
+// get GETs url from a peer. An answer other than 200 comes with its body
+// drained, for the connection's reuse: only its status and headers count.
+func (s *Swarm) get(ctx context.Context, url string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		drain(resp.Body)
+	}
+	return resp, nil
 }
 
 // peerURL is the URL of path on the chunk server at addr.
@@ -176,18 +188,11 @@ func drain(body io.Reader) {
 func (s *Swarm) fetchChunk(ctx context.Context, addr string, d digest.Digest, i int, timeout time.Duration, c *liveChunk) (claim []byte, err error) {
 	ctx, watch := watchTransfer(ctx, timeout)
 	defer watch.stop()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.peerURL(addr, fmt.Sprintf(chunkPath, d, i)), nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := s.client.Do(req)
+	resp, err := s.get(ctx, s.peerURL(addr, fmt.Sprintf(chunkPath, d, i)))
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		drain(resp.Body)
-	}
 	switch resp.StatusCode {
 	case http.StatusOK:
 	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
