@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"time"
 
@@ -26,16 +25,11 @@ type adapterEnsureCmd struct {
 }
 
 func (c *adapterEnsureCmd) Run(e *env) error {
-	client, err := api.NewClient(c.API)
+	client, ctx, cancel, err := e.client(c.API, c.Timeout)
 	if err != nil {
 		return err
 	}
-	ctx := e.ctx
-	if c.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.Timeout)
-		defer cancel()
-	}
+	defer cancel()
 	ans, err := client.EnsureAdapter(ctx, api.AdapterRequest{Base: c.Base, Ref: c.Ref, Name: c.Name, Pin: c.Pin})
 	if err != nil {
 		return fmt.Errorf("ensuring adapter %s: %w", c.Ref, err)

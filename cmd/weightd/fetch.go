@@ -23,16 +23,11 @@ type fetchCmd struct {
 }
 
 func (c *fetchCmd) Run(e *env) error {
-	client, err := api.NewClient(c.API)
+	client, ctx, cancel, err := e.client(c.API, c.Timeout)
 	if err != nil {
 		return err
 	}
-	ctx := e.ctx
-	if c.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.Timeout)
-		defer cancel()
-	}
+	defer cancel()
 	if !c.Wait {
 		st, err := client.Submit(ctx, api.FetchRequest{Ref: c.Ref, Priority: c.Priority})
 		if err != nil {

@@ -27,8 +27,10 @@ import (
 	"runtime"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/alecthomas/kong"
+	"github.com/weightd/weightd/pkg/api"
 )
 
 // Set with -ldflags "-X main.version=... -X main.commit=...".
@@ -63,6 +65,21 @@ type env struct {
 	ctx    context.Context
 	stdout io.Writer
 	stderr io.Writer
+}
+
+// client is a client of the agent's API at addr, and the context a command
+// asks it in: cut after timeout unless timeout is 0.
+func (e *env) client(addr string, timeout time.Duration) (*api.Client, context.Context, context.CancelFunc, error) {
+	client, err := api.NewClient(addr)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if timeout > 0 {
+		ctx, cancel := context.WithTimeout(e.ctx, timeout)
+		return client, ctx, cancel, nil
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	return client, ctx, cancel, nil
 }
 
 type versionCmd struct{}
