@@ -192,6 +192,12 @@ type bench struct {
 	bytes     atomic.Int64
 	relists   atomic.Int64
 	rewatches atomic.Int64
+	// failed counts the failed writes by HTTP status (0: no answer).
+	failedMu sync.Mutex
+	failed   map[int]int
+	// When the first write was sent and the last one answered, in ns
+	// since the Unix epoch.
+	firstWrite, lastWrite atomic.Int64
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
@@ -209,13 +215,27 @@ func (t *tap) wrap(rt http.RoundTripper) http.RoundTripper {
 			}
 			return rt.RoundTrip(r)
 		}
+		if r.Method == http.MethodPatch && b.on.Load() {
+			b.firstWrite.CompareAndSwap(0, time.Now().UnixNano())
+		}
 		resp, err := rt.RoundTrip(r)
 		switch {
 		case r.Method == http.MethodPatch:
 			if b.on.Load() {
 				b.writes.Add(1)
+				b.lastWrite.Store(time.Now().UnixNano())
 				if err != nil || resp.StatusCode >= 300 {
 					b.writeErrs.Add(1)
+					code := 0
+					if err == nil {
+						code = resp.StatusCode
+					}
+					b.failedMu.Lock()
+					if b.failed == nil {
+						b.failed = make(map[int]int)
+					}
+					b.failed[code]++
+					b.failedMu.Unlock()
 				}
 			}
 		case r.Method == http.MethodGet && isWatch(r):
@@ -564,8 +584,14 @@ func runOne(parent context.Context, n int, mode string, fetch, settle, timeout t
 	res.Writes, res.WatchEvents, res.WatchBytes = b.writes.Load(), b.events.Load(), b.bytes.Load()
 	res.EventsPerNode = float64(res.WatchEvents) / float64(n)
 	res.Relists, res.Rewatches = b.relists.Load(), b.rewatches.Load()
+	if f := b.firstWrite.Load(); f > 0 {
+		log.Printf("N=%d: writes sent from %.1fs, the last answered %.1fs after the policy's creation", n,
+			time.Unix(0, f).Sub(t0).Seconds(), time.Unix(0, b.lastWrite.Load()).Sub(t0).Seconds())
+	}
 	if e := b.writeErrs.Load(); e > 0 {
-		log.Printf("N=%d: %d writes failed", n, e)
+		b.failedMu.Lock()
+		log.Printf("N=%d: %d writes failed (by HTTP status, 0: no answer): %v", n, e, b.failed)
+		b.failedMu.Unlock()
 	}
 	// The object as sent, managed fields included.
 	raw, err := env.Clientset().RESTClient().Get().AbsPath("/apis", policy.Group, policy.Version, policy.Resource, policyName).DoRaw(ctx)
