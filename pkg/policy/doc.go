@@ -49,7 +49,9 @@
 // deliveries of an object that grows with N (an entry is a few hundred
 // bytes, and the managed fields add about as much again; the informer drops
 // them after decoding). That is fine for hundreds of nodes per policy; for
-// thousands, split the fleet over several policies. Entries of nodes
+// thousands, split the fleet over several policies (bench/policystatus
+// measures it; docs/policy-status-scale.md has the figures and the
+// options for growing linearly). Entries of nodes
 // deleted from the cluster stay until someone removes them (RemoveEntry).
 //
 // CRD holds the CustomResourceDefinition (the same bytes as
