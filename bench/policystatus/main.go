@@ -725,18 +725,14 @@ func rawAgent(ctx context.Context, host string, hc *http.Client, dyn dynamic.Int
 		case <-t.firstEv:
 		}
 		if fetch > 0 {
-			if err := applyEntry(ctx, dyn, node, prefetch.StateFetching); err != nil {
-				log.Printf("agent %s: %v", node, err)
-			}
+			applyRetrying(ctx, dyn, node, prefetch.StateFetching)
 			select {
 			case <-ctx.Done():
 				return
 			case <-time.After(max(fetch, policy.DefaultConfig().Debounce)):
 			}
 		}
-		if err := applyEntry(ctx, dyn, node, prefetch.StateReady); err != nil {
-			log.Printf("agent %s: %v", node, err)
-		}
+		applyRetrying(ctx, dyn, node, prefetch.StateReady)
 	}()
 	// The informer's list, then its watch, again from the last
 	// resourceVersion seen whenever it ends.
@@ -770,6 +766,25 @@ func rawAgent(ctx context.Context, host string, hc *http.Client, dyn dynamic.Int
 		} else if rv == "" {
 			time.Sleep(100 * time.Millisecond)
 		}
+	}
+}
+
+// applyRetrying applies node's entry until it is written or ctx ends,
+// pausing between tries as the controller's queue does (from 100ms,
+// doubling, at most 30s).
+func applyRetrying(ctx context.Context, dyn dynamic.Interface, node string, st prefetch.JobState) {
+	pause := 100 * time.Millisecond
+	for {
+		err := applyEntry(ctx, dyn, node, st)
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 30*time.Second)
 	}
 }
 
