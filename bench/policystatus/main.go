@@ -15,7 +15,8 @@
 // a raw watch on prefetchpolicies whose bytes are counted and dropped (no
 // decoding: the client's CPU is then not what limits the run) and the
 // server-side apply of its entry that the controller makes (same body,
-// same field manager); the counts are then not written.
+// same field manager, tried again on failure); the counts are then not
+// written.
 //
 // The clients share one transport (HTTP/2 connections) and have no
 // client-side rate limit (QPS -1), so that client throttling is not what is
@@ -716,7 +717,8 @@ func (o *observer) check(u *unstructured.Unstructured) bool {
 // rawAgent is an agent reduced to its API traffic on the policy: a watch
 // whose events are counted and dropped, and the apply of its entry (ready,
 // or fetching then ready after fetch, at least the controller's debounce
-// apart) once the policy has been delivered to it.
+// apart) once the policy has been delivered to it, each tried again until
+// it is written.
 func rawAgent(ctx context.Context, host string, hc *http.Client, dyn dynamic.Interface, node string, t *tap, fetch time.Duration) {
 	go func() {
 		select {
