@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/weightd/weightd/internal/testdisk"
 	"github.com/weightd/weightd/pkg/prefetch"
 )
 
@@ -25,7 +26,7 @@ func demoCleanedUp(t *testing.T, dir string) {
 
 func TestDemoAgentsShare(t *testing.T) {
 	t.Parallel()
-	dir := shortTempDir(t)
+	dir := testdisk.ShortDir(t)
 	// 1 MiB chunks: each file is several chunks, so the agents pass chunks
 	// on to each other while they download.
 	code, stdout, stderr := runCLI(t, "demo", "--files", "3", "--size", "24MiB", "--chunk-size", "1MiB", "--dir", dir)
@@ -81,7 +82,7 @@ func TestDemoAgentsShare(t *testing.T) {
 
 func TestDemoOneAgent(t *testing.T) {
 	t.Parallel()
-	dir := shortTempDir(t)
+	dir := testdisk.ShortDir(t)
 	code, stdout, stderr := runCLI(t, "demo", "--agents", "1", "--files", "2", "--size", "4MiB", "--chunk-size", "1MiB", "--dir", dir)
 	if code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
@@ -118,7 +119,7 @@ func TestDemoUsageErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
 			t.Parallel()
-			dir := shortTempDir(t)
+			dir := testdisk.ShortDir(t)
 			code, _, stderr := runCLI(t, append([]string{"demo", "--dir", dir}, tt.args...)...)
 			if code != 1 || !strings.Contains(stderr, tt.stderrHas) {
 				t.Fatalf("exit %d, stderr %q; want a failure mentioning %q", code, stderr, tt.stderrHas)

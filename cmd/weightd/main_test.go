@@ -15,23 +15,12 @@ import (
 
 	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/internal/genmodel/genmodeltest"
+	"github.com/weightd/weightd/internal/testdisk"
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
 	"github.com/weightd/weightd/pkg/source"
 )
-
-// shortTempDir returns a temporary directory with a short path: unix socket
-// paths are limited to about 100 bytes, and t.TempDir can be longer.
-func shortTempDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "wd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
 
 // startAgent runs `weightd agent` in-process on a unix socket until the
 // test ends, with what it needs to fetch from the tests' origins on
@@ -39,7 +28,7 @@ func shortTempDir(t *testing.T) string {
 // returns the API address.
 func startAgent(t *testing.T) string {
 	t.Helper()
-	dir := shortTempDir(t)
+	dir := testdisk.ShortDir(t)
 	addr := "unix://" + filepath.Join(dir, "api.sock")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan string, 1)

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weightd/weightd/internal/testdisk"
 	"github.com/weightd/weightd/pkg/api"
 )
 
@@ -76,7 +77,7 @@ func (s *syncBuffer) String() string {
 func startAgentProcess(t *testing.T) (*exec.Cmd, string, *syncBuffer) {
 	t.Helper()
 	bin := weightdBinary(t)
-	dir := shortTempDir(t)
+	dir := testdisk.ShortDir(t)
 	sock := filepath.Join(dir, "run", "weightd.sock")
 	addr := "unix://" + sock
 	cmd := exec.Command(bin, "agent", "--root", filepath.Join(dir, "cache"), "--api", addr,

@@ -3,27 +3,15 @@ package agent
 import (
 	"context"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/internal/genmodel/genmodeltest"
+	"github.com/weightd/weightd/internal/testdisk"
 	"github.com/weightd/weightd/pkg/api"
 )
-
-// shortTempDir returns a temporary directory with a short path: unix socket
-// paths are limited to about 100 bytes, and t.TempDir can be longer.
-func shortTempDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "wd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
 
 // startAgent runs an agent, wired by New, on a unix socket until the
 // test ends; it returns the API address.
@@ -35,7 +23,7 @@ func startAgent(t *testing.T) string {
 // startAgentWith is startAgent with a configuration changed by edit.
 func startAgentWith(t *testing.T, edit func(*Config)) string {
 	t.Helper()
-	dir := shortTempDir(t)
+	dir := testdisk.ShortDir(t)
 	addr := "unix://" + filepath.Join(dir, "api.sock")
 	cfg := Config{
 		Root: filepath.Join(dir, "cache"), API: addr, ChunkSize: 1 << 20,

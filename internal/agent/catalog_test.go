@@ -11,6 +11,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/weightd/weightd/internal/metricscatalog/catalog"
+	"github.com/weightd/weightd/internal/testdisk"
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/nvml/nvmltest"
 	"github.com/weightd/weightd/pkg/peertls"
@@ -37,7 +38,7 @@ func TestMetricsInCatalogue(t *testing.T) {
 		t.Fatal(err)
 	}
 	url, _ := startOrigin(t, 2, 2<<20)
-	dir := shortTempDir(t)
+	dir := testdisk.ShortDir(t)
 	addr := "unix://" + filepath.Join(dir, "api.sock")
 	ca, err := peertls.WriteCA(dir, "catalog test CA")
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/weightd/weightd/internal/testdisk"
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/csi"
@@ -34,7 +35,7 @@ func TestAgentServesCSIVolume(t *testing.T) {
 		t.Skip("skipping: bind mounts need root")
 	}
 	manifest, _ := startOrigin(t, 3, 3<<20)
-	dir := shortTempDir(t)
+	dir := testdisk.ShortDir(t)
 	sock := filepath.Join(dir, "plugins", "csi.sock")
 	kubelet := filepath.Join(dir, "kubelet")
 	addr := startAgentWith(t, func(c *Config) {
@@ -104,7 +105,7 @@ func TestAgentServesCSIVolume(t *testing.T) {
 
 // TestAgentRefusesBadCSIAllowlist fails at start on a malformed allowlist.
 func TestAgentRefusesBadCSIAllowlist(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testdisk.ShortDir(t)
 	_, err := New(Config{
 		Root: filepath.Join(dir, "cache"), API: "unix://" + filepath.Join(dir, "api.sock"), ChunkSize: 1 << 20, MaxJobs: 1, ShutdownTimeout: time.Second,
 		CSIConfig: CSIConfig{CSIEndpoint: "unix://" + filepath.Join(dir, "csi.sock"), CSIAllowedRefs: "team-a"},

@@ -22,6 +22,7 @@ import (
 
 	"github.com/weightd/weightd/internal/kubetest"
 	"github.com/weightd/weightd/internal/services"
+	"github.com/weightd/weightd/internal/testdisk"
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/containerd"
 	"github.com/weightd/weightd/pkg/kube"
@@ -359,7 +360,7 @@ func (fakeAddrListener) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4(127, 
 // startAgentReturning is startAgentWith returning the agent too.
 func startAgentReturning(t *testing.T, edit func(*Config)) (*Agent, string) {
 	t.Helper()
-	dir := shortTempDir(t)
+	dir := testdisk.ShortDir(t)
 	addr := "unix://" + filepath.Join(dir, "api.sock")
 	cfg := Config{Root: filepath.Join(dir, "cache"), API: addr, ChunkSize: 1 << 20, MaxJobs: 2, ShutdownTimeout: 5 * time.Second}
 	edit(&cfg)

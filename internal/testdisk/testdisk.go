@@ -1,6 +1,7 @@
 // Package testdisk gives tests a small disk: a tmpfs of a chosen size,
 // mounted for the test and unmounted at its end, so that disk-full and
-// free-space behaviour is tested on a real filesystem.
+// free-space behaviour is tested on a real filesystem; and ShortDir, a
+// directory short enough for unix sockets.
 package testdisk
 
 import (
@@ -27,5 +28,18 @@ func Tmpfs(tb testing.TB, size int64) string {
 		tb.Fatalf("mounting a tmpfs of %d bytes: %v", size, err)
 	}
 	tb.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	return dir
+}
+
+// ShortDir returns a temporary directory with a short path, removed when
+// the test ends: unix socket paths are limited to about 100 bytes, and
+// t.TempDir can be longer.
+func ShortDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "wd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
 }

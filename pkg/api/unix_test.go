@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weightd/weightd/internal/testdisk"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/prefetch"
 	httpsource "github.com/weightd/weightd/pkg/source/http"
@@ -53,21 +54,9 @@ func TestParseAddr(t *testing.T) {
 	}
 }
 
-// socketDir returns a short temporary directory: unix socket paths are
-// limited to about 100 bytes, and t.TempDir can be longer.
-func socketDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "wd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
 func TestListenUnixSocket(t *testing.T) {
 	t.Parallel()
-	dir := socketDir(t)
+	dir := testdisk.ShortDir(t)
 	path := filepath.Join(dir, "run", "weightd.sock") // parent does not exist yet
 	addr := "unix://" + path
 
@@ -146,7 +135,7 @@ func TestOverUnixSocketWithQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := "unix://" + filepath.Join(socketDir(t), "weightd.sock")
+	addr := "unix://" + filepath.Join(testdisk.ShortDir(t), "weightd.sock")
 	ln, err := Listen(addr)
 	if err != nil {
 		t.Fatal(err)

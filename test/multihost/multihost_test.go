@@ -26,6 +26,7 @@ import (
 
 	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/internal/testbed"
+	"github.com/weightd/weightd/internal/testdisk"
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/peertls"
 	"github.com/weightd/weightd/pkg/prefetch"
@@ -107,7 +108,7 @@ type agentProc struct {
 
 func newCluster(t *testing.T, agents int) *cluster {
 	tb := testbed.NewT(t, testbed.Config{Hosts: agents + 1, LinkMbit: linkMbit})
-	dir := shortTempDir(t)
+	dir := testdisk.ShortDir(t)
 	c := &cluster{t: t, tb: tb, dir: dir, hosts: tb.Hosts(), control: filepath.Join(dir, "origin.sock")}
 	m, err := genmodel.Generate(filepath.Join(dir, "origin"), genmodel.Spec{Name: "test/blob", Files: 1, TotalBytes: blobSize, Seed: 7})
 	require.NoError(t, err)
@@ -319,15 +320,6 @@ func TestNodeWithoutTheGossipKeyCannotJoin(t *testing.T) {
 	require.Equal(t, 1, a.peers(t.Context()), "and no one sees it")
 	require.Equal(t, 1, b.peers(t.Context()))
 	require.Contains(t, stranger.logs.String(), "join", "the stranger logs its failed joins")
-}
-
-// shortTempDir is a temp dir with a short path (unix socket paths are
-// limited to 108 bytes).
-func shortTempDir(t *testing.T) string {
-	dir, err := os.MkdirTemp("", "wdm")
-	require.NoError(t, err)
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
 }
 
 type lockedBuffer struct {
