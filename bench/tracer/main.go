@@ -1,7 +1,10 @@
 // Command tracer measures the overhead of the eBPF model-load tracer
-// (pkg/loadtrace) on a process that opens, reads and closes 10,000 small
-// files under a traced models directory, against the same process with the
-// tracer detached. Runs alternate (without, with), the first pair warms the
+// (pkg/loadtrace) on a process that opens, reads to the end and closes
+// 10,000 small files under a traced models directory, against the same
+// process with the tracer detached. -files and -file-bytes set the shape
+// (a model load is a few large files); -untraced points the tracer at
+// another directory, so the workload is what every other process on a node
+// pays. Runs alternate (without, with), the first pair warms the
 // page cache and is discarded, and the best of each counts. The workload is
 // a child process (this binary with -work), as the tracer ignores its own
 // process; it times itself, so process start-up is not counted. The tracer
@@ -10,7 +13,7 @@
 // It needs root (loading BPF); elsewhere it says so and exits 0 without a
 // figure. The last line is one JSON object:
 //
-//	{"bench":"tracer-overhead","files":10000,"ratio":with_s/without_s,...}
+//	{"bench":"tracer-overhead","files":10000,"file_bytes":4096,"traced":true,"ratio":with_s/without_s,...}
 package main
 
 import (
@@ -18,6 +21,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"os"
 	"os/exec"
@@ -34,6 +38,8 @@ import (
 type result struct {
 	Bench    string  `json:"bench"`
 	Files    int     `json:"files"`
+	Bytes    int     `json:"file_bytes"`
+	Traced   bool    `json:"traced"`
 	Ratio    float64 `json:"ratio"`
 	WithS    float64 `json:"with_s"`
 	WithoutS float64 `json:"without_s"`
@@ -43,6 +49,8 @@ type result struct {
 
 func main() {
 	files := flag.Int("files", 10000, "files opened, read and closed per run")
+	fileBytes := flag.Int("file-bytes", 4096, "bytes in each file")
+	untraced := flag.Bool("untraced", false, "trace another directory than the workload's")
 	runs := flag.Int("runs", 7, "runs with and without the tracer (alternating); the best of each counts")
 	work := flag.String("work", "", "internal: run the workload on this snapshot directory and print its seconds")
 	flag.Parse()
@@ -71,7 +79,7 @@ func main() {
 	if err := os.MkdirAll(snap, 0o755); err != nil {
 		log.Fatal(err)
 	}
-	content := []byte(strings.Repeat("w", 4096))
+	content := []byte(strings.Repeat("w", *fileBytes))
 	for i := range *files {
 		if err := os.WriteFile(filepath.Join(snap, name(i)), content, 0o644); err != nil {
 			log.Fatal(err)
@@ -85,7 +93,11 @@ func main() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		t, d, err := traced(models, func() (float64, error) { return child(snap, *files) })
+		dir := models
+		if *untraced {
+			dir = filepath.Join(root, "elsewhere")
+		}
+		t, d, err := traced(dir, func() (float64, error) { return child(snap, *files) })
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -95,7 +107,7 @@ func main() {
 		without, with = append(without, w), append(with, t)
 		dropped += d
 	}
-	res := result{Bench: "tracer-overhead", Files: *files, WithS: best(with), WithoutS: best(without), Runs: *runs, Dropped: dropped}
+	res := result{Bench: "tracer-overhead", Files: *files, Bytes: *fileBytes, Traced: !*untraced, WithS: best(with), WithoutS: best(without), Runs: *runs, Dropped: dropped}
 	res.Ratio = res.WithS / res.WithoutS
 	b, err := json.Marshal(res)
 	if err != nil {
@@ -106,22 +118,36 @@ func main() {
 
 func name(i int) string { return fmt.Sprintf("f%05d.bin", i) }
 
-// workload opens, reads and closes each file, by absolute path.
+// workload opens, reads to the end and closes each file, by absolute path,
+// as a model loader does.
 func workload(dir string, n int) (float64, error) {
-	buf := make([]byte, 8192)
+	buf := make([]byte, 1<<20)
 	start := time.Now()
 	for i := range n {
 		f, err := os.Open(filepath.Join(dir, name(i)))
 		if err != nil {
 			return 0, err
 		}
-		if _, err := f.Read(buf); err != nil {
-			f.Close()
+		err = readAll(f, buf)
+		f.Close()
+		if err != nil {
 			return 0, err
 		}
-		f.Close()
 	}
 	return time.Since(start).Seconds(), nil
+}
+
+// readAll reads f to its end with read(2) into buf.
+func readAll(f *os.File, buf []byte) error {
+	for {
+		_, err := f.Read(buf)
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
 }
 
 // child runs the workload in a child process and returns its seconds.

@@ -16,6 +16,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// The kernel wakes the reader once a wakeupFraction of the ring buffer is
+// unread; below that the reader polls every pollEvery, so a record waits
+// at most that long.
+const (
+	wakeupFraction = 8
+	pollEvery      = 100 * time.Millisecond
+)
+
 // Layout of a ring buffer record (struct hdr, then for opens the path).
 const (
 	hdrSize  = 32
@@ -47,6 +55,9 @@ func attach(cfg Config, prefixes []string) (*probe, error) {
 	spec.Maps["events"].MaxEntries = uint32(cfg.RingBytes)
 	if err := spec.Variables["self_tgid"].Set(uint32(os.Getpid())); err != nil {
 		return nil, fmt.Errorf("setting the agent's pid: %w", err)
+	}
+	if err := spec.Variables["wakeup_bytes"].Set(uint64(cfg.RingBytes / wakeupFraction)); err != nil {
+		return nil, fmt.Errorf("setting the ring buffer's wakeup mark: %w", err)
 	}
 	p := &probe{}
 	if err := spec.LoadAndAssign(&p.objs, nil); err != nil {
@@ -113,9 +124,14 @@ func (p *probe) readDrops() ([3]uint64, error) {
 // skipped.
 func (p *probe) read(handle func(event)) error {
 	var rec ringbuf.Record
+	p.rd.SetDeadline(time.Now().Add(pollEvery))
 	for {
 		if err := p.rd.ReadInto(&rec); err != nil {
-			if errors.Is(err, os.ErrClosed) {
+			switch {
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				p.rd.SetDeadline(time.Now().Add(pollEvery))
+				continue
+			case errors.Is(err, os.ErrClosed):
 				return nil
 			}
 			return err

@@ -46,6 +46,7 @@ const (
 	loadtraceProgSysEnter    = "sys_enter"
 	loadtraceProgSysExit     = "sys_exit"
 	loadtraceVarSelfTgid     = "self_tgid"
+	loadtraceVarWakeupBytes  = "wakeup_bytes"
 )
 
 // loadLoadtrace returns the embedded CollectionSpec for loadtrace.
@@ -112,7 +113,8 @@ type loadtraceMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type loadtraceVariableSpecs struct {
-	SelfTgid *ebpf.VariableSpec `ebpf:"self_tgid"`
+	SelfTgid    *ebpf.VariableSpec `ebpf:"self_tgid"`
+	WakeupBytes *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
 }
 
 // loadtraceObjects contains all objects after they have been loaded into the kernel.
@@ -160,7 +162,8 @@ func (m *loadtraceMaps) Close() error {
 //
 // It can be passed to loadLoadtraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type loadtraceVariables struct {
-	SelfTgid *ebpf.Variable `ebpf:"self_tgid"`
+	SelfTgid    *ebpf.Variable `ebpf:"self_tgid"`
+	WakeupBytes *ebpf.Variable `ebpf:"wakeup_bytes"`
 }
 
 // loadtracePrograms contains all programs after they have been loaded into the kernel.

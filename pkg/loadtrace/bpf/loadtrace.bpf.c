@@ -27,6 +27,10 @@ enum drop { DROP_RINGBUF = 0, DROP_FDS = 1, DROP_PENDING = 2, DROP_MAX = 3 };
 // serve peers); set at load.
 volatile const __u32 self_tgid = 0;
 
+// wakeup_bytes: unread bytes in the ring buffer that wake the reader; set
+// at load.
+volatile const __u64 wakeup_bytes = 0;
+
 struct prefix {
 	__u32 len;
 	char s[PREFIX_LEN];
@@ -126,6 +130,15 @@ static __always_inline void fill(struct hdr *h, __u64 id, __s32 fd, __u32 kind)
 	h->kind = kind;
 }
 
+// submit commits a record and wakes the reader only once wakeup_bytes have
+// built up: a wakeup per record costs the traced process an interrupt and
+// the reader a context switch for each file opened. The reader also polls.
+static __always_inline void submit(void *rec)
+{
+	__u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+	bpf_ringbuf_submit(rec, avail >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+}
+
 static __always_inline void emit(__u64 id, __s32 fd, __u32 kind)
 {
 	struct hdr *h = bpf_ringbuf_reserve(&events, sizeof(*h), 0);
@@ -134,7 +147,7 @@ static __always_inline void emit(__u64 id, __s32 fd, __u32 kind)
 		return;
 	}
 	fill(h, id, fd, kind);
-	bpf_ringbuf_submit(h, 0);
+	submit(h);
 }
 
 // matches says whether path starts with one of the configured prefixes.
@@ -278,7 +291,7 @@ int sys_exit(struct bpf_raw_tracepoint_args *ctx)
 	}
 	fill(&e->h, id, (__s32)ret, KIND_OPEN);
 	bpf_probe_read_kernel(e->path, PATH_LEN, p->path);
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	bpf_map_delete_elem(&pending, &id);
 	return 0;
 }
