@@ -84,8 +84,10 @@
 // again from the origin, the peers whose chunks differ are banned, and the
 // blob is checked again.
 //
-// Stall watchdog: a request's deadline is a few seconds plus the chunk at
-// MinRate, and a transfer ends sooner once no byte has come for five
-// seconds; one that brought bytes too slowly marks its peer slow, not
-// failing. DownloadLimit paces all transfers together.
+// Stall watchdog: a request to a peer has a deadline of a few seconds plus
+// the chunk at MinRate, and a transfer ends sooner once no byte has come
+// for five seconds; one that brought bytes too slowly marks its peer slow,
+// not failing. A request to the origin has no deadline, only the stall:
+// cutting a busy origin's slow transfer would cost its bytes again.
+// DownloadLimit paces all transfers together.
 package p2p

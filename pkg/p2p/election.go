@@ -277,7 +277,7 @@ const (
 )
 
 // originFailed books a failed origin request. A slow answer (some bytes,
-// then the deadline) is not a failure: the origin answers, its link is
+// then a stall) is not a failure: the origin answers, its link is
 // busy. Other failures back off, doubling up to originMaxPause.
 func (f *fill) originFailed(r chunkResult) error {
 	if errors.Is(r.err, content.ErrPermanent) {

@@ -321,13 +321,12 @@ func (f *fill) launchOrigin(ctx context.Context, i int) {
 	f.originInflight++
 	n := f.p.ChunkLen(i)
 	off := int64(i) * f.p.ChunkSize()
-	timeout := f.timeout(i)
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
 		start := f.s.cfg.Now()
 		c := f.s.live.chunk(f.d, i, n)
-		err := f.s.fetchOrigin(ctx, f.origin, off, timeout, c)
+		err := f.s.fetchOrigin(ctx, f.origin, off, c)
 		if err == nil {
 			err = f.write(i, c.data(), nil, "")
 		}

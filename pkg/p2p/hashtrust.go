@@ -149,7 +149,7 @@ func (f *fill) verify(ctx context.Context) error {
 func (f *fill) repair(ctx context.Context, i int, blame func()) error {
 	c := newLiveChunk(f.p.ChunkLen(i))
 	defer c.release()
-	if err := f.s.fetchOrigin(ctx, f.origin, int64(i)*f.p.ChunkSize(), 5*time.Minute, c); err != nil {
+	if err := f.s.fetchOrigin(ctx, f.origin, int64(i)*f.p.ChunkSize(), c); err != nil {
 		return err
 	}
 	sum := sha256.Sum256(c.data())

@@ -234,9 +234,11 @@ func (s *Swarm) fetchChunk(ctx context.Context, addr string, d digest.Digest, i 
 	return claim, nil
 }
 
-// fetchOrigin downloads [off, off+len(c)) from the origin into c.
-func (s *Swarm) fetchOrigin(ctx context.Context, origin content.RangeOpener, off int64, timeout time.Duration, c *liveChunk) error {
-	ctx, watch := watchTransfer(ctx, timeout)
+// fetchOrigin downloads [off, off+len(c)) from the origin into c. Only a
+// stall ends it: the origin has no stand-in, and a deadline would throw
+// away the bytes a busy origin sent slowly, to ask for them again.
+func (s *Swarm) fetchOrigin(ctx context.Context, origin content.RangeOpener, off int64, c *liveChunk) error {
+	ctx, watch := watchTransfer(ctx, 0)
 	defer watch.stop()
 	var body io.ReadCloser
 	var err error
@@ -267,9 +269,12 @@ type transferWatch struct {
 }
 
 // watchTransfer returns a context for one transfer that ends after timeout
-// or once no bytes have come for stallTimeout (see progress).
+// (none if 0) or once no bytes have come for stallTimeout (see progress).
 func watchTransfer(ctx context.Context, timeout time.Duration) (context.Context, *transferWatch) {
-	ctx, stopDeadline := context.WithTimeout(ctx, timeout)
+	stopDeadline := context.CancelFunc(func() {})
+	if timeout > 0 {
+		ctx, stopDeadline = context.WithTimeout(ctx, timeout)
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	w := &transferWatch{cancel: cancel, stopDeadline: stopDeadline}
 	w.timer = time.AfterFunc(stallTimeout, func() { cancel(errStalled) })

@@ -264,7 +264,7 @@ func (s *Swarm) fillSmall(ctx context.Context, p *cache.Partial, origin content.
 	}
 	c := newLiveChunk(n)
 	defer c.release()
-	if err := s.fetchOrigin(ctx, origin, 0, timeout, c); err != nil {
+	if err := s.fetchOrigin(ctx, origin, 0, c); err != nil {
 		return err
 	}
 	if err := p.WriteChunk(0, c.data(), want); err != nil {

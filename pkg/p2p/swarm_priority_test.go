@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -50,6 +51,33 @@ func TestOriginIsNotDroppedForBeingSlow(t *testing.T) {
 	f.originInflight++
 	require.ErrorIs(t, f.handle(chunkResult{chunk: 0, err: content.Permanent(content.ErrNotFound)}), content.ErrNotFound,
 		"an answer that the blob is not there ends it at once")
+}
+
+// An origin request has no deadline, only the stall watch: a registry
+// whose link many pulls share sends each of them slowly, and a request cut
+// at a deadline throws away what it brought, to ask for it again.
+func TestOriginRequestsHaveNoDeadline(t *testing.T) {
+	t.Parallel()
+	nodes := startSwarmCluster(t, 1, nil)
+	data := randomBlob(62, 4*testChunk)
+	origin := &deadlineOrigin{countingOrigin: countingOrigin{data: data}}
+	require.NoError(t, nodes[0].fetch(context.Background(), data, origin))
+	require.Positive(t, origin.requests.Load())
+	require.Zero(t, origin.withDeadline.Load(), "origin requests with a deadline, of %d", origin.requests.Load())
+}
+
+// deadlineOrigin counts the requests whose context has a deadline.
+type deadlineOrigin struct {
+	countingOrigin
+	requests, withDeadline atomic.Int32
+}
+
+func (o *deadlineOrigin) OpenBoundedRange(ctx context.Context, off, n int64) (io.ReadCloser, error) {
+	o.requests.Add(1)
+	if _, ok := ctx.Deadline(); ok {
+		o.withDeadline.Add(1)
+	}
+	return o.countingOrigin.OpenBoundedRange(ctx, off, n)
 }
 
 // A reader's next chunks go before the rarest: from the chunk holding the
