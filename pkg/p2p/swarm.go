@@ -198,7 +198,51 @@ type swarmSource struct {
 func (src *swarmSource) Want(off int64) { src.want.Store(off) }
 
 func (src *swarmSource) OpenRange(ctx context.Context, off int64) (io.ReadCloser, error) {
-	return src.origin.OpenRange(ctx, off)
+	return src.s.Paced(src.origin).OpenRange(ctx, off)
+}
+
+// Paced returns origin with its reads paced by DownloadLimit, for what a
+// node streams from the origin outside the swarm's chunks (a blob read in
+// order, every blob while it has no peers): the limit is the node's, over
+// everything it downloads. origin itself when there is no limit.
+func (s *Swarm) Paced(origin content.RangeOpener) content.RangeOpener {
+	if s.download == nil {
+		return origin
+	}
+	return pacedOpener{origin: origin, limit: s.download}
+}
+
+// pacedOpener is an origin whose readers wait for the download limit.
+type pacedOpener struct {
+	origin content.RangeOpener
+	limit  *rate.Limiter
+}
+
+func (p pacedOpener) OpenRange(ctx context.Context, off int64) (io.ReadCloser, error) {
+	body, err := p.origin.OpenRange(ctx, off)
+	if err != nil {
+		return nil, err
+	}
+	return &pacedReader{ReadCloser: body, ctx: ctx, limit: p.limit}, nil
+}
+
+// pacedReader takes each read's bytes from the limit once they are read,
+// so the count is exact; a read asks for at most relayPiece, well within
+// the limit's burst.
+type pacedReader struct {
+	io.ReadCloser
+	ctx   context.Context
+	limit *rate.Limiter
+}
+
+func (r *pacedReader) Read(b []byte) (int, error) {
+	n, err := r.ReadCloser.Read(b[:min(len(b), relayPiece)])
+	if n > 0 {
+		if werr := r.limit.WaitN(r.ctx, n); werr != nil {
+			return n, werr
+		}
+	}
+	return n, err
 }
 
 // maxInFlightBytes bounds the chunk buffers one download holds, so memory
