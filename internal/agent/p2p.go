@@ -129,7 +129,7 @@ func newPeering(cfg P2PConfig, version string, log *slog.Logger, reg prometheus.
 		ln.Close()
 		return nil, err
 	}
-	swarmCfg := p2p.SwarmConfig{OriginFetchers: cfg.OriginFetchers, DownloadLimit: int64(cfg.DownloadLimit)}
+	swarmCfg := p2p.SwarmConfig{OriginFetchers: cfg.OriginFetchers, DownloadLimit: int64(cfg.DownloadLimit), Zone: cfg.Zone}
 	if p.identity != nil {
 		swarmCfg.TLS = p.identity.ClientConfig()
 	}

@@ -28,7 +28,8 @@
 // Origin election: only OriginFetchers nodes (default 2) fetch a blob from
 // the origin, so the origin serves about one copy. Every node ranks itself
 // and the holders it follows by rendezvous hashing (FNV-1a of digest and
-// name, then MurmurHash3's finalizer): all compute the same order, and removing a name keeps the others'.
+// name, then MurmurHash3's finalizer), spread over zones (below): all
+// compute the same order, and removing a name keeps the others'.
 // No node takes the role while a peer holds the blob whole, or while
 // OriginFetchers peers already say they fetch it. A node takes it at its
 // turn, Settle times one plus its rank past the first OriginFetchers, after
@@ -63,6 +64,17 @@
 // the fill's request limit, each may get one duplicate request to another
 // peer than the first; those still running when the blob is complete are
 // cancelled.
+//
+// Zones: each node tells its zone (NodeMeta.Zone; "" without one, all
+// such nodes one zone). The election's order puts each zone's first node
+// in rendezvous order before any zone's second, so the origin fetchers lie
+// in as many zones as there are. A supplier in this node's zone beats any
+// outside it, whatever its class. A chunk that only nodes outside the zone
+// have or receive crosses into it through one node, the zone's entry for
+// it: chunk i goes to the (i mod n)th of the n nodes of the zone that fill
+// the blob, in rendezvous order. The others wait for that copy, up to two
+// holdoffs (views differ: the entry may not know it is one), and the last
+// chunks (endgame) cross at once. A blob so enters each zone about once.
 //
 // Relays: a node receiving a chunk says so in its state, and its chunk
 // server passes the chunk on while it arrives, piece by piece, holding back

@@ -54,6 +54,9 @@ type SwarmConfig struct {
 	Now           func() time.Time
 	MinRate       int64 // the slowest acceptable transfer, bytes/s: request timeouts scale with it (default 256 KiB/s; a transfer that stalls for 5 s ends sooner)
 	DownloadLimit int64 // bytes/s for all chunk downloads together; 0 means no limit
+	// Zone is this node's topology zone (NodeMeta.Zone): peers of its zone
+	// are preferred, and chunks cross into it about once (zone.go).
+	Zone string
 	// TLS, when set, is this node's side of mutual TLS with its peers
 	// (peertls.Identity.ClientConfig): chunk servers are asked over
 	// https, and an answer counts only from a server whose certificate
