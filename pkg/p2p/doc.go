@@ -51,6 +51,15 @@
 // the fill ends. A blob of one chunk up to 1 MiB skips all this: a complete
 // holder, else the origin.
 //
+// Origin limit: OriginLimit caps what the origin sends the whole cluster,
+// with no central component. The limit is split evenly among the (blob,
+// origin fetcher) pairs a node's fills see, and each node paces its origin
+// reads (chunks, small blobs, streams) at the parts of its own pairs; one
+// that fetches nothing for the cluster counts as one pair. Where all nodes
+// fill the same blobs, as when a model is pulled across the cluster, they
+// count the same pairs and the parts add up to the limit; blobs filled by
+// disjoint nodes hold it each (originlimit.go).
+//
 // Chunk picking: at most MaxInFlight requests per fill (and 64 MiB of
 // chunks), at most PerPeer to one peer over all fills. Origin requests go
 // first; then the lowest missing chunk from the byte a reader waits on
@@ -99,5 +108,6 @@
 // Stall watchdog: a request's deadline is a few seconds plus the chunk at
 // MinRate, and a transfer ends sooner once no byte has come for five
 // seconds; one that brought bytes too slowly marks its peer slow, not
-// failing. DownloadLimit paces all transfers together.
+// failing. DownloadLimit paces all transfers together, streams from the
+// origin outside the swarm included (Paced).
 package p2p

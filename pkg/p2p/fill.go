@@ -89,6 +89,7 @@ func (f *fill) run(parent context.Context) error {
 		cancel()
 		f.wg.Wait()
 		f.release()
+		f.s.seeFetchers(f.d, nil)
 	}()
 	tick := time.NewTicker(f.s.cfg.Refresh / 2)
 	defer tick.Stop()
@@ -101,6 +102,7 @@ func (f *fill) run(parent context.Context) error {
 		}
 		f.refresh(ctx)
 		f.decideOrigin()
+		f.paceOrigin()
 		f.answerHashes()
 		if err := f.schedule(ctx, missing); err != nil {
 			return err
