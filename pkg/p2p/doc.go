@@ -83,7 +83,8 @@
 // it: chunk i goes to the (i mod n)th of the n nodes of the zone that fill
 // the blob, in rendezvous order. The others wait for that copy, up to two
 // holdoffs (views differ: the entry may not know it is one), and the last
-// chunks (endgame) cross at once. A blob so enters each zone about once.
+// chunks (endgame) cross at once, but for duplicates of chunks the zone
+// has. A blob so enters each zone about once.
 //
 // Relays: a node receiving a chunk says so in its state, and its chunk
 // server passes the chunk on while it arrives, piece by piece, holding back

@@ -251,7 +251,8 @@ func (s *Swarm) fetchOrigin(ctx context.Context, origin content.RangeOpener, off
 	}
 	defer body.Close()
 	if s.originPace != nil {
-		// The download limit paces it in readInto, as any transfer.
+		// At this node's part of the origin limit; the download limit
+		// paces it in readInto, as any transfer.
 		body = &pacedReader{ReadCloser: body, ctx: ctx, limits: []*rate.Limiter{s.originPace}}
 	}
 	c.share()

@@ -93,9 +93,8 @@ func (f *fill) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 	return best, bestPeer
 }
 
-// supplierOf returns the best usable peer to ask for chunk i (supplyRank,
-// then the least loaded; nil if none is free) and how many known peers
-// have or are receiving it.
+// supplierOf returns the best usable peer to ask for chunk i (nearer; nil
+// if none is free) and how many known peers have or are receiving it.
 //
 // An origin fetcher's upload is the swarm's narrowest pipe: every chunk of
 // its share must leave it once, as fast as it comes from the origin. It is
@@ -122,7 +121,7 @@ func (f *fill) supplierOf(i int, endgame bool, now time.Time) (pick *peerView, c
 			pick = pv
 		}
 	}
-	if pick != nil && !endgame && pick.zone != f.s.cfg.Zone && !f.mayCrossZone(i, inZone, now) {
+	if pick != nil && pick.zone != f.s.cfg.Zone && !f.mayCrossZone(i, inZone, endgame, now) {
 		return nil, count
 	}
 	return pick, count

@@ -80,12 +80,17 @@ type zoneView struct {
 
 // mayCrossZone reports whether this node may fetch chunk i from outside
 // its zone, inZone telling whether a peer of its zone has or receives it:
-// never then (that copy is near), else only the zone's entry for the
-// chunk, or anyone once the chunk has waited two holdoffs for an entry
-// that, seeing other holders than this node does, may not know it is one.
-func (f *fill) mayCrossZone(i int, inZone bool, now time.Time) bool {
+// never then (that copy is near, also for an endgame duplicate: every node
+// of the zone would send one across), else for the endgame, the zone's
+// entry for the chunk, or anyone once the chunk has waited two holdoffs
+// for an entry that, seeing other holders than this node does, may not
+// know it is one.
+func (f *fill) mayCrossZone(i int, inZone, endgame bool, now time.Time) bool {
 	if inZone {
 		return false
+	}
+	if endgame {
+		return true
 	}
 	if f.zoneEntry(i, now) == f.s.dir.LocalName() {
 		return true

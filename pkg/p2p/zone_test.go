@@ -60,7 +60,7 @@ func TestZoneOrder(t *testing.T) {
 // that only peers outside its zone have crosses into it through one node,
 // the zone's entry for that chunk, and the others wait for that copy, up
 // to two holdoffs (the entry may not know it is one), but for the last
-// chunks.
+// chunks; an endgame duplicate never crosses while its zone has a copy.
 func TestSupplierPrefersItsZone(t *testing.T) {
 	t.Parallel()
 	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{Zone: "a"}, nil, nil)
@@ -111,6 +111,10 @@ func TestSupplierPrefersItsZone(t *testing.T) {
 			{name: "mate", zone: "a", state: state(0, 0, 0, false)},
 		}},
 		"the near holder is busy: wait for it": {chunk: myChunk, want: "", busy: "near", peers: []*peerView{
+			{name: "near", zone: "a", state: state(0xff, 0, 0, false)},
+			{name: "far", zone: "b", state: state(0xff, 0, 0, false)},
+		}},
+		"an endgame duplicate waits for a near copy": {chunk: myChunk, want: "", busy: "near", endgame: true, peers: []*peerView{
 			{name: "near", zone: "a", state: state(0xff, 0, 0, false)},
 			{name: "far", zone: "b", state: state(0xff, 0, 0, false)},
 		}},
