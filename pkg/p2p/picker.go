@@ -86,6 +86,11 @@ func (f *fill) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 		if pick.state.WasSent(i) {
 			score++
 		}
+		if pick.zone != f.s.cfg.Zone {
+			// This node brings the chunk into its zone (mayCrossZone),
+			// whose other nodes wait for it: before any other.
+			score -= 2 * (len(f.peers) + 1)
+		}
 		if best < 0 || score < bestScore {
 			best, bestScore, bestPeer = i, score, pick
 		}

@@ -178,3 +178,24 @@ func TestOriginRoleSpreadsOverZones(t *testing.T) {
 	}
 	require.Positive(t, differs, "the zones changed some elections")
 }
+
+// A chunk this node brings into its zone goes before rarer ones from its
+// zone: the zone's other nodes wait for it.
+func TestZoneEntryFetchesItsCrossingFirst(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{Zone: "a"}, nil, nil)
+	require.NoError(t, err)
+	state := func(have byte) PeerState {
+		return PeerState{ChunkState: cache.ChunkState{Size: 2 * testChunk, ChunkSize: testChunk, Have: []byte{have}}}
+	}
+	f := &fill{s: s, d: digest.FromString("blob"), inflight: map[int]int{}, asked: map[int]string{}, peers: map[string]*peerView{
+		"near": {name: "near", zone: "a", known: true, state: state(0b01)},
+		"far1": {name: "far1", zone: "b", known: true, state: state(0b10)},
+		"far2": {name: "far2", zone: "b", known: true, state: state(0b10)},
+		"far3": {name: "far3", zone: "b", known: true, state: state(0b10)},
+	}}
+	require.Equal(t, "me", f.zoneEntry(1, time.Now()), "this node brings chunk 1 into zone a")
+	chunk, peer := f.pickFromPeers([]int{0, 1}, false)
+	require.Equal(t, 1, chunk, "the chunk only zone b has, though three hold it and one chunk 0")
+	require.Equal(t, "b", peer.zone)
+}
