@@ -32,7 +32,7 @@ type P2PConfig struct {
 	JoinDNS        string        `help:"DNS name whose A/AAAA records are peers to join (a headless Service), name[:port]." env:"WEIGHTD_JOIN_DNS"`
 	GossipKeyFile  string        `help:"File of gossip encryption keys, base64, one per line, the first used to encrypt; without it gossip is not encrypted." env:"WEIGHTD_GOSSIP_KEY_FILE"`
 	NodeName       string        `help:"Member name, unique in the cluster (default: the hostname)." env:"WEIGHTD_NODE_NAME"`
-	Zone           string        `help:"Topology zone of this node, told to peers." env:"WEIGHTD_ZONE"`
+	Zone           string        `help:"Topology zone of this node, told to peers: the swarm asks peers of its zone first, and a blob enters each zone about once." env:"WEIGHTD_ZONE"`
 	ChunkAddr      string        `help:"Chunk server listen address, host:port: peers download verified chunks from it." default:":7947" env:"WEIGHTD_CHUNK_ADDR"`
 	UploadLimit    bytesize.Size `help:"Most bytes per second served to peers; 0 for no limit." default:"0" env:"WEIGHTD_UPLOAD_LIMIT"`
 	DownloadLimit  bytesize.Size `help:"Most bytes per second downloaded from peers and the origin, all together; 0 for no limit." default:"0" env:"WEIGHTD_DOWNLOAD_LIMIT"`
