@@ -81,7 +81,8 @@
 // outside it, whatever its class. A chunk that only nodes outside the zone
 // have or receive crosses into it through one node, the zone's entry for
 // it: chunk i goes to the (i mod n)th of the n nodes of the zone that fill
-// the blob, in rendezvous order. The others wait for that copy, up to two
+// the blob, in rendezvous order, and asks for such chunks before any
+// other, as its zone waits on them. The others wait for that copy, up to two
 // holdoffs (views differ: the entry may not know it is one), and the last
 // chunks (endgame) cross at once, but for duplicates of chunks the zone
 // has. A blob so enters each zone about once.
