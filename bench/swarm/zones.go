@@ -19,7 +19,7 @@ import (
 // zoneOf is the zone of agent host i.
 func (b *bench) zoneOf(i int) int { return i * b.zones / len(b.hosts) }
 
-// zoneFlag returns the --zone of each agent host, for AgentConfig.HostExtra.
+// zoneFlag is the --zone flag of agent host i, for AgentConfig.HostExtra.
 func (b *bench) zoneFlag(i int) []string {
 	return []string{"--zone", fmt.Sprintf("zone-%d", b.zoneOf(i))}
 }
