@@ -397,6 +397,9 @@ func (f *fill) handle(r chunkResult) error {
 		f.s.log.Debug("chunk fetched", "digest", f.d, "chunk", r.chunk, "from", cmp.Or(r.peer, "origin"), "took", r.took, "inflight", f.inflightTotal())
 		if pv := f.peers[r.peer]; pv != nil {
 			pv.failures = 0
+			if pv.zone != f.s.cfg.Zone {
+				f.s.m.crossZone.Add(float64(r.bytes))
+			}
 		}
 		if r.peer == "" {
 			f.originFailures, f.originHeard = 0, f.s.cfg.Now()

@@ -137,6 +137,7 @@ type swarmMetrics struct {
 	bans       *prometheus.CounterVec
 	mismatches prometheus.Counter
 	originRole prometheus.Counter
+	crossZone  prometheus.Counter
 }
 
 // NewSwarm returns a swarm downloader over dir. client carries the chunk
@@ -179,9 +180,12 @@ func NewSwarm(dir Directory, client *http.Client, cfg SwarmConfig, log *slog.Log
 		originRole: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "weightd_p2p_origin_fetcher_total", Help: "Blobs this node fetched from the origin on behalf of the cluster.",
 		}),
+		crossZone: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "weightd_p2p_cross_zone_bytes_total", Help: "Chunk bytes received from peers of another zone (--zone), endgame duplicates included.",
+		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{s.m.received, s.m.latency, s.m.bans, s.m.mismatches, s.m.originRole} {
+		for _, c := range []prometheus.Collector{s.m.received, s.m.latency, s.m.bans, s.m.mismatches, s.m.originRole, s.m.crossZone} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("registering swarm metrics: %w", err)
 			}

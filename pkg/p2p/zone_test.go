@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/pkg/cache"
@@ -198,4 +199,20 @@ func TestZoneEntryFetchesItsCrossingFirst(t *testing.T) {
 	chunk, peer := f.pickFromPeers([]int{0, 1}, false)
 	require.Equal(t, 1, chunk, "the chunk only zone b has, though three hold it and one chunk 0")
 	require.Equal(t, "b", peer.zone)
+}
+
+// The bytes a node receives from peers of other zones are counted, for
+// operators to see what crosses zones.
+func TestCrossZoneBytesAreCounted(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{Zone: "a"}, nil, nil)
+	require.NoError(t, err)
+	f := &fill{s: s, inflight: map[int]int{0: 1, 1: 1, 2: 1}, peers: map[string]*peerView{
+		"near": {name: "near", zone: "a", inflight: 1}, "far": {name: "far", zone: "b", inflight: 1},
+	}}
+	f.originInflight = 1
+	require.NoError(t, f.handle(chunkResult{chunk: 0, peer: "near", bytes: 100}))
+	require.NoError(t, f.handle(chunkResult{chunk: 1, peer: "far", bytes: 10}))
+	require.NoError(t, f.handle(chunkResult{chunk: 2, bytes: 1000}))
+	require.Equal(t, 10.0, testutil.ToFloat64(s.m.crossZone), "only the far peer's chunk")
 }
