@@ -26,7 +26,13 @@
 //	 "origin_ratio":origin_bytes/S,"naive_last_s":…,"speedup_vs_naive":naive_last_s/last_s,
 //	 "tls":true,"agent_cpu_s":…}
 //
-// naive_last_s and speedup_vs_naive are null with -naive=false. The agents
+// naive_last_s and speedup_vs_naive are null with -naive=false. With
+// -zones Z (zones.go) the hosts are cut into Z zones and each mode runs
+// twice, the agents told nothing of zones ("zones_on":false), then given
+// --zone ("zones_on":true); both lines add, per zone, "zone_in_ratio",
+// the bytes the zone's hosts received from outside it (the origin and
+// the other zones' hosts, IP packets counted by iptables) per S, and
+// "zone_peer_ratio", those from the other zones' hosts alone. The agents
 // talk mutual TLS, as the chart sets them up; -tls=off has them share
 // over plain HTTP, for what TLS costs (agent_cpu_s: the CPU time all agents
 // used over the mode, the victim of churn left out). A fetch that
@@ -37,6 +43,7 @@
 //	go run ./bench/swarm -quick     # 4 nodes, 64 MiB, 200 Mbit/s: under a minute
 //	go run ./bench/swarm            # 8 nodes, 512 MiB, 100 Mbit/s: the issue's figures
 //	go run ./bench/swarm -tls=off   # the same over plain HTTP
+//	go run ./bench/swarm -zones 2 -size-mib 256 -modes simultaneous -naive=false
 package main
 
 import (
@@ -80,25 +87,29 @@ type options struct {
 	weightd   string
 	agentArgs string // more flags for every agent
 	tls       string // "on": peers talk mutual TLS (as the chart sets them up); "off": plain HTTP
+	zones     int    // 0: no zones; else the hosts are cut into this many zones (zones.go)
 }
 
 // result is one line of output.
 type result struct {
-	Bench          string   `json:"bench"`
-	Mode           string   `json:"mode"`
-	Nodes          int      `json:"nodes"`
-	SizeBytes      int64    `json:"size_bytes"`
-	LinkMbit       int      `json:"link_mbit"`
-	LimitS         float64  `json:"limit_s"`
-	FirstS         float64  `json:"first_s"`
-	P50S           float64  `json:"p50_s"`
-	LastS          float64  `json:"last_s"`
-	TimeRatio      float64  `json:"time_ratio"`
-	OriginRatio    float64  `json:"origin_ratio"`
-	NaiveLastS     *float64 `json:"naive_last_s"`
-	SpeedupVsNaive *float64 `json:"speedup_vs_naive"`
-	TLS            bool     `json:"tls"`
-	AgentCPUS      float64  `json:"agent_cpu_s"`
+	Bench          string    `json:"bench"`
+	Mode           string    `json:"mode"`
+	Nodes          int       `json:"nodes"`
+	SizeBytes      int64     `json:"size_bytes"`
+	LinkMbit       int       `json:"link_mbit"`
+	LimitS         float64   `json:"limit_s"`
+	FirstS         float64   `json:"first_s"`
+	P50S           float64   `json:"p50_s"`
+	LastS          float64   `json:"last_s"`
+	TimeRatio      float64   `json:"time_ratio"`
+	OriginRatio    float64   `json:"origin_ratio"`
+	NaiveLastS     *float64  `json:"naive_last_s"`
+	SpeedupVsNaive *float64  `json:"speedup_vs_naive"`
+	TLS            bool      `json:"tls"`
+	AgentCPUS      float64   `json:"agent_cpu_s"`
+	ZonesOn        *bool     `json:"zones_on,omitempty"`
+	ZoneInRatio    []float64 `json:"zone_in_ratio,omitempty"`
+	ZonePeerRatio  []float64 `json:"zone_peer_ratio,omitempty"`
 }
 
 func main() {
@@ -121,6 +132,7 @@ func main() {
 	flag.StringVar(&o.weightd, "weightd", "", "weightd binary (default: go build ./cmd/weightd into the temporary directory)")
 	flag.StringVar(&o.agentArgs, "agent-args", "", "more flags for every agent, space-separated (tuning experiments)")
 	flag.StringVar(&o.tls, "tls", "on", "on: the agents talk mutual TLS with a CA of the bench's, as the chart sets them up; off: plain HTTP (--peer-insecure), to measure what TLS costs")
+	flag.IntVar(&o.zones, "zones", 0, "cut the hosts into this many zones, run each mode without and with --zone, and count the bytes each zone receives from outside it (needs iptables); 0 for none")
 	flag.BoolVar(&quick, "quick", false, "a run of under a minute: 4 nodes, 64 MiB, 200 Mbit/s unless set otherwise")
 	flag.StringVar(&serveDir, "serve-origin", "", "internal: serve this directory as the origin (in the origin host)")
 	flag.StringVar(&listen, "listen", "", "internal: the origin's address")
@@ -166,6 +178,8 @@ func (o options) validate() error {
 		return fmt.Errorf("-chunk-mib %d: want at least 1", o.chunkMiB)
 	case o.tls != "on" && o.tls != "off":
 		return fmt.Errorf("-tls %q: want on or off", o.tls)
+	case o.zones != 0 && (o.zones < 2 || o.zones > o.nodes):
+		return fmt.Errorf("-zones %d: want 0, or 2 to -nodes", o.zones)
 	}
 	for _, m := range o.modes {
 		if !slices.Contains(modes, m) {
@@ -186,6 +200,7 @@ type bench struct {
 	size     int64
 	file     genmodel.File
 	url      string // the blob on the origin
+	origin   netip.Addr
 	control  string // the origin's control socket
 	hosts    []*testbed.Host
 	limit    time.Duration // S/B
@@ -246,6 +261,12 @@ func run(ctx context.Context, o options) error {
 	log.Printf("testbed %s: origin and %d hosts at %d Mbit/s up in %v; blob of %d MiB, limit S/B = %.2fs",
 		tb.Name(), o.nodes, o.linkMbit, time.Since(start).Round(time.Millisecond), o.sizeMiB, b.limit.Seconds())
 
+	b.origin = all[0].Addr
+	if b.zones > 0 {
+		if err := b.countZones(ctx); err != nil {
+			return err
+		}
+	}
 	addr := netip.AddrPortFrom(all[0].Addr, originPort)
 	b.url = "http://" + addr.String() + "/" + b.file.Path
 	b.control = filepath.Join(b.work, "origin.sock")
@@ -263,17 +284,23 @@ func run(ctx context.Context, o options) error {
 		}
 		naive = ptr(round(d.Seconds()))
 	}
+	zoned := []bool{false}
+	if b.zones > 0 {
+		zoned = append(zoned, true)
+	}
 	for _, mode := range o.modes {
-		r, err := b.runMode(ctx, mode)
-		if err != nil {
-			return fmt.Errorf("mode %s: %w", mode, err)
-		}
-		if naive != nil {
-			r.NaiveLastS = naive
-			r.SpeedupVsNaive = ptr(round(*naive / r.LastS))
-		}
-		if err := json.NewEncoder(os.Stdout).Encode(r); err != nil {
-			return err
+		for _, z := range zoned {
+			r, err := b.runMode(ctx, mode, z)
+			if err != nil {
+				return fmt.Errorf("mode %s: %w", mode, err)
+			}
+			if naive != nil {
+				r.NaiveLastS = naive
+				r.SpeedupVsNaive = ptr(round(*naive / r.LastS))
+			}
+			if err := json.NewEncoder(os.Stdout).Encode(r); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -355,19 +382,27 @@ func (b *bench) runNaive(ctx context.Context) (time.Duration, error) {
 	return last, nil
 }
 
-// runMode runs one mode with fresh agents and caches and returns its line.
-func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
+// runMode runs one mode with fresh agents and caches, given --zone when
+// zoned, and returns its line.
+func (b *bench) runMode(ctx context.Context, mode string, zoned bool) (result, error) {
 	ctx, cancel := context.WithTimeout(ctx, b.deadline)
 	defer cancel()
 	dir := filepath.Join(b.work, mode)
+	if zoned {
+		dir += "-zones"
+	}
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		return result{}, err
 	}
 	defer os.RemoveAll(dir)
 	syscall.Sync() // the previous phase's write-back must not slow this one
 
-	agents, err := benchnet.StartAgents(ctx, b.hosts, benchnet.AgentConfig{Bin: b.weightd, Dir: dir, ChunkMiB: b.chunkMiB,
-		Extra: strings.Fields(b.agentArgs), PlainPeers: b.tls == "off"})
+	cfg := benchnet.AgentConfig{Bin: b.weightd, Dir: dir, ChunkMiB: b.chunkMiB,
+		Extra: strings.Fields(b.agentArgs), PlainPeers: b.tls == "off"}
+	if zoned {
+		cfg.HostExtra = func(h *testbed.Host) []string { return b.zoneFlag(slices.Index(b.hosts, h)) }
+	}
+	agents, err := benchnet.StartAgents(ctx, b.hosts, cfg)
 	if err != nil {
 		return result{}, err
 	}
@@ -375,6 +410,12 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 	before, err := benchnet.OriginBytes(ctx, b.control)
 	if err != nil {
 		return result{}, err
+	}
+	var zones0 zoneBytes
+	if b.zones > 0 {
+		if zones0, err = b.readZones(ctx); err != nil {
+			return result{}, err
+		}
 	}
 
 	n := len(agents.List)
@@ -426,6 +467,15 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 		OriginRatio: round(float64(after-before) / float64(b.size)),
 		TLS:         b.tls == "on",
 		AgentCPUS:   round(cpu1.agentSeconds(cpu0, victim)),
+	}
+	if b.zones > 0 {
+		zones, err := b.readZones(ctx)
+		if err != nil {
+			return result{}, err
+		}
+		r.ZonesOn = &zoned
+		r.ZoneInRatio, r.ZonePeerRatio = zones.ratios(zones0, b.size)
+		log.Printf("%s (zones on: %v): bytes into each zone from outside it %v × S, from other zones' hosts %v × S", mode, zoned, r.ZoneInRatio, r.ZonePeerRatio)
 	}
 	log.Printf("%s: %s; origin sent %.2f × S", mode, describe(agents.List, took, victim), r.OriginRatio)
 	log.Printf("%s: %s", mode, cpu1.since(cpu0, victim))

@@ -32,10 +32,11 @@ type P2PConfig struct {
 	JoinDNS        string        `help:"DNS name whose A/AAAA records are peers to join (a headless Service), name[:port]." env:"WEIGHTD_JOIN_DNS"`
 	GossipKeyFile  string        `help:"File of gossip encryption keys, base64, one per line, the first used to encrypt; without it gossip is not encrypted." env:"WEIGHTD_GOSSIP_KEY_FILE"`
 	NodeName       string        `help:"Member name, unique in the cluster (default: the hostname)." env:"WEIGHTD_NODE_NAME"`
-	Zone           string        `help:"Topology zone of this node, told to peers." env:"WEIGHTD_ZONE"`
+	Zone           string        `help:"Topology zone of this node, told to peers: the swarm asks peers of its zone first, and a blob enters each zone about once." env:"WEIGHTD_ZONE"`
 	ChunkAddr      string        `help:"Chunk server listen address, host:port: peers download verified chunks from it." default:":7947" env:"WEIGHTD_CHUNK_ADDR"`
 	UploadLimit    bytesize.Size `help:"Most bytes per second served to peers; 0 for no limit." default:"0" env:"WEIGHTD_UPLOAD_LIMIT"`
-	DownloadLimit  bytesize.Size `help:"Most bytes per second downloaded from peers and the origin by the swarm; 0 for no limit." default:"0" env:"WEIGHTD_DOWNLOAD_LIMIT"`
+	DownloadLimit  bytesize.Size `help:"Most bytes per second downloaded from peers and the origin, all together; 0 for no limit." default:"0" env:"WEIGHTD_DOWNLOAD_LIMIT"`
+	OriginLimit    bytesize.Size `help:"Most bytes per second the origin sends the whole cluster, the same on every node: the nodes fetching from it each take a part (by the blobs and fetchers they see); 0 for no limit." default:"0" env:"WEIGHTD_ORIGIN_LIMIT"`
 	OriginFetchers int           `help:"Nodes that fetch one blob from its origin for the whole cluster, each a share of its chunks." default:"2" env:"WEIGHTD_ORIGIN_FETCHERS"`
 	MaxUploads     int           `help:"Chunk uploads served at once; more requests are sent to other peers." default:"6" env:"WEIGHTD_MAX_UPLOADS"`
 	MaxPeerUploads int           `help:"Chunk uploads served at once to one peer address, so that slow or hostile clients cannot hold them all; 0 for half of --max-uploads, rounded up." default:"0" env:"WEIGHTD_MAX_PEER_UPLOADS"`
@@ -129,7 +130,8 @@ func newPeering(cfg P2PConfig, version string, log *slog.Logger, reg prometheus.
 		ln.Close()
 		return nil, err
 	}
-	swarmCfg := p2p.SwarmConfig{OriginFetchers: cfg.OriginFetchers, DownloadLimit: int64(cfg.DownloadLimit)}
+	swarmCfg := p2p.SwarmConfig{OriginFetchers: cfg.OriginFetchers, DownloadLimit: int64(cfg.DownloadLimit),
+		OriginLimit: int64(cfg.OriginLimit), Zone: cfg.Zone}
 	if p.identity != nil {
 		swarmCfg.TLS = p.identity.ClientConfig()
 	}
@@ -203,10 +205,11 @@ func (p *peering) source(inner source.Source, log *slog.Logger) source.Source {
 }
 
 // blobSource routes a blob the registry mirror misses through the swarm
-// when there are peers to share it with.
+// when there are peers to share it with, else streams it from upstream
+// within the download limit.
 func (p *peering) blobSource(desc content.Descriptor, upstream content.RangeOpener) content.RangeOpener {
 	if len(p.membership.Members()) == 0 {
-		return upstream
+		return p.swarm.Paced(upstream)
 	}
 	return p.swarm.Source(desc, upstream)
 }

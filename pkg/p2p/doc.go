@@ -28,7 +28,8 @@
 // Origin election: only OriginFetchers nodes (default 2) fetch a blob from
 // the origin, so the origin serves about one copy. Every node ranks itself
 // and the holders it follows by rendezvous hashing (FNV-1a of digest and
-// name, then MurmurHash3's finalizer): all compute the same order, and removing a name keeps the others'.
+// name, then MurmurHash3's finalizer), spread over zones (below): all
+// compute the same order, and removing a name keeps the others'.
 // No node takes the role while a peer holds the blob whole, or while
 // OriginFetchers peers already say they fetch it. A node takes it at its
 // turn, Settle times one plus its rank past the first OriginFetchers, after
@@ -50,6 +51,15 @@
 // the fill ends. A blob of one chunk up to 1 MiB skips all this: a complete
 // holder, else the origin.
 //
+// Origin limit: OriginLimit caps what the origin sends the whole cluster,
+// with no central component. The limit is split evenly among the (blob,
+// origin fetcher) pairs a node's fills see, and each node paces its origin
+// reads (chunks, small blobs, streams) at the parts of its own pairs; one
+// that fetches nothing for the cluster counts as one pair. Where all nodes
+// fill the same blobs, as when a model is pulled across the cluster, they
+// count the same pairs and the parts add up to the limit; blobs filled by
+// disjoint nodes hold it each (originlimit.go).
+//
 // Chunk picking: at most MaxInFlight requests per fill (and 64 MiB of
 // chunks), at most PerPeer to one peer over all fills. Origin requests go
 // first; then the lowest missing chunk from the byte a reader waits on
@@ -63,6 +73,19 @@
 // the fill's request limit, each may get one duplicate request to another
 // peer than the first; those still running when the blob is complete are
 // cancelled.
+//
+// Zones: each node tells its zone (NodeMeta.Zone; "" without one, all
+// such nodes one zone). The election's order puts each zone's first node
+// in rendezvous order before any zone's second, so the origin fetchers lie
+// in as many zones as there are. A supplier in this node's zone beats any
+// outside it, whatever its class. A chunk that only nodes outside the zone
+// have or receive crosses into it through one node, the zone's entry for
+// it: chunk i goes to the (i mod n)th of the n nodes of the zone that fill
+// the blob, in rendezvous order, and asks for such chunks before any
+// other, as its zone waits on them. The others wait for that copy, up to two
+// holdoffs (views differ: the entry may not know it is one), and the last
+// chunks (endgame) cross at once, but for duplicates of chunks the zone
+// has. A blob so enters each zone about once.
 //
 // Relays: a node receiving a chunk says so in its state, and its chunk
 // server passes the chunk on while it arrives, piece by piece, holding back
@@ -89,5 +112,6 @@
 // for five seconds; one that brought bytes too slowly marks its peer slow,
 // not failing. A request to the origin has no deadline, only the stall:
 // cutting a busy origin's slow transfer would cost its bytes again.
-// DownloadLimit paces all transfers together.
+// DownloadLimit paces all transfers together, streams from the origin
+// outside the swarm included (Paced).
 package p2p

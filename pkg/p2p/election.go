@@ -70,7 +70,7 @@ func (f *fill) decideOrigin() {
 		}
 		names = append(names, name)
 	}
-	order := rendezvous(f.d, names)
+	order := f.electionOrder(names)
 	if f.originRole {
 		// Two nodes took the role (a slow gossip, a partition that healed):
 		// the one ranked lower yields, so the origin serves one copy.
@@ -98,7 +98,7 @@ func (f *fill) decideOrigin() {
 	alone := len(members) == 0 && len(f.peers) == 0
 	turn := f.s.cfg.Settle * time.Duration(1+max(0, rank-(f.s.cfg.OriginFetchers-1)))
 	// None can rank above a node among the first of all live members.
-	first := slices.Index(rendezvous(f.d, f.withMembers(members)), f.s.dir.LocalName()) < f.s.cfg.OriginFetchers
+	first := slices.Index(f.electionOrder(f.withMembers(members)), f.s.dir.LocalName()) < f.s.cfg.OriginFetchers
 	if first {
 		turn = 0
 	}
@@ -172,7 +172,7 @@ func (f *fill) originShare() (share int, fetchers []string) {
 			// first members may, and not be followed yet.
 			candidates = slices.DeleteFunc(f.withMembers(f.s.dir.Members()), f.s.Banned)
 		}
-		for _, name := range rendezvous(f.d, candidates)[:min(len(candidates), f.s.cfg.OriginFetchers)] {
+		for _, name := range f.electionOrder(candidates)[:min(len(candidates), f.s.cfg.OriginFetchers)] {
 			if !slices.Contains(fetching, name) {
 				fetching = append(fetching, name)
 			}

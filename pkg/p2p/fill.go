@@ -19,6 +19,7 @@ import (
 type peerView struct {
 	name      string
 	addr      string
+	zone      string // its zone, as gossip has it
 	state     PeerState
 	known     bool      // state has been read at least once
 	lastAlive time.Time // last time membership listed it alive
@@ -77,6 +78,7 @@ type fill struct {
 	states         chan stateResult
 	hashQueries    chan hashQuery
 	hashWaits      []hashQuery // queries not answered yet
+	zone           zoneView
 }
 
 func (f *fill) run(parent context.Context) error {
@@ -87,6 +89,7 @@ func (f *fill) run(parent context.Context) error {
 		cancel()
 		f.wg.Wait()
 		f.release()
+		f.s.seeFetchers(f.d, nil)
 	}()
 	tick := time.NewTicker(f.s.cfg.Refresh / 2)
 	defer tick.Stop()
@@ -99,6 +102,7 @@ func (f *fill) run(parent context.Context) error {
 		}
 		f.refresh(ctx)
 		f.decideOrigin()
+		f.paceOrigin()
 		f.answerHashes()
 		if err := f.schedule(ctx, missing); err != nil {
 			return err
@@ -144,7 +148,7 @@ func (f *fill) refresh(ctx context.Context) {
 	if now.Sub(f.probedAt) >= f.s.cfg.Settle/4 {
 		f.probedAt = now
 		names := f.withMembers(members)
-		for _, name := range rendezvous(f.d, names)[:min(len(names), f.s.cfg.OriginFetchers+1)] {
+		for _, name := range f.electionOrder(names)[:min(len(names), f.s.cfg.OriginFetchers+1)] {
 			f.addPeer(name, now)
 		}
 	}
@@ -195,7 +199,7 @@ func (f *fill) addPeer(name string, now time.Time) {
 	if !ok || peer.Meta.ChunkAddr == "" {
 		return
 	}
-	f.peers[name] = &peerView{name: name, addr: peer.Meta.ChunkAddr, lastAlive: now,
+	f.peers[name] = &peerView{name: name, addr: peer.Meta.ChunkAddr, zone: peer.Meta.Zone, lastAlive: now,
 		chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{}}
 }
 
@@ -392,6 +396,9 @@ func (f *fill) handle(r chunkResult) error {
 		f.s.log.Debug("chunk fetched", "digest", f.d, "chunk", r.chunk, "from", cmp.Or(r.peer, "origin"), "took", r.took, "inflight", f.inflightTotal())
 		if pv := f.peers[r.peer]; pv != nil {
 			pv.failures = 0
+			if pv.zone != f.s.cfg.Zone {
+				f.s.m.crossZone.Add(float64(r.bytes))
+			}
 		}
 		if r.peer == "" {
 			f.originFailures, f.originHeard = 0, f.s.cfg.Now()

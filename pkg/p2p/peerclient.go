@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+	"golang.org/x/time/rate"
 
 	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/peertls"
@@ -251,6 +252,11 @@ func (s *Swarm) fetchOrigin(ctx context.Context, origin content.RangeOpener, off
 		return err
 	}
 	defer body.Close()
+	if s.originPace != nil {
+		// At this node's part of the origin limit; the download limit
+		// paces it in readInto, as any transfer.
+		body = &pacedReader{ReadCloser: body, ctx: ctx, limits: []*rate.Limiter{s.originPace}}
+	}
 	c.share()
 	return s.readInto(ctx, watch, body, c)
 }

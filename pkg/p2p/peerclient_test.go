@@ -86,3 +86,24 @@ func TestStalledTransferEndsEarly(t *testing.T) {
 		})
 	}
 }
+
+// DownloadLimit paces what a node streams from the origin too (a blob
+// read in order, or any blob while it has no peers), not only the
+// swarm's chunks: the limiter's bucket holds what was read less its
+// refill, one byte a second here.
+func TestDownloadLimitPacesOriginStreams(t *testing.T) {
+	t.Parallel()
+	const n = 256 << 10
+	blob := randomBlob(18, n)
+	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{DownloadLimit: 1}, nil, nil)
+	require.NoError(t, err)
+	burst := float64(s.download.Burst())
+	require.Greater(t, burst, float64(n), "the read fits the bucket: nothing waits")
+
+	r, err := s.Source(descOf(blob), memOrigin(blob)).OpenRange(context.Background(), 0)
+	require.NoError(t, err)
+	got, err := io.ReadAll(r)
+	require.NoError(t, err)
+	require.Equal(t, blob, got)
+	require.InDelta(t, burst-n, s.download.Tokens(), 60, "the stream through the swarm's source took its bytes from the limit")
+}

@@ -86,6 +86,11 @@ func (f *fill) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 		if pick.state.WasSent(i) {
 			score++
 		}
+		if pick.zone != f.s.cfg.Zone {
+			// This node brings the chunk into its zone (mayCrossZone),
+			// whose other nodes wait for it: before any other.
+			score -= 2 * (len(f.peers) + 1)
+		}
 		if best < 0 || score < bestScore {
 			best, bestScore, bestPeer = i, score, pick
 		}
@@ -93,37 +98,36 @@ func (f *fill) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 	return best, bestPeer
 }
 
-// supplierOf returns the best usable peer to ask for chunk i (supplyRank,
-// then the least loaded; nil if none is free) and how many known peers
-// have or are receiving it.
+// supplierOf returns the best usable peer to ask for chunk i (nearer; nil
+// if none is free) and how many known peers have or are receiving it.
+//
+// An origin fetcher's upload is the swarm's narrowest pipe: every chunk of
+// its share must leave it once, as fast as it comes from the origin. It is
+// asked again for a chunk it already sent (but for the last chunks) only
+// when no other holder of its zone is free; it sends one such repeat at a
+// time, when its upload has room, and refuses the others. A peer outside
+// this node's zone is asked only as mayCrossZone allows.
 func (f *fill) supplierOf(i int, endgame bool, now time.Time) (pick *peerView, count int) {
-	var fetcher *peerView
+	inZone := false
 	for _, pv := range f.peers {
 		if !pv.known || (!pv.state.Has(i) && !pv.state.IsFetching(i)) {
 			continue
 		}
 		count++
+		if f.s.Banned(pv.name) {
+			continue
+		}
+		inZone = inZone || pv.zone == f.s.cfg.Zone
 		if f.s.inflightTo(pv.name) >= f.s.cfg.PerPeer || now.Before(pv.busyTill) || now.Before(pv.chunkBusy[i]) ||
-			f.s.Banned(pv.name) || (endgame && f.asked[i] == pv.name) {
+			(endgame && f.asked[i] == pv.name) {
 			continue
 		}
-		// An origin fetcher's upload is the swarm's narrowest pipe:
-		// every chunk of its share must leave it once, as fast as it
-		// comes from the origin. It is asked again for a chunk it
-		// already sent (but for the last chunks) only when no other
-		// holder is free; it sends one such repeat at a time, when its
-		// upload has room, and refuses the others.
-		if pv.state.Origin && !endgame && pv.state.WasSent(i) {
-			fetcher = pv
-			continue
-		}
-		if pick == nil || supplyRank(pv, i) < supplyRank(pick, i) ||
-			(supplyRank(pv, i) == supplyRank(pick, i) && f.s.inflightTo(pv.name) < f.s.inflightTo(pick.name)) {
+		if pick == nil || f.nearer(pv, pick, i, endgame) {
 			pick = pv
 		}
 	}
-	if pick == nil {
-		pick = fetcher
+	if pick != nil && pick.zone != f.s.cfg.Zone && !f.mayCrossZone(i, inZone, endgame, now) {
+		return nil, count
 	}
 	return pick, count
 }

@@ -49,8 +49,11 @@ func (s throughSwarmSource) Resolve(ctx context.Context, r ref.Ref) (*source.Res
 	}
 	if len(s.membership.Members()) == 0 {
 		// No peer to share with: stream from the origin, the fastest path for
-		// one node. Its chunks are still served as they are verified, so
-		// peers that join meanwhile can take them.
+		// one node, within its download limit. Its chunks are still served
+		// as they are verified, so peers that join meanwhile can take them.
+		throughSwarm(res, func(_ content.Descriptor, origin content.RangeOpener) content.RangeOpener {
+			return s.swarm.Paced(origin)
+		})
 		return res, nil
 	}
 	throughSwarm(res, s.swarm.Source)

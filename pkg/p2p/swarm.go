@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +55,13 @@ type SwarmConfig struct {
 	Now           func() time.Time
 	MinRate       int64 // the slowest acceptable transfer, bytes/s: request timeouts scale with it (default 256 KiB/s; a transfer that stalls for 5 s ends sooner)
 	DownloadLimit int64 // bytes/s for all chunk downloads together; 0 means no limit
+	// OriginLimit is bytes/s the origin may send the whole cluster, the
+	// same on every node; each paces its origin reads at its part of it
+	// (originlimit.go). 0 means no limit.
+	OriginLimit int64
+	// Zone is this node's topology zone (NodeMeta.Zone): peers of its zone
+	// are preferred, and chunks cross into it about once (zone.go).
+	Zone string
 	// TLS, when set, is this node's side of mutual TLS with its peers
 	// (peertls.Identity.ClientConfig): chunk servers are asked over
 	// https, and an answer counts only from a server whose certificate
@@ -106,8 +114,11 @@ type Swarm struct {
 	client   *http.Client
 	cfg      SwarmConfig
 	download *rate.Limiter
-	log      *slog.Logger
-	m        *swarmMetrics
+	// originPace paces this node's origin reads at its part of
+	// OriginLimit; nil without one.
+	originPace *rate.Limiter
+	log        *slog.Logger
+	m          *swarmMetrics
 
 	requestsTo sync.Map // peer name → *atomic.Int32: this node's chunk requests in flight to it, over all fills
 
@@ -115,6 +126,9 @@ type Swarm struct {
 	bans   map[string]time.Time
 	origin map[digest.Digest]originHold // blobs this node fetches from the origin for the cluster
 	live   liveChunks                   // chunks on their way here, which the chunk server relays
+	// fetchers are the origin fetchers each fill in progress sees, for
+	// this node's part of OriginLimit.
+	fetchers map[digest.Digest][]string
 }
 
 type swarmMetrics struct {
@@ -123,6 +137,7 @@ type swarmMetrics struct {
 	bans       *prometheus.CounterVec
 	mismatches prometheus.Counter
 	originRole prometheus.Counter
+	crossZone  prometheus.Counter
 }
 
 // NewSwarm returns a swarm downloader over dir. client carries the chunk
@@ -146,8 +161,8 @@ func NewSwarm(dir Directory, client *http.Client, cfg SwarmConfig, log *slog.Log
 		log = slog.New(slog.DiscardHandler)
 	}
 	cfg = cfg.withDefaults()
-	s := &Swarm{dir: dir, client: client, cfg: cfg, download: newLimiter(cfg.DownloadLimit), log: log,
-		bans: map[string]time.Time{}, origin: map[digest.Digest]originHold{}}
+	s := &Swarm{dir: dir, client: client, cfg: cfg, download: newLimiter(cfg.DownloadLimit), originPace: newLimiter(cfg.OriginLimit),
+		log: log, bans: map[string]time.Time{}, origin: map[digest.Digest]originHold{}, fetchers: map[digest.Digest][]string{}}
 	s.m = &swarmMetrics{
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weightd_p2p_received_bytes_total", Help: "Verified chunk bytes received, by source (peer or origin).",
@@ -165,9 +180,12 @@ func NewSwarm(dir Directory, client *http.Client, cfg SwarmConfig, log *slog.Log
 		originRole: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "weightd_p2p_origin_fetcher_total", Help: "Blobs this node fetched from the origin on behalf of the cluster.",
 		}),
+		crossZone: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "weightd_p2p_cross_zone_bytes_total", Help: "Chunk bytes received from peers of another zone (--zone), endgame duplicates included.",
+		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{s.m.received, s.m.latency, s.m.bans, s.m.mismatches, s.m.originRole} {
+		for _, c := range []prometheus.Collector{s.m.received, s.m.latency, s.m.bans, s.m.mismatches, s.m.originRole, s.m.crossZone} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("registering swarm metrics: %w", err)
 			}
@@ -198,7 +216,55 @@ type swarmSource struct {
 func (src *swarmSource) Want(off int64) { src.want.Store(off) }
 
 func (src *swarmSource) OpenRange(ctx context.Context, off int64) (io.ReadCloser, error) {
-	return src.origin.OpenRange(ctx, off)
+	return src.s.Paced(src.origin).OpenRange(ctx, off)
+}
+
+// Paced returns origin with its reads paced by DownloadLimit and this
+// node's part of OriginLimit, for what a node streams from the origin
+// outside the swarm's chunks (a blob read in order, every blob while it
+// has no peers): the limits are over everything. origin itself when there
+// is no limit.
+func (s *Swarm) Paced(origin content.RangeOpener) content.RangeOpener {
+	limits := slices.DeleteFunc([]*rate.Limiter{s.download, s.originPace}, func(l *rate.Limiter) bool { return l == nil })
+	if len(limits) == 0 {
+		return origin
+	}
+	return pacedOpener{origin: origin, limits: limits}
+}
+
+// pacedOpener is an origin whose readers wait for limits.
+type pacedOpener struct {
+	origin content.RangeOpener
+	limits []*rate.Limiter
+}
+
+func (p pacedOpener) OpenRange(ctx context.Context, off int64) (io.ReadCloser, error) {
+	body, err := p.origin.OpenRange(ctx, off)
+	if err != nil {
+		return nil, err
+	}
+	return &pacedReader{ReadCloser: body, ctx: ctx, limits: p.limits}, nil
+}
+
+// pacedReader takes each read's bytes from its limits once they are read,
+// so the count is exact; a read asks for at most relayPiece, well within
+// a limit's burst.
+type pacedReader struct {
+	io.ReadCloser
+	ctx    context.Context
+	limits []*rate.Limiter
+}
+
+func (r *pacedReader) Read(b []byte) (int, error) {
+	n, err := r.ReadCloser.Read(b[:min(len(b), relayPiece)])
+	if n > 0 {
+		for _, l := range r.limits {
+			if werr := l.WaitN(r.ctx, n); werr != nil {
+				return n, werr
+			}
+		}
+	}
+	return n, err
 }
 
 // maxInFlightBytes bounds the chunk buffers one download holds, so memory
