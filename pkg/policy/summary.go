@@ -35,8 +35,12 @@ type SummaryConfig struct {
 	// and weightd-policy-summary).
 	LeaseNamespace, LeaseName string
 	// LeaseDuration, RenewDeadline and RetryPeriod are the election's
-	// timing (client-go's leaderelection; defaults 15s, 10s, 2s): a leader
-	// that dies is replaced within about LeaseDuration.
+	// timing (client-go's leaderelection; defaults 60s, 45s, 15s). Every
+	// agent campaigns: each that does not lead reads the Lease every
+	// RetryPeriod to 2.2 RetryPeriods, so the defaults are far gentler than
+	// a control plane's (15s, 10s, 2s for two or three candidates). A
+	// leader that stops gives the Lease up, and another takes over within
+	// one such poll; one that dies, within LeaseDuration more.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// Logger (default: discard).
 	Logger *slog.Logger
@@ -51,9 +55,9 @@ func DefaultSummaryConfig() SummaryConfig {
 		Interval:       10 * time.Second,
 		LeaseNamespace: "weightd-system",
 		LeaseName:      "weightd-policy-summary",
-		LeaseDuration:  15 * time.Second,
-		RenewDeadline:  10 * time.Second,
-		RetryPeriod:    2 * time.Second,
+		LeaseDuration:  60 * time.Second,
+		RenewDeadline:  45 * time.Second,
+		RetryPeriod:    15 * time.Second,
 		Logger:         slog.New(slog.DiscardHandler),
 	}
 }
