@@ -155,6 +155,7 @@ func (s *Summarizer) Run(ctx context.Context) error {
 					s.log.Info("elected to summarise PrefetchPolicy status")
 					s.lead(ctx)
 				},
+				// Required by client-go; Run's loop says it.
 				OnStoppedLeading: func() {},
 			},
 		})
