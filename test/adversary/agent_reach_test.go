@@ -551,7 +551,7 @@ func waitEvent(t *testing.T, cs kubernetes.Interface, namespace, selector string
 // write refused.
 func TestAgentPoliciesTypeCheck(t *testing.T) {
 	f := newReachFixtureIn(t, kubetest.Config{ControlPlane: true})
-	for _, name := range []string{"weightd-agent-own-node", "weightd-agent-policy-status", "weightd-agent-events"} {
+	for _, name := range []string{"weightd-agent-own-node", "weightd-agent-policy-status", "weightd-agent-policy-node", "weightd-agent-events"} {
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			vap, err := f.admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(t.Context(), name, metav1.GetOptions{})
