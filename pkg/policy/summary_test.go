@@ -2,8 +2,13 @@ package policy_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
+	"net/http"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/weightd/weightd/internal/kubetest"
 	"github.com/weightd/weightd/pkg/policy"
@@ -27,8 +33,14 @@ type summarizer struct {
 
 func startSummarizer(t *testing.T, kc kubernetes.Interface, dc dynamic.Interface, id, lease string) *summarizer {
 	t.Helper()
+	return startSummarizerWith(t, kc, dc, id, summaryConfig(lease, slog.New(slog.DiscardHandler), nil))
+}
+
+func startSummarizerWith(t *testing.T, kc kubernetes.Interface, dc dynamic.Interface, id string, cfg policy.SummaryConfig) *summarizer {
+	t.Helper()
 	reg := prometheus.NewPedanticRegistry()
-	s, err := policy.NewSummarizer(id, kc, dc, summaryConfig(lease, slog.New(slog.DiscardHandler), reg))
+	cfg.Registerer = reg
+	s, err := policy.NewSummarizer(id, kc, dc, cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -118,4 +130,54 @@ func TestSummarizerElection(t *testing.T) {
 	}, time.Minute, 100*time.Millisecond, "the nodes' objects garbage-collected")
 	_, err := dc.Resource(policy.NodeGVR).Get(t.Context(), policy.NodeObjectName(name, "n2"), metav1.GetOptions{})
 	assert.True(t, apierrors.IsNotFound(err), "%v", err)
+}
+
+// cutOff is a RoundTripper that fails every request once cut, as a node
+// cut off from the API server sees it.
+type cutOff struct {
+	cut  atomic.Bool
+	next http.RoundTripper
+}
+
+func (c *cutOff) RoundTrip(r *http.Request) (*http.Response, error) {
+	if c.cut.Load() {
+		return nil, errors.New("cut off from the API server")
+	}
+	return c.next.RoundTrip(r)
+}
+
+// TestSummarizerLeaderCutOff: a leader that can no longer reach the API
+// server cannot renew, nor give the Lease up; once the Lease expires
+// another Summarizer takes over and counts.
+func TestSummarizerLeaderCutOff(t *testing.T) {
+	kubetest.Require(t)
+	e := kubetest.NewT(t, kubeConfig)
+	dc := dynamic.NewForConfigOrDie(e.Config)
+	require.NoError(t, policy.InstallCRD(t.Context(), dc))
+	require.NoError(t, e.EnsureNamespace(t.Context(), leaseNamespace))
+	name := uniq("cutoff")
+	p := createPolicy(t, dc, name, map[string]string{}, []string{"hf://org/m@main"}, nil)
+	writeNode(t, dc, p, "n1", policy.NodeFetching)
+
+	// Short timings, so that the Lease expires soon after the cut.
+	cfg := summaryConfig("cutoff", slog.New(slog.DiscardHandler), nil)
+	cfg.LeaseDuration, cfg.RenewDeadline, cfg.RetryPeriod = 4*time.Second, 3*time.Second, 500*time.Millisecond
+	links := []*cutOff{{}, {}}
+	var ss []*summarizer
+	for i, link := range links {
+		rc := rest.CopyConfig(e.Config)
+		rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { link.next = rt; return link })
+		ss = append(ss, startSummarizerWith(t, kubernetes.NewForConfigOrDie(rc), dynamic.NewForConfigOrDie(rc), fmt.Sprintf("n%d", i+1), cfg))
+	}
+	eventually(t, dc, name, "1 node counted", func(v view) bool { return v.Status.NodeCount == 1 })
+	leader := slices.IndexFunc(ss, func(s *summarizer) bool { return s.leading(t) })
+	require.GreaterOrEqual(t, leader, 0, "a leader")
+	other := ss[1-leader]
+
+	links[leader].cut.Store(true)
+	require.Eventually(t, func() bool { return other.leading(t) }, time.Minute, 100*time.Millisecond, "the other elected")
+	writeNode(t, dc, p, "n1", policy.NodeReady)
+	eventually(t, dc, name, "ready, counted by the new leader", func(v view) bool { return v.Status.ReadyNodes == 1 })
+	assert.Positive(t, other.writes(t))
+	require.Eventually(t, func() bool { return !ss[leader].leading(t) }, time.Minute, 100*time.Millisecond, "the cut-off leader steps down")
 }
