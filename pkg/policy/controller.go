@@ -141,7 +141,7 @@ type Controller struct {
 
 	jobs       map[string]*tracked               // canonical ref → its latest job
 	pinned     map[string]map[digest.Digest]bool // policy → blobs pinned for it
-	written    map[string]written                // policy → status last written
+	written    map[string]writtenStatus          // policy → status last written
 	lastWrite  map[string]time.Time              // policy → time of that write
 	cleared    map[string]bool                   // policy → status deleted, none written since
 	reported   map[string]map[string]string      // policy → shown ref → reason of the Event recorded
@@ -214,7 +214,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer unregister()
 	c.jobs = make(map[string]*tracked)
 	c.pinned = make(map[string]map[digest.Digest]bool)
-	c.written = make(map[string]written)
+	c.written = make(map[string]writtenStatus)
 	c.lastWrite = make(map[string]time.Time)
 	c.cleared = make(map[string]bool)
 	c.reported = make(map[string]map[string]string)

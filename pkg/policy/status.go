@@ -59,14 +59,14 @@ func (c *Controller) writeEntry(p *PrefetchPolicy, e NodeStatus, now time.Time) 
 	if err != nil {
 		return fmt.Errorf("applying the status of node %s on policy %s: %w", c.node, name, err)
 	}
-	c.written[name] = written{uid: p.UID, entry: e}
+	c.written[name] = writtenStatus{uid: p.UID, entry: e}
 	c.lastWrite[name] = now
 	c.log.Debug("policy status written", "policy", name, "state", e.State, "ready", len(e.Ready), "fetching", len(e.Fetching), "failed", len(e.Failed))
 	return nil
 }
 
-// written is what the controller last applied for a policy.
-type written struct {
+// writtenStatus is what the controller last applied for a policy.
+type writtenStatus struct {
 	uid   types.UID // of the policy
 	entry NodeStatus
 }
