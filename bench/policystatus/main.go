@@ -1,54 +1,69 @@
 // Command policystatus measures what the status of one PrefetchPolicy costs
-// the API server as the number of nodes it selects grows: every agent
-// writes its own entry of status.nodes and watches every policy, so each
-// write is delivered to every agent (pkg/policy, "Scale").
+// the API server as the number of nodes it selects grows, in two designs:
 //
-// For each N of --nodes it starts a fresh etcd and kube-apiserver
-// (internal/kubetest; built on the first run, about ten minutes, then
-// cached), installs the CRD, registers N Nodes and simulates N agents in
-// this process. With --agent=controller (the default) each simulated agent
-// is the real policy.Controller, with the default Config, its own dynamic
-// and typed clients (so its own informers: one watch on prefetchpolicies,
-// one on its Node), a Fetcher whose jobs are ready at once (or after
-// --fetch, so that the entry is written twice, fetching then ready) and a
-// Pinner that holds nothing. With --agent=watch each simulated agent is only
-// a raw watch on prefetchpolicies whose bytes are counted and dropped (no
-// decoding: the client's CPU is then not what limits the run) and the
-// server-side apply of its entry that the controller makes (same body,
-// same field manager, tried again on failure); the counts are then not
-// written.
+//   - old: every agent writes its own entry of the policy's status.nodes
+//     and watches every policy, so each write is delivered to every agent
+//     (N² deliveries of an object that grows with N);
+//   - new (pkg/policy today): every agent applies its own
+//     PrefetchPolicyNode and watches only the policies; one agent, elected
+//     with a Lease, watches the PrefetchPolicyNodes and writes the policy's
+//     counts at most once per --interval.
+//
+// For each N of --nodes and each design of --design it starts a fresh etcd
+// and kube-apiserver (internal/kubetest; built on the first run, about ten
+// minutes, then cached), installs the CRDs (for the old design, the
+// PrefetchPolicy CRD of before, crd-old.yaml), registers N Nodes and
+// simulates N agents in this process. With --agent=controller (the
+// default; new design only) each simulated agent is the real
+// policy.Controller, with the default Config, and the real
+// policy.Summarizer, with the default SummaryConfig but --interval, each
+// with its own dynamic and typed clients (so its own informers: one watch
+// on prefetchpolicies, one on its Node, and the leader's), a Fetcher whose
+// jobs are ready at once (or after --fetch, so that the status is written
+// twice, fetching then ready) and a Pinner that holds nothing. With
+// --agent=watch each simulated agent is only a raw watch on
+// prefetchpolicies whose bytes are counted and dropped (no decoding: the
+// client's CPU is then not what limits the run) and the server-side apply
+// of its node's status that the controller makes (same body, same field
+// manager, tried again on failure), plus, in the new design, the real
+// Summarizer; in the old design the counts are then not written.
 //
 // The clients share one transport (HTTP/2 connections) and have no
 // client-side rate limit (QPS -1), so that client throttling is not what is
 // measured. Each client is wrapped in a RoundTripper that counts, from the
-// policy's creation on: the applies to prefetchpolicies/status (writes), and
-// in the agents' watch streams the events (one JSON line each, bookmarks
-// not counted) and their bytes, and the lists and watches the agents had to
-// start again. The bench creates one policy selecting every node (one model,
-// one image) and measures the time until every agent has been delivered the
-// state in which all N entries are ready (seconds: convergence, from the
-// policy's creation), then waits until nothing has been written or delivered
-// for --settle, and prints one JSON line per N:
+// policy's creation on: the writes (applies and deletes of the policy's
+// status and of PrefetchPolicyNodes), in the watch streams the events (one
+// JSON line each, bookmarks not counted) and their bytes, the requests on
+// the Lease, and the lists and watches the agents had to start again. The
+// bench creates one policy selecting every node (one model, one image) and
+// measures the time until every agent has been delivered a state of the
+// policy that says all N nodes are ready (seconds: convergence, from the
+// policy's creation): all N entries ready (old), readyNodes N (new). It
+// then waits until nothing has been written or delivered for --settle, and
+// prints one JSON line per N and design:
 //
 //	{"bench":"policy-status","nodes":N,"writes":…,"watch_events":…,"watch_bytes":…,
 //	 "events_per_node":…,"seconds":…,"converged":true,"settled_s":…,"object_bytes":…,
-//	 "relists":…,"rewatches":…,"agent":"controller"}
+//	 "relists":…,"rewatches":…,"agent":"watch","design":"new","node_writes":…,
+//	 "count_writes":…,"node_watch_events":…,"lease_requests":…}
 //
 // object_bytes is the size of the policy as the API server sends it at the
 // end (JSON, managed fields included). Everything runs on one machine:
 // etcd, kube-apiserver and the N agents share its CPUs, so seconds are an
 // upper bound of what a cluster sees; the counts are what matter.
 //
+//	go run ./bench/policystatus -agent watch -design old,new -nodes 50,100,200
 //	go run ./bench/policystatus -nodes 50,100,200
 //
-// The default is -nodes 50,100 (about two minutes on a 2-core machine);
-// 200 nodes took about ten minutes there, and 500 would take hours (the
-// bytes delivered grow as N³). docs/policy-status-scale.md has the figures.
+// The old design at 200 nodes took about three minutes (raw agents) to ten
+// (controllers) on a 2-core machine, and 500 would take hours (the bytes
+// delivered grow as N³); docs/policy-status-scale.md has the figures.
 package main
 
 import (
 	"bytes"
 	"context"
+	_ "embed" // the old CRD
 	"encoding/json"
 	"errors"
 	"flag"
@@ -68,6 +83,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -95,11 +112,22 @@ type result struct {
 	Relists       int64   `json:"relists"`
 	Rewatches     int64   `json:"rewatches"`
 	Agent         string  `json:"agent"`
+	Design        string  `json:"design"`
+	// The new design's parts of the above: the writes of the
+	// PrefetchPolicyNodes and of the counts, the events of the leader's
+	// watch of the PrefetchPolicyNodes; and the requests on the Lease
+	// (every agent campaigns).
+	NodeWrites      int64 `json:"node_writes,omitempty"`
+	CountWrites     int64 `json:"count_writes,omitempty"`
+	NodeWatchEvents int64 `json:"node_watch_events,omitempty"`
+	LeaseRequests   int64 `json:"lease_requests,omitempty"`
 }
 
 func main() {
 	nodes := flag.String("nodes", "50,100", "comma-separated numbers of simulated agents (nodes), one run each")
-	agent := flag.String("agent", "controller", "what a simulated agent is: controller (the real policy.Controller) or watch (a raw watch and the entry's apply)")
+	agent := flag.String("agent", "controller", "what a simulated agent is: controller (the real policy.Controller and policy.Summarizer) or watch (a raw watch and the apply of its node's status)")
+	designs := flag.String("design", "new", "comma-separated designs, one run each per N: new (PrefetchPolicyNode objects, counted by an elected Summarizer) or old (entries in the policy's status; -agent watch only)")
+	interval := flag.Duration("interval", policy.DefaultSummaryConfig().Interval, "the new design's Summarizer interval")
 	fetch := flag.Duration("fetch", 0, "how long a simulated fetch takes; 0: ready at once (one entry write per node), more: fetching then ready (two)")
 	settle := flag.Duration("settle", 5*time.Second, "quiet time (no write, no event) that ends a run after convergence")
 	timeout := flag.Duration("timeout", 10*time.Minute, "how long one N may take")
@@ -108,6 +136,16 @@ func main() {
 	log.SetPrefix("bench/policystatus: ")
 	if *agent != "controller" && *agent != "watch" {
 		log.Fatalf("--agent %q: want controller or watch", *agent)
+	}
+	var ds []string
+	for d := range strings.SplitSeq(*designs, ",") {
+		switch {
+		case d != "old" && d != "new":
+			log.Fatalf("--design: %q, want old or new", d)
+		case d == "old" && *agent == "controller":
+			log.Fatal("--design old: the controller writes the new design only; -agent watch simulates the old")
+		}
+		ds = append(ds, d)
 	}
 	var ns []int
 	for f := range strings.SplitSeq(*nodes, ",") {
@@ -129,12 +167,14 @@ func main() {
 		}
 	}
 	for _, n := range ns {
-		r, err := runOne(ctx, n, *agent, *fetch, *settle, *timeout)
-		if err != nil {
-			log.Fatalf("N=%d: %v", n, err)
-		}
-		if err := json.NewEncoder(os.Stdout).Encode(r); err != nil {
-			log.Fatal(err)
+		for _, d := range ds {
+			r, err := runOne(ctx, n, *agent, d == "new", *interval, *fetch, *settle, *timeout)
+			if err != nil {
+				log.Fatalf("N=%d, design %s: %v", n, d, err)
+			}
+			if err := json.NewEncoder(os.Stdout).Encode(r); err != nil {
+				log.Fatal(err)
+			}
 		}
 	}
 }
@@ -197,6 +237,8 @@ type bench struct {
 	bytes     atomic.Int64
 	relists   atomic.Int64
 	rewatches atomic.Int64
+	// The new design's: see result.
+	nodeWrites, countWrites, nodeEvents, leaseReqs atomic.Int64
 	// failed counts the failed writes by HTTP status (0: no answer).
 	failedMu sync.Mutex
 	failed   map[int]int
@@ -209,25 +251,40 @@ type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
-// wrap counts t's requests on prefetchpolicies and taps its watch streams.
+// wrap counts t's requests on prefetchpolicies, prefetchpolicynodes and
+// Leases, and taps its watch streams.
 func (t *tap) wrap(rt http.RoundTripper) http.RoundTripper {
 	b := t.b
 	return roundTripFunc(func(r *http.Request) (*http.Response, error) {
 		path := r.URL.Path
-		if !strings.Contains(path, "/"+policy.Resource) {
+		nodes := strings.Contains(path, "/"+policy.NodeResource)
+		switch {
+		case strings.Contains(path, "/leases"):
+			if b.on.Load() {
+				b.leaseReqs.Add(1)
+			}
+			return rt.RoundTrip(r)
+		case !nodes && !strings.Contains(path, "/"+policy.Resource):
 			if strings.HasSuffix(path, "/nodes") && isWatch(r) {
 				t.nwatch.Add(1)
 			}
 			return rt.RoundTrip(r)
 		}
-		if r.Method == http.MethodPatch && b.on.Load() {
+		write := r.Method == http.MethodPatch || r.Method == http.MethodDelete
+		if write && b.on.Load() {
 			b.firstWrite.CompareAndSwap(0, time.Now().UnixNano())
 		}
 		resp, err := rt.RoundTrip(r)
 		switch {
-		case r.Method == http.MethodPatch:
+		case write:
 			if b.on.Load() {
 				b.writes.Add(1)
+				switch {
+				case nodes:
+					b.nodeWrites.Add(1)
+				case r.URL.Query().Get("fieldManager") == policy.SummaryFieldManager:
+					b.countWrites.Add(1)
+				}
 				b.lastWrite.Store(time.Now().UnixNano())
 				if err != nil || resp.StatusCode >= 300 {
 					b.writeErrs.Add(1)
@@ -242,6 +299,12 @@ func (t *tap) wrap(rt http.RoundTripper) http.RoundTripper {
 					b.failed[code]++
 					b.failedMu.Unlock()
 				}
+			}
+		case r.Method == http.MethodGet && isWatch(r) && nodes:
+			// The leader's watch: counted, but its resourceVersions
+			// are not the policy's.
+			if err == nil && resp.StatusCode == http.StatusOK {
+				resp.Body = &scanBody{ReadCloser: resp.Body, s: &stream{t: t, watch: true, nodes: true}}
 			}
 		case r.Method == http.MethodGet && isWatch(r):
 			if t.pwatch.Add(1) > 1 && b.on.Load() {
@@ -293,6 +356,7 @@ var rvKey = []byte(`"resourceVersion":"`)
 type stream struct {
 	t     *tap
 	watch bool
+	nodes bool   // a watch of PrefetchPolicyNodes: counted, not marked
 	buf   []byte // the line so far, until its resourceVersion is found
 	from  int    // where in buf to search next
 	found bool
@@ -367,15 +431,18 @@ func (s *stream) flush() {
 	if !s.found {
 		typ = eventType(s.buf)
 	}
-	if s.found {
+	if s.found && !s.nodes {
 		s.t.mark(s.rv)
 	}
 	if s.watch && typ != "BOOKMARK" && typ != "" {
 		if s.t.b.on.Load() {
 			s.t.b.events.Add(1)
 			s.t.b.bytes.Add(s.size)
+			if s.nodes {
+				s.t.b.nodeEvents.Add(1)
+			}
 		}
-		if s.t.firstEv != nil {
+		if s.t.firstEv != nil && !s.nodes {
 			s.t.evOnce.Do(func() { close(s.t.firstEv) })
 		}
 	}
@@ -429,7 +496,7 @@ func (noPins) Unpin(digest.Digest, string) error { return nil }
 func (noPins) List() []cache.Info                { return nil }
 
 // runOne measures N agents against a fresh API server.
-func runOne(parent context.Context, n int, mode string, fetch, settle, timeout time.Duration) (*result, error) {
+func runOne(parent context.Context, n int, mode string, newDesign bool, interval, fetch, settle, timeout time.Duration) (*result, error) {
 	ctx, cancel := context.WithTimeout(parent, timeout+3*time.Minute)
 	defer cancel()
 	env, err := kubetest.Start(ctx, kubetest.Config{})
@@ -444,6 +511,16 @@ func runOne(parent context.Context, n int, mode string, fetch, settle, timeout t
 		return nil, err
 	}
 	if err := policy.InstallCRD(ctx, adminDyn); err != nil {
+		return nil, err
+	}
+	if !newDesign {
+		if err := installOldCRD(ctx, adminDyn); err != nil {
+			return nil, err
+		}
+	}
+	summary := policy.DefaultSummaryConfig()
+	summary.Interval = interval
+	if err := env.EnsureNamespace(ctx, summary.LeaseNamespace); err != nil {
 		return nil, err
 	}
 	names := make([]string, n)
@@ -464,6 +541,8 @@ func runOne(parent context.Context, n int, mode string, fetch, settle, timeout t
 	defer wg.Wait()
 	defer stopAgents()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	summary.Logger = logger
+	created := &createdPolicy{done: make(chan struct{})}
 	for i, node := range names {
 		t := &tap{b: b}
 		taps[i] = t
@@ -497,7 +576,35 @@ func runOne(parent context.Context, n int, mode string, fetch, settle, timeout t
 			if err != nil {
 				return nil, err
 			}
-			wg.Go(func() { rawAgent(agents, env.Host, hc, dyn, node, t, fetch) })
+			var p *createdPolicy // nil: the old design
+			if newDesign {
+				p = created
+			}
+			wg.Go(func() { rawAgent(agents, env.Host, hc, dyn, node, t, fetch, p) })
+		}
+		if newDesign {
+			// The agent's Summarizer, with a tap of its own: the
+			// leader's watches are counted, not taken for the agent's.
+			sc := rest.CopyConfig(env.Config)
+			sc.QPS = -1
+			sc.Wrap((&tap{b: b}).wrap)
+			skc, err := kubernetes.NewForConfig(sc)
+			if err != nil {
+				return nil, err
+			}
+			sdyn, err := dynamic.NewForConfig(sc)
+			if err != nil {
+				return nil, err
+			}
+			s, err := policy.NewSummarizer(node, skc, sdyn, summary)
+			if err != nil {
+				return nil, err
+			}
+			wg.Go(func() {
+				if err := s.Run(agents); err != nil {
+					log.Printf("summarizer %s: %v", node, err)
+				}
+			})
 		}
 	}
 	// Every agent listed and watches (and watches its Node).
@@ -520,7 +627,7 @@ func runOne(parent context.Context, n int, mode string, fetch, settle, timeout t
 	if err != nil {
 		return nil, err
 	}
-	obs := &observer{n: n, allReady: make(chan struct{})}
+	obs := &observer{n: n, counts: newDesign, allReady: make(chan struct{})}
 	go obs.run(ctx, adminDyn, list.GetResourceVersion())
 
 	b.on.Store(true)
@@ -533,11 +640,20 @@ func runOne(parent context.Context, n int, mode string, fetch, settle, timeout t
 	if err != nil {
 		return nil, err
 	}
-	if _, err := adminDyn.Resource(policy.GVR).Create(ctx, u, metav1.CreateOptions{}); err != nil {
+	u, err = adminDyn.Resource(policy.GVR).Create(ctx, u, metav1.CreateOptions{})
+	if err != nil {
 		return nil, err
 	}
+	if created.p, err = policy.FromUnstructured(u); err != nil {
+		return nil, err
+	}
+	close(created.done)
 	deadline := t0.Add(timeout)
-	res := &result{Bench: "policy-status", Nodes: n, Agent: mode}
+	design := "old"
+	if newDesign {
+		design = "new"
+	}
+	res := &result{Bench: "policy-status", Nodes: n, Agent: mode, Design: design}
 	progress := time.NewTicker(10 * time.Second)
 	defer progress.Stop()
 	// Convergence: every agent has been delivered the all-ready state.
@@ -589,6 +705,8 @@ func runOne(parent context.Context, n int, mode string, fetch, settle, timeout t
 	res.Writes, res.WatchEvents, res.WatchBytes = b.writes.Load(), b.events.Load(), b.bytes.Load()
 	res.EventsPerNode = float64(res.WatchEvents) / float64(n)
 	res.Relists, res.Rewatches = b.relists.Load(), b.rewatches.Load()
+	res.NodeWrites, res.CountWrites = b.nodeWrites.Load(), b.countWrites.Load()
+	res.NodeWatchEvents, res.LeaseRequests = b.nodeEvents.Load(), b.leaseReqs.Load()
 	if f := b.firstWrite.Load(); f > 0 {
 		log.Printf("N=%d: writes sent from %.1fs, the last answered %.1fs after the policy's creation", n,
 			time.Unix(0, f).Sub(t0).Seconds(), time.Unix(0, b.lastWrite.Load()).Sub(t0).Seconds())
@@ -606,11 +724,67 @@ func runOne(parent context.Context, n int, mode string, fetch, settle, timeout t
 	res.ObjectBytes = len(raw)
 	if got, err := adminDyn.Resource(policy.GVR).Get(ctx, policyName, metav1.GetOptions{}); err == nil {
 		if p, err := policy.FromUnstructured(got); err == nil {
-			log.Printf("N=%d: status: nodeCount %d, readyNodes %d, %d entries", n, p.Status.NodeCount, p.Status.ReadyNodes, len(p.Status.Nodes))
+			log.Printf("N=%d: status: nodeCount %d, readyNodes %d", n, p.Status.NodeCount, p.Status.ReadyNodes)
 		}
 	}
 	stopAgents()
 	return res, nil
+}
+
+// oldCRD is PrefetchPolicy's CRD with entries in status.nodes.
+//
+//go:embed crd-old.yaml
+var oldCRD []byte
+
+// installOldCRD replaces PrefetchPolicy's CRD with oldCRD and waits until
+// the API server keeps an entry of status.nodes.
+func installOldCRD(ctx context.Context, dyn dynamic.Interface) error {
+	js, err := utilyaml.ToJSON(oldCRD)
+	if err != nil {
+		return err
+	}
+	u := &unstructured.Unstructured{}
+	if err := u.UnmarshalJSON(js); err != nil {
+		return err
+	}
+	crds := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	if _, err := dyn.Resource(crds).Apply(ctx, u.GetName(), u, metav1.ApplyOptions{FieldManager: "bench", Force: true}); err != nil {
+		return fmt.Errorf("applying the old CRD: %w", err)
+	}
+	// A probe policy: its entry survives once the new schema serves.
+	probe := &policy.PrefetchPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "probe"},
+		Spec:       policy.Spec{NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"none": "none"}}, Models: models},
+	}
+	pu, err := policy.ToUnstructured(probe)
+	if err != nil {
+		return err
+	}
+	if _, err := dyn.Resource(policy.GVR).Create(ctx, pu, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	defer dyn.Resource(policy.GVR).Delete(context.WithoutCancel(ctx), "probe", metav1.DeleteOptions{})
+	return waitFor(ctx, time.Minute, func() bool {
+		if err := applyEntryTo(ctx, dyn, "probe", "probe-node", prefetch.StateReady, nil); err != nil {
+			return false
+		}
+		got, err := dyn.Resource(policy.GVR).Get(ctx, "probe", metav1.GetOptions{})
+		return err == nil && readyEntries(got, got.GetGeneration()) == 1
+	})
+}
+
+// readyEntries counts the entries of the old design's status.nodes ready at
+// generation gen.
+func readyEntries(u *unstructured.Unstructured, gen int64) int {
+	nodes, _, _ := unstructured.NestedSlice(u.Object, "status", "nodes")
+	ready := 0
+	for _, n := range nodes {
+		m, ok := n.(map[string]any)
+		if ok && m["state"] == string(policy.NodeReady) && m["observedGeneration"] == gen {
+			ready++
+		}
+	}
+	return ready
 }
 
 // createNodes registers the Nodes, a few at a time.
@@ -656,9 +830,11 @@ func waitFor(ctx context.Context, d time.Duration, cond func() bool) error {
 }
 
 // observer watches the policy and records the first resourceVersion at
-// which it has n entries, all ready at its generation.
+// which it says that its n nodes are ready at its generation: n entries
+// ready (the old design) or readyNodes n (counts, the new).
 type observer struct {
 	n        int
+	counts   bool
 	target   atomic.Uint64
 	ready    atomic.Int64
 	allReady chan struct{}
@@ -695,11 +871,9 @@ func (o *observer) check(u *unstructured.Unstructured) bool {
 	if err != nil {
 		return false
 	}
-	ready := 0
-	for _, e := range p.Status.Nodes {
-		if e.State == policy.NodeReady && e.ObservedGeneration == p.Generation {
-			ready++
-		}
+	ready := int(p.Status.ReadyNodes)
+	if !o.counts {
+		ready = readyEntries(u, p.Generation)
 	}
 	o.ready.Store(int64(ready))
 	if ready < o.n {
@@ -714,27 +888,39 @@ func (o *observer) check(u *unstructured.Unstructured) bool {
 	return true
 }
 
+// createdPolicy is the bench's policy, once created (done closed).
+type createdPolicy struct {
+	done chan struct{}
+	p    *policy.PrefetchPolicy
+}
+
 // rawAgent is an agent reduced to its API traffic on the policy: a watch
-// whose events are counted and dropped, and the apply of its entry (ready,
-// or fetching then ready after fetch, at least the controller's debounce
-// apart) once the policy has been delivered to it, each tried again until
-// it is written.
-func rawAgent(ctx context.Context, host string, hc *http.Client, dyn dynamic.Interface, node string, t *tap, fetch time.Duration) {
+// whose events are counted and dropped, and the apply of its node's status
+// (ready, or fetching then ready after fetch, at least the controller's
+// debounce apart) once the policy has been delivered to it, each tried
+// again until it is written: an entry of the policy's status (the old
+// design, created nil) or its PrefetchPolicyNode.
+func rawAgent(ctx context.Context, host string, hc *http.Client, dyn dynamic.Interface, node string, t *tap, fetch time.Duration, created *createdPolicy) {
 	go func() {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.firstEv:
 		}
+		var p *policy.PrefetchPolicy
+		if created != nil {
+			<-created.done
+			p = created.p
+		}
 		if fetch > 0 {
-			applyRetrying(ctx, dyn, node, prefetch.StateFetching)
+			applyRetrying(ctx, dyn, node, prefetch.StateFetching, p)
 			select {
 			case <-ctx.Done():
 				return
 			case <-time.After(max(fetch, policy.DefaultConfig().Debounce)):
 			}
 		}
-		applyRetrying(ctx, dyn, node, prefetch.StateReady)
+		applyRetrying(ctx, dyn, node, prefetch.StateReady, p)
 	}()
 	// The informer's list, then its watch, again from the last
 	// resourceVersion seen whenever it ends.
@@ -771,13 +957,13 @@ func rawAgent(ctx context.Context, host string, hc *http.Client, dyn dynamic.Int
 	}
 }
 
-// applyRetrying applies node's entry until it is written or ctx ends,
+// applyRetrying applies node's status until it is written or ctx ends,
 // pausing between tries as the controller's queue does (from 100ms,
 // doubling, at most 30s).
-func applyRetrying(ctx context.Context, dyn dynamic.Interface, node string, st prefetch.JobState) {
+func applyRetrying(ctx context.Context, dyn dynamic.Interface, node string, st prefetch.JobState, p *policy.PrefetchPolicy) {
 	pause := 100 * time.Millisecond
 	for {
-		err := applyEntry(ctx, dyn, node, st)
+		err := applyEntry(ctx, dyn, node, st, p)
 		if err == nil || ctx.Err() != nil {
 			return
 		}
@@ -790,23 +976,42 @@ func applyRetrying(ctx context.Context, dyn dynamic.Interface, node string, st p
 	}
 }
 
-// applyEntry applies node's entry as the controller does: the entry built
-// by policy.BuildEntry, under the node's field manager, to the status.
-func applyEntry(ctx context.Context, dyn dynamic.Interface, node string, st prefetch.JobState) error {
+// applyEntry applies node's status, built by policy.BuildEntry under the
+// node's field manager: as the controller does, to p's PrefetchPolicyNode
+// (policy.NodeStatusObject), or, p nil, as the old design did, as an entry
+// of the policy's status.nodes.
+func applyEntry(ctx context.Context, dyn dynamic.Interface, node string, st prefetch.JobState, p *policy.PrefetchPolicy) error {
+	return applyEntryTo(ctx, dyn, policyName, node, st, p)
+}
+
+// applyEntryTo is applyEntry for the policy named name.
+func applyEntryTo(ctx context.Context, dyn dynamic.Interface, name, node string, st prefetch.JobState, p *policy.PrefetchPolicy) error {
 	var states []policy.RefState
 	for _, w := range policy.Wants(policy.Spec{Models: models, Images: images}) {
 		states = append(states, policy.RefState{Shown: w.Shown, State: st, Bytes: 16 << 30})
 	}
 	e := policy.BuildEntry(node, 1, states, time.Now())
+	opts := metav1.ApplyOptions{FieldManager: policy.FieldManager(node), Force: true}
+	if p != nil {
+		obj, err := policy.NodeStatusObject(p, e)
+		if err != nil {
+			return err
+		}
+		_, err = dyn.Resource(policy.NodeGVR).Apply(ctx, obj.GetName(), obj, opts)
+		return err
+	}
 	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&e)
 	if err != nil {
 		return err
 	}
+	// The old entries had no counts of their own.
+	delete(m, "readyCount")
+	delete(m, "failedCount")
 	obj := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": policy.APIVersion, "kind": policy.Kind,
-		"metadata": map[string]any{"name": policyName},
+		"metadata": map[string]any{"name": name},
 		"status":   map[string]any{"nodes": []any{m}},
 	}}
-	_, err = dyn.Resource(policy.GVR).ApplyStatus(ctx, policyName, obj, metav1.ApplyOptions{FieldManager: policy.FieldManager(node), Force: true})
+	_, err = dyn.Resource(policy.GVR).ApplyStatus(ctx, name, obj, opts)
 	return err
 }

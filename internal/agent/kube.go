@@ -29,6 +29,10 @@ type KubeConfig struct {
 	KubeQPS            float32       `name:"kube-qps" help:"Most requests per second to the Kubernetes API server, on average (0: 5)." env:"WEIGHTD_KUBE_QPS"`
 	KubeBurst          int           `name:"kube-burst" help:"Most requests to the Kubernetes API server in a burst (0: 10)." env:"WEIGHTD_KUBE_BURST"`
 	NodeUpdateInterval time.Duration `help:"Least time between two writes of this node's cache labels and summary (0: 5s); progress alone is written at most every 6 intervals." env:"WEIGHTD_NODE_UPDATE_INTERVAL"`
+	// One agent, elected with a Lease, counts every node's progress on the
+	// PrefetchPolicies into their status.
+	PolicyLeaseNamespace  string        `help:"Namespace of the Lease that elects the agent that writes the PrefetchPolicy counts (empty: weightd-system)." env:"WEIGHTD_POLICY_LEASE_NAMESPACE"`
+	PolicySummaryInterval time.Duration `help:"Least time between two writes of one PrefetchPolicy's counts by the elected agent (0: 10s)." env:"WEIGHTD_POLICY_SUMMARY_INTERVAL"`
 	// A warm server receives other pods' adapters and pins its base in the
 	// node's cache: which pods may be one is the operator's to say.
 	WarmServerNamespaces []string `help:"With --warm: namespaces whose pods labelled weightd.io/warm-server are warm servers for the pods of their own namespace (a labelled pod elsewhere is ignored, with a Warning Event)." env:"WEIGHTD_WARM_SERVER_NAMESPACES"`
@@ -36,14 +40,16 @@ type KubeConfig struct {
 }
 
 // kubeSide is the agent's Kubernetes side: the pod intake, the node
-// publisher, the node-group policy controller and, with a warm pool, its
-// warm servers and adapter requests, each run in the agent's errgroup.
+// publisher, the node-group policy controller and its elected summarizer
+// and, with a warm pool, its warm servers and adapter requests, each run in
+// the agent's errgroup.
 // They watch the node's pods and Node, and record Events, through shared.
 type kubeSide struct {
 	shared    *kube.Shared
 	intake    *kube.PodIntake
 	publisher *kube.NodePublisher
 	policy    *policy.Controller
+	summary   *policy.Summarizer
 	warm      *kube.WarmPods // nil without a warm pool
 	events    *kube.NodeEvents
 	volumes   *kube.PodVolumes
@@ -53,8 +59,8 @@ type kubeSide struct {
 // cluster is configured (one info line says so). pool is the warm pool, nil
 // when off. It starts only the shared event broadcaster, which close stops.
 func newKube(cfg KubeConfig, node, version string, queue *prefetch.Queue, store *cache.Store, pool *warmpool.Pool, log *slog.Logger, reg prometheus.Registerer) (_ *kubeSide, err error) {
-	if cfg.KubeQPS < 0 || cfg.KubeBurst < 0 || cfg.NodeUpdateInterval < 0 {
-		return nil, fmt.Errorf("--kube-qps, --kube-burst and --node-update-interval must not be negative")
+	if cfg.KubeQPS < 0 || cfg.KubeBurst < 0 || cfg.NodeUpdateInterval < 0 || cfg.PolicySummaryInterval < 0 {
+		return nil, fmt.Errorf("--kube-qps, --kube-burst, --node-update-interval and --policy-summary-interval must not be negative")
 	}
 	rc, err := kube.RESTConfig(cfg.Kubeconfig, cfg.KubeQPS, cfg.KubeBurst, "weightd/"+version)
 	if errors.Is(err, kube.ErrNoCluster) {
@@ -126,6 +132,17 @@ func newKube(cfg KubeConfig, node, version string, queue *prefetch.Queue, store 
 	if k.policy, err = policy.New(node, client, dyn, policy.FromQueue(queue), store, pcfg); err != nil {
 		return nil, err
 	}
+	scfg := policy.DefaultSummaryConfig()
+	scfg.Logger, scfg.Registerer = pcfg.Logger, reg
+	if cfg.PolicyLeaseNamespace != "" {
+		scfg.LeaseNamespace = cfg.PolicyLeaseNamespace
+	}
+	if cfg.PolicySummaryInterval > 0 {
+		scfg.Interval = cfg.PolicySummaryInterval
+	}
+	if k.summary, err = policy.NewSummarizer(node, client, dyn, scfg); err != nil {
+		return nil, err
+	}
 	log.Info("Kubernetes features on", "node", node, "api-server", rc.Host)
 	return k, nil
 }
@@ -136,7 +153,7 @@ func (k *kubeSide) runs() []func(context.Context) error {
 	if k == nil {
 		return nil
 	}
-	runs := []func(context.Context) error{k.intake.Run, k.publisher.Run, k.policy.Run, k.events.Run, k.volumes.Run}
+	runs := []func(context.Context) error{k.intake.Run, k.publisher.Run, k.policy.Run, k.summary.Run, k.events.Run, k.volumes.Run}
 	if k.warm != nil {
 		runs = append(runs, k.warm.Run)
 	}

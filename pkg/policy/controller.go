@@ -76,17 +76,9 @@ func (f queueFetcher) Submit(ref string, p prefetch.Priority) (Job, error) {
 // Config tunes a Controller. Zero fields take the defaults of
 // DefaultConfig.
 type Config struct {
-	// Debounce is the least time between two status writes of one policy
-	// by this node (default 3s).
+	// Debounce is the least time between two writes of this node's status
+	// of one policy (default 3s).
 	Debounce time.Duration
-	// SummaryDelay is how long the agent ranked first among a policy's
-	// entries waits before correcting the status counts; the one ranked
-	// k-th waits k times as long, and only the first SummaryRanks try
-	// (default 2s).
-	SummaryDelay time.Duration
-	// SummaryRanks is how many agents, by rank, correct the counts
-	// (default 8).
-	SummaryRanks int
 	// RetryBase and RetryMax bound the pause before a failed reference is
 	// submitted again: RetryBase doubled for each consecutive failure, at
 	// most RetryMax (defaults 1m and 1h).
@@ -111,13 +103,11 @@ type Config struct {
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
 	return Config{
-		Debounce:     3 * time.Second,
-		SummaryDelay: 2 * time.Second,
-		SummaryRanks: 8,
-		RetryBase:    time.Minute,
-		RetryMax:     time.Hour,
-		Resync:       10 * time.Minute,
-		Logger:       slog.New(slog.DiscardHandler),
+		Debounce:  3 * time.Second,
+		RetryBase: time.Minute,
+		RetryMax:  time.Hour,
+		Resync:    10 * time.Minute,
+		Logger:    slog.New(slog.DiscardHandler),
 	}
 }
 
@@ -151,26 +141,17 @@ type Controller struct {
 
 	jobs       map[string]*tracked               // canonical ref → its latest job
 	pinned     map[string]map[digest.Digest]bool // policy → blobs pinned for it
-	written    map[string]*NodeStatus            // policy → entry last written
+	written    map[string]writtenStatus          // policy → status last written
 	lastWrite  map[string]time.Time              // policy → time of that write
+	cleared    map[string]bool                   // policy → status deleted, none written since
 	reported   map[string]map[string]string      // policy → shown ref → reason of the Event recorded
 	generation map[string]int64                  // policy → generation last reconciled while selected
 }
 
-// item is a unit of work: reconcile a policy, check its counts, or correct
-// them.
+// item is a unit of work: reconcile the policy name.
 type item struct {
 	name string
-	kind itemKind
 }
-
-type itemKind uint8
-
-const (
-	reconcile itemKind = iota
-	checkCounts
-	fixCounts
-)
 
 // tracked is the latest job of a reference.
 type tracked struct {
@@ -197,12 +178,6 @@ func New(node string, kube kubernetes.Interface, dyn dynamic.Interface, f Fetche
 	def := DefaultConfig()
 	if cfg.Debounce <= 0 {
 		cfg.Debounce = def.Debounce
-	}
-	if cfg.SummaryDelay <= 0 {
-		cfg.SummaryDelay = def.SummaryDelay
-	}
-	if cfg.SummaryRanks <= 0 {
-		cfg.SummaryRanks = def.SummaryRanks
 	}
 	if cfg.RetryBase <= 0 {
 		cfg.RetryBase = def.RetryBase
@@ -232,15 +207,16 @@ func (c *Controller) Run(ctx context.Context) error {
 		return errors.New("policy controller: Run called twice")
 	}
 	c.ctx = ctx
-	unregister, err := c.m.register(c.cfg.Registerer)
+	unregister, err := register(c.cfg.Registerer, c.m.collectors())
 	if err != nil {
 		return fmt.Errorf("registering policy metrics: %w", err)
 	}
 	defer unregister()
 	c.jobs = make(map[string]*tracked)
 	c.pinned = make(map[string]map[digest.Digest]bool)
-	c.written = make(map[string]*NodeStatus)
+	c.written = make(map[string]writtenStatus)
 	c.lastWrite = make(map[string]time.Time)
+	c.cleared = make(map[string]bool)
 	c.reported = make(map[string]map[string]string)
 	c.generation = make(map[string]int64)
 	// Failed items are retried from 100ms up to every 30s: an API server
@@ -334,13 +310,7 @@ func (c *Controller) processNext() bool {
 		return false
 	}
 	defer c.queue.Done(it)
-	var err error
-	switch it.kind {
-	case reconcile:
-		err = c.reconcile(it.name)
-	case checkCounts, fixCounts:
-		err = c.counts(it.name, it.kind == fixCounts)
-	}
+	err := c.reconcile(it.name)
 	c.updateGauges()
 	if err == nil {
 		c.queue.Forget(it)
@@ -372,15 +342,12 @@ func (c *Controller) policyChanged(old, obj any) {
 	if !ok {
 		return
 	}
-	name := u.GetName()
-	c.queue.Add(item{name: name, kind: checkCounts})
 	if o, ok := old.(*unstructured.Unstructured); ok &&
 		o.GetResourceVersion() != u.GetResourceVersion() &&
-		o.GetGeneration() == u.GetGeneration() &&
-		equalOwnEntry(o, u, c.node) {
-		return // another node's status changed: nothing for this node to do
+		o.GetGeneration() == u.GetGeneration() {
+		return // the counts or metadata changed, not the spec
 	}
-	c.queue.Add(item{name: name})
+	c.queue.Add(item{name: u.GetName()})
 }
 
 // enqueueAll enqueues every known policy for a reconcile.
@@ -597,6 +564,7 @@ func readyBlobs(j Job, st prefetch.JobStatus) ([]digest.Digest, error) {
 func (c *Controller) forget(name string) {
 	delete(c.written, name)
 	delete(c.lastWrite, name)
+	delete(c.cleared, name)
 	delete(c.reported, name)
 	delete(c.generation, name)
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/opencontainers/go-digest"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -88,11 +89,20 @@ func kube(t *testing.T) (*kubetest.Env, kubernetes.Interface, dynamic.Interface)
 			return
 		}
 		env = e
-		envErr = policy.InstallCRD(ctx, dynamic.NewForConfigOrDie(e.Config))
+		if envErr = policy.InstallCRD(ctx, dynamic.NewForConfigOrDie(e.Config)); envErr == nil {
+			envErr = e.EnsureNamespace(ctx, leaseNamespace)
+		}
 	})
 	require.NoError(t, envErr)
 	return env, kubernetes.NewForConfigOrDie(env.Config), dynamic.NewForConfigOrDie(env.Config)
 }
+
+// leaseNamespace holds the Leases of the tests' Summarizers; the agents of
+// the tests share testLease.
+const (
+	leaseNamespace = "weightd-system"
+	testLease      = "policy-tests"
+)
 
 var seq atomic.Int64
 
@@ -108,14 +118,16 @@ func startOrigin(t *testing.T, spec genmodel.Spec) (string, *genmodel.Manifest) 
 	return o.Ref(), o.Manifest
 }
 
-// agent is what one node runs: a cache, a prefetch queue, the controller.
+// agent is what one node runs: a cache, a prefetch queue, the controller
+// and the Summarizer.
 type agent struct {
 	node  string
 	store *cache.Store
 	stop  func()
 }
 
-func startAgent(t *testing.T, kc kubernetes.Interface, dc dynamic.Interface, node string) *agent {
+// startAgent starts node's agent, whose Summarizer campaigns for lease.
+func startAgent(t *testing.T, kc kubernetes.Interface, dc dynamic.Interface, node, lease string) *agent {
 	t.Helper()
 	store, err := cache.Open(t.TempDir(), cache.WithChunkSize(64<<10))
 	require.NoError(t, err)
@@ -126,16 +138,18 @@ func startAgent(t *testing.T, kc kubernetes.Interface, dc dynamic.Interface, nod
 	src := source.Sources{ref.KindHTTP: httpsource.New(nil), ref.KindOCI: oci.New()}
 	q := prefetch.NewQueue(store, src, prefetch.WithResolveRetries(1, 0), prefetch.WithLogger(log))
 	c, err := policy.New(node, kc, dc, policy.FromQueue(q), store, policy.Config{
-		Debounce:     200 * time.Millisecond,
-		SummaryDelay: 100 * time.Millisecond,
-		RetryBase:    time.Hour,
-		Logger:       log,
+		Debounce:  200 * time.Millisecond,
+		RetryBase: time.Hour,
+		Logger:    log,
 	})
+	require.NoError(t, err)
+	s, err := policy.NewSummarizer(node, kc, dc, summaryConfig(lease, log, nil))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { assert.NoError(t, q.Run(ctx)) })
 	wg.Go(func() { assert.NoError(t, c.Run(ctx)) })
+	wg.Go(func() { assert.NoError(t, s.Run(ctx)) })
 	var once sync.Once
 	a := &agent{node: node, store: store, stop: func() {
 		once.Do(func() {
@@ -146,6 +160,21 @@ func startAgent(t *testing.T, kc kubernetes.Interface, dc dynamic.Interface, nod
 	}}
 	t.Cleanup(a.stop)
 	return a
+}
+
+// summaryConfig is the tests' Summarizer configuration: Lease lease, short
+// timings.
+func summaryConfig(lease string, log *slog.Logger, reg prometheus.Registerer) policy.SummaryConfig {
+	return policy.SummaryConfig{
+		Interval:       100 * time.Millisecond,
+		LeaseNamespace: leaseNamespace,
+		LeaseName:      lease,
+		LeaseDuration:  15 * time.Second,
+		RenewDeadline:  10 * time.Second,
+		RetryPeriod:    250 * time.Millisecond,
+		Logger:         log,
+		Registerer:     reg,
+	}
 }
 
 // pinnedBy lists the blobs pinned by owner.
@@ -177,18 +206,40 @@ func createPolicy(t *testing.T, dc dynamic.Interface, name string, sel map[strin
 	return got
 }
 
-func getPolicy(t *testing.T, dc dynamic.Interface, name string) *policy.PrefetchPolicy {
+// view is a policy and the status of each of its nodes, by node name.
+type view struct {
+	*policy.PrefetchPolicy
+	nodes map[string]policy.NodeStatus
+}
+
+// entry is node's status of the policy, if it wrote one.
+func (v view) entry(node string) (policy.NodeStatus, bool) {
+	n, ok := v.nodes[node]
+	return n, ok
+}
+
+// getPolicy reads the policy and its PrefetchPolicyNodes (by label).
+func getPolicy(t *testing.T, dc dynamic.Interface, name string) view {
 	t.Helper()
 	u, err := dc.Resource(policy.GVR).Get(t.Context(), name, metav1.GetOptions{})
 	require.NoError(t, err)
 	p, err := policy.FromUnstructured(u)
 	require.NoError(t, err)
-	return p
+	list, err := dc.Resource(policy.NodeGVR).List(t.Context(), metav1.ListOptions{LabelSelector: policy.PolicyLabel + "=" + policy.LabelValue(name)})
+	require.NoError(t, err)
+	v := view{PrefetchPolicy: p, nodes: make(map[string]policy.NodeStatus)}
+	for i := range list.Items {
+		n, err := policy.NodeFromUnstructured(&list.Items[i])
+		require.NoError(t, err)
+		assert.Equal(t, policy.NodeObjectName(name, n.Status.Name), n.Name)
+		v.nodes[n.Status.Name] = n.Status
+	}
+	return v
 }
 
 // eventually polls cond until it holds, failing the test after a minute
 // with the last policy seen.
-func eventually(t *testing.T, dc dynamic.Interface, name, what string, cond func(p *policy.PrefetchPolicy) bool) *policy.PrefetchPolicy {
+func eventually(t *testing.T, dc dynamic.Interface, name, what string, cond func(p view) bool) view {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -197,7 +248,7 @@ func eventually(t *testing.T, dc dynamic.Interface, name, what string, cond func
 			return p
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("policy %s: timed out waiting for %s; status: %+v", name, what, p.Status)
+			t.Fatalf("policy %s: timed out waiting for %s; status: %+v, nodes: %+v", name, what, p.Status, p.nodes)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -232,16 +283,16 @@ func TestPolicyLifecycle(t *testing.T) {
 	node, name := uniq("life-1"), uniq("life")
 	_, err := e.CreateNode(t.Context(), node, map[string]string{"pool": "life"})
 	require.NoError(t, err)
-	a := startAgent(t, kc, dc, node)
+	a := startAgent(t, kc, dc, node, testLease)
 	p := createPolicy(t, dc, name, map[string]string{"pool": "life"}, []string{ref}, nil)
 	owner := policy.PinOwner(name)
 
-	ready := func(p *policy.PrefetchPolicy) bool {
-		n, ok := p.Status.Entry(node)
+	ready := func(p view) bool {
+		n, ok := p.entry(node)
 		return ok && n.State == policy.NodeReady && p.Status.ReadyNodes == 1
 	}
 	got := eventually(t, dc, name, "the node's entry ready", ready)
-	n, _ := got.Status.Entry(node)
+	n, _ := got.entry(node)
 	assert.Equal(t, []string{ref}, n.Ready)
 	assert.Empty(t, n.Fetching)
 	assert.Empty(t, n.Failed)
@@ -252,29 +303,42 @@ func TestPolicyLifecycle(t *testing.T) {
 	assert.Equal(t, int32(0), got.Status.FailedNodes)
 	assert.ElementsMatch(t, fileDigests(m), a.pinnedBy(owner), "every file of the model pinned")
 
-	// Only this node's field manager owns the entry.
-	u, err := dc.Resource(policy.GVR).Get(t.Context(), name, metav1.GetOptions{})
+	// The node's object: written under its field manager only, owned by
+	// the policy.
+	u, err := dc.Resource(policy.NodeGVR).Get(t.Context(), policy.NodeObjectName(name, node), metav1.GetOptions{})
 	require.NoError(t, err)
 	var managers []string
 	for _, mf := range u.GetManagedFields() {
 		managers = append(managers, mf.Manager)
 	}
-	assert.Contains(t, managers, policy.FieldManager(node))
+	assert.Equal(t, []string{policy.FieldManager(node)}, managers)
+	require.Len(t, u.GetOwnerReferences(), 1)
+	assert.Equal(t, p.UID, u.GetOwnerReferences()[0].UID)
+	assert.Equal(t, map[string]string{policy.PolicyLabel: name, policy.NodeLabel: node}, u.GetLabels())
 
-	// kubectl answers from the printer columns.
+	// kubectl answers from the printer columns, and selects by state.
 	if kubectl, err := exec.LookPath("kubectl"); err == nil {
-		out, err := exec.CommandContext(t.Context(), kubectl, "--kubeconfig", e.Kubeconfig, "get", "pp", name).CombinedOutput()
-		require.NoError(t, err, "%s", out)
-		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-		require.Len(t, lines, 2, "%s", out)
+		get := func(args ...string) []string {
+			out, err := exec.CommandContext(t.Context(), kubectl, append([]string{"--kubeconfig", e.Kubeconfig, "get"}, args...)...).CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			return strings.Split(strings.TrimSpace(string(out)), "\n")
+		}
+		lines := get("pp", name)
+		require.Len(t, lines, 2, "%s", lines)
 		assert.Equal(t, []string{"NAME", "NODES", "READY", "FAILED", "AGE"}, strings.Fields(lines[0]))
 		assert.Equal(t, []string{name, "1", "1", "0"}, strings.Fields(lines[1])[:4])
+		lines = get("ppn", "-l", policy.PolicyLabel+"="+name, "--field-selector", "status.state=Ready")
+		require.Len(t, lines, 2, "%s", lines)
+		assert.Equal(t, []string{"NAME", "NODE", "STATE", "READY", "FAILED", "AGE"}, strings.Fields(lines[0]))
+		assert.Equal(t, []string{policy.NodeObjectName(name, node), node, "Ready", "1", "0"}, strings.Fields(lines[1])[:5])
+		lines = get("ppn", "-l", policy.PolicyLabel+"="+name, "--field-selector", "status.state=Failed")
+		assert.Equal(t, []string{"No resources found"}, lines)
 	}
 
 	// The node's labels change: no longer selected.
 	setLabels(t, kc, node, map[string]string{"pool": "other"})
-	got = eventually(t, dc, name, "the node's entry removed", func(p *policy.PrefetchPolicy) bool {
-		_, ok := p.Status.Entry(node)
+	got = eventually(t, dc, name, "the node's entry removed", func(p view) bool {
+		_, ok := p.entry(node)
 		return !ok && p.Status.NodeCount == 0
 	})
 	assert.Equal(t, int32(0), got.Status.ReadyNodes)
@@ -305,18 +369,18 @@ func TestPolicyFailures(t *testing.T) {
 	node, name := uniq("fail-1"), uniq("fail")
 	_, err := e.CreateNode(t.Context(), node, map[string]string{"pool": "fail"})
 	require.NoError(t, err)
-	a := startAgent(t, kc, dc, node)
+	a := startAgent(t, kc, dc, node, testLease)
 	createPolicy(t, dc, name, map[string]string{"pool": "fail"},
 		[]string{ref, missing, "https://host.example/dir/?X-Amz-Signature=secret"},
 		[]string{"Not/A:Valid:Image"})
 
 	// The counts are written after the entry, by the first-ranked agent
 	// after its delay: wait for both.
-	got := eventually(t, dc, name, "three failures, one failed node", func(p *policy.PrefetchPolicy) bool {
-		n, ok := p.Status.Entry(node)
+	got := eventually(t, dc, name, "three failures, one failed node", func(p view) bool {
+		n, ok := p.entry(node)
 		return ok && len(n.Failed) == 3 && len(n.Ready) == 1 && p.Status.FailedNodes == 1
 	})
-	n, _ := got.Status.Entry(node)
+	n, _ := got.entry(node)
 	assert.Equal(t, policy.NodeFailed, n.State)
 	assert.Equal(t, []string{ref}, n.Ready)
 	reasons := make(map[string]string)
@@ -352,9 +416,8 @@ func TestPolicyFailures(t *testing.T) {
 	assert.Equal(t, map[string]int{policy.ReasonFailed: 1, policy.ReasonInvalid: 2}, byReason)
 }
 
-// TestPolicyManyNodes: agents of several nodes write the same policy's
-// status at the same time; server-side apply with a field manager per node
-// loses no entry and reports no conflict.
+// TestPolicyManyNodes: agents of several nodes report on the same policies
+// at the same time, each in its own object; the Summarizer counts them.
 func TestPolicyManyNodes(t *testing.T) {
 	t.Parallel()
 	e, kc, dc := kube(t)
@@ -371,18 +434,18 @@ func TestPolicyManyNodes(t *testing.T) {
 	createPolicy(t, dc, pb, map[string]string{"pool": "many"}, []string{refA, refB}, nil)
 	agents := make([]*agent, len(nodes))
 	for i, n := range nodes {
-		agents[i] = startAgent(t, kc, dc, n)
+		agents[i] = startAgent(t, kc, dc, n, testLease)
 	}
 	for _, name := range []string{pa, pb} {
-		got := eventually(t, dc, name, "every node ready", func(p *policy.PrefetchPolicy) bool {
+		got := eventually(t, dc, name, "every node ready", func(p view) bool {
 			for _, n := range nodes {
-				if e, ok := p.Status.Entry(n); !ok || e.State != policy.NodeReady {
+				if e, ok := p.entry(n); !ok || e.State != policy.NodeReady {
 					return false
 				}
 			}
 			return p.Status.ReadyNodes == int32(len(nodes))
 		})
-		assert.Len(t, got.Status.Nodes, len(nodes))
+		assert.Len(t, got.nodes, len(nodes))
 		assert.Equal(t, int32(len(nodes)), got.Status.NodeCount)
 		for _, a := range agents {
 			assert.NotEmpty(t, a.pinnedBy(policy.PinOwner(name)))
@@ -391,24 +454,24 @@ func TestPolicyManyNodes(t *testing.T) {
 
 	// One node leaves the pool: only its entry goes.
 	setLabels(t, kc, nodes[1], nil)
-	got := eventually(t, dc, pb, "one entry fewer", func(p *policy.PrefetchPolicy) bool {
-		return len(p.Status.Nodes) == 2 && p.Status.NodeCount == 2 && p.Status.ReadyNodes == 2
+	got := eventually(t, dc, pb, "one entry fewer", func(p view) bool {
+		return len(p.nodes) == 2 && p.Status.NodeCount == 2 && p.Status.ReadyNodes == 2
 	})
-	_, ok := got.Status.Entry(nodes[1])
+	_, ok := got.entry(nodes[1])
 	assert.False(t, ok)
 	require.Eventually(t, func() bool { return len(agents[1].pinnedBy(policy.PinOwner(pb))) == 0 }, 10*time.Second, 20*time.Millisecond)
 	assert.NotEmpty(t, agents[0].pinnedBy(policy.PinOwner(pb)))
 
-	// A node deleted with its agent: its entry stays until removed on its
-	// behalf; the remaining agents then correct the counts.
+	// A node deleted with its agent: its status stays until deleted on its
+	// behalf; the Summarizer then corrects the counts.
 	agents[2].stop()
 	require.NoError(t, kc.CoreV1().Nodes().Delete(t.Context(), nodes[2], metav1.DeleteOptions{}))
-	require.NoError(t, policy.RemoveEntry(t.Context(), dc, pb, nodes[2]))
-	require.NoError(t, policy.RemoveEntry(t.Context(), dc, "no-such-policy", nodes[2]))
-	got = eventually(t, dc, pb, "the deleted node's entry gone, counts corrected", func(p *policy.PrefetchPolicy) bool {
-		return len(p.Status.Nodes) == 1 && p.Status.NodeCount == 1 && p.Status.ReadyNodes == 1
+	require.NoError(t, policy.DeleteNodeStatus(t.Context(), dc, pb, nodes[2]))
+	require.NoError(t, policy.DeleteNodeStatus(t.Context(), dc, "no-such-policy", nodes[2]))
+	got = eventually(t, dc, pb, "the deleted node's status gone, counts corrected", func(p view) bool {
+		return len(p.nodes) == 1 && p.Status.NodeCount == 1 && p.Status.ReadyNodes == 1
 	})
-	_, ok = got.Status.Entry(nodes[0])
+	_, ok = got.entry(nodes[0])
 	assert.True(t, ok)
 }
 
@@ -436,8 +499,8 @@ func TestPolicyAgentRestart(t *testing.T) {
 	}
 	_, store, stop := run()
 	createPolicy(t, dc, name, map[string]string{"pool": "restart"}, []string{ref}, nil)
-	eventually(t, dc, name, "ready", func(p *policy.PrefetchPolicy) bool {
-		n, ok := p.Status.Entry(node)
+	eventually(t, dc, name, "ready", func(p view) bool {
+		n, ok := p.entry(node)
 		return ok && n.State == policy.NodeReady
 	})
 	a := &agent{store: store}
@@ -515,9 +578,10 @@ func TestCRDValidation(t *testing.T) {
 	require.NotNil(t, p.Spec.Pin)
 	assert.True(t, *p.Spec.Pin)
 
-	// A status entry with an unknown state is refused too.
-	u.Object["status"] = map[string]any{"nodes": []any{map[string]any{"name": "n", "state": "Bogus"}}}
-	_, err = dc.Resource(policy.GVR).UpdateStatus(t.Context(), u, metav1.UpdateOptions{})
+	// A node's status with an unknown state is refused too.
+	obj, err := policy.NodeStatusObject(p, policy.NodeStatus{Name: "n", State: "Bogus"})
+	require.NoError(t, err)
+	_, err = dc.Resource(policy.NodeGVR).Apply(t.Context(), obj.GetName(), obj, metav1.ApplyOptions{FieldManager: "test"})
 	assert.True(t, apierrors.IsInvalid(err), "want 422, got %v", err)
 }
 
@@ -530,15 +594,16 @@ func TestPolicyAPIServerRestart(t *testing.T) {
 	e := kubetest.NewT(t, kubeConfig)
 	kc, dc := kubernetes.NewForConfigOrDie(e.Config), dynamic.NewForConfigOrDie(e.Config)
 	require.NoError(t, policy.InstallCRD(t.Context(), dc))
+	require.NoError(t, e.EnsureNamespace(t.Context(), leaseNamespace))
 	ref1, m1 := startOrigin(t, genmodel.Spec{Name: "org/restart-a", Files: 2, TotalBytes: 64 << 10, Seed: 12})
 	ref2, _ := startOrigin(t, genmodel.Spec{Name: "org/restart-b", Files: 2, TotalBytes: 64 << 10, Seed: 13})
 	node, name := uniq("apirestart-1"), uniq("apirestart")
 	_, err := e.CreateNode(t.Context(), node, map[string]string{"pool": "r"})
 	require.NoError(t, err)
-	a := startAgent(t, kc, dc, node)
+	a := startAgent(t, kc, dc, node, testLease)
 	createPolicy(t, dc, name, map[string]string{"pool": "r"}, []string{ref1}, nil)
-	eventually(t, dc, name, "ready", func(p *policy.PrefetchPolicy) bool {
-		n, ok := p.Status.Entry(node)
+	eventually(t, dc, name, "ready", func(p view) bool {
+		n, ok := p.entry(node)
 		return ok && n.State == policy.NodeReady
 	})
 
@@ -555,12 +620,12 @@ func TestPolicyAPIServerRestart(t *testing.T) {
 	patch := fmt.Appendf(nil, `{"spec":{"models":[%q,%q]}}`, ref1, ref2)
 	_, err = dc.Resource(policy.GVR).Patch(t.Context(), name, types.MergePatchType, patch, metav1.PatchOptions{})
 	require.NoError(t, err)
-	got := eventually(t, dc, name, "both models ready at the new generation", func(p *policy.PrefetchPolicy) bool {
-		n, ok := p.Status.Entry(node)
+	got := eventually(t, dc, name, "both models ready at the new generation", func(p view) bool {
+		n, ok := p.entry(node)
 		return ok && n.State == policy.NodeReady && n.ObservedGeneration == p.Generation && len(n.Ready) == 2 &&
 			p.Status.ReadyNodes == 1
 	})
-	n, _ := got.Status.Entry(node)
+	n, _ := got.entry(node)
 	assert.Equal(t, []string{ref1, ref2}, n.Ready)
 }
 
@@ -595,22 +660,23 @@ func TestPolicyImage(t *testing.T) {
 	node, pname := uniq("image-1"), uniq("image")
 	_, err = e.CreateNode(t.Context(), node, map[string]string{"pool": "image"})
 	require.NoError(t, err)
-	a := startAgent(t, kc, dc, node)
+	a := startAgent(t, kc, dc, node, testLease)
 	createPolicy(t, dc, pname, map[string]string{"pool": "image"}, nil, []string{host + "/team/app:v1"})
-	got := eventually(t, dc, pname, "the image ready", func(p *policy.PrefetchPolicy) bool {
-		n, ok := p.Status.Entry(node)
+	got := eventually(t, dc, pname, "the image ready", func(p view) bool {
+		n, ok := p.entry(node)
 		return ok && n.State == policy.NodeReady
 	})
-	n, _ := got.Status.Entry(node)
+	n, _ := got.entry(node)
 	assert.Equal(t, []string{"oci://" + host + "/team/app:v1"}, n.Ready, "normalised as the kubelet does")
 	assert.Positive(t, n.Bytes)
 	require.Eventually(t, func() bool { return len(a.pinnedBy(policy.PinOwner(pname))) == len(want) }, 10*time.Second, 20*time.Millisecond)
 	assert.ElementsMatch(t, want, a.pinnedBy(policy.PinOwner(pname)))
 }
 
-// TestPolicyLeastPrivilege: the agent's ClusterRole in deploy/daemonset
-// (rbac.yaml) is enough for the controller: it runs as the agent's service
-// account, reports ready, and records its Events.
+// TestPolicyLeastPrivilege: the agent's ClusterRole and Role in
+// deploy/daemonset (rbac.yaml) are enough for the controller and the
+// Summarizer: they run as the agent's service account, report ready, record
+// the Events and take the Lease.
 func TestPolicyLeastPrivilege(t *testing.T) {
 	t.Parallel()
 	e, _, adminDC := kube(t)
@@ -635,11 +701,15 @@ func TestPolicyLeastPrivilege(t *testing.T) {
 			require.NotEmpty(t, subjects)
 			s := subjects[0].(map[string]any)
 			sa = fmt.Sprintf("system:serviceaccount:%s:%s", s["namespace"], s["name"])
+		case "Role":
+			res = "roles"
+		case "RoleBinding":
+			res = "rolebindings"
 		default:
 			continue
 		}
 		gvr := schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: res}
-		_, err = adminDC.Resource(gvr).Apply(t.Context(), u.GetName(), u, metav1.ApplyOptions{FieldManager: "test", Force: true})
+		_, err = adminDC.Resource(gvr).Namespace(u.GetNamespace()).Apply(t.Context(), u.GetName(), u, metav1.ApplyOptions{FieldManager: "test", Force: true})
 		require.NoError(t, err)
 	}
 	require.NotEmpty(t, sa, "rbac.yaml binds the role to a service account")
@@ -665,10 +735,12 @@ func TestPolicyLeastPrivilege(t *testing.T) {
 	node, pname := uniq("rbac-1"), uniq("rbac")
 	_, err = e.CreateNode(t.Context(), node, map[string]string{"pool": "rbac"})
 	require.NoError(t, err)
-	startAgent(t, kc, dc, node)
+	// The Lease the deploy's Role names: this agent alone campaigns for it.
+	lease := policy.DefaultSummaryConfig().LeaseName
+	startAgent(t, kc, dc, node, lease)
 	createPolicy(t, adminDC, pname, map[string]string{"pool": "rbac"}, []string{ref, ref + "x"}, nil)
-	eventually(t, adminDC, pname, "one ready, one failed, counted", func(p *policy.PrefetchPolicy) bool {
-		n, ok := p.Status.Entry(node)
+	eventually(t, adminDC, pname, "one ready, one failed, counted", func(p view) bool {
+		n, ok := p.entry(node)
 		return ok && len(n.Ready) == 1 && len(n.Failed) == 1 && p.Status.FailedNodes == 1
 	})
 	require.Eventually(t, func() bool {
@@ -677,4 +749,8 @@ func TestPolicyLeastPrivilege(t *testing.T) {
 		})
 		return err == nil && len(list.Items) == 1
 	}, 30*time.Second, 100*time.Millisecond, "the Event recorded as the agent")
+	l, err := kc.CoordinationV1().Leases(leaseNamespace).Get(t.Context(), lease, metav1.GetOptions{})
+	require.NoError(t, err)
+	require.NotNil(t, l.Spec.HolderIdentity)
+	assert.Equal(t, node, *l.Spec.HolderIdentity, "the agent's Summarizer elected")
 }

@@ -18,42 +18,52 @@
 // policies and its own Node, evaluates each policy's selector against its
 // node's labels, submits what matches to the prefetch queue at background
 // priority, pins the blobs of what is ready (owner "policy/<name>") and
-// unpins them when the policy goes away or stops matching. It writes only its
-// own node's entry of status.nodes, with server-side apply under the field
-// manager FieldManager(node): no read-modify-write, no resourceVersion, so a
-// thousand agents never conflict over one object. Writes are debounced (at
-// most one per policy per Config.Debounce) and skipped when the entry did not
-// change. Content that cannot be had (unknown, malformed) is listed under
-// failed with its reason, and a Warning Event is recorded on the policy.
+// unpins them when the policy goes away or stops matching. It reports its
+// node's progress in a PrefetchPolicyNode of its own, NodeObjectName(policy,
+// node) ("<policy>.<node>"), labelled PolicyLabel and NodeLabel, owned by
+// the policy (so the garbage collector deletes it with the policy), with
+// server-side apply under the field manager FieldManager(node). It watches
+// none of them: what it applied last is what is there. Writes are debounced
+// (at most one per policy per Config.Debounce) and skipped when the status
+// did not change; when the node stops matching, the object is deleted.
+// Content that cannot be had (unknown, malformed) is listed under failed
+// with its reason, and a Warning Event is recorded on the policy.
 //
 // The counts that `kubectl get prefetchpolicies` shows (NODES, READY,
-// FAILED) are kept by the agents too: when an agent sees counts that disagree
-// with the entries, it corrects them after a delay that grows with its rank
-// among the entries' node names, so that usually only one agent writes them
-// (see Config.SummaryDelay).
+// FAILED) are written by the Summarizer that every agent runs: the one
+// that holds a coordination.k8s.io Lease watches the PrefetchPolicyNodes
+// (their only watcher) and applies a policy's counts when they changed, at
+// most once per SummaryConfig.Interval, so they are up to one interval
+// late.
 //
-// `kubectl get pp NAME -o yaml` answers "which nodes have model X": each
-// entry lists the references ready, fetching and failed on its node.
+// `kubectl get prefetchpolicynodes -l weightd.io/policy=NAME` (short name
+// ppn) answers "which nodes have model X": NODE, STATE and the numbers of
+// references READY and FAILED, the lists in -o yaml; with
+// `--field-selector status.state=Failed` (the CRD's selectableFields) only
+// the failed nodes.
 //
 // # Permissions
 //
 // The agent needs: get, list and watch on prefetchpolicies; patch on
-// prefetchpolicies/status; get, list and watch on nodes (it watches only
-// its own, by field selector); create and patch on events.
+// prefetchpolicies/status (the counts); get, list, watch, create, patch
+// and delete on prefetchpolicynodes (the deploy's admission policy lets it
+// write only its own node's); get, list and watch on nodes (it watches
+// only its own, by field selector); create and patch on events; and in
+// the Lease's namespace create on leases and get and update on the Lease.
 //
 // # Scale
 //
-// Writes are cheap (one small apply per node per state change, debounced),
-// but every agent watches the policies, so each write reaches every agent:
-// a policy rolled out to N nodes costs about 2·N writes and 2·N² watch
-// deliveries of an object that grows with N (an entry is a few hundred
-// bytes, and the managed fields add about as much again; the informer drops
-// them after decoding). That is fine for hundreds of nodes per policy; for
-// thousands, split the fleet over several policies (bench/policystatus
-// measures it; docs/policy-status-scale.md has the figures and the
-// options for growing linearly). Entries of nodes
-// deleted from the cluster stay until someone removes them (RemoveEntry).
+// A policy rolled out to N nodes costs N to 2·N small applies, one object
+// each (no contention), each delivered to one watcher (the leader), plus
+// one count write per interval while the counts move, each delivered to the
+// N agents that watch the policies: linear in N, and the object the agents
+// watch no longer grows with N (docs/policy-status-scale.md has the
+// figures, bench/policystatus measures it). Every agent campaigns for the
+// Lease: a non-leader reads it every SummaryConfig.RetryPeriod (15s by
+// default) or so, about N/25 requests a second. PrefetchPolicyNodes of
+// nodes deleted from the cluster stay until the policy is deleted or
+// someone deletes them (DeleteNodeStatus), and are counted until then.
 //
-// CRD holds the CustomResourceDefinition (the same bytes as
+// CRD holds the CustomResourceDefinitions (the same bytes as
 // deploy/daemonset/crd.yaml).
 package policy

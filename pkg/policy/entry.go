@@ -135,7 +135,7 @@ type RefState struct {
 	Reason string
 }
 
-// BuildEntry makes node's status entry for a policy at generation gen from
+// BuildEntry makes node's status for a policy at generation gen from
 // the states of its references, in the policy's order.
 func BuildEntry(node string, gen int64, refs []RefState, now time.Time) NodeStatus {
 	e := NodeStatus{Name: node, ObservedGeneration: gen, Updated: metav1.NewTime(now.UTC().Truncate(time.Second))}
@@ -150,6 +150,7 @@ func BuildEntry(node string, gen int64, refs []RefState, now time.Time) NodeStat
 			e.Fetching = append(e.Fetching, r.Shown)
 		}
 	}
+	e.ReadyCount, e.FailedCount = int32(len(e.Ready)), int32(len(e.Failed))
 	switch {
 	case len(e.Failed) > 0:
 		e.State = NodeFailed

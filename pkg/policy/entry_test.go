@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/weightd/weightd/pkg/prefetch"
 	"github.com/weightd/weightd/pkg/ref"
@@ -144,12 +145,9 @@ func TestBuildEntry(t *testing.T) {
 func TestEntryRoundTrip(t *testing.T) {
 	t.Parallel()
 	p := &PrefetchPolicy{
-		ObjectMeta: metav1.ObjectMeta{Name: "p", Generation: 3},
+		ObjectMeta: metav1.ObjectMeta{Name: "p", Generation: 3, UID: "uid-p"},
 		Spec:       Spec{NodeSelector: &metav1.LabelSelector{}, Models: []string{"hf://a/b@main"}},
-		Status: Status{Nodes: []NodeStatus{
-			BuildEntry("n1", 3, []RefState{{Shown: "hf://a/b@main", State: prefetch.StateReady, Bytes: 7}}, time.Now()),
-			BuildEntry("n2", 3, []RefState{{Shown: "hf://a/b@main", State: prefetch.StateFailed, Reason: "404"}}, time.Now()),
-		}},
+		Status:     Status{NodeCount: 2, ReadyNodes: 1, FailedNodes: 1},
 	}
 	u, err := ToUnstructured(p)
 	require.NoError(t, err)
@@ -158,25 +156,52 @@ func TestEntryRoundTrip(t *testing.T) {
 	back, err := FromUnstructured(u)
 	require.NoError(t, err)
 	assert.True(t, back.Spec.Pinned(), "pin defaults to true")
-	require.Len(t, back.Status.Nodes, 2)
-	for i := range p.Status.Nodes {
-		assert.True(t, sameEntry(p.Status.Nodes[i], back.Status.Nodes[i]))
-	}
-	n1, ok := back.Status.Entry("n1")
-	assert.True(t, ok)
-	assert.Equal(t, NodeReady, n1.State)
-	_, ok = back.Status.Entry("n3")
-	assert.False(t, ok)
+	assert.Equal(t, p.Status, back.Status)
 
-	// The informer's cheap comparison of a node's raw entry.
-	u2 := u.DeepCopy()
-	assert.True(t, equalOwnEntry(u, u2, "n1"))
-	nodes, _, _ := unstructured.NestedSlice(u2.Object, "status", "nodes")
-	nodes[1].(map[string]any)["state"] = "Ready"
-	require.NoError(t, unstructured.SetNestedSlice(u2.Object, nodes, "status", "nodes"))
-	assert.True(t, equalOwnEntry(u, u2, "n1"), "another node's entry changed")
-	assert.False(t, equalOwnEntry(u, u2, "n2"))
-	assert.False(t, equalOwnEntry(u, u2.DeepCopy(), "n3") != true, "absent from both")
+	e := BuildEntry("n2", 3, []RefState{{Shown: "hf://a/b@main", State: prefetch.StateFailed, Reason: "404"}}, time.Now())
+	obj, err := NodeStatusObject(p, e)
+	require.NoError(t, err)
+	assert.Equal(t, "p.n2", obj.GetName())
+	assert.Equal(t, map[string]string{PolicyLabel: "p", NodeLabel: "n2"}, obj.GetLabels())
+	require.Len(t, obj.GetOwnerReferences(), 1)
+	assert.Equal(t, metav1.OwnerReference{APIVersion: APIVersion, Kind: Kind, Name: "p", UID: "uid-p"}, obj.GetOwnerReferences()[0])
+	n, err := NodeFromUnstructured(obj)
+	require.NoError(t, err)
+	assert.True(t, sameEntry(e, n.Status))
+	assert.Equal(t, int32(1), n.Status.FailedCount)
+
+	// The leader's informer keeps what the counts need.
+	slim, err := countedFields(obj)
+	require.NoError(t, err)
+	owner, c, ok := counted(slim.(*unstructured.Unstructured))
+	assert.True(t, ok)
+	assert.Equal(t, p.UID, owner)
+	assert.Equal(t, NodeStatus{Name: "n2", State: NodeFailed, ObservedGeneration: 3}, c)
+}
+
+func TestNodeObjectName(t *testing.T) {
+	t.Parallel()
+	assert.Equal(t, "llama.gpu-1", NodeObjectName("llama", "gpu-1"))
+	assert.Equal(t, "gpu-1", LabelValue("gpu-1"))
+	dotted := NodeObjectName("team.llama", "gpu-1")
+	assert.Regexp(t, `^team\.llama\.gpu-1-[0-9a-f]{16}$`, dotted, "a dotted policy's names are hashed")
+	long := strings.Repeat("n", 253)
+	for _, c := range []struct{ got, other string }{
+		{NodeObjectName("llama", long), NodeObjectName("llama", long[:252]+"m")},
+		{NodeObjectName(long, "a"), NodeObjectName(long, "b")},
+		{NodeObjectName("a.b", "c"), NodeObjectName("a", "b.c")},
+	} {
+		assert.LessOrEqual(t, len(c.got), 253)
+		assert.Empty(t, validation.IsDNS1123Subdomain(c.got), c.got)
+		assert.NotEqual(t, c.got, c.other, "names stay apart")
+	}
+	// A cut that would end in a dot or dash.
+	dotted = strings.Repeat("a.", 40)
+	v := LabelValue(dotted)
+	assert.LessOrEqual(t, len(v), 63)
+	assert.Empty(t, validation.IsValidLabelValue(v), v)
+	assert.Equal(t, v, LabelValue(dotted), "stable")
+	assert.NotEqual(t, v, LabelValue(dotted+"b"))
 }
 
 func TestCounts(t *testing.T) {
@@ -191,7 +216,6 @@ func TestCounts(t *testing.T) {
 	assert.Equal(t, [3]int32{4, 1, 1}, [3]int32{n, r, f})
 	n, r, f = Counts(nil, 1)
 	assert.Equal(t, [3]int32{0, 0, 0}, [3]int32{n, r, f})
-	assert.Equal(t, []string{"a", "b", "c", "d"}, sortedNames([]NodeStatus{nodes[3], nodes[1], nodes[0], nodes[2]}))
 }
 
 func TestFieldManager(t *testing.T) {

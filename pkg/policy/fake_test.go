@@ -184,11 +184,11 @@ func TestPolicyWithFakes(t *testing.T) {
 	createPolicy(t, dc, name, map[string]string{"pool": "fake"}, []string{a, b}, nil)
 	entry := func(what string, cond func(n policy.NodeStatus) bool) policy.NodeStatus {
 		t.Helper()
-		p := eventually(t, dc, name, what, func(p *policy.PrefetchPolicy) bool {
-			n, ok := p.Status.Entry(node)
+		p := eventually(t, dc, name, what, func(p view) bool {
+			n, ok := p.entry(node)
 			return ok && n.ObservedGeneration == p.Generation && cond(n)
 		})
-		n, _ := p.Status.Entry(node)
+		n, _ := p.entry(node)
 		return n
 	}
 	entry("both fetching", func(n policy.NodeStatus) bool { return slices.Equal(n.Fetching, []string{a, b}) })
@@ -236,7 +236,8 @@ func TestPolicyWithFakes(t *testing.T) {
 	assert.Equal(t, 1, k, "a ready reference is not fetched again")
 }
 
-// writeLog records the times of status writes made under one field manager.
+// writeLog records the times of the PrefetchPolicyNode writes made under
+// one field manager.
 type writeLog struct {
 	manager string
 	next    http.RoundTripper
@@ -245,7 +246,7 @@ type writeLog struct {
 }
 
 func (w *writeLog) RoundTrip(r *http.Request) (*http.Response, error) {
-	if r.Method == http.MethodPatch && strings.HasSuffix(r.URL.Path, "/status") && r.URL.Query().Get("fieldManager") == w.manager {
+	if r.Method == http.MethodPatch && strings.Contains(r.URL.Path, "/"+policy.NodeResource+"/") && r.URL.Query().Get("fieldManager") == w.manager {
 		w.mu.Lock()
 		w.times = append(w.times, time.Now())
 		w.mu.Unlock()
@@ -301,8 +302,8 @@ func TestPolicyDebounce(t *testing.T) {
 			time.Sleep(150 * time.Millisecond)
 		}
 	}
-	eventually(t, dc, name, "all ready", func(p *policy.PrefetchPolicy) bool {
-		n, ok := p.Status.Entry(node)
+	eventually(t, dc, name, "all ready", func(p view) bool {
+		n, ok := p.entry(node)
 		return ok && n.State == policy.NodeReady && len(n.Ready) == len(refs)
 	})
 	time.Sleep(2 * debounce) // nothing more to write

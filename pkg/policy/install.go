@@ -1,9 +1,11 @@
 package policy
 
 import (
+	"bytes"
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -16,39 +18,49 @@ import (
 
 var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
-// InstallCRD applies CRD (server-side, as field manager "weightd") and waits
-// until the API server serves the resource, or ctx ends. Tests use it; an
-// agent with the right to do so may too.
+// InstallCRD applies the CRDs (server-side, as field manager "weightd")
+// and waits until the API server serves both resources, or ctx ends. Tests
+// use it; an agent with the right to do so may too.
 func InstallCRD(ctx context.Context, dyn dynamic.Interface) error {
-	js, err := utilyaml.ToJSON(CRD)
-	if err != nil {
-		return fmt.Errorf("reading the CRD: %w", err)
-	}
-	var obj map[string]any
-	if err := json.Unmarshal(js, &obj); err != nil {
-		return fmt.Errorf("reading the CRD: %w", err)
-	}
-	u := &unstructured.Unstructured{Object: obj}
-	if _, err := dyn.Resource(crdGVR).Apply(ctx, u.GetName(), u, metav1.ApplyOptions{FieldManager: "weightd", Force: true}); err != nil {
-		return fmt.Errorf("applying the CRD %s: %w", u.GetName(), err)
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(CRD), 4096)
+	var names []string
+	for {
+		var obj map[string]any
+		if err := dec.Decode(&obj); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			return fmt.Errorf("reading the CRDs: %w", err)
+		}
+		u := &unstructured.Unstructured{Object: obj}
+		if _, err := dyn.Resource(crdGVR).Apply(ctx, u.GetName(), u, metav1.ApplyOptions{FieldManager: "weightd", Force: true}); err != nil {
+			return fmt.Errorf("applying the CRD %s: %w", u.GetName(), err)
+		}
+		names = append(names, u.GetName())
 	}
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
-	for {
-		got, err := dyn.Resource(crdGVR).Get(ctx, u.GetName(), metav1.GetOptions{})
-		if err == nil && established(got) {
-			// Established means served; a list confirms the
-			// discovery caches of this client's server caught up.
-			if _, err := dyn.Resource(GVR).List(ctx, metav1.ListOptions{Limit: 1}); err == nil {
-				return nil
+	for _, name := range names {
+		for !served(ctx, dyn, name) {
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("waiting for the CRD %s to be established: %w", name, ctx.Err())
+			case <-t.C:
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for the CRD %s to be established: %w", u.GetName(), ctx.Err())
-		case <-t.C:
-		}
 	}
+	return nil
+}
+
+// served reports whether the CRD name is established and listed by this
+// client's server (whose discovery caches may lag behind).
+func served(ctx context.Context, dyn dynamic.Interface, name string) bool {
+	got, err := dyn.Resource(crdGVR).Get(ctx, name, metav1.GetOptions{})
+	if err != nil || !established(got) {
+		return false
+	}
+	plural, _, _ := unstructured.NestedString(got.Object, "spec", "names", "plural")
+	_, err = dyn.Resource(schema.GroupVersionResource{Group: Group, Version: Version, Resource: plural}).List(ctx, metav1.ListOptions{Limit: 1})
+	return err == nil
 }
 
 func established(u *unstructured.Unstructured) bool {
@@ -62,17 +74,13 @@ func established(u *unstructured.Unstructured) bool {
 	return false
 }
 
-// RemoveEntry removes node's entry from the status of the policy named
-// name, on behalf of that node: an apply, as the node's field manager, that
-// no longer names it. It is for entries left by nodes deleted from the
-// cluster (the agent removes its own entry when its node stops matching).
-// A policy that does not exist is not an error. The counts are corrected by
-// the agents of the remaining nodes.
-func RemoveEntry(ctx context.Context, dyn dynamic.Interface, name, node string) error {
-	obj := applyObject(name, nil)
-	_, err := dyn.Resource(GVR).ApplyStatus(ctx, name, obj, metav1.ApplyOptions{FieldManager: FieldManager(node), Force: true})
+// DeleteNodeStatus deletes node's PrefetchPolicyNode of the policy named
+// name, if there is one. The agent deletes its own when its node stops
+// matching; the elected Summarizer those of Nodes deleted from the cluster.
+func DeleteNodeStatus(ctx context.Context, dyn dynamic.Interface, name, node string) error {
+	err := dyn.Resource(NodeGVR).Delete(ctx, NodeObjectName(name, node), metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("removing the entry of node %s from policy %s: %w", node, name, err)
+		return fmt.Errorf("deleting the status of node %s on policy %s: %w", node, name, err)
 	}
 	return nil
 }

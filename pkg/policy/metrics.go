@@ -13,7 +13,7 @@ func newMetrics() metrics {
 	m := metrics{
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weightd_policy_status_writes_total",
-			Help: "Server-side applies to PrefetchPolicy status by this agent: its node's entry (entry), the removal of it (remove), the counts (counts); by outcome (ok, error).",
+			Help: "Writes of this node's PrefetchPolicy status by this agent: its PrefetchPolicyNode applied (entry) or deleted (remove); by outcome (ok, error).",
 		}, []string{"kind", "outcome"}),
 		selected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "weightd_policy_selected",
@@ -24,7 +24,7 @@ func newMetrics() metrics {
 			Help: "Pins held for PrefetchPolicies (a blob pinned by two policies counts twice).",
 		}),
 	}
-	for _, k := range []string{"entry", "remove", "counts"} {
+	for _, k := range []string{"entry", "remove"} {
 		for _, o := range []string{"ok", "error"} {
 			m.writes.WithLabelValues(k, o)
 		}
@@ -36,13 +36,39 @@ func (m metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.writes, m.selected, m.pinned}
 }
 
-// register registers the collectors on r (nil: none) and returns how to
-// unregister them.
-func (m metrics) register(r prometheus.Registerer) (unregister func(), err error) {
+// summaryMetrics are the Summarizer's collectors.
+type summaryMetrics struct {
+	writes *prometheus.CounterVec
+	leader prometheus.Gauge
+}
+
+func newSummaryMetrics() summaryMetrics {
+	m := summaryMetrics{
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "weightd_policy_summary_writes_total",
+			Help: "Server-side applies of PrefetchPolicy status counts by this agent while elected to summarise; by outcome (ok, error).",
+		}, []string{"outcome"}),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "weightd_policy_summary_leader",
+			Help: "1 while this agent holds the Lease that elects the one summarising PrefetchPolicy status, else 0.",
+		}),
+	}
+	for _, o := range []string{"ok", "error"} {
+		m.writes.WithLabelValues(o)
+	}
+	return m
+}
+
+func (m summaryMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.writes, m.leader}
+}
+
+// register registers cs on r (nil: none) and returns how to unregister
+// them.
+func register(r prometheus.Registerer, cs []prometheus.Collector) (unregister func(), err error) {
 	if r == nil {
 		return func() {}, nil
 	}
-	cs := m.collectors()
 	for i, c := range cs {
 		if err := r.Register(c); err != nil {
 			for _, c := range cs[:i] {

@@ -2,15 +2,13 @@ package policy
 
 import (
 	"fmt"
-	"reflect"
-	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // recordFailures records a Warning Event on the policy for each failure of
@@ -38,150 +36,95 @@ func (c *Controller) recordFailures(u *unstructured.Unstructured, name string, w
 	c.reported[name] = next
 }
 
-// writeEntry applies this node's entry to the policy's status, unless the
-// status already says the same; at most once per Debounce.
+// writeEntry applies this node's status of a policy to its
+// PrefetchPolicyNode, unless it was written already; at most once per
+// Debounce. The agent does not watch the object: what it wrote last is what
+// is there (another writer would be refused by the admission policy).
 func (c *Controller) writeEntry(p *PrefetchPolicy, e NodeStatus, now time.Time) error {
 	name := p.Name
-	if cur, ok := p.Status.Entry(c.node); ok && sameEntry(cur, e) {
-		c.written[name] = &e
+	delete(c.cleared, name)
+	if w, ok := c.written[name]; ok && w.uid == p.UID && sameEntry(w.entry, e) {
 		return nil
-	}
-	if w := c.written[name]; w != nil && sameEntry(*w, e) {
-		// Written, and the informer has not caught up yet: look again
-		// once it should have.
-		if since := now.Sub(c.lastWrite[name]); since < 4*c.cfg.Debounce {
-			c.queue.AddAfter(item{name: name}, 4*c.cfg.Debounce-since)
-			return nil
-		}
 	}
 	if wait := c.lastWrite[name].Add(c.cfg.Debounce).Sub(now); wait > 0 {
 		c.queue.AddAfter(item{name: name}, wait)
 		return nil
 	}
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&e)
+	obj, err := NodeStatusObject(p, e)
 	if err != nil {
-		return fmt.Errorf("converting the status entry: %w", err)
-	}
-	obj := applyObject(name, map[string]any{"nodes": []any{m}})
-	if err := c.apply(obj, FieldManager(c.node), "entry"); err != nil {
 		return err
 	}
-	c.written[name] = &e
+	_, err = c.dyn.Resource(NodeGVR).Apply(c.ctx, obj.GetName(), obj, metav1.ApplyOptions{FieldManager: FieldManager(c.node), Force: true})
+	c.countWrite("entry", err)
+	if err != nil {
+		return fmt.Errorf("applying the status of node %s on policy %s: %w", c.node, name, err)
+	}
+	c.written[name] = writtenStatus{uid: p.UID, entry: e}
 	c.lastWrite[name] = now
 	c.log.Debug("policy status written", "policy", name, "state", e.State, "ready", len(e.Ready), "fetching", len(e.Fetching), "failed", len(e.Failed))
 	return nil
 }
 
-// removeEntry takes this node's entry out of the policy's status, if it is
-// there: an apply that no longer names it.
+// writtenStatus is what the controller last applied for a policy.
+type writtenStatus struct {
+	uid   types.UID // of the policy
+	entry NodeStatus
+}
+
+// removeEntry deletes this node's PrefetchPolicyNode of a policy that no
+// longer selects it: once per agent run (it may have been written before a
+// restart), then only after a write.
 func (c *Controller) removeEntry(p *PrefetchPolicy) error {
 	name := p.Name
-	_, there := p.Status.Entry(c.node)
-	if !there && c.written[name] == nil {
+	if c.cleared[name] {
 		return nil
 	}
-	if err := c.apply(applyObject(name, nil), FieldManager(c.node), "remove"); err != nil {
+	err := DeleteNodeStatus(c.ctx, c.dyn, name, c.node)
+	c.countWrite("remove", err)
+	if err != nil {
 		return err
 	}
-	c.log.Info("node no longer selected: status entry removed", "policy", name)
+	if _, ok := c.written[name]; ok {
+		c.log.Info("node no longer selected: status removed", "policy", name)
+	}
 	delete(c.written, name)
-	c.lastWrite[name] = time.Now()
-	others := slices.DeleteFunc(slices.Clone(p.Status.Nodes), func(n NodeStatus) bool { return n.Name == c.node })
-	if len(others) == 0 {
-		// The last node out zeroes the counts: no entry is left to rank
-		// the agents that would correct them. (An apply that changes
-		// nothing does not write.)
-		return c.apply(applyObject(name, countsMap(0, 0, 0)), SummaryFieldManager, "counts")
-	}
+	c.cleared[name] = true
 	return nil
 }
 
-// counts checks the policy's status counts against its entries. A check
-// that finds them wrong schedules a fix after this node's rank delay; a fix
-// writes them if they are still wrong.
-func (c *Controller) counts(name string, fix bool) error {
-	p, _, err := c.policy(name)
-	if err != nil || p == nil {
-		return err
-	}
-	n, r, f := Counts(p.Status.Nodes, p.Generation)
-	if n == p.Status.NodeCount && r == p.Status.ReadyNodes && f == p.Status.FailedNodes {
-		return nil
-	}
-	if fix {
-		return c.apply(applyObject(name, countsMap(n, r, f)), SummaryFieldManager, "counts")
-	}
-	rank := slices.IndexFunc(sortedNames(p.Status.Nodes), func(s string) bool { return s == c.node })
-	if rank < 0 || rank >= c.cfg.SummaryRanks {
-		return nil
-	}
-	c.queue.AddAfter(item{name: name, kind: fixCounts}, time.Duration(rank+1)*c.cfg.SummaryDelay)
-	return nil
-}
-
-func sortedNames(nodes []NodeStatus) []string {
-	names := make([]string, len(nodes))
-	for i, n := range nodes {
-		names[i] = n.Name
-	}
-	slices.Sort(names)
-	return names
-}
-
-func countsMap(n, r, f int32) map[string]any {
-	return map[string]any{"nodeCount": int64(n), "readyNodes": int64(r), "failedNodes": int64(f)}
-}
-
-// applyObject is a server-side apply configuration of a policy's status.
-func applyObject(name string, status map[string]any) *unstructured.Unstructured {
-	obj := map[string]any{
-		"apiVersion": APIVersion,
-		"kind":       Kind,
-		"metadata":   map[string]any{"name": name},
-	}
-	if status != nil {
-		obj["status"] = status
-	}
-	return &unstructured.Unstructured{Object: obj}
-}
-
-// apply applies obj to the status subresource as manager; kind names the
-// write in the metrics. A policy deleted meanwhile is not an error.
-func (c *Controller) apply(obj *unstructured.Unstructured, manager, kind string) error {
-	_, err := c.dyn.Resource(GVR).ApplyStatus(c.ctx, obj.GetName(), obj, metav1.ApplyOptions{FieldManager: manager, Force: true})
+// countWrite counts a write to the API server of kind in the metrics.
+func (c *Controller) countWrite(kind string, err error) {
 	outcome := "ok"
-	if err != nil && !apierrors.IsNotFound(err) {
+	if err != nil {
 		outcome = "error"
 	}
 	c.m.writes.WithLabelValues(kind, outcome).Inc()
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
+}
+
+// NodeStatusObject is the server-side apply configuration of the
+// PrefetchPolicyNode of e's node on policy p: its name, labels, owner (p,
+// so that it is deleted with p) and status e.
+func NodeStatusObject(p *PrefetchPolicy, e NodeStatus) (*unstructured.Unstructured, error) {
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&e)
 	if err != nil {
-		return fmt.Errorf("applying the status of policy %s: %w", obj.GetName(), err)
+		return nil, fmt.Errorf("converting the status of node %s on policy %s: %w", e.Name, p.Name, err)
 	}
-	return nil
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": APIVersion,
+		"kind":       NodeKind,
+		"metadata": map[string]any{
+			"name":   NodeObjectName(p.Name, e.Name),
+			"labels": map[string]any{PolicyLabel: LabelValue(p.Name), NodeLabel: LabelValue(e.Name)},
+			"ownerReferences": []any{map[string]any{
+				"apiVersion": APIVersion, "kind": Kind, "name": p.Name, "uid": string(p.UID),
+			}},
+		},
+		"status": m,
+	}}, nil
 }
 
-// equalOwnEntry reports whether node's status entry is the same in a and b.
-func equalOwnEntry(a, b *unstructured.Unstructured, node string) bool {
-	ea, oka := rawEntry(a, node)
-	eb, okb := rawEntry(b, node)
-	return oka == okb && (!oka || reflect.DeepEqual(ea, eb))
-}
-
-func rawEntry(u *unstructured.Unstructured, node string) (map[string]any, bool) {
-	nodes, _, _ := unstructured.NestedSlice(u.Object, "status", "nodes")
-	for _, n := range nodes {
-		if m, ok := n.(map[string]any); ok && m["name"] == node {
-			return m, true
-		}
-	}
-	return nil, false
-}
-
-// stripManagedFields is the policy informer's transform: the managed fields
-// of a policy that a thousand nodes write are large and of no use here.
+// stripManagedFields is the informers' transform: managed fields are of no
+// use here.
 func stripManagedFields(obj any) (any, error) {
 	if u, ok := obj.(*unstructured.Unstructured); ok {
 		u.SetManagedFields(nil)

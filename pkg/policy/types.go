@@ -5,6 +5,7 @@ import (
 	_ "embed" // the CRD
 	"encoding/hex"
 	"fmt"
+	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -12,22 +13,35 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
-// CRD is the CustomResourceDefinition of PrefetchPolicy, as YAML.
+// CRD holds the CustomResourceDefinitions of PrefetchPolicy and
+// PrefetchPolicyNode, as YAML documents.
 //
 //go:embed crd.yaml
 var CRD []byte
 
-// Names of the resource.
+// Names of the resources.
 const (
-	Group      = "weightd.io"
-	Version    = "v1alpha1"
-	Kind       = "PrefetchPolicy"
-	Resource   = "prefetchpolicies"
-	APIVersion = Group + "/" + Version
+	Group        = "weightd.io"
+	Version      = "v1alpha1"
+	Kind         = "PrefetchPolicy"
+	Resource     = "prefetchpolicies"
+	NodeKind     = "PrefetchPolicyNode"
+	NodeResource = "prefetchpolicynodes"
+	APIVersion   = Group + "/" + Version
 )
 
 // GVR is the resource of PrefetchPolicy, for the dynamic client.
 var GVR = schema.GroupVersionResource{Group: Group, Version: Version, Resource: Resource}
+
+// NodeGVR is the resource of PrefetchPolicyNode.
+var NodeGVR = schema.GroupVersionResource{Group: Group, Version: Version, Resource: NodeResource}
+
+// Labels of a PrefetchPolicyNode: its policy and its node (LabelValue of
+// their names).
+const (
+	PolicyLabel = "weightd.io/policy"
+	NodeLabel   = "weightd.io/node"
+)
 
 // Limits of a policy, also enforced by the CRD's schema.
 const (
@@ -62,16 +76,25 @@ type Spec struct {
 // Pinned reports whether the policy pins its content (the default).
 func (s Spec) Pinned() bool { return s.Pin == nil || *s.Pin }
 
-// Status is the policy's status: one entry per node, and counts over them.
+// Status is the policy's status: counts over its PrefetchPolicyNodes,
+// written by the elected Summarizer.
 type Status struct {
-	// NodeCount, ReadyNodes and FailedNodes count the entries of Nodes:
-	// all, those ready at the policy's generation, those with failures.
+	// NodeCount, ReadyNodes and FailedNodes count the policy's
+	// PrefetchPolicyNodes: all, those ready at the policy's generation,
+	// those with failures.
 	NodeCount   int32 `json:"nodeCount,omitempty"`
 	ReadyNodes  int32 `json:"readyNodes,omitempty"`
 	FailedNodes int32 `json:"failedNodes,omitempty"`
-	// Nodes has one entry per node that the policy selects, each written
-	// by that node's agent only.
-	Nodes []NodeStatus `json:"nodes,omitempty"`
+}
+
+// PrefetchPolicyNode is one node's progress on one policy, written by that
+// node's agent only. It is named NodeObjectName(policy, node), labelled
+// with both, and owned by the policy (deleted with it).
+type PrefetchPolicyNode struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Status NodeStatus `json:"status"`
 }
 
 // NodeState sums up a node's entry.
@@ -87,8 +110,10 @@ const (
 	NodeFailed NodeState = "Failed"
 )
 
-// NodeStatus is one node's entry in a policy's status.
+// NodeStatus is one node's progress on a policy: the status of its
+// PrefetchPolicyNode.
 type NodeStatus struct {
+	// Name is the node's.
 	Name  string    `json:"name"`
 	State NodeState `json:"state"`
 	// Ready, Fetching and Failed list the policy's references (canonical,
@@ -96,6 +121,10 @@ type NodeStatus struct {
 	Ready    []string  `json:"ready,omitempty"`
 	Fetching []string  `json:"fetching,omitempty"`
 	Failed   []Failure `json:"failed,omitempty"`
+	// ReadyCount and FailedCount are the lengths of Ready and Failed, for
+	// the printer columns (which cannot count a list).
+	ReadyCount  int32 `json:"readyCount"`
+	FailedCount int32 `json:"failedCount"`
 	// Bytes of the policy's content held on the node.
 	Bytes int64 `json:"bytes"`
 	// ObservedGeneration is the policy generation the entry describes.
@@ -109,8 +138,9 @@ type Failure struct {
 	Reason string `json:"reason"`
 }
 
-// Counts computes the status counts over the entries, for a policy at
-// generation gen: an entry counts as ready only if it describes gen.
+// Counts computes the status counts over the nodes' progress, for a policy
+// at generation gen: a node counts as ready only if its status describes
+// gen.
 func Counts(nodes []NodeStatus, gen int64) (count, ready, failed int32) {
 	for _, n := range nodes {
 		count++
@@ -122,16 +152,6 @@ func Counts(nodes []NodeStatus, gen int64) (count, ready, failed int32) {
 		}
 	}
 	return count, ready, failed
-}
-
-// Entry returns the entry of node, if any.
-func (s Status) Entry(node string) (NodeStatus, bool) {
-	for _, n := range s.Nodes {
-		if n.Name == node {
-			return n, true
-		}
-	}
-	return NodeStatus{}, false
 }
 
 // FromUnstructured converts an object read with the dynamic client.
@@ -155,11 +175,61 @@ func ToUnstructured(p *PrefetchPolicy) (*unstructured.Unstructured, error) {
 	return &unstructured.Unstructured{Object: m}, nil
 }
 
+// NodeFromUnstructured converts a PrefetchPolicyNode read with the dynamic
+// client.
+func NodeFromUnstructured(u *unstructured.Unstructured) (*PrefetchPolicyNode, error) {
+	var n PrefetchPolicyNode
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.UnstructuredContent(), &n); err != nil {
+		return nil, fmt.Errorf("converting PrefetchPolicyNode %q: %w", u.GetName(), err)
+	}
+	return &n, nil
+}
+
+// Longest names the API server accepts: an object's (a DNS subdomain) and a
+// label value.
+const (
+	maxObjectName = 253
+	maxLabelValue = 63
+)
+
+// NodeObjectName is the name of node's PrefetchPolicyNode of policy:
+// "<policy>.<node>". When the policy's name has a dot, "<policy>.<node>"
+// could also be another pair's (policy "a.b" on node "c", policy "a" on node
+// "b.c"), so a hash of both names follows, after a dash; when the name would
+// be too long (253 bytes), its first bytes and the hash.
+func NodeObjectName(policy, node string) string {
+	full := policy + "." + node
+	if len(full) <= maxObjectName && !strings.Contains(policy, ".") {
+		return full
+	}
+	return hashCut(full, maxObjectName-hashLen-1, policy+"\x00"+node)
+}
+
+// LabelValue is name as a label value: itself, or, when too long for one
+// (63 bytes), its first bytes, a dash and a hash. Policy and node names are
+// DNS subdomains, whose characters label values allow.
+func LabelValue(name string) string {
+	if len(name) <= maxLabelValue {
+		return name
+	}
+	return hashCut(name, maxLabelValue-hashLen-1, name)
+}
+
+// hashLen is the length of the hash that hashCut appends.
+const hashLen = 16
+
+// hashCut returns s cut to n bytes, without a trailing dot or dash (names
+// and label values end in an alphanumeric), then a dash and a hash of key.
+func hashCut(s string, n int, key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return strings.TrimRight(s[:min(len(s), n)], ".-") + "-" + hex.EncodeToString(sum[:hashLen/2])
+}
+
 // maxFieldManager is the longest field manager name the API server accepts.
 const maxFieldManager = 128
 
 // FieldManager is the server-side apply field manager under which node's
-// agent writes its entry: "weightd-node-<node>", or, for a node name too long
+// agent writes its PrefetchPolicyNodes: "weightd-node-<node>", or, for a node name too long
 // for a field manager (128 bytes), its first bytes and a hash.
 func FieldManager(node string) string {
 	m := "weightd-node-" + node
@@ -171,8 +241,9 @@ func FieldManager(node string) string {
 	return m[:maxFieldManager-len(h)-1] + "-" + h
 }
 
-// SummaryFieldManager is the field manager of the status counts, shared by
-// every agent so that correcting them never conflicts.
+// SummaryFieldManager is the field manager of the policies' status counts,
+// shared by every agent so that a new leader takes them over without
+// conflict.
 const SummaryFieldManager = "weightd-policy-summary"
 
 // PinOwner is the cache pin owner of a policy's blobs.

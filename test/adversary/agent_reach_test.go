@@ -17,7 +17,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -36,8 +35,9 @@ import (
 )
 
 // Attack 7 of issue 21: a compromised agent uses what RBAC grants every
-// agent (patch any node, any pod, any policy status, create and patch any
-// Event) beyond what weightd writes. The deploy's admission policies confine
+// agent (patch any node, any pod, any policy status, write any
+// PrefetchPolicyNode, create and patch any Event) beyond what weightd
+// writes. The deploy's admission policies confine
 // it; each test acts as the agent of node n1 with a token bound to its pod,
 // as the kubelet mounts it, on a real API server.
 
@@ -48,14 +48,15 @@ const (
 
 // reachFixture is a real API server with the deploy's service account, RBAC
 // and admission policies applied, nodes n1 and n2 (tainted, labelled), pods
-// w1 on n1 and w2 on n2, a PrefetchPolicy with an entry of n2, and clients
-// of the agent of n1.
+// w1 on n1 and w2 on n2, a PrefetchPolicy with n2's PrefetchPolicyNode, and
+// clients of the agent of n1.
 type reachFixture struct {
-	env   *kubetest.Env
-	admin kubernetes.Interface
-	adyn  dynamic.Interface
-	agent kubernetes.Interface // n1's agent
-	dyn   dynamic.Interface    // n1's agent
+	env    *kubetest.Env
+	admin  kubernetes.Interface
+	adyn   dynamic.Interface
+	agent  kubernetes.Interface // n1's agent
+	dyn    dynamic.Interface    // n1's agent
+	policy *policy.PrefetchPolicy
 }
 
 var policiesGVR = schema.GroupVersionResource{Group: "weightd.io", Version: "v1alpha1", Resource: "prefetchpolicies"}
@@ -68,6 +69,8 @@ var (
 		"ServiceAccount":                   {Version: "v1", Resource: "serviceaccounts"},
 		"ClusterRole":                      {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterroles"},
 		"ClusterRoleBinding":               {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterrolebindings"},
+		"Role":                             {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "roles"},
+		"RoleBinding":                      {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "rolebindings"},
 		"ValidatingAdmissionPolicy":        {Group: "admissionregistration.k8s.io", Version: "v1", Resource: "validatingadmissionpolicies"},
 		"ValidatingAdmissionPolicyBinding": {Group: "admissionregistration.k8s.io", Version: "v1", Resource: "validatingadmissionpolicybindings"},
 	}
@@ -123,11 +126,15 @@ func newReachFixtureIn(t *testing.T, kcfg kubetest.Config) *reachFixture {
 		"metadata": map[string]any{"name": reachPolicy},
 		"spec":     map[string]any{"nodeSelector": map[string]any{}, "models": []any{"hf://org/model@main"}},
 	}}
-	if _, err := f.adyn.Resource(policiesGVR).Create(ctx, pp, metav1.CreateOptions{}); err != nil {
+	pp, err = f.adyn.Resource(policiesGVR).Create(ctx, pp, metav1.CreateOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	// n2's agent's entry, written as n2's agent writes it.
-	if _, err := f.adyn.Resource(policiesGVR).ApplyStatus(ctx, reachPolicy, statusEntry("n2", "Ready"),
+	if f.policy, err = policy.FromUnstructured(pp); err != nil {
+		t.Fatal(err)
+	}
+	// n2's agent's status, written as n2's agent writes it.
+	if _, err := f.adyn.Resource(policy.NodeGVR).Apply(ctx, policy.NodeObjectName(reachPolicy, "n2"), f.nodeStatus(t, "n2", "Ready"),
 		metav1.ApplyOptions{FieldManager: policy.FieldManager("n2"), Force: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -217,15 +224,18 @@ func refused(t *testing.T, what string, err error) {
 	t.Logf("%s: refused: %v", what, err)
 }
 
-func statusEntry(node, state string) *unstructured.Unstructured {
-	return &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": policy.APIVersion, "kind": policy.Kind,
-		"metadata": map[string]any{"name": reachPolicy},
-		"status": map[string]any{"nodes": []any{map[string]any{
-			"name": node, "state": state, "ready": []any{"hf://org/model@main"}, "bytes": int64(1),
-			"observedGeneration": int64(1), "updated": "2026-01-01T00:00:00Z",
-		}}},
-	}}
+// nodeStatus is node's PrefetchPolicyNode of the fixture's policy, as the
+// agent applies it.
+func (f *reachFixture) nodeStatus(t *testing.T, node, state string) *unstructured.Unstructured {
+	t.Helper()
+	u, err := policy.NodeStatusObject(f.policy, policy.NodeStatus{
+		Name: node, State: policy.NodeState(state), Ready: []string{"hf://org/model@main"}, ReadyCount: 1, Bytes: 1,
+		ObservedGeneration: 1, Updated: metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
 }
 
 // TestAgentSetsNodeRestrictionLabel: labels under
@@ -303,33 +313,52 @@ func TestAgentEditsPod(t *testing.T) {
 	}
 }
 
-// TestAgentWritesOtherNodesPolicyStatus: a PrefetchPolicy's status.nodes
-// holds one entry per node, each its agent's; one agent can neither write
-// nor remove another's.
+// TestAgentWritesOtherNodesPolicyStatus: each node's progress on a policy
+// is a PrefetchPolicyNode of its own, its agent's; one agent can neither
+// write nor delete another's, nor make one that claims another node, nor
+// write anything of a policy but the counts of its status.
 func TestAgentWritesOtherNodesPolicyStatus(t *testing.T) {
 	f := newReachFixture(t)
 	ctx := t.Context()
-	for _, manager := range []string{policy.FieldManager("n1"), policy.FieldManager("n2")} {
-		_, err := f.dyn.Resource(policiesGVR).ApplyStatus(ctx, reachPolicy, statusEntry("n2", "Failed"),
-			metav1.ApplyOptions{FieldManager: manager, Force: true})
-		refused(t, "n1's agent applying n2's entry as "+manager, err)
+	apply := func(u *unstructured.Unstructured, manager string) error {
+		_, err := f.dyn.Resource(policy.NodeGVR).Apply(ctx, u.GetName(), u, metav1.ApplyOptions{FieldManager: manager, Force: true})
+		return err
 	}
-	err := policy.RemoveEntry(ctx, f.dyn, reachPolicy, "n2")
-	refused(t, "n1's agent removing n2's entry", err)
-	merge := []byte(`{"status":{"nodes":[{"name":"n1","state":"Ready","bytes":1,"observedGeneration":1,"updated":"2026-01-01T00:00:00Z"}]}}`)
-	_, err = f.dyn.Resource(policiesGVR).Patch(ctx, reachPolicy, types.MergePatchType, merge, metav1.PatchOptions{}, "status")
-	refused(t, "n1's agent replacing status.nodes with a merge patch", err)
+	for _, manager := range []string{policy.FieldManager("n1"), policy.FieldManager("n2")} {
+		refused(t, "n1's agent applying n2's status as "+manager, apply(f.nodeStatus(t, "n2", "Failed"), manager))
+	}
+	// Its own object, claiming another node.
+	claims := f.nodeStatus(t, "n1", "Ready")
+	claims.Object["status"].(map[string]any)["name"] = "n2"
+	refused(t, "n1's agent applying its object with status.name n2", apply(claims, policy.FieldManager("n1")))
+	claims = f.nodeStatus(t, "n1", "Ready")
+	claims.SetLabels(map[string]string{policy.PolicyLabel: reachPolicy, policy.NodeLabel: "n2"})
+	refused(t, "n1's agent applying its object labelled as n2's", apply(claims, policy.FieldManager("n1")))
+	// Another node's name, claiming this node; its own, owned by another
+	// object.
+	claims = f.nodeStatus(t, "n1", "Ready")
+	claims.SetName(policy.NodeObjectName(reachPolicy, "n3"))
+	refused(t, "n1's agent creating n3's object", apply(claims, policy.FieldManager("n1")))
+	claims = f.nodeStatus(t, "n1", "Ready")
+	claims.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: "n1", UID: "x"}})
+	refused(t, "n1's agent applying its object owned by its Node", apply(claims, policy.FieldManager("n1")))
 
-	got, err := f.adyn.Resource(policiesGVR).Get(ctx, reachPolicy, metav1.GetOptions{})
+	err := policy.DeleteNodeStatus(ctx, f.dyn, reachPolicy, "n2")
+	refused(t, "n1's agent deleting n2's status", err)
+	merge := []byte(`{"status":{"state":"Failed"}}`)
+	_, err = f.dyn.Resource(policy.NodeGVR).Patch(ctx, policy.NodeObjectName(reachPolicy, "n2"), types.MergePatchType, merge, metav1.PatchOptions{})
+	refused(t, "n1's agent merge-patching n2's status", err)
+
+	got, err := f.adyn.Resource(policy.NodeGVR).Get(ctx, policy.NodeObjectName(reachPolicy, "n2"), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var pp policy.PrefetchPolicy
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(got.Object, &pp); err != nil {
+	n, err := policy.NodeFromUnstructured(got)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if e, ok := pp.Status.Entry("n2"); !ok || e.State != "Ready" {
-		t.Errorf("n2's entry after the attempts: %+v (present %v), want Ready", e, ok)
+	if n.Status.Name != "n2" || n.Status.State != policy.NodeReady || len(got.GetManagedFields()) != 1 {
+		t.Errorf("n2's status after the attempts: %+v, managed by %d, want Ready, by n2 alone", n.Status, len(got.GetManagedFields()))
 	}
 }
 
@@ -404,22 +433,46 @@ func TestAgentOwnWritesAllowed(t *testing.T) {
 			t.Errorf("patching pod w1 with %s: %v", patch, err)
 		}
 	}
-	// The policy controller: its own entry, the shared counts, and removing
-	// its entry.
-	if _, err := f.dyn.Resource(policiesGVR).ApplyStatus(ctx, reachPolicy, statusEntry("n1", "Fetching"),
-		metav1.ApplyOptions{FieldManager: policy.FieldManager("n1"), Force: true}); err != nil {
-		t.Errorf("applying its own policy entry: %v", err)
+	// The policy controller: its own status, applied twice, then deleted.
+	for _, state := range []string{"Fetching", "Ready"} {
+		if _, err := f.dyn.Resource(policy.NodeGVR).Apply(ctx, policy.NodeObjectName(reachPolicy, "n1"), f.nodeStatus(t, "n1", state),
+			metav1.ApplyOptions{FieldManager: policy.FieldManager("n1"), Force: true}); err != nil {
+			t.Errorf("applying its own status (%s): %v", state, err)
+		}
 	}
-	counts := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": policy.APIVersion, "kind": policy.Kind, "metadata": map[string]any{"name": reachPolicy},
-		"status": map[string]any{"nodeCount": int64(2), "readyNodes": int64(1), "failedNodes": int64(0)},
-	}}
-	if _, err := f.dyn.Resource(policiesGVR).ApplyStatus(ctx, reachPolicy, counts,
-		metav1.ApplyOptions{FieldManager: policy.SummaryFieldManager, Force: true}); err != nil {
-		t.Errorf("applying the policy's counts: %v", err)
+	if err := policy.DeleteNodeStatus(ctx, f.dyn, reachPolicy, "n1"); err != nil {
+		t.Errorf("deleting its own status: %v", err)
 	}
-	if err := policy.RemoveEntry(ctx, f.dyn, reachPolicy, "n1"); err != nil {
-		t.Errorf("removing its own policy entry: %v", err)
+	// The Summarizer: elected with its Lease, it counts n2's status into
+	// the policy's.
+	sctx, stopSummary := context.WithCancel(ctx)
+	summary, err := policy.NewSummarizer("n1", f.agent, f.dyn, policy.SummaryConfig{Interval: 100 * time.Millisecond, RetryPeriod: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	summarized := make(chan error, 1)
+	go func() { summarized <- summary.Run(sctx) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		pp, err := f.adyn.Resource(policiesGVR).Get(ctx, reachPolicy, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, _, _ := unstructured.NestedInt64(pp.Object, "status", "readyNodes"); n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the policy's counts as the agent's Summarizer writes them: status %v", pp.Object["status"])
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	lease, err := f.admin.CoordinationV1().Leases(reachNamespace).Get(ctx, policy.DefaultSummaryConfig().LeaseName, metav1.GetOptions{})
+	if err != nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity != "n1" {
+		t.Errorf("the Lease: %+v, %v; want held by n1", lease, err)
+	}
+	stopSummary()
+	if err := <-summarized; err != nil {
+		t.Error(err)
 	}
 	// Events through the agent's recorder (created, then patched as they
 	// repeat) on its node, on a pod of its node and on a policy.
@@ -498,7 +551,7 @@ func waitEvent(t *testing.T, cs kubernetes.Interface, namespace, selector string
 // write refused.
 func TestAgentPoliciesTypeCheck(t *testing.T) {
 	f := newReachFixtureIn(t, kubetest.Config{ControlPlane: true})
-	for _, name := range []string{"weightd-agent-own-node", "weightd-agent-policy-status", "weightd-agent-events"} {
+	for _, name := range []string{"weightd-agent-own-node", "weightd-agent-policy-status", "weightd-agent-policy-node", "weightd-agent-events"} {
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			vap, err := f.admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(t.Context(), name, metav1.GetOptions{})

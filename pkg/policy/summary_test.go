@@ -1,0 +1,183 @@
+package policy_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/weightd/weightd/internal/kubetest"
+	"github.com/weightd/weightd/pkg/policy"
+)
+
+// summarizer is a running Summarizer with its own metrics.
+type summarizer struct {
+	reg  *prometheus.Registry
+	stop func()
+}
+
+func startSummarizer(t *testing.T, kc kubernetes.Interface, dc dynamic.Interface, id, lease string) *summarizer {
+	t.Helper()
+	return startSummarizerWith(t, kc, dc, id, summaryConfig(lease, slog.New(slog.DiscardHandler), nil))
+}
+
+func startSummarizerWith(t *testing.T, kc kubernetes.Interface, dc dynamic.Interface, id string, cfg policy.SummaryConfig) *summarizer {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	cfg.Registerer = reg
+	s, err := policy.NewSummarizer(id, kc, dc, cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		assert.NoError(t, s.Run(ctx))
+	}()
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return &summarizer{reg: reg, stop: stop}
+}
+
+func (s *summarizer) leading(t *testing.T) bool {
+	return metricValue(t, s.reg, "weightd_policy_summary_leader") == 1
+}
+
+func (s *summarizer) writes(t *testing.T) float64 {
+	return metricValue(t, s.reg, "weightd_policy_summary_writes_total", "outcome", "ok")
+}
+
+// writeNode applies node's status of p as its agent does.
+func writeNode(t *testing.T, dc dynamic.Interface, p *policy.PrefetchPolicy, node string, state policy.NodeState) {
+	t.Helper()
+	obj, err := policy.NodeStatusObject(p, policy.NodeStatus{Name: node, State: state, ObservedGeneration: p.Generation, Updated: metav1.Now()})
+	require.NoError(t, err)
+	_, err = dc.Resource(policy.NodeGVR).Apply(t.Context(), obj.GetName(), obj, metav1.ApplyOptions{FieldManager: policy.FieldManager(node), Force: true})
+	require.NoError(t, err)
+}
+
+// TestSummarizerElection: of two Summarizers on one Lease, only the one
+// that holds it counts the nodes' objects into the policy's status; when it
+// stops, the other takes over. The objects are deleted with their policy
+// (the API server of this test runs the garbage collector).
+func TestSummarizerElection(t *testing.T) {
+	kubetest.Require(t)
+	e := kubetest.NewT(t, kubetest.Config{APIServerArgs: kubeConfig.APIServerArgs, ControlPlane: true})
+	kc, dc := kubernetes.NewForConfigOrDie(e.Config), dynamic.NewForConfigOrDie(e.Config)
+	require.NoError(t, policy.InstallCRD(t.Context(), dc))
+	require.NoError(t, e.EnsureNamespace(t.Context(), leaseNamespace))
+
+	name := uniq("summary")
+	p := createPolicy(t, dc, name, map[string]string{}, []string{"hf://org/m@main"}, nil)
+	writeNode(t, dc, p, "n1", policy.NodeReady)
+	writeNode(t, dc, p, "n2", policy.NodeFetching)
+	writeNode(t, dc, p, "n3", policy.NodeFailed)
+
+	s1 := startSummarizer(t, kc, dc, "n1", "election")
+	s2 := startSummarizer(t, kc, dc, "n2", "election")
+	counts := func(n, r, f int32) func(view) bool {
+		return func(v view) bool {
+			return v.Status.NodeCount == n && v.Status.ReadyNodes == r && v.Status.FailedNodes == f
+		}
+	}
+	eventually(t, dc, name, "3 nodes, 1 ready, 1 failed", counts(3, 1, 1))
+	leader, other := s1, s2
+	if s2.leading(t) {
+		leader, other = s2, s1
+	}
+	assert.True(t, leader.leading(t))
+	assert.False(t, other.leading(t), "one leader")
+	assert.Positive(t, leader.writes(t))
+	assert.Zero(t, other.writes(t), "only the leader writes the counts")
+
+	// A change is counted; a second apply of the same status is no change.
+	writeNode(t, dc, p, "n2", policy.NodeReady)
+	eventually(t, dc, name, "2 ready", counts(3, 2, 1))
+	assert.Zero(t, other.writes(t))
+
+	// The leader stops (and gives the Lease up): the other takes over.
+	leader.stop()
+	writeNode(t, dc, p, "n3", policy.NodeReady)
+	eventually(t, dc, name, "3 ready, counted by the new leader", counts(3, 3, 0))
+	assert.True(t, other.leading(t))
+	assert.Positive(t, other.writes(t))
+
+	// A node's object deleted: counted out.
+	require.NoError(t, policy.DeleteNodeStatus(t.Context(), dc, name, "n1"))
+	eventually(t, dc, name, "2 nodes", counts(2, 2, 0))
+
+	// The policy deleted: the garbage collector deletes its nodes' objects.
+	require.NoError(t, dc.Resource(policy.GVR).Delete(t.Context(), name, metav1.DeleteOptions{}))
+	require.Eventually(t, func() bool {
+		list, err := dc.Resource(policy.NodeGVR).List(t.Context(), metav1.ListOptions{LabelSelector: policy.PolicyLabel + "=" + name})
+		require.NoError(t, err)
+		return len(list.Items) == 0
+	}, time.Minute, 100*time.Millisecond, "the nodes' objects garbage-collected")
+	_, err := dc.Resource(policy.NodeGVR).Get(t.Context(), policy.NodeObjectName(name, "n2"), metav1.GetOptions{})
+	assert.True(t, apierrors.IsNotFound(err), "%v", err)
+}
+
+// cutOff is a RoundTripper that fails every request once cut, as a node
+// cut off from the API server sees it.
+type cutOff struct {
+	cut  atomic.Bool
+	next http.RoundTripper
+}
+
+func (c *cutOff) RoundTrip(r *http.Request) (*http.Response, error) {
+	if c.cut.Load() {
+		return nil, errors.New("cut off from the API server")
+	}
+	return c.next.RoundTrip(r)
+}
+
+// TestSummarizerLeaderCutOff: a leader that can no longer reach the API
+// server cannot renew, nor give the Lease up; once the Lease expires
+// another Summarizer takes over and counts.
+func TestSummarizerLeaderCutOff(t *testing.T) {
+	kubetest.Require(t)
+	e := kubetest.NewT(t, kubeConfig)
+	dc := dynamic.NewForConfigOrDie(e.Config)
+	require.NoError(t, policy.InstallCRD(t.Context(), dc))
+	require.NoError(t, e.EnsureNamespace(t.Context(), leaseNamespace))
+	name := uniq("cutoff")
+	p := createPolicy(t, dc, name, map[string]string{}, []string{"hf://org/m@main"}, nil)
+	writeNode(t, dc, p, "n1", policy.NodeFetching)
+
+	// Short timings, so that the Lease expires soon after the cut.
+	cfg := summaryConfig("cutoff", slog.New(slog.DiscardHandler), nil)
+	cfg.LeaseDuration, cfg.RenewDeadline, cfg.RetryPeriod = 4*time.Second, 3*time.Second, 500*time.Millisecond
+	links := []*cutOff{{}, {}}
+	var ss []*summarizer
+	for i, link := range links {
+		rc := rest.CopyConfig(e.Config)
+		rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { link.next = rt; return link })
+		ss = append(ss, startSummarizerWith(t, kubernetes.NewForConfigOrDie(rc), dynamic.NewForConfigOrDie(rc), fmt.Sprintf("n%d", i+1), cfg))
+	}
+	eventually(t, dc, name, "1 node counted", func(v view) bool { return v.Status.NodeCount == 1 })
+	leader := slices.IndexFunc(ss, func(s *summarizer) bool { return s.leading(t) })
+	require.GreaterOrEqual(t, leader, 0, "a leader")
+	other := ss[1-leader]
+
+	links[leader].cut.Store(true)
+	require.Eventually(t, func() bool { return other.leading(t) }, time.Minute, 100*time.Millisecond, "the other elected")
+	writeNode(t, dc, p, "n1", policy.NodeReady)
+	eventually(t, dc, name, "ready, counted by the new leader", func(v view) bool { return v.Status.ReadyNodes == 1 })
+	assert.Positive(t, other.writes(t))
+	require.Eventually(t, func() bool { return !ss[leader].leading(t) }, time.Minute, 100*time.Millisecond, "the cut-off leader steps down")
+}
