@@ -44,6 +44,7 @@ type line struct {
 	TimeRatioP99        float64 `json:"time_ratio_p99"`
 	TimeRatioMax        float64 `json:"time_ratio_max"`
 	OriginRatio         float64 `json:"origin_ratio"`
+	OriginDoneRatio     float64 `json:"origin_done_ratio"`
 	RelayedBytesPerNode float64 `json:"relayed_bytes_per_node"`
 	SchedCPUSPerNode    float64 `json:"sched_cpu_s_per_node"`
 	StateBytesPerNodeS  float64 `json:"state_bytes_per_node_s"`
@@ -80,7 +81,7 @@ func main() {
 			out := line{Bench: "swarm-sim", Nodes: n, SizeBytes: cfg.Size, ChunkBytes: cfg.ChunkSize, LinkMbit: *linkMbit,
 				Faults: *faults, RefreshMs: max(*refresh, 50*time.Millisecond).Milliseconds(),
 				TimeRatioP50: r.TimeRatioP50, TimeRatioP99: r.TimeRatioP99, TimeRatioMax: r.TimeRatioMax,
-				OriginRatio: r.OriginRatio, RelayedBytesPerNode: r.RelayedBytesPerNode, SchedCPUSPerNode: r.SchedCPUPerNode,
+				OriginRatio: r.OriginRatio, OriginDoneRatio: r.OriginDoneRatio, RelayedBytesPerNode: r.RelayedBytesPerNode, SchedCPUSPerNode: r.SchedCPUPerNode,
 				StateBytesPerNodeS: r.StateBytesPerNodeS, StateReadsPerNodeS: r.StateReadsPerNodeS,
 				Finished: r.Finished, Killed: r.Killed, BannedLiar: r.BannedLiar, RunS: time.Since(start).Seconds()}
 			if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {

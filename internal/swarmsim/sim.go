@@ -61,14 +61,16 @@ type Config struct {
 }
 
 // Result is what a simulation measured. Times are over the nodes that
-// finished, each from its own start; killed nodes are left out.
+// finished, each from its own start and over its own link's S/B; killed
+// nodes are left out.
 type Result struct {
 	Nodes, Finished, Killed int
-	LimitS                  float64 // S/B
+	LimitS                  float64 // S/B of a link of Config.Link
 	TimeRatioP50            float64 // T/(S/B)
 	TimeRatioP99            float64
 	TimeRatioMax            float64
 	OriginRatio             float64 // origin bytes / S
+	OriginDoneRatio         float64 // when the origin sent its last byte, over S/B
 	RelayedBytesPerNode     float64 // bytes a node sent to peers, on average
 	SchedCPUPerNode         float64 // seconds in the decision code per node
 	StateBytesPerNodeS      float64 // state-read bytes (both ways) per node per second of its fill
@@ -215,25 +217,26 @@ func (e *events) Pop() any {
 }
 
 type sim struct {
-	cfg     Config
-	rng     *rand.Rand
-	desc    content.Descriptor
-	chunks  int
-	now     time.Duration
-	epoch   time.Time
-	nodes   []*node
-	byName  map[string]*node
-	flows   []*flow
-	queue   events
-	seq     int
-	origin  float64    // bytes the origin sent
-	members []p2p.Peer // visible members, twice over: node i's others are a window of it
-	place   map[string]int
-	holders []p2p.Holder
-	step    time.Duration
-	gossip  func() time.Duration
-	links   []link // per node its uplink (2i) and downlink (2i+1), then the origin's
-	heap    linkHeap
+	cfg        Config
+	rng        *rand.Rand
+	desc       content.Descriptor
+	chunks     int
+	now        time.Duration
+	epoch      time.Time
+	nodes      []*node
+	byName     map[string]*node
+	flows      []*flow
+	queue      events
+	seq        int
+	origin     float64       // bytes the origin sent
+	originLast time.Duration // when it last sent a byte
+	members    []p2p.Peer    // visible members, twice over: node i's others are a window of it
+	place      map[string]int
+	holders    []p2p.Holder
+	step       time.Duration
+	gossip     func() time.Duration
+	links      []link // per node its uplink (2i) and downlink (2i+1), then the origin's
+	heap       linkHeap
 }
 
 func (s *sim) at(d time.Duration, do func()) {
@@ -715,6 +718,7 @@ func (s *sim) transfer() {
 		}
 		if f.from == nil {
 			s.origin += f.got - was
+			s.originLast = s.now
 		}
 		if f.got >= f.size {
 			finished = append(finished, f)
@@ -884,7 +888,9 @@ func (s *sim) result(limit float64) (Result, error) {
 			continue
 		}
 		r.Finished++
-		ratios = append(ratios, n.done.Seconds()/limit)
+		// Over the node's own S/B: a node of the slow tail cannot beat
+		// its link.
+		ratios = append(ratios, n.done.Seconds()/limit*math.Min(n.up, n.down)/s.cfg.Link)
 		stateBytes += float64(n.stateBytes)
 		stateReads += float64(n.stateReads)
 		fillS += n.done.Seconds()
@@ -897,6 +903,7 @@ func (s *sim) result(limit float64) (Result, error) {
 	r.TimeRatioP99 = quantile(ratios, 0.99)
 	r.TimeRatioMax = ratios[len(ratios)-1]
 	r.OriginRatio = s.origin / float64(s.cfg.Size)
+	r.OriginDoneRatio = s.originLast.Seconds() / limit
 	r.RelayedBytesPerNode = relayed / float64(r.Nodes)
 	r.SchedCPUPerNode = cpu / float64(r.Nodes)
 	r.StateBytesPerNodeS = stateBytes / fillS
