@@ -24,6 +24,7 @@ import (
 	"flag"
 	"log"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -63,12 +64,24 @@ func main() {
 	originMbit := flag.Float64("origin-mbit", 0, "the origin's uplink in Mbit/s (default: -link-mbit)")
 	faults := flag.Bool("faults", true, "a 10% slow tail at ¼ speed, 5% of nodes killed mid-fill, 10% starting late, one lying peer")
 	refresh := flag.Duration("refresh", 0, "SwarmConfig.Refresh, the least time between two state reads of one holder (default 50ms)")
+	step := flag.Duration("step", 0, "the network's time step (default Refresh/2, at most 25ms)")
 	seed := flag.Uint64("seed", 1, "random seed")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the runs to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	for _, n := range ints(*nodes) {
 		for _, mib := range ints(*sizes) {
 			cfg := swarmsim.Config{Nodes: n, Size: int64(mib) << 20, ChunkSize: *chunkMiB << 20,
-				Link: *linkMbit * 1e6 / 8, OriginLink: *originMbit * 1e6 / 8, Seed: *seed,
+				Link: *linkMbit * 1e6 / 8, OriginLink: *originMbit * 1e6 / 8, Seed: *seed, Step: *step,
 				Swarm: p2p.SwarmConfig{Refresh: *refresh}}
 			if *faults {
 				cfg.SlowFraction, cfg.KillFraction, cfg.LateFraction, cfg.Liars = 0.1, 0.05, 0.1, 1
@@ -76,7 +89,8 @@ func main() {
 			start := time.Now()
 			r, err := swarmsim.Run(cfg)
 			if err != nil {
-				log.Fatal(err)
+				log.Print(err)
+				return
 			}
 			out := line{Bench: "swarm-sim", Nodes: n, SizeBytes: cfg.Size, ChunkBytes: cfg.ChunkSize, LinkMbit: *linkMbit,
 				Faults: *faults, RefreshMs: max(*refresh, 50*time.Millisecond).Milliseconds(),
@@ -85,7 +99,8 @@ func main() {
 				StateBytesPerNodeS: r.StateBytesPerNodeS, StateReadsPerNodeS: r.StateReadsPerNodeS,
 				Finished: r.Finished, Killed: r.Killed, BannedLiar: r.BannedLiar, RunS: time.Since(start).Seconds()}
 			if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
-				log.Fatal(err)
+				log.Print(err)
+				return
 			}
 		}
 	}

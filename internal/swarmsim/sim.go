@@ -56,6 +56,7 @@ type Config struct {
 	LateWindow     float64       // default 0.5
 	Liars          int           // nodes whose chunks never match
 	MaxUploads     int           // a chunk server's uploads at once (default 6, the agent's)
+	Step           time.Duration // the network's time step (default the fill loop's tick, Refresh/2, at most 25 ms)
 	Swarm          p2p.SwarmConfig
 	Seed           uint64
 }
@@ -106,6 +107,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Swarm.Refresh <= 0 {
 		c.Swarm.Refresh = 50 * time.Millisecond
+	}
+	if c.Step <= 0 {
+		c.Step = min(c.Swarm.Refresh/2, 25*time.Millisecond)
 	}
 	return c
 }
@@ -163,8 +167,10 @@ type node struct {
 	stateReads         int64
 	relayed            int64
 	missingBuf         []int
-	visible            bool // members see it
-	ban                bool // it banned a liar
+	visible            bool          // members see it
+	ban                bool          // it banned a liar
+	woke               bool          // a result or state came since its loop last ran
+	ran                time.Duration // when its loop last ran
 }
 
 // stateKey is what a chunk server compares to the requester's word to
@@ -255,7 +261,7 @@ func Run(cfg Config) (Result, error) {
 		return Result{}, fmt.Errorf("swarmsim: %d nodes, a blob of %d bytes in chunks of %d", cfg.Nodes, cfg.Size, cfg.ChunkSize)
 	}
 	s := &sim{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 1)), byName: map[string]*node{},
-		epoch: time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC), step: cfg.Swarm.Refresh / 2}
+		epoch: time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC), step: cfg.Step}
 	s.desc = content.Descriptor{Digest: digest.FromString("swarmsim " + strconv.FormatUint(cfg.Seed, 10)), Size: cfg.Size}
 	s.chunks = int((cfg.Size + cfg.ChunkSize - 1) / cfg.ChunkSize)
 	// memberlist spreads an event to GossipNodes (3) others every
@@ -319,8 +325,11 @@ func Run(cfg Config) (Result, error) {
 		if s.allDone() {
 			break
 		}
+		// A fill's loop runs at each result or state it gets, and at its
+		// tick, Refresh/2.
 		for _, n := range s.nodes {
-			if n.started && !n.dead && n.done == 0 {
+			if n.started && !n.dead && n.done == 0 && (n.woke || s.now-n.ran >= cfg.Swarm.Refresh/2) {
+				n.woke, n.ran = false, s.now
 				s.plan(n)
 			}
 			n.refreshKey(s.desc.Digest)
@@ -485,6 +494,7 @@ func (s *sim) stateRead(n, h *node, st *p2p.PeerState, err error) {
 	if st != nil {
 		ps = *st
 	}
+	n.woke = true
 	t0 := threadCPU()
 	n.plan.StateRead(h.name, ps, err)
 	n.cpu += threadCPU() - t0
@@ -678,6 +688,7 @@ func (s *sim) done(n *node, r p2p.PlanRequest, took time.Duration, err error) {
 	if errors.Is(err, content.ErrDigestMismatch) {
 		n.ban = true
 	}
+	n.woke = true
 	t0 := threadCPU()
 	if e := n.plan.Done(r, took, err); e != nil {
 		panic(fmt.Sprintf("swarmsim: %s gave up: %v", n.name, e)) // only a permanent origin error does, and the origin never fails

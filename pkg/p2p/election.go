@@ -70,11 +70,13 @@ func (f *plan) decideOrigin() {
 		}
 		names = append(names, name)
 	}
-	order := rendezvous(f.d, names)
+	// Ranking costs a hash per name and a sort at every pass of the loop:
+	// it is done only where it decides (docs/swarm-tuning.md).
 	if f.originRole {
 		// Two nodes took the role (a slow gossip, a partition that healed):
 		// the one ranked lower yields, so the origin serves one copy.
 		if len(fetchers) >= f.s.cfg.OriginFetchers {
+			order := rendezvous(f.d, names)
 			mine := slices.Index(order, f.s.dir.LocalName())
 			above := 0
 			for _, p := range fetchers {
@@ -93,7 +95,7 @@ func (f *plan) decideOrigin() {
 	if len(fetchers) >= f.s.cfg.OriginFetchers {
 		return
 	}
-	rank := slices.Index(order, f.s.dir.LocalName())
+	rank := slices.Index(rendezvous(f.d, names), f.s.dir.LocalName())
 	members := f.s.dir.Members()
 	alone := len(members) == 0 && len(f.peers) == 0
 	turn := f.s.cfg.Settle * time.Duration(1+max(0, rank-(f.s.cfg.OriginFetchers-1)))
