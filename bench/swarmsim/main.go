@@ -53,6 +53,9 @@ type line struct {
 	Finished            int     `json:"finished"`
 	Killed              int     `json:"killed"`
 	BannedLiar          int     `json:"banned_liar"`
+	Fetchers            int     `json:"origin_fetchers"`
+	SlowFetchers        int     `json:"slow_fetchers"`
+	KilledFetchers      int     `json:"killed_fetchers"`
 	RunS                float64 `json:"run_s"`
 }
 
@@ -97,7 +100,7 @@ func main() {
 				TimeRatioP50: r.TimeRatioP50, TimeRatioP99: r.TimeRatioP99, TimeRatioMax: r.TimeRatioMax,
 				OriginRatio: r.OriginRatio, OriginDoneRatio: r.OriginDoneRatio, RelayedBytesPerNode: r.RelayedBytesPerNode, SchedCPUSPerNode: r.SchedCPUPerNode,
 				StateBytesPerNodeS: r.StateBytesPerNodeS, StateReadsPerNodeS: r.StateReadsPerNodeS,
-				Finished: r.Finished, Killed: r.Killed, BannedLiar: r.BannedLiar, RunS: time.Since(start).Seconds()}
+				Finished: r.Finished, Killed: r.Killed, BannedLiar: r.BannedLiar, Fetchers: r.Fetchers, SlowFetchers: r.SlowFetchers, KilledFetchers: r.KilledFetchers, RunS: time.Since(start).Seconds()}
 			if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
 				log.Print(err)
 				return

@@ -78,6 +78,9 @@ type Result struct {
 	StateReadsPerNodeS      float64
 	SimulatedS              float64
 	BannedLiar              int // nodes that banned a liar
+	// Origin fetchers: nodes that got a tenth of the blob or more from
+	// the origin, and how many of them were slow or killed.
+	Fetchers, SlowFetchers, KilledFetchers int
 }
 
 func (c Config) withDefaults() Config {
@@ -169,6 +172,7 @@ type node struct {
 	missingBuf         []int
 	visible            bool          // members see it
 	ban                bool          // it banned a liar
+	fromOrigin         float64       // bytes it got from the origin
 	woke               bool          // a result or state came since its loop last ran
 	ran                time.Duration // when its loop last ran
 }
@@ -730,6 +734,7 @@ func (s *sim) transfer() {
 		if f.from == nil {
 			s.origin += f.got - was
 			s.originLast = s.now
+			f.to.fromOrigin += f.got - was
 		}
 		if f.got >= f.size {
 			finished = append(finished, f)
@@ -890,6 +895,15 @@ func (s *sim) result(limit float64) (Result, error) {
 		cpu += n.cpu.Seconds()
 		if n.ban {
 			r.BannedLiar++
+		}
+		if n.fromOrigin >= float64(s.cfg.Size)/10 {
+			r.Fetchers++
+			if n.up < s.cfg.Link {
+				r.SlowFetchers++
+			}
+			if n.dead {
+				r.KilledFetchers++
+			}
 		}
 		if n.dead {
 			r.Killed++
