@@ -56,6 +56,7 @@ type line struct {
 	Fetchers            int     `json:"origin_fetchers"`
 	SlowFetchers        int     `json:"slow_fetchers"`
 	KilledFetchers      int     `json:"killed_fetchers"`
+	LyingFetchers       int     `json:"lying_fetchers"`
 	RunS                float64 `json:"run_s"`
 }
 
@@ -100,7 +101,7 @@ func main() {
 				TimeRatioP50: r.TimeRatioP50, TimeRatioP99: r.TimeRatioP99, TimeRatioMax: r.TimeRatioMax,
 				OriginRatio: r.OriginRatio, OriginDoneRatio: r.OriginDoneRatio, RelayedBytesPerNode: r.RelayedBytesPerNode, SchedCPUSPerNode: r.SchedCPUPerNode,
 				StateBytesPerNodeS: r.StateBytesPerNodeS, StateReadsPerNodeS: r.StateReadsPerNodeS,
-				Finished: r.Finished, Killed: r.Killed, BannedLiar: r.BannedLiar, Fetchers: r.Fetchers, SlowFetchers: r.SlowFetchers, KilledFetchers: r.KilledFetchers, RunS: time.Since(start).Seconds()}
+				Finished: r.Finished, Killed: r.Killed, BannedLiar: r.BannedLiar, Fetchers: r.Fetchers, SlowFetchers: r.SlowFetchers, KilledFetchers: r.KilledFetchers, LyingFetchers: r.LyingFetchers, RunS: time.Since(start).Seconds()}
 			if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
 				log.Print(err)
 				return

@@ -79,8 +79,8 @@ type Result struct {
 	SimulatedS              float64
 	BannedLiar              int // nodes that banned a liar
 	// Origin fetchers: nodes that got a tenth of the blob or more from
-	// the origin, and how many of them were slow or killed.
-	Fetchers, SlowFetchers, KilledFetchers int
+	// the origin, and how many of them were slow, killed or lying.
+	Fetchers, SlowFetchers, KilledFetchers, LyingFetchers int
 }
 
 func (c Config) withDefaults() Config {
@@ -903,6 +903,9 @@ func (s *sim) result(limit float64) (Result, error) {
 			}
 			if n.dead {
 				r.KilledFetchers++
+			}
+			if n.liar {
+				r.LyingFetchers++
 			}
 		}
 		if n.dead {
