@@ -287,14 +287,15 @@ func Run(cfg Config) (Result, error) {
 		s.nodes = append(s.nodes, n)
 		s.byName[n.name] = n
 	}
-	// Roles by a random permutation: the slow tail, the killed, the late,
-	// the liars, each drawn from its own part (a killed node may be slow).
+	// Roles by places in a random permutation: the slow tail first, then
+	// the killed (half of them from the slow tail), the liars, and the
+	// late from the end.
 	for k, i := range perm {
 		n := s.nodes[i]
 		if k < nSlow {
 			n.up, n.down = cfg.Link*cfg.SlowFactor, cfg.Link*cfg.SlowFactor
 		}
-		if j := (k + nSlow/2) % cfg.Nodes; j < nKill {
+		if k >= nSlow/2 && k < nSlow/2+nKill {
 			n.killAt = max(1, int(float64(s.chunks)*(0.2+0.6*s.rng.Float64())))
 		}
 		if k >= cfg.Nodes-nLate {
