@@ -53,7 +53,7 @@ func mix64(x uint64) uint64 {
 // turn), and no peer already fetches it from the origin or holds it whole.
 // A node among the first of all live members takes it at once: no node can
 // rank above it, so waiting for gossip to settle would only delay the swarm.
-func (f *fill) decideOrigin() {
+func (f *plan) decideOrigin() {
 	fetchers, unknown, names := []string(nil), 0, []string{f.s.dir.LocalName()}
 	for name, pv := range f.peers {
 		if f.s.Banned(name) {
@@ -70,11 +70,13 @@ func (f *fill) decideOrigin() {
 		}
 		names = append(names, name)
 	}
-	order := f.electionOrder(names)
+	// Ranking costs a hash per name and a sort at every pass of the loop:
+	// it is done only where it decides (docs/swarm-tuning.md).
 	if f.originRole {
 		// Two nodes took the role (a slow gossip, a partition that healed):
 		// the one ranked lower yields, so the origin serves one copy.
 		if len(fetchers) >= f.s.cfg.OriginFetchers {
+			order := f.electionOrder(names)
 			mine := slices.Index(order, f.s.dir.LocalName())
 			above := 0
 			for _, p := range fetchers {
@@ -93,7 +95,7 @@ func (f *fill) decideOrigin() {
 	if len(fetchers) >= f.s.cfg.OriginFetchers {
 		return
 	}
-	rank := slices.Index(order, f.s.dir.LocalName())
+	rank := slices.Index(f.electionOrder(names), f.s.dir.LocalName())
 	members := f.s.dir.Members()
 	alone := len(members) == 0 && len(f.peers) == 0
 	turn := f.s.cfg.Settle * time.Duration(1+max(0, rank-(f.s.cfg.OriginFetchers-1)))
@@ -117,7 +119,7 @@ func (f *fill) decideOrigin() {
 
 // withMembers is this node's name followed by the names of members (the
 // other live members).
-func (f *fill) withMembers(members []Peer) []string {
+func (f *plan) withMembers(members []Peer) []string {
 	names := []string{f.s.dir.LocalName()}
 	for _, m := range members {
 		names = append(names, m.Name)
@@ -128,7 +130,7 @@ func (f *fill) withMembers(members []Peer) []string {
 // release ends the fill's hold on the origin role. Peers keep seeing the
 // role for OriginLinger, until the blob is committed and its state says
 // complete.
-func (f *fill) release() {
+func (f *plan) release() {
 	if f.originRole {
 		f.s.setOrigin(f.d, false)
 	}
@@ -138,7 +140,7 @@ func (f *fill) release() {
 // that has just taken the role waits a quarter of Settle first, for word of
 // any node ranked above it that took the role at the same moment (it then
 // yields before the origin sends it a byte), unless none can rank above it.
-func (f *fill) useOrigin() bool {
+func (f *plan) useOrigin() bool {
 	now := f.s.cfg.Now()
 	return f.originRole && f.originInflight < min(f.s.cfg.OriginInFlight, f.maxInFlight) &&
 		now.After(f.originPause) && (f.originAtOnce || now.Sub(f.originSince) >= f.s.cfg.Settle/4)
@@ -152,7 +154,7 @@ func (f *fill) useOrigin() bool {
 // every chunk it fetches, carries only its share: one fetcher alone would
 // have to upload as fast as the origin sends, and the swarm would lag it
 // by whatever it lost.
-func (f *fill) originShare() (share int, fetchers []string) {
+func (f *plan) originShare() (share int, fetchers []string) {
 	local := f.s.dir.LocalName()
 	fetching, candidates := []string{local}, []string{local}
 	for name, pv := range f.peers {
@@ -193,7 +195,7 @@ func (f *fill) originShare() (share int, fetchers []string) {
 // The owner works from the front of its share and the helper from the
 // back, each skipping what the other says it fetches, so they meet without
 // fetching a chunk twice.
-func (f *fill) nextFromOrigin(missing []int) int {
+func (f *plan) nextFromOrigin(missing []int) int {
 	share, fetchers := f.originShare()
 	// It helps only fetchers it follows: it sees what they have and fetch.
 	followed := make([]bool, len(fetchers))
@@ -245,7 +247,7 @@ func (f *fill) nextFromOrigin(missing []int) int {
 // stateLag bounds how long word of a request takes from one origin
 // fetcher to another and back: each reads the other's state at most once
 // per Refresh, and a server looks for news every statePoll.
-func (f *fill) stateLag() time.Duration {
+func (f *plan) stateLag() time.Duration {
 	return 2 * (f.s.cfg.Refresh + statePoll)
 }
 
@@ -259,7 +261,7 @@ const fetcherPeerRequests = 4
 // mayAskPeers reports whether another request may go to a peer, total
 // being the requests in flight: not while this node is an origin fetcher
 // with origin work left and fetcherPeerRequests already out to peers.
-func (f *fill) mayAskPeers(total int, missing []int) bool {
+func (f *plan) mayAskPeers(total int, missing []int) bool {
 	if !f.originRole || total-f.originInflight < fetcherPeerRequests {
 		return true
 	}
@@ -279,7 +281,7 @@ const (
 // originFailed books a failed origin request. A slow answer (some bytes,
 // then a stall) is not a failure: the origin answers, its link is
 // busy. Other failures back off, doubling up to originMaxPause.
-func (f *fill) originFailed(r chunkResult) error {
+func (f *plan) originFailed(r chunkResult) error {
 	if errors.Is(r.err, content.ErrPermanent) {
 		return fmt.Errorf("origin: %w", r.err)
 	}

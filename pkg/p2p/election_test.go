@@ -142,7 +142,7 @@ func TestFirstRankedMemberTakesTheOriginRoleAtOnce(t *testing.T) {
 	for i := range 8 {
 		d := descOf(randomBlob(uint64(30+i), testChunk)).Digest
 		rank := slices.Index(rendezvous(d, names), "me")
-		f := &fill{s: s, d: d, start: time.Now(), peers: map[string]*peerView{}, maxInFlight: 8}
+		f := &plan{s: s, d: d, start: time.Now(), peers: map[string]*peerView{}, maxInFlight: 8}
 		f.decideOrigin()
 		require.Equal(t, rank < s.cfg.OriginFetchers, f.originRole, "rank %d of %d", rank, len(names))
 		require.Equal(t, f.originRole, f.useOrigin(), "rank %d: no node can rank above it, nothing to wait for", rank)
@@ -160,7 +160,7 @@ func TestOriginFetchersMeetFromOppositeEnds(t *testing.T) {
 	d := descOf(randomBlob(40, testChunk)).Digest
 	other := &peerView{name: "other", known: true,
 		state: PeerState{ChunkState: cache.ChunkState{Size: 8 * testChunk, ChunkSize: testChunk, Have: []byte{0}}, Origin: true}}
-	f := &fill{s: s, d: d, inflight: map[int]int{}, peers: map[string]*peerView{"other": other}, originRole: true}
+	f := &plan{s: s, d: d, inflight: map[int]int{}, peers: map[string]*peerView{"other": other}, originRole: true}
 	share, fetchers := f.originShare()
 	require.Len(t, fetchers, 2)
 	var mine, theirs []int
@@ -195,7 +195,7 @@ func TestOriginFetcherBoundsItsPeerRequests(t *testing.T) {
 	require.NoError(t, err)
 	other := &peerView{name: "other", known: true, inflight: fetcherPeerRequests,
 		state: PeerState{ChunkState: cache.ChunkState{Size: 4 * testChunk, ChunkSize: testChunk, Have: []byte{0b0001}}}}
-	f := &fill{s: s, inflight: map[int]int{}, peers: map[string]*peerView{"other": other}}
+	f := &plan{s: s, inflight: map[int]int{}, peers: map[string]*peerView{"other": other}}
 	missing := []int{0, 1, 2, 3}
 
 	require.True(t, f.mayAskPeers(fetcherPeerRequests, missing), "not an origin fetcher")
@@ -219,13 +219,13 @@ func TestOriginRoleOutlivesAnEarlierFillsLinger(t *testing.T) {
 	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{OriginLinger: time.Minute, Now: func() time.Time { return now }}, nil, nil)
 	require.NoError(t, err)
 	d := descOf(randomBlob(40, testChunk)).Digest
-	first := &fill{s: s, d: d, start: now, peers: map[string]*peerView{}, maxInFlight: 8}
+	first := &plan{s: s, d: d, start: now, peers: map[string]*peerView{}, maxInFlight: 8}
 	first.decideOrigin()
 	require.True(t, first.originRole, "alone, it fetches from the origin")
 	first.release() // failed: the download is retried
 	now = now.Add(59 * time.Second)
 	require.True(t, s.FetchesFromOrigin(d), "lingering")
-	retry := &fill{s: s, d: d, start: now, peers: map[string]*peerView{}, maxInFlight: 8}
+	retry := &plan{s: s, d: d, start: now, peers: map[string]*peerView{}, maxInFlight: 8}
 	retry.decideOrigin()
 	require.True(t, retry.originRole)
 	now = now.Add(time.Hour)
@@ -270,7 +270,7 @@ func TestOriginTurnByRank(t *testing.T) {
 		{4, 0, false}, {4, time.Hour, true},
 	} {
 		now = start.Add(c.elapsed)
-		f := &fill{s: s, d: ranked[c.rank], start: start, peers: map[string]*peerView{}, maxInFlight: 8}
+		f := &plan{s: s, d: ranked[c.rank], start: start, peers: map[string]*peerView{}, maxInFlight: 8}
 		f.decideOrigin()
 		require.Equal(t, c.takes, f.originRole, "rank %d after %v", c.rank, c.elapsed)
 		f.release()

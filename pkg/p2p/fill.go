@@ -47,13 +47,17 @@ type stateResult struct {
 	err   error
 }
 
-// fill is one blob's download through the swarm.
-type fill struct {
-	s      *Swarm
-	p      *cache.Partial
-	origin content.RangeOpener
-	d      digest.Digest
-	start  time.Time
+// plan is one blob's swarm decisions: what it knows of each holder, the
+// requests in flight, the origin role, on the swarm's clock. It does no
+// I/O: a fill carries out its requests and state reads, and a simulation
+// (Planner) can drive the same decisions over a simulated network.
+type plan struct {
+	s         *Swarm
+	d         digest.Digest
+	desc      content.Descriptor
+	chunkSize int64
+	chunks    int
+	start     time.Time
 
 	want           *atomic.Int64 // the byte a reader waits on (-1 none): its chunks go first
 	maxInFlight    int           // requests in flight, bounded by the chunk buffers they need
@@ -61,9 +65,7 @@ type fill struct {
 	absent         map[string]time.Time // members that had none of the blob when asked, and when
 	probedAt       time.Time            // when the first-ranked members were last looked for
 	inflight       map[int]int          // chunk → requests in flight
-	supplierMu     sync.Mutex
-	supplier       map[int]string // chunk → the peer it came from ("" origin); written by request goroutines
-	asked          map[int]string // chunk → the peer first asked for it (endgame duplicates go elsewhere)
+	asked          map[int]string       // chunk → the peer first asked for it (endgame duplicates go elsewhere)
 	originRole     bool
 	originSince    time.Time // when this node took the origin role
 	originAtOnce   bool      // it took the role without waiting: alone, or among the first of all members
@@ -73,12 +75,39 @@ type fill struct {
 	originPause    time.Time
 	chunkTime      time.Duration // recent time to fetch one chunk (moving average)
 	originTime     time.Duration // recent time to fetch one chunk from the origin (moving average)
-	wg             sync.WaitGroup
-	results        chan chunkResult
-	states         chan stateResult
-	hashQueries    chan hashQuery
-	hashWaits      []hashQuery // queries not answered yet
 	zone           zoneView
+}
+
+// newPlan starts the decisions for a blob of desc in chunks of chunkSize.
+func (s *Swarm) newPlan(desc content.Descriptor, chunkSize int64, want *atomic.Int64) *plan {
+	now := s.cfg.Now()
+	return &plan{s: s, d: desc.Digest, desc: desc, chunkSize: chunkSize, chunks: chunksOf(desc.Size, chunkSize),
+		start: now, originHeard: now, want: want,
+		maxInFlight: max(2, min(s.cfg.MaxInFlight, int(maxInFlightBytes/chunkSize))),
+		peers:       map[string]*peerView{}, absent: map[string]time.Time{}, inflight: map[int]int{}, asked: map[int]string{}}
+}
+
+// request is one of plan's decisions: ask peer for chunk, or the origin
+// when peer is nil.
+type request struct {
+	chunk int
+	peer  *peerView
+}
+
+// fill is one blob's download through the swarm: its plan's requests and
+// state reads, carried out by goroutines that report to its loop.
+type fill struct {
+	*plan
+	p      *cache.Partial
+	origin content.RangeOpener
+
+	supplierMu  sync.Mutex
+	supplier    map[int]string // chunk → the peer it came from ("" origin); written by request goroutines
+	wg          sync.WaitGroup
+	results     chan chunkResult
+	states      chan stateResult
+	hashQueries chan hashQuery
+	hashWaits   []hashQuery // queries not answered yet
 }
 
 func (f *fill) run(parent context.Context) error {
@@ -100,13 +129,11 @@ func (f *fill) run(parent context.Context) error {
 			f.wg.Wait()
 			return f.verify(parent)
 		}
-		f.refresh(ctx)
+		f.readStates(ctx, f.refresh())
 		f.decideOrigin()
 		f.paceOrigin()
 		f.answerHashes()
-		if err := f.schedule(ctx, missing); err != nil {
-			return err
-		}
+		f.launch(ctx, f.schedule(missing))
 		select {
 		case r := <-f.results:
 			if err := f.handle(r); err != nil {
@@ -128,9 +155,10 @@ func (f *fill) run(parent context.Context) error {
 // worth asking (one that does not is soon banned).
 const peerGrace = 10 * time.Second
 
-// refresh learns new holders from gossip and re-reads chunk states; each
-// read waits at the holder until it has news.
-func (f *fill) refresh(ctx context.Context) {
+// refresh learns new holders from gossip and returns the holders whose
+// chunk states to read again now; each read waits at the holder until it
+// has news.
+func (f *plan) refresh() []*peerView {
 	now := f.s.cfg.Now()
 	for _, h := range f.s.dir.Holders(f.d) {
 		f.addPeer(h.Peer, now)
@@ -152,6 +180,7 @@ func (f *fill) refresh(ctx context.Context) {
 			f.addPeer(name, now)
 		}
 	}
+	var reads []*peerView
 	for name, pv := range f.peers {
 		if alive[name] {
 			pv.lastAlive = now
@@ -163,19 +192,27 @@ func (f *fill) refresh(ctx context.Context) {
 			continue
 		}
 		pv.reading, pv.readAt = true, now
+		reads = append(reads, pv)
+	}
+	return reads
+}
+
+// readStates reads the chunk states of peers, each on its own goroutine.
+func (f *fill) readStates(ctx context.Context, peers []*peerView) {
+	for _, pv := range peers {
 		known := pv.state
 		if !pv.known {
 			known.Have = nil
 		}
 		f.wg.Add(1)
-		go func(name, addr string) {
+		go func(name, addr string, isKnown bool) {
 			defer f.wg.Done()
-			st, err := f.s.readState(ctx, addr, f.d, f.p.Chunks(), pv.known, known)
+			st, err := f.s.readState(ctx, addr, f.d, f.chunks, isKnown, known)
 			select {
 			case f.states <- stateResult{peer: name, state: st, err: err}:
 			case <-ctx.Done():
 			}
-		}(name, pv.addr)
+		}(pv.name, pv.addr, pv.known)
 	}
 }
 
@@ -187,7 +224,7 @@ const absentFor = 5 * time.Second
 
 // addPeer starts to follow peer's state of the blob, unless it is this
 // node, already followed, unknown or recently found absent.
-func (f *fill) addPeer(name string, now time.Time) {
+func (f *plan) addPeer(name string, now time.Time) {
 	again := absentFor
 	if now.Sub(f.start) < 2*f.s.cfg.Settle {
 		again = f.s.cfg.Settle / 4
@@ -203,7 +240,7 @@ func (f *fill) addPeer(name string, now time.Time) {
 		chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{}}
 }
 
-func (f *fill) updateState(r stateResult) {
+func (f *plan) updateState(r stateResult) {
 	pv := f.peers[r.peer]
 	if pv == nil {
 		return
@@ -223,8 +260,7 @@ func (f *fill) updateState(r stateResult) {
 		f.s.log.Debug("reading peer chunk state", "peer", r.peer, "digest", f.d, "err", r.err)
 		return
 	}
-	desc := f.p.Descriptor()
-	if r.state.Size != desc.Size || r.state.ChunkSize != f.p.ChunkSize() {
+	if r.state.Size != f.desc.Size || r.state.ChunkSize != f.chunkSize {
 		f.s.log.Warn("peer's chunk state does not fit the blob", "peer", r.peer, "digest", f.d,
 			"size", r.state.Size, "chunkSize", r.state.ChunkSize)
 		f.s.ban(r.peer, "bad_state")
@@ -232,18 +268,19 @@ func (f *fill) updateState(r stateResult) {
 	}
 	pv.state, pv.known = r.state, true
 	now := f.s.cfg.Now()
-	for i := range f.p.Chunks() {
+	for i := range f.chunks {
 		if _, seen := pv.sentSeen[i]; !seen && pv.state.WasSent(i) {
 			pv.sentSeen[i] = now
 		}
 	}
 }
 
-// schedule starts requests until the limits are reached: as an origin
-// fetcher, the first chunk of its share nobody has, from the origin; else
-// the next chunk a reader waits on, or the rarest chunk, that a peer with a
-// free slot has; else endgame duplicates.
-func (f *fill) schedule(ctx context.Context, missing []int) error {
+// schedule decides requests until the limits are reached, and books each
+// as in flight: as an origin fetcher, the first chunk of its share nobody
+// has, from the origin; else the next chunk a reader waits on, or the
+// rarest chunk, that a peer with a free slot has; else endgame duplicates.
+func (f *plan) schedule(missing []int) []request {
+	var reqs []request
 	total := f.inflightTotal()
 	rand.Shuffle(len(missing), func(i, j int) { missing[i], missing[j] = missing[j], missing[i] })
 	for total < f.maxInFlight {
@@ -251,15 +288,15 @@ func (f *fill) schedule(ctx context.Context, missing []int) error {
 		// every node waits on what they bring.
 		if f.useOrigin() {
 			if chunk := f.nextFromOrigin(missing); chunk >= 0 {
-				f.launchOrigin(ctx, chunk)
+				reqs = append(reqs, f.book(chunk, nil))
 				total++
 				continue
 			}
 		}
 		if !f.mayAskPeers(total, missing) {
-			return nil
+			break
 		}
-		chunk, peer := f.pickWanted(missing, f.p.ChunkSize())
+		chunk, peer := f.pickWanted(missing, f.chunkSize)
 		if chunk < 0 {
 			chunk, peer = f.pickFromPeers(missing, false)
 		}
@@ -267,16 +304,34 @@ func (f *fill) schedule(ctx context.Context, missing []int) error {
 			chunk, peer = f.pickFromPeers(missing, true)
 		}
 		if chunk < 0 {
-			return nil
+			break
 		}
-		f.launchPeer(ctx, chunk, peer)
+		reqs = append(reqs, f.book(chunk, peer))
 		total++
 	}
-	return nil
+	return reqs
+}
+
+// book counts a request for chunk i to pv (nil: the origin) in flight.
+// Whoever carries it out gives back the count of this node's requests to
+// pv (requestCounter) once the transfer ends, and hands the result to
+// handle.
+func (f *plan) book(i int, pv *peerView) request {
+	f.inflight[i]++
+	if pv == nil {
+		f.originInflight++
+		return request{chunk: i}
+	}
+	pv.inflight++
+	if f.inflight[i] == 1 {
+		f.asked[i] = pv.name
+	}
+	f.s.requestCounter(pv.name).Add(1)
+	return request{chunk: i, peer: pv}
 }
 
 // inflightTotal is the requests in flight, to peers and the origin.
-func (f *fill) inflightTotal() int {
+func (f *plan) inflightTotal() int {
 	total := f.originInflight
 	for _, pv := range f.peers {
 		total += pv.inflight
@@ -284,15 +339,21 @@ func (f *fill) inflightTotal() int {
 	return total
 }
 
+// launch starts the requests schedule decided.
+func (f *fill) launch(ctx context.Context, reqs []request) {
+	for _, r := range reqs {
+		if r.peer == nil {
+			f.launchOrigin(ctx, r.chunk)
+		} else {
+			f.launchPeer(ctx, r.chunk, r.peer)
+		}
+	}
+}
+
 // launchPeer asks pv for chunk i. A peer that is still receiving the
 // chunk relays it as it comes, and gives its hash after the last byte:
 // which hash the chunk must have is settled then (askHash).
 func (f *fill) launchPeer(ctx context.Context, i int, pv *peerView) {
-	f.inflight[i]++
-	pv.inflight++
-	if f.inflight[i] == 1 {
-		f.asked[i] = pv.name
-	}
 	relay := !pv.state.Has(i)
 	var want []byte
 	if !relay {
@@ -301,7 +362,6 @@ func (f *fill) launchPeer(ctx context.Context, i int, pv *peerView) {
 	n := f.p.ChunkLen(i)
 	timeout := f.timeout(i)
 	toPeer := f.s.requestCounter(pv.name)
-	toPeer.Add(1)
 	f.wg.Add(1)
 	go func(name, addr string) {
 		defer f.wg.Done()
@@ -321,10 +381,8 @@ func (f *fill) launchPeer(ctx context.Context, i int, pv *peerView) {
 }
 
 func (f *fill) launchOrigin(ctx context.Context, i int) {
-	f.inflight[i]++
-	f.originInflight++
 	n := f.p.ChunkLen(i)
-	off := int64(i) * f.p.ChunkSize()
+	off := int64(i) * f.chunkSize
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
@@ -382,7 +440,7 @@ func (f *fill) report(ctx context.Context, r chunkResult) {
 }
 
 // handle books a finished request: credit or penalise its source.
-func (f *fill) handle(r chunkResult) error {
+func (f *plan) handle(r chunkResult) error {
 	f.inflight[r.chunk]--
 	source := sourceOf(r.peer)
 	if r.peer == "" {

@@ -15,7 +15,7 @@ import (
 // origin fetcher other than from advertises if any does (it hashed the
 // origin's bytes), else own, from's. A peer that disagrees with an origin
 // fetcher is lying.
-func (f *fill) trustedHash(i int, from string, own []byte) []byte {
+func (f *plan) trustedHash(i int, from string, own []byte) []byte {
 	if h := f.fetcherHash(i, from); h != nil {
 		if own != nil && !bytes.Equal(h, own) {
 			f.s.m.mismatches.Inc()
@@ -27,7 +27,7 @@ func (f *fill) trustedHash(i int, from string, own []byte) []byte {
 
 // fetcherHash is the hash of chunk i that an origin fetcher other than
 // from advertises, or nil.
-func (f *fill) fetcherHash(i int, from string) []byte {
+func (f *plan) fetcherHash(i int, from string) []byte {
 	for _, pv := range f.peers {
 		if pv.state.Origin && pv.known && pv.name != from {
 			if h := pv.state.Hash(i); h != nil {
@@ -40,7 +40,7 @@ func (f *fill) fetcherHash(i int, from string) []byte {
 
 // followsFetcher reports whether this download follows an origin fetcher
 // other than from.
-func (f *fill) followsFetcher(from string) bool {
+func (f *plan) followsFetcher(from string) bool {
 	for _, pv := range f.peers {
 		if pv.state.Origin && pv.known && pv.name != from && !f.s.Banned(pv.name) {
 			return true

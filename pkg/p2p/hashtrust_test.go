@@ -87,7 +87,7 @@ func TestRelayedChunkWaitsForTheFetchersHash(t *testing.T) {
 	st := cache.ChunkState{Size: 3 * testChunk, ChunkSize: testChunk, Have: []byte{0}, Hashes: make([]byte, 3*32)}
 	fetcher := &peerView{name: "fetcher", known: true, state: PeerState{ChunkState: st, Origin: true, Fetching: []byte{0b1}}}
 	relay := &peerView{name: "relay", known: true, state: PeerState{ChunkState: st}}
-	f := &fill{s: s, peers: map[string]*peerView{"fetcher": fetcher, "relay": relay}}
+	f := &fill{plan: &plan{s: s, peers: map[string]*peerView{"fetcher": fetcher, "relay": relay}}}
 	answer := func(reply chan []byte) []byte {
 		select {
 		case h := <-reply:

@@ -39,7 +39,7 @@ func TestSlowPeerIsNotBannedAsFailing(t *testing.T) {
 	_, err = s.fetchChunk(context.Background(), stallingPeer(t, n, 64<<10), d, 0, 300*time.Millisecond, newLiveChunk(n))
 	require.ErrorIs(t, err, errSlow)
 
-	f := &fill{s: s, d: d, inflight: map[int]int{}, peers: map[string]*peerView{
+	f := &plan{s: s, d: d, inflight: map[int]int{}, peers: map[string]*peerView{
 		"slow": {name: "slow"}, "dead": {name: "dead"},
 	}}
 	for range 3 {

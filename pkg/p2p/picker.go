@@ -29,7 +29,7 @@ func (s *Swarm) inflightTo(peer string) int {
 // that a free peer can supply; -1 if none. A reader's next bytes beat
 // rarity: the registry mirror streams a blob to containerd in order, and
 // a pull's progress is its prefix.
-func (f *fill) pickWanted(missing []int, chunkSize int64) (int, *peerView) {
+func (f *plan) pickWanted(missing []int, chunkSize int64) (int, *peerView) {
 	if f.want == nil || f.want.Load() < 0 {
 		return -1, nil
 	}
@@ -51,7 +51,7 @@ func (f *fill) pickWanted(missing []int, chunkSize int64) (int, *peerView) {
 // pickFromPeers returns the rarest missing chunk not in flight (or, for
 // endgame, in flight once) that a usable peer has or is receiving, and the
 // best such peer (supplyRank, then the least loaded); -1 if none.
-func (f *fill) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
+func (f *plan) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 	if endgame {
 		for _, i := range missing {
 			if f.inflight[i] == 0 {
@@ -107,7 +107,7 @@ func (f *fill) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 // when no other holder of its zone is free; it sends one such repeat at a
 // time, when its upload has room, and refuses the others. A peer outside
 // this node's zone is asked only as mayCrossZone allows.
-func (f *fill) supplierOf(i int, endgame bool, now time.Time) (pick *peerView, count int) {
+func (f *plan) supplierOf(i int, endgame bool, now time.Time) (pick *peerView, count int) {
 	inZone := false
 	for _, pv := range f.peers {
 		if !pv.known || (!pv.state.Has(i) && !pv.state.IsFetching(i)) {
@@ -149,7 +149,7 @@ func supplyRank(pv *peerView, i int) int {
 
 // holdoff is how long to wait for a chunk to come from the peer its only
 // holder sent it to: about one chunk's transfer time.
-func (f *fill) holdoff() time.Duration {
+func (f *plan) holdoff() time.Duration {
 	if f.chunkTime == 0 {
 		return 500 * time.Millisecond
 	}

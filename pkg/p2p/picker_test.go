@@ -18,7 +18,7 @@ func TestPerPeerRequestsAcrossFills(t *testing.T) {
 	require.NoError(t, err)
 	holder := &peerView{name: "holder", known: true,
 		state: PeerState{ChunkState: cache.ChunkState{Size: 4 * testChunk, ChunkSize: testChunk, Have: []byte{0b1111}}}}
-	layer2 := &fill{s: s, inflight: map[int]int{}, asked: map[int]string{}, peers: map[string]*peerView{"holder": holder}}
+	layer2 := &plan{s: s, inflight: map[int]int{}, asked: map[int]string{}, peers: map[string]*peerView{"holder": holder}}
 	now := time.Now()
 	pick, _ := layer2.supplierOf(0, false, now)
 	require.NotNil(t, pick, "the holder is free")
@@ -44,7 +44,7 @@ func TestOriginFetcherIsAskedForSentChunksLast(t *testing.T) {
 	now := time.Now()
 	fetcher := &peerView{name: "fetcher", known: true, state: state(0b011, 0b001, true), sentSeen: map[int]time.Time{0: now}}
 	other := &peerView{name: "other", known: true, state: state(0b001, 0, false)}
-	f := &fill{s: s, inflight: map[int]int{}, peers: map[string]*peerView{"fetcher": fetcher, "other": other}}
+	f := &plan{s: s, inflight: map[int]int{}, peers: map[string]*peerView{"fetcher": fetcher, "other": other}}
 
 	chunk, peer := f.pickFromPeers([]int{0, 1}, false)
 	require.Equal(t, 1, chunk, "the unsent chunk")

@@ -280,11 +280,8 @@ func (src *swarmSource) Fill(ctx context.Context, p *cache.Partial) error {
 	if p.Chunks() == 1 && p.Descriptor().Size <= smallBlob {
 		return src.s.fillSmall(ctx, p, src.origin)
 	}
-	f := &fill{s: src.s, p: p, origin: src.origin, d: p.Descriptor().Digest, start: src.s.cfg.Now(), want: &src.want,
-		maxInFlight: max(2, min(src.s.cfg.MaxInFlight, int(maxInFlightBytes/p.ChunkSize()))), originHeard: src.s.cfg.Now(),
-		peers: map[string]*peerView{}, absent: map[string]time.Time{},
-		inflight: map[int]int{}, supplier: map[int]string{}, asked: map[int]string{},
-		results: make(chan chunkResult, src.s.cfg.MaxInFlight*2), states: make(chan stateResult, 64),
+	f := &fill{plan: src.s.newPlan(p.Descriptor(), p.ChunkSize(), &src.want), p: p, origin: src.origin,
+		supplier: map[int]string{}, results: make(chan chunkResult, src.s.cfg.MaxInFlight*2), states: make(chan stateResult, 64),
 		hashQueries: make(chan hashQuery, src.s.cfg.MaxInFlight*2)}
 	return f.run(ctx)
 }

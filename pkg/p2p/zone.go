@@ -32,13 +32,13 @@ func zoneOrder(d digest.Digest, names []string, zoneOf func(string) string) []st
 }
 
 // electionOrder is zoneOrder with the zones this fill knows.
-func (f *fill) electionOrder(names []string) []string {
+func (f *plan) electionOrder(names []string) []string {
 	return zoneOrder(f.d, names, f.zoneOf)
 }
 
 // zoneOf is the zone of a node: this one's, a followed peer's, or a
 // member's as gossip has it ("" when none is known).
-func (f *fill) zoneOf(name string) string {
+func (f *plan) zoneOf(name string) string {
 	if name == f.s.dir.LocalName() {
 		return f.s.cfg.Zone
 	}
@@ -53,7 +53,7 @@ func (f *fill) zoneOf(name string) string {
 // node's zone beats one outside it; then one whose upload is not the
 // origin fetcher's repeat of a chunk it sent (see supplierOf), then
 // supplyRank, then the less loaded.
-func (f *fill) nearer(a, b *peerView, i int, endgame bool) bool {
+func (f *plan) nearer(a, b *peerView, i int, endgame bool) bool {
 	key := func(pv *peerView) [3]int {
 		far, repeat := 0, 0
 		if pv.zone != f.s.cfg.Zone {
@@ -85,7 +85,7 @@ type zoneView struct {
 // entry for the chunk, or anyone once the chunk has waited two holdoffs
 // for an entry that, seeing other holders than this node does, may not
 // know it is one.
-func (f *fill) mayCrossZone(i int, inZone, endgame bool, now time.Time) bool {
+func (f *plan) mayCrossZone(i int, inZone, endgame bool, now time.Time) bool {
 	if inZone {
 		return false
 	}
@@ -111,7 +111,7 @@ func (f *fill) mayCrossZone(i int, inZone, endgame bool, now time.Time) bool {
 // blob, in rendezvous order, so each crosses into the zone once and the
 // zone's downlinks share the crossing. The deal is redone at most twice
 // per Refresh, when the states it rests on may have changed.
-func (f *fill) zoneEntry(i int, now time.Time) string {
+func (f *plan) zoneEntry(i int, now time.Time) string {
 	if f.zone.entries == nil || now.Sub(f.zone.entriesAt) >= f.s.cfg.Refresh/2 {
 		names := []string{f.s.dir.LocalName()}
 		for name, pv := range f.peers {

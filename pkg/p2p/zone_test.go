@@ -129,7 +129,7 @@ func TestSupplierPrefersItsZone(t *testing.T) {
 		}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			f := &fill{s: s, d: d, inflight: map[int]int{}, asked: map[int]string{}, peers: map[string]*peerView{}}
+			f := &plan{s: s, d: d, inflight: map[int]int{}, asked: map[int]string{}, peers: map[string]*peerView{}}
 			for _, pv := range tc.peers {
 				pv.known = true
 				f.peers[pv.name] = pv
@@ -173,7 +173,7 @@ func TestOriginRoleSpreadsOverZones(t *testing.T) {
 		if (rank < s.cfg.OriginFetchers) != (slices.Index(rendezvous(d, names), "me") < s.cfg.OriginFetchers) {
 			differs++
 		}
-		f := &fill{s: s, d: d, start: time.Now(), peers: map[string]*peerView{}, maxInFlight: 8}
+		f := &plan{s: s, d: d, start: time.Now(), peers: map[string]*peerView{}, maxInFlight: 8}
 		f.decideOrigin()
 		require.Equal(t, rank < s.cfg.OriginFetchers, f.originRole, "blob %d: rank %d", i, rank)
 	}
@@ -189,7 +189,7 @@ func TestZoneEntryFetchesItsCrossingFirst(t *testing.T) {
 	state := func(have byte) PeerState {
 		return PeerState{ChunkState: cache.ChunkState{Size: 2 * testChunk, ChunkSize: testChunk, Have: []byte{have}}}
 	}
-	f := &fill{s: s, d: digest.FromString("blob"), inflight: map[int]int{}, asked: map[int]string{}, peers: map[string]*peerView{
+	f := &plan{s: s, d: digest.FromString("blob"), inflight: map[int]int{}, asked: map[int]string{}, peers: map[string]*peerView{
 		"near": {name: "near", zone: "a", known: true, state: state(0b01)},
 		"far1": {name: "far1", zone: "b", known: true, state: state(0b10)},
 		"far2": {name: "far2", zone: "b", known: true, state: state(0b10)},
@@ -207,7 +207,7 @@ func TestCrossZoneBytesAreCounted(t *testing.T) {
 	t.Parallel()
 	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{Zone: "a"}, nil, nil)
 	require.NoError(t, err)
-	f := &fill{s: s, inflight: map[int]int{0: 1, 1: 1, 2: 1}, peers: map[string]*peerView{
+	f := &plan{s: s, inflight: map[int]int{0: 1, 1: 1, 2: 1}, peers: map[string]*peerView{
 		"near": {name: "near", zone: "a", inflight: 1}, "far": {name: "far", zone: "b", inflight: 1},
 	}}
 	f.originInflight = 1

@@ -1,0 +1,123 @@
+// Command swarmsim simulates N weightd nodes filling one blob through the
+// swarm (internal/swarmsim): the nodes' decisions are the real swarm code
+// (p2p.Planner), the network, chunk servers, membership and origin a
+// model. It reaches cluster sizes bench/swarm cannot; bench/swarm's
+// figures (8 nodes, 512 MiB, 100 Mbit/s, 2 MiB chunks) check it.
+//
+// Each run prints one JSON line on stdout:
+//
+//	{"bench":"swarm-sim","nodes":N,"size_bytes":S,"time_ratio_p50":…,"time_ratio_p99":…,
+//	 "origin_ratio":…,"relayed_bytes_per_node":…,"sched_cpu_s_per_node":…,"state_bytes_per_node_s":…, …}
+//
+// time_ratio is a node's time to hold the blob over S/B, from its own
+// start; origin_ratio the origin's bytes over S; sched_cpu_s_per_node the
+// time spent in the decision code (wall time of a single goroutine);
+// state_bytes_per_node_s the bytes of a node's state reads (requests and
+// answers) per second of its fill.
+//
+//	go run ./bench/swarmsim -nodes 8 -size-mib 512 -chunk-mib 2 -faults=false   # bench/swarm's set-up
+//	go run ./bench/swarmsim -nodes 100,1000 -size-mib 1024,16384                 # the issue's
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"log"
+	"os"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/weightd/weightd/internal/swarmsim"
+	"github.com/weightd/weightd/pkg/p2p"
+)
+
+type line struct {
+	Bench               string  `json:"bench"`
+	Nodes               int     `json:"nodes"`
+	SizeBytes           int64   `json:"size_bytes"`
+	ChunkBytes          int64   `json:"chunk_bytes"`
+	LinkMbit            float64 `json:"link_mbit"`
+	Faults              bool    `json:"faults"`
+	RefreshMs           int64   `json:"refresh_ms"`
+	TimeRatioP50        float64 `json:"time_ratio_p50"`
+	TimeRatioP99        float64 `json:"time_ratio_p99"`
+	TimeRatioMax        float64 `json:"time_ratio_max"`
+	OriginRatio         float64 `json:"origin_ratio"`
+	OriginDoneRatio     float64 `json:"origin_done_ratio"`
+	RelayedBytesPerNode float64 `json:"relayed_bytes_per_node"`
+	SchedCPUSPerNode    float64 `json:"sched_cpu_s_per_node"`
+	StateBytesPerNodeS  float64 `json:"state_bytes_per_node_s"`
+	StateReadsPerNodeS  float64 `json:"state_reads_per_node_s"`
+	Finished            int     `json:"finished"`
+	Killed              int     `json:"killed"`
+	BannedLiar          int     `json:"banned_liar"`
+	Fetchers            int     `json:"origin_fetchers"`
+	SlowFetchers        int     `json:"slow_fetchers"`
+	KilledFetchers      int     `json:"killed_fetchers"`
+	LyingFetchers       int     `json:"lying_fetchers"`
+	RunS                float64 `json:"run_s"`
+}
+
+func main() {
+	nodes := flag.String("nodes", "100,1000", "comma-separated cluster sizes")
+	sizes := flag.String("size-mib", "1024,16384", "comma-separated blob sizes in MiB")
+	chunkMiB := flag.Int64("chunk-mib", 16, "chunk size in MiB (the agent's default is 16)")
+	linkMbit := flag.Float64("link-mbit", 100, "every node's link, each way, in Mbit/s")
+	originMbit := flag.Float64("origin-mbit", 0, "the origin's uplink in Mbit/s (default: -link-mbit)")
+	faults := flag.Bool("faults", true, "a 10% slow tail at ¼ speed, 5% of nodes killed mid-fill, 10% starting late, one lying peer")
+	refresh := flag.Duration("refresh", 0, "SwarmConfig.Refresh, the least time between two state reads of one holder (default 50ms)")
+	step := flag.Duration("step", 0, "the network's time step (default Refresh/2, at most 25ms)")
+	seed := flag.Uint64("seed", 1, "random seed")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the runs to this file")
+	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	for _, n := range ints(*nodes) {
+		for _, mib := range ints(*sizes) {
+			cfg := swarmsim.Config{Nodes: n, Size: int64(mib) << 20, ChunkSize: *chunkMiB << 20,
+				Link: *linkMbit * 1e6 / 8, OriginLink: *originMbit * 1e6 / 8, Seed: *seed, Step: *step,
+				Swarm: p2p.SwarmConfig{Refresh: *refresh}}
+			if *faults {
+				cfg.SlowFraction, cfg.KillFraction, cfg.LateFraction, cfg.Liars = 0.1, 0.05, 0.1, 1
+			}
+			start := time.Now()
+			r, err := swarmsim.Run(cfg)
+			if err != nil {
+				log.Print(err)
+				return
+			}
+			out := line{Bench: "swarm-sim", Nodes: n, SizeBytes: cfg.Size, ChunkBytes: cfg.ChunkSize, LinkMbit: *linkMbit,
+				Faults: *faults, RefreshMs: max(*refresh, 50*time.Millisecond).Milliseconds(),
+				TimeRatioP50: r.TimeRatioP50, TimeRatioP99: r.TimeRatioP99, TimeRatioMax: r.TimeRatioMax,
+				OriginRatio: r.OriginRatio, OriginDoneRatio: r.OriginDoneRatio, RelayedBytesPerNode: r.RelayedBytesPerNode, SchedCPUSPerNode: r.SchedCPUPerNode,
+				StateBytesPerNodeS: r.StateBytesPerNodeS, StateReadsPerNodeS: r.StateReadsPerNodeS,
+				Finished: r.Finished, Killed: r.Killed, BannedLiar: r.BannedLiar, Fetchers: r.Fetchers, SlowFetchers: r.SlowFetchers, KilledFetchers: r.KilledFetchers, LyingFetchers: r.LyingFetchers, RunS: time.Since(start).Seconds()}
+			if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
+				log.Print(err)
+				return
+			}
+		}
+	}
+}
+
+func ints(s string) []int {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || v <= 0 {
+			log.Fatalf("%q: not a positive integer", f)
+		}
+		out = append(out, v)
+	}
+	return out
+}

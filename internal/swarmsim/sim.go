@@ -1,0 +1,961 @@
+// Package swarmsim simulates a cluster of weightd nodes filling one blob
+// through the swarm, at sizes no test bed reaches. Each node's decisions
+// are the real ones (p2p.Planner: origin election and shares, picking,
+// supplier choice, holdoff, endgame, backoff and bans); the network, the
+// chunk servers, membership and the origin are modelled here, with no
+// chunk bytes: a node is a few bitmaps.
+//
+// The network is fluid: every transfer is a flow from one node's uplink (or
+// the origin's) to another's downlink, the links' capacity shared max-min
+// fair among their flows, recomputed every Step (half of Refresh, the
+// fill loop's tick). A relayed chunk's bytes go no further than the
+// relay has received, less one relay piece, until the relay has the
+// chunk whole. Links carry payload at 1/HeaderOverhead of their rate.
+// State reads are long-polls as the chunk server answers them: at once
+// when the holder's state differs from the one the reader knows, else at
+// its next news or after a second; their bytes are counted and taken out
+// of the links. Gossip (holders, joins, deaths) reaches every node after
+// one delay per event, drawn from a distribution that grows with the
+// rounds of gossip a cluster of N needs.
+package swarmsim
+
+import (
+	"container/heap"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	"golang.org/x/sys/unix"
+
+	"github.com/weightd/weightd/pkg/cache"
+	"github.com/weightd/weightd/pkg/content"
+	"github.com/weightd/weightd/pkg/p2p"
+)
+
+// Config is one simulated fill of a blob by a cluster. The zero value of a
+// field means its default.
+type Config struct {
+	Nodes          int
+	Size           int64         // the blob's bytes
+	ChunkSize      int64         // default cache.DefaultChunkSize
+	Link           float64       // every node's link, bytes/s each way (default 100 Mbit/s)
+	OriginLink     float64       // the origin's uplink, bytes/s (default Link)
+	Latency        time.Duration // one way, between any two hosts (default 0.5 ms)
+	HeaderOverhead float64       // link bytes per payload byte (default 1.046: TCP/IP headers, as measured by bench/swarm)
+	SlowFraction   float64       // nodes whose links run at SlowFactor of Link
+	SlowFactor     float64       // default 0.25
+	KillFraction   float64       // nodes killed when they hold a random 20–80% of the blob
+	LateFraction   float64       // nodes that start their fill late, uniformly within LateWindow of S/B
+	LateWindow     float64       // default 0.5
+	Liars          int           // nodes whose chunks never match
+	MaxUploads     int           // a chunk server's uploads at once (default 6, the agent's)
+	Step           time.Duration // the network's time step (default the fill loop's tick, Refresh/2, at most 25 ms)
+	Swarm          p2p.SwarmConfig
+	Seed           uint64
+}
+
+// Result is what a simulation measured. Times are over the nodes that
+// finished, each from its own start and over its own link's S/B; killed
+// nodes are left out.
+type Result struct {
+	Nodes, Finished, Killed int
+	LimitS                  float64 // S/B of a link of Config.Link
+	TimeRatioP50            float64 // T/(S/B)
+	TimeRatioP99            float64
+	TimeRatioMax            float64
+	OriginRatio             float64 // origin bytes / S
+	OriginDoneRatio         float64 // when the origin sent its last byte, over S/B
+	RelayedBytesPerNode     float64 // bytes a node sent to peers, on average
+	SchedCPUPerNode         float64 // seconds in the decision code per node
+	StateBytesPerNodeS      float64 // state-read bytes (both ways) per node per second of its fill
+	StateReadsPerNodeS      float64
+	SimulatedS              float64
+	BannedLiar              int // nodes that banned a liar
+	// Origin fetchers: nodes that got a tenth of the blob or more from
+	// the origin, and how many of them were slow, killed or lying.
+	Fetchers, SlowFetchers, KilledFetchers, LyingFetchers int
+}
+
+func (c Config) withDefaults() Config {
+	if c.ChunkSize <= 0 {
+		c.ChunkSize = cache.DefaultChunkSize
+	}
+	if c.Link <= 0 {
+		c.Link = 100e6 / 8
+	}
+	if c.OriginLink <= 0 {
+		c.OriginLink = c.Link
+	}
+	if c.Latency <= 0 {
+		c.Latency = 500 * time.Microsecond
+	}
+	if c.HeaderOverhead <= 0 {
+		c.HeaderOverhead = 1.046
+	}
+	if c.SlowFactor <= 0 {
+		c.SlowFactor = 0.25
+	}
+	if c.LateWindow <= 0 {
+		c.LateWindow = 0.5
+	}
+	if c.MaxUploads <= 0 {
+		c.MaxUploads = 6
+	}
+	if c.Swarm.Refresh <= 0 {
+		c.Swarm.Refresh = 50 * time.Millisecond
+	}
+	if c.Step <= 0 {
+		c.Step = min(c.Swarm.Refresh/2, 25*time.Millisecond)
+	}
+	return c
+}
+
+// Server-side constants as the chunk server has them (pkg/p2p/server.go):
+// a state read waits for news at most stateWait; an origin fetcher sends a
+// chunk once per resendAfter; a relay holds back its last piece until the
+// chunk is verified.
+const (
+	stateWait   = time.Second
+	resendAfter = 10 * time.Second
+	relayPiece  = 64 << 10
+)
+
+// Wire sizes of a state read: the HTTP request and response around the
+// state (a guess at headers and TLS framing), and the encoded state's
+// header (pkg/p2p/state.go).
+const (
+	stateRequestBytes  = 300
+	stateResponseBytes = 200
+	stateHeaderBytes   = 22
+	maxKnownParam      = 2 << 10
+)
+
+var errRefused = errors.New("connection refused")
+
+type node struct {
+	idx                int
+	name               string
+	swarm              *p2p.Swarm
+	plan               *p2p.Planner
+	up, down           float64
+	start, done        time.Duration // done 0: not yet
+	started, dead      bool
+	liar               bool
+	killAt             int // chunks held when it is killed; 0 never
+	have, sent, fetch  []byte
+	nhave, nfetch      int
+	nsent              int
+	origin             bool
+	snap               *p2p.PeerState // its state as served, until it changes
+	key                stateKey
+	changed            bool
+	waiting            []read                // state reads waiting here for news
+	known              []stateKey            // per holder: the state it last read of it
+	incoming           map[int]*flow         // chunk → the first transfer of it here
+	uploads            int                   // chunk uploads being served
+	uploadsTo          map[int]int           // requester → uploads
+	recent             map[int]time.Duration // chunks sent once as an origin fetcher, and when
+	repeating          bool                  // an origin fetcher's one repeat is being sent
+	stateUp, stateDown float64               // state bytes this step
+	upUsed, downUsed   float64               // state bytes last step, taken off the links
+	cpu                time.Duration         // in the decision code
+	stateBytes         int64                 // state reads, both ways, for its own fill
+	stateReads         int64
+	relayed            int64
+	missingBuf         []int
+	visible            bool          // members see it
+	ban                bool          // it banned a liar
+	fromOrigin         float64       // bytes it got from the origin
+	woke               bool          // a result or state came since its loop last ran
+	ran                time.Duration // when its loop last ran
+}
+
+// stateKey is what a chunk server compares to the requester's word to
+// tell news: chunks held, chunks on their way, the origin role, and an
+// origin fetcher's sends.
+type stateKey struct {
+	have, fetch, sent int
+	origin, complete  bool
+	valid             bool
+}
+
+type read struct {
+	from  *node
+	until time.Duration
+}
+
+type flow struct {
+	from, to *node // from nil: the origin
+	req      p2p.PlanRequest
+	size     float64
+	got      float64
+	rate     float64
+	began    time.Duration
+	upstream *flow // a relay's: the transfer bringing the chunk to from
+	done     bool
+	failed   bool
+	repeat   bool // an origin fetcher's repeat
+	frozen   bool
+}
+
+type event struct {
+	at  time.Duration
+	seq int
+	do  func()
+}
+
+type events []event
+
+func (e events) Len() int { return len(e) }
+func (e events) Less(i, j int) bool {
+	return e[i].at < e[j].at || (e[i].at == e[j].at && e[i].seq < e[j].seq)
+}
+func (e events) Swap(i, j int) { e[i], e[j] = e[j], e[i] }
+func (e *events) Push(x any)   { *e = append(*e, x.(event)) }
+func (e *events) Pop() any {
+	old := *e
+	x := old[len(old)-1]
+	*e = old[:len(old)-1]
+	return x
+}
+
+type sim struct {
+	cfg        Config
+	rng        *rand.Rand
+	desc       content.Descriptor
+	chunks     int
+	now        time.Duration
+	epoch      time.Time
+	nodes      []*node
+	byName     map[string]*node
+	flows      []*flow
+	queue      events
+	seq        int
+	origin     float64       // bytes the origin sent
+	originLast time.Duration // when it last sent a byte
+	members    []p2p.Peer    // visible members, twice over: node i's others are a window of it
+	place      map[string]int
+	holders    []p2p.Holder
+	step       time.Duration
+	gossip     func() time.Duration
+	links      []link // per node its uplink (2i) and downlink (2i+1), then the origin's
+	heap       linkHeap
+}
+
+func (s *sim) at(d time.Duration, do func()) {
+	s.seq++
+	heap.Push(&s.queue, event{at: s.now + d, seq: s.seq, do: do})
+}
+
+// Run simulates cfg.Nodes nodes filling one blob of cfg.Size bytes.
+func Run(cfg Config) (Result, error) {
+	// The decision code's CPU time is this thread's: the simulation runs
+	// on one goroutine, pinned to it.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cfg = cfg.withDefaults()
+	if cfg.Nodes < 1 || cfg.Size < cfg.ChunkSize {
+		return Result{}, fmt.Errorf("swarmsim: %d nodes, a blob of %d bytes in chunks of %d", cfg.Nodes, cfg.Size, cfg.ChunkSize)
+	}
+	s := &sim{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 1)), byName: map[string]*node{},
+		epoch: time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC), step: cfg.Step}
+	s.desc = content.Descriptor{Digest: digest.FromString("swarmsim " + strconv.FormatUint(cfg.Seed, 10)), Size: cfg.Size}
+	s.chunks = int((cfg.Size + cfg.ChunkSize - 1) / cfg.ChunkSize)
+	// memberlist spreads an event to GossipNodes (3) others every
+	// GossipInterval (200 ms): about log4(N) rounds reach every node.
+	rounds := math.Ceil(math.Log(float64(cfg.Nodes))/math.Log(4)) + 1
+	s.gossip = func() time.Duration {
+		return time.Duration((0.5 + 0.5*s.rng.Float64()) * rounds * float64(200*time.Millisecond))
+	}
+	limit := float64(cfg.Size) / cfg.Link
+	perm := s.rng.Perm(cfg.Nodes)
+	nSlow, nKill, nLate := frac(cfg.Nodes, cfg.SlowFraction), frac(cfg.Nodes, cfg.KillFraction), frac(cfg.Nodes, cfg.LateFraction)
+	sc := cfg.Swarm
+	sc.Now = func() time.Time { return s.epoch.Add(s.now) }
+	bmap := (s.chunks + 7) / 8
+	for i := range cfg.Nodes {
+		n := &node{idx: i, name: fmt.Sprintf("node-%d", i), up: cfg.Link, down: cfg.Link,
+			have: make([]byte, bmap), sent: make([]byte, bmap), fetch: make([]byte, bmap),
+			known: make([]stateKey, cfg.Nodes), incoming: map[int]*flow{}, uploadsTo: map[int]int{}, recent: map[int]time.Duration{}}
+		s.nodes = append(s.nodes, n)
+		s.byName[n.name] = n
+	}
+	// Roles by places in a random permutation: the slow tail first, then
+	// the killed (half of them from the slow tail), the liars, and the
+	// late from the end.
+	for k, i := range perm {
+		n := s.nodes[i]
+		if k < nSlow {
+			n.up, n.down = cfg.Link*cfg.SlowFactor, cfg.Link*cfg.SlowFactor
+		}
+		if k >= nSlow/2 && k < nSlow/2+nKill {
+			n.killAt = max(1, int(float64(s.chunks)*(0.2+0.6*s.rng.Float64())))
+		}
+		if k >= cfg.Nodes-nLate {
+			n.start = time.Duration(s.rng.Float64() * cfg.LateWindow * limit * float64(time.Second))
+		}
+		if k >= nKill+nSlow && k < nKill+nSlow+cfg.Liars {
+			n.liar = true
+		}
+	}
+	for _, n := range s.nodes {
+		sw, err := p2p.NewSwarm(simDir{s: s, n: n}, nil, sc, nil, nil)
+		if err != nil {
+			return Result{}, err
+		}
+		n.swarm = sw
+		s.at(n.start, func() { s.startFill(n) })
+	}
+	// Every member is up from the start; a late node only starts its
+	// fill late.
+	for _, n := range s.nodes {
+		n.visible = true
+	}
+	s.rebuildMembers()
+
+	deadline := time.Duration(20*limit*float64(time.Second)) + time.Minute
+	for s.now = 0; s.now < deadline; s.now += s.step {
+		for len(s.queue) > 0 && s.queue[0].at <= s.now {
+			heap.Pop(&s.queue).(event).do()
+		}
+		s.transfer()
+		s.answerReads()
+		if s.allDone() {
+			break
+		}
+		// A fill's loop runs at each result or state it gets, and at its
+		// tick, Refresh/2.
+		for _, n := range s.nodes {
+			if n.started && !n.dead && n.done == 0 && (n.woke || s.now-n.ran >= cfg.Swarm.Refresh/2) {
+				n.woke, n.ran = false, s.now
+				s.plan(n)
+			}
+			n.refreshKey(s.desc.Digest)
+		}
+	}
+	return s.result(limit)
+}
+
+func frac(n int, f float64) int { return int(math.Round(float64(n) * f)) }
+
+func (s *sim) allDone() bool {
+	for _, n := range s.nodes {
+		if !n.dead && n.done == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// startFill begins n's fill: gossip tells the others it holds the blob,
+// partially, after a delay.
+func (s *sim) startFill(n *node) {
+	n.started, n.changed = true, true
+	n.plan = n.swarm.Planner(s.desc, s.cfg.ChunkSize)
+	s.at(s.gossip(), func() {
+		if !n.dead {
+			s.holders = append(s.holders, p2p.Holder{Peer: n.name})
+		}
+	})
+}
+
+// kill ends n: its transfers fail, and membership drops it after its
+// failure is detected (a probe, then suspicion: memberlist's
+// SuspicionMult 4 × log10(N) probe intervals of 1 s).
+func (s *sim) kill(n *node) {
+	n.dead = true
+	for _, f := range s.flows {
+		if !f.done && (f.from == n || f.to == n) {
+			s.fail(f, errRefused)
+		}
+	}
+	detect := time.Second + time.Duration(4*math.Max(1, math.Log10(float64(s.cfg.Nodes)))*float64(time.Second)) + s.gossip()
+	s.at(detect, func() {
+		n.visible = false
+		s.holders = slices.DeleteFunc(s.holders, func(h p2p.Holder) bool { return h.Peer == n.name })
+		s.rebuildMembers()
+	})
+}
+
+// rebuildMembers lays the visible members out twice in a row, so that
+// each node's others are one window of it, shared by all.
+func (s *sim) rebuildMembers() {
+	var live []p2p.Peer
+	s.place = map[string]int{}
+	for _, n := range s.nodes {
+		if n.visible {
+			s.place[n.name] = len(live)
+			live = append(live, p2p.Peer{Name: n.name, Meta: p2p.NodeMeta{ChunkAddr: n.name}})
+		}
+	}
+	s.members = append(live, live...)
+}
+
+// simDir is one node's view of membership and holders.
+type simDir struct {
+	s *sim
+	n *node
+}
+
+func (d simDir) LocalName() string { return d.n.name }
+
+func (d simDir) Members() []p2p.Peer {
+	live := len(d.s.members) / 2
+	if i, ok := d.s.place[d.n.name]; ok {
+		return d.s.members[i+1 : i+live]
+	}
+	return d.s.members[:live]
+}
+
+func (d simDir) Peer(name string) (p2p.Peer, bool) {
+	n := d.s.byName[name]
+	if n == nil || !n.visible {
+		return p2p.Peer{}, false
+	}
+	return p2p.Peer{Name: name, Meta: p2p.NodeMeta{ChunkAddr: name}}, true
+}
+
+func (d simDir) Holders(digest.Digest) []p2p.Holder { return d.s.holders }
+
+// plan runs one pass of n's fill loop and carries out its decisions.
+func (s *sim) plan(n *node) {
+	n.missingBuf = n.missingBuf[:0]
+	for i := range s.chunks {
+		if !bitSet(n.have, i) {
+			n.missingBuf = append(n.missingBuf, i)
+		}
+	}
+	t0 := threadCPU()
+	reads, reqs := n.plan.Step(n.missingBuf)
+	n.cpu += threadCPU() - t0
+	for _, name := range reads {
+		s.readState(n, s.byName[name])
+	}
+	for _, r := range reqs {
+		s.request(n, r)
+	}
+}
+
+// readState sends n's read of h's state: it arrives after a latency and
+// waits there for news.
+func (s *sim) readState(n, h *node) {
+	lat := s.cfg.Latency
+	s.at(lat, func() {
+		switch {
+		case h.dead:
+			s.at(lat, func() { s.stateRead(n, h, nil, errRefused) })
+		case !h.started:
+			s.at(lat, func() { s.stateRead(n, h, nil, fmt.Errorf("chunk state from %s: %w", h.name, p2p.ErrNotHeld)) })
+		case n.known[h.idx] != h.key:
+			s.answer(n, h)
+		default:
+			h.waiting = append(h.waiting, read{from: n, until: s.now + stateWait})
+		}
+	})
+}
+
+// answer sends h's state to n, counting its bytes: the hashes n does not
+// know yet, and the bitmap of known ones while the blob has few enough
+// chunks for it to ride in the request.
+func (s *sim) answer(n, h *node) {
+	st := h.state(s)
+	bmap := len(st.Have)
+	req := stateRequestBytes
+	last := n.known[h.idx]
+	hashes := h.nhave
+	if last.valid && bmap <= maxKnownParam {
+		req += base64.RawURLEncoding.EncodedLen(bmap)
+		hashes -= last.have
+	}
+	resp := stateResponseBytes + stateHeaderBytes + bmap + 32*hashes
+	for _, b := range [][]byte{st.Sent, st.Fetching} {
+		if b != nil {
+			resp += bmap
+		}
+	}
+	if last.valid && bmap <= maxKnownParam {
+		resp += bmap
+	}
+	n.known[h.idx] = h.key
+	n.stateUp, n.stateDown = n.stateUp+float64(req), n.stateDown+float64(resp)
+	h.stateDown, h.stateUp = h.stateDown+float64(req), h.stateUp+float64(resp)
+	n.stateBytes += int64(req + resp)
+	n.stateReads++
+	s.at(s.cfg.Latency, func() { s.stateRead(n, h, st, nil) })
+}
+
+func (s *sim) stateRead(n, h *node, st *p2p.PeerState, err error) {
+	if n.dead || n.done != 0 {
+		return
+	}
+	var ps p2p.PeerState
+	if st != nil {
+		ps = *st
+	}
+	n.woke = true
+	t0 := threadCPU()
+	n.plan.StateRead(h.name, ps, err)
+	n.cpu += threadCPU() - t0
+}
+
+// answerReads answers the reads waiting at each holder that has news, and
+// those that waited stateWait.
+func (s *sim) answerReads() {
+	for _, h := range s.nodes {
+		if len(h.waiting) == 0 {
+			continue
+		}
+		keep := h.waiting[:0]
+		for _, r := range h.waiting {
+			if h.dead {
+				s.at(s.cfg.Latency, func() { s.stateRead(r.from, h, nil, errRefused) })
+				continue
+			}
+			if r.from.known[h.idx] != h.key || s.now >= r.until {
+				s.answer(r.from, h)
+				continue
+			}
+			keep = append(keep, r)
+		}
+		clear(h.waiting[len(keep):])
+		h.waiting = keep
+	}
+}
+
+// state is h's state as its chunk server serves it, shared by all who
+// read it until it changes.
+func (h *node) state(s *sim) *p2p.PeerState {
+	if h.snap != nil {
+		return h.snap
+	}
+	st := &p2p.PeerState{ChunkState: cache.ChunkState{Size: s.cfg.Size, ChunkSize: s.cfg.ChunkSize,
+		Complete: h.nhave == s.chunks, Have: slices.Clone(h.have)}, Origin: h.origin}
+	if h.nsent > 0 {
+		// The server's word: chunks sent, relayed ones once held.
+		st.Sent = make([]byte, len(h.sent))
+		for i := range st.Sent {
+			st.Sent[i] = h.sent[i] & h.have[i]
+		}
+	}
+	if h.nfetch > 0 {
+		st.Fetching = slices.Clone(h.fetch)
+	}
+	h.snap = st
+	return st
+}
+
+// refreshKey takes note of changes to n's state this step: readers
+// waiting for news get it.
+func (n *node) refreshKey(d digest.Digest) {
+	origin := n.started && n.swarm.FetchesFromOrigin(d)
+	if origin != n.origin {
+		n.origin, n.changed = origin, true
+	}
+	if !n.changed {
+		return
+	}
+	n.changed, n.snap = false, nil
+	k := stateKey{have: n.nhave, fetch: n.nfetch, origin: n.origin, complete: n.done != 0, valid: true}
+	if n.origin {
+		k.sent = n.nsent
+	}
+	n.key = k
+}
+
+// request carries out n's request r: refused at once by a server that
+// cannot serve it, else a transfer that starts after a round trip.
+func (s *sim) request(n *node, r p2p.PlanRequest) {
+	lat := s.cfg.Latency
+	size := float64(s.chunkLen(r.Chunk))
+	if r.Peer == "" {
+		s.at(2*lat, func() { s.begin(&flow{to: n, req: r, size: size, began: s.now}) })
+		return
+	}
+	h := s.byName[r.Peer]
+	s.at(lat, func() {
+		var err error
+		f := &flow{from: h, to: n, req: r, size: size}
+		switch {
+		case h.dead:
+			err = errRefused
+		case bitSet(h.have, r.Chunk):
+		case h.incoming[r.Chunk] != nil:
+			f.upstream = h.incoming[r.Chunk]
+		default:
+			err = fmt.Errorf("chunk %d: %w", r.Chunk, p2p.ErrNotHeld)
+		}
+		if err == nil && (h.uploads >= s.cfg.MaxUploads || h.uploadsTo[n.idx] >= (s.cfg.MaxUploads+1)/2) {
+			err = p2p.ErrPeerBusy
+		}
+		if err == nil && h.origin {
+			if at, ok := h.recent[r.Chunk]; ok && s.now-at < resendAfter {
+				if h.uploads > s.cfg.MaxUploads/2 || h.repeating {
+					err = p2p.ErrChunkSent
+				} else {
+					h.repeating, f.repeat = true, true
+				}
+			} else {
+				h.recent[r.Chunk] = s.now
+			}
+		}
+		if err != nil {
+			s.at(lat, func() { s.done(n, r, 2*lat, err) })
+			return
+		}
+		if !bitSet(h.sent, r.Chunk) {
+			h.sent = setBit(h.sent, r.Chunk)
+			h.nsent++
+			h.changed = true
+		}
+		h.uploads++
+		h.uploadsTo[n.idx]++
+		f.began = s.now - lat
+		// Until its first byte, the server holds the slot and the
+		// transfer is not moving.
+		f.frozen = true
+		s.flows = append(s.flows, f)
+		s.at(lat, func() { s.begin(f) })
+	})
+}
+
+// begin starts moving f's bytes; the receiver says the chunk is on its way.
+func (s *sim) begin(f *flow) {
+	if f.to.dead || f.failed {
+		return // a peer's transfer failed already, when its receiver died
+	}
+	f.frozen = false
+	if f.from == nil {
+		s.flows = append(s.flows, f)
+	}
+	i := f.req.Chunk
+	if f.to.incoming[i] == nil && !bitSet(f.to.have, i) {
+		f.to.incoming[i] = f
+		f.to.fetch = setBit(f.to.fetch, i)
+		f.to.nfetch++
+		f.to.changed = true
+	}
+}
+
+func (s *sim) release(f *flow) {
+	h := f.from
+	h.uploads--
+	if h.uploadsTo[f.to.idx]--; h.uploadsTo[f.to.idx] <= 0 {
+		delete(h.uploadsTo, f.to.idx)
+	}
+	if f.repeat {
+		h.repeating = false
+	}
+}
+
+func (s *sim) chunkLen(i int) int64 {
+	return min(s.cfg.ChunkSize, s.cfg.Size-int64(i)*s.cfg.ChunkSize)
+}
+
+// fail ends f with err.
+func (s *sim) fail(f *flow, err error) {
+	if f.done {
+		return
+	}
+	f.done, f.failed = true, true
+	if f.from != nil {
+		s.release(f)
+	}
+	s.unshare(f)
+	if !f.to.dead {
+		took := s.now - f.began
+		s.at(s.cfg.Latency, func() { s.done(f.to, f.req, took, err) })
+	}
+}
+
+// unshare stops f's receiver saying the chunk is on its way.
+func (s *sim) unshare(f *flow) {
+	i := f.req.Chunk
+	if f.to.incoming[i] != f {
+		return
+	}
+	delete(f.to.incoming, i)
+	f.to.fetch = clearBit(f.to.fetch, i)
+	f.to.nfetch--
+	f.to.changed = true
+}
+
+func (s *sim) done(n *node, r p2p.PlanRequest, took time.Duration, err error) {
+	if n.dead || n.done != 0 {
+		return
+	}
+	if errors.Is(err, content.ErrDigestMismatch) {
+		n.ban = true
+	}
+	n.woke = true
+	t0 := threadCPU()
+	if e := n.plan.Done(r, took, err); e != nil {
+		panic(fmt.Sprintf("swarmsim: %s gave up: %v", n.name, e)) // only a permanent origin error does, and the origin never fails
+	}
+	n.cpu += threadCPU() - t0
+}
+
+// transfer moves every flow's bytes for one step and ends those done.
+func (s *sim) transfer() {
+	live := s.flows[:0]
+	for _, f := range s.flows {
+		if !f.done {
+			live = append(live, f)
+		}
+	}
+	clear(s.flows[len(live):])
+	s.flows = live
+	s.share()
+	dt := s.step.Seconds()
+	for _, n := range s.nodes {
+		n.upUsed, n.downUsed = n.stateUp/dt, n.stateDown/dt
+		n.stateUp, n.stateDown = 0, 0
+	}
+	var finished []*flow
+	for _, f := range s.flows {
+		if f.frozen || f.done {
+			continue
+		}
+		was := f.got
+		f.got = min(f.size, f.got+f.rate*dt)
+		if u := f.upstream; u != nil && !bitSet(f.from.have, f.req.Chunk) {
+			// A relay passes on what it has, but for the last piece.
+			if u.failed {
+				s.fail(f, errors.New("relayed chunk cut short: it failed at the relay"))
+				continue
+			}
+			f.got = max(was, min(f.got, u.got-relayPiece))
+		}
+		if f.from == nil {
+			s.origin += f.got - was
+			s.originLast = s.now
+			f.to.fromOrigin += f.got - was
+		}
+		if f.got >= f.size {
+			finished = append(finished, f)
+		}
+	}
+	for _, f := range finished {
+		s.finish(f)
+	}
+	for _, n := range s.nodes {
+		if n.started && !n.dead && n.killAt > 0 && n.nhave >= n.killAt {
+			s.kill(n)
+		}
+	}
+}
+
+// finish ends a transfer that brought its whole chunk.
+func (s *sim) finish(f *flow) {
+	f.done = true
+	n, i := f.to, f.req.Chunk
+	if f.from != nil {
+		s.release(f)
+		f.from.relayed += int64(f.size)
+		if f.from.liar {
+			f.failed = true // its relays end short
+			s.unshare(f)
+			s.at(s.cfg.Latency, func() { s.done(n, f.req, s.now-f.began, content.ErrDigestMismatch) })
+			return
+		}
+	}
+	s.unshare(f)
+	if !bitSet(n.have, i) {
+		n.have = setBit(n.have, i)
+		n.nhave++
+		n.changed = true
+		// Other transfers of it here are endgame duplicates; the relays
+		// of the first now read the chunk whole.
+		if g := n.incoming[i]; g != nil {
+			s.unshare(g)
+		}
+	}
+	took := s.now - f.began
+	s.done(n, f.req, took, nil)
+	if n.nhave == s.chunks && n.done == 0 {
+		n.done = s.now - n.start
+		n.plan.Release()
+		n.changed = true
+		for _, g := range s.flows {
+			if g.to == n && !g.done {
+				g.done = true // endgame duplicates, cancelled
+				if g.from != nil {
+					s.release(g)
+				}
+			}
+		}
+	}
+}
+
+// share sets each flow's rate: links max-min fair among their flows, by
+// progressive filling. The link with the least share per unfixed flow
+// fixes its flows at that share, and their other links lose it; a link's
+// share only grows as others fix its flows, so a heap of stale shares,
+// checked when popped, finds the next one.
+func (s *sim) share() {
+	n := len(s.nodes)
+	if len(s.links) != 2*n+1 {
+		s.links = make([]link, 2*n+1)
+	}
+	ls := s.links
+	for i := range ls {
+		ls[i].flows, ls[i].left = ls[i].flows[:0], 0
+	}
+	ls[2*n].cap = s.cfg.OriginLink / s.cfg.HeaderOverhead
+	for i, nd := range s.nodes {
+		ls[2*i].cap = math.Max(0.1*nd.up, nd.up-nd.upUsed) / s.cfg.HeaderOverhead
+		ls[2*i+1].cap = math.Max(0.1*nd.down, nd.down-nd.downUsed) / s.cfg.HeaderOverhead
+	}
+	for _, f := range s.flows {
+		if f.frozen || f.done {
+			continue
+		}
+		f.rate = -1
+		up, down := s.ends(f)
+		ls[up].flows, ls[down].flows = append(ls[up].flows, f), append(ls[down].flows, f)
+		ls[up].left++
+		ls[down].left++
+	}
+	h := s.heap[:0]
+	for i := range ls {
+		if ls[i].left > 0 {
+			h = append(h, linkShare{ls[i].cap / float64(ls[i].left), i})
+		}
+	}
+	heap.Init(&h)
+	for h.Len() > 0 {
+		top := heap.Pop(&h).(linkShare)
+		l := &ls[top.link]
+		if l.left == 0 {
+			continue
+		}
+		if share := l.cap / float64(l.left); share != top.share {
+			heap.Push(&h, linkShare{share, top.link})
+			continue
+		}
+		for _, f := range l.flows {
+			if f.rate >= 0 {
+				continue
+			}
+			f.rate = math.Max(0, top.share)
+			up, down := s.ends(f)
+			for _, e := range []int{up, down} {
+				ls[e].cap -= f.rate
+				ls[e].left--
+			}
+		}
+	}
+	s.heap = h
+}
+
+// ends are the indexes in s.links of f's uplink and downlink.
+func (s *sim) ends(f *flow) (up, down int) {
+	up = 2 * len(s.nodes)
+	if f.from != nil {
+		up = 2 * f.from.idx
+	}
+	return up, 2*f.to.idx + 1
+}
+
+type link struct {
+	cap   float64
+	left  int // flows not fixed yet
+	flows []*flow
+}
+
+type linkShare struct {
+	share float64
+	link  int
+}
+
+type linkHeap []linkShare
+
+func (h linkHeap) Len() int           { return len(h) }
+func (h linkHeap) Less(i, j int) bool { return h[i].share < h[j].share }
+func (h linkHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *linkHeap) Push(x any)        { *h = append(*h, x.(linkShare)) }
+func (h *linkHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+func (s *sim) result(limit float64) (Result, error) {
+	r := Result{Nodes: len(s.nodes), LimitS: limit, SimulatedS: s.now.Seconds()}
+	var ratios []float64
+	var relayed, cpu, stateBytes, stateReads, fillS float64
+	for _, n := range s.nodes {
+		relayed += float64(n.relayed)
+		cpu += n.cpu.Seconds()
+		if n.ban {
+			r.BannedLiar++
+		}
+		if n.fromOrigin >= float64(s.cfg.Size)/10 {
+			r.Fetchers++
+			if n.up < s.cfg.Link {
+				r.SlowFetchers++
+			}
+			if n.dead {
+				r.KilledFetchers++
+			}
+			if n.liar {
+				r.LyingFetchers++
+			}
+		}
+		if n.dead {
+			r.Killed++
+			continue
+		}
+		if n.done == 0 {
+			continue
+		}
+		r.Finished++
+		// Over the node's own S/B: a node of the slow tail cannot beat
+		// its link.
+		ratios = append(ratios, n.done.Seconds()/limit*math.Min(n.up, n.down)/s.cfg.Link)
+		stateBytes += float64(n.stateBytes)
+		stateReads += float64(n.stateReads)
+		fillS += n.done.Seconds()
+	}
+	if r.Finished+r.Killed != r.Nodes {
+		return r, fmt.Errorf("swarmsim: %d of %d nodes finished (%d killed) in %.0f s", r.Finished, r.Nodes, r.Killed, r.SimulatedS)
+	}
+	slices.Sort(ratios)
+	r.TimeRatioP50 = quantile(ratios, 0.5)
+	r.TimeRatioP99 = quantile(ratios, 0.99)
+	r.TimeRatioMax = ratios[len(ratios)-1]
+	r.OriginRatio = s.origin / float64(s.cfg.Size)
+	r.OriginDoneRatio = s.originLast.Seconds() / limit
+	r.RelayedBytesPerNode = relayed / float64(r.Nodes)
+	r.SchedCPUPerNode = cpu / float64(r.Nodes)
+	r.StateBytesPerNodeS = stateBytes / fillS
+	r.StateReadsPerNodeS = stateReads / fillS
+	return r, nil
+}
+
+// quantile is the q-quantile of sorted xs, nearest rank.
+func quantile(xs []float64, q float64) float64 {
+	return xs[max(0, int(math.Ceil(q*float64(len(xs))))-1)]
+}
+
+// threadCPU is the CPU time of the calling OS thread.
+func threadCPU() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
+		panic(err) // Linux has had it since 2.6.12
+	}
+	return time.Duration(ts.Nano())
+}
+
+func bitSet(b []byte, i int) bool { return b[i/8]&(1<<(i%8)) != 0 }
+
+func setBit(b []byte, i int) []byte { b[i/8] |= 1 << (i % 8); return b }
+
+func clearBit(b []byte, i int) []byte { b[i/8] &^= 1 << (i % 8); return b }
