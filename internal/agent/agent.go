@@ -101,8 +101,14 @@ type Agent struct {
 	running atomic.Bool
 }
 
+// zoneLookupTimeout bounds reading the Node's zone at start: an API server
+// that does not answer leaves the swarm without zones, not the node
+// without an agent.
+const zoneLookupTimeout = 10 * time.Second
+
 // New opens the cache, builds every component on one Prometheus
-// registry and opens the API and metrics listeners. It starts no component:
+// registry and opens the API and metrics listeners. Without --zone, the
+// zone is the Node's topology.kubernetes.io/zone label. It starts no component:
 // only, with a cluster, the shared event broadcaster, which Run stops.
 func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if cfg.MaxJobs < 1 {
@@ -116,6 +122,18 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	}
 	if cfg.Commit == "" {
 		cfg.Commit = "dev"
+	}
+	if cfg.Zone == "" {
+		ctx, cancel := context.WithTimeout(context.Background(), zoneLookupTimeout)
+		zone, err := nodeZone(ctx, cfg.KubeConfig, cfg.NodeName, cfg.Version)
+		cancel()
+		switch {
+		case err != nil:
+			log.Warn("this node's zone is unknown: the swarm leaves zones out until --zone is set or the agent restarts", "err", err)
+		case zone != "":
+			cfg.Zone = zone
+			log.Info("zone from the Node's label", "zone", zone, "label", "topology.kubernetes.io/zone")
+		}
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(

@@ -23,6 +23,13 @@ func startAgent(t *testing.T) string {
 // startAgentWith is startAgent with a configuration changed by edit.
 func startAgentWith(t *testing.T, edit func(*Config)) string {
 	t.Helper()
+	_, addr := startAgentAndAddr(t, edit)
+	return addr
+}
+
+// startAgentAndAddr is startAgentWith that also returns the agent.
+func startAgentAndAddr(t *testing.T, edit func(*Config)) (*Agent, string) {
+	t.Helper()
 	dir := testdisk.ShortDir(t)
 	addr := "unix://" + filepath.Join(dir, "api.sock")
 	cfg := Config{
@@ -34,8 +41,7 @@ func startAgentWith(t *testing.T, edit func(*Config)) string {
 	if edit != nil {
 		edit(&cfg)
 	}
-	runAgent(t, cfg)
-	return addr
+	return runAgent(t, cfg), addr
 }
 
 // runAgent builds an agent from cfg and runs it until the test ends; it

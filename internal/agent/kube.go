@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
@@ -58,6 +60,29 @@ type kubeSide struct {
 // newKube builds the Kubernetes side for node, or returns nil when no
 // cluster is configured (one info line says so). pool is the warm pool, nil
 // when off. It starts only the shared event broadcaster, which close stops.
+// nodeZone is the topology.kubernetes.io/zone label of node, "" where there
+// is no cluster, no node name or no label: a DaemonSet cannot hand a node's
+// labels to its pods, so the swarm's zone comes from here when --zone is
+// not set.
+func nodeZone(ctx context.Context, cfg KubeConfig, node, version string) (string, error) {
+	rc, err := kube.RESTConfig(cfg.Kubeconfig, cfg.KubeQPS, cfg.KubeBurst, "weightd/"+version)
+	if errors.Is(err, kube.ErrNoCluster) || (err == nil && node == "") {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return "", fmt.Errorf("building the Kubernetes client: %w", err)
+	}
+	n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("reading node %s: %w", node, err)
+	}
+	return n.Labels[corev1.LabelTopologyZone], nil
+}
+
 func newKube(cfg KubeConfig, node, version string, queue *prefetch.Queue, store *cache.Store, pool *warmpool.Pool, log *slog.Logger, reg prometheus.Registerer) (_ *kubeSide, err error) {
 	if cfg.KubeQPS < 0 || cfg.KubeBurst < 0 || cfg.NodeUpdateInterval < 0 || cfg.PolicySummaryInterval < 0 {
 		return nil, fmt.Errorf("--kube-qps, --kube-burst, --node-update-interval and --policy-summary-interval must not be negative")

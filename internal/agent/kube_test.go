@@ -19,13 +19,16 @@ import (
 func TestAgentKubernetes(t *testing.T) {
 	env := kubetest.NewT(t, kubetest.Config{})
 	const node = "gpu-node-1"
-	if _, err := env.CreateNode(t.Context(), node, nil); err != nil {
+	if _, err := env.CreateNode(t.Context(), node, map[string]string{corev1.LabelTopologyZone: "zone-a"}); err != nil {
 		t.Fatal(err)
 	}
 	ref, _ := startOrigin(t, 2, 4<<20)
-	api := startAgentWith(t, func(c *Config) {
+	agent, api := startAgentAndAddr(t, func(c *Config) {
 		c.Kubeconfig, c.NodeName, c.NodeUpdateInterval = env.Kubeconfig, node, 500*time.Millisecond
 	})
+	if agent.cfg.Zone != "zone-a" {
+		t.Fatalf("the swarm's zone is %q, not the Node's label zone-a", agent.cfg.Zone)
+	}
 	pods := env.Clientset().CoreV1().Pods("default")
 	podReady := func(name, ref string) {
 		t.Helper()
