@@ -4,16 +4,8 @@
 // model. It reaches cluster sizes bench/swarm cannot; bench/swarm's
 // figures (8 nodes, 512 MiB, 100 Mbit/s, 2 MiB chunks) check it.
 //
-// Each run prints one JSON line on stdout:
-//
-//	{"bench":"swarm-sim","nodes":N,"size_bytes":S,"time_ratio_p50":…,"time_ratio_p99":…,
-//	 "origin_ratio":…,"relayed_bytes_per_node":…,"sched_cpu_s_per_node":…,"state_bytes_per_node_s":…, …}
-//
-// time_ratio is a node's time to hold the blob over S/B, from its own
-// start; origin_ratio the origin's bytes over S; sched_cpu_s_per_node the
-// time spent in the decision code (wall time of a single goroutine);
-// state_bytes_per_node_s the bytes of a node's state reads (requests and
-// answers) per second of its fill.
+// Each run prints one JSON line on stdout, {"bench":"swarm-sim",…}, its
+// figures those of swarmsim.Result.
 //
 //	go run ./bench/swarmsim -nodes 8 -size-mib 512 -chunk-mib 2 -faults=false   # bench/swarm's set-up
 //	go run ./bench/swarmsim -nodes 100,1000 -size-mib 1024,16384                 # the issue's

@@ -13,6 +13,7 @@ import (
 
 	"github.com/weightd/weightd/pkg/source"
 	"github.com/weightd/weightd/pkg/source/hf"
+	corev1 "k8s.io/api/core/v1"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus"
@@ -123,16 +124,20 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if cfg.Commit == "" {
 		cfg.Commit = "dev"
 	}
-	if cfg.Zone == "" {
+	kc, err := connect(cfg.KubeConfig, cfg.NodeName, cfg.Version, log)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Zone == "" && kc != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), zoneLookupTimeout)
-		zone, err := nodeZone(ctx, cfg.KubeConfig, cfg.NodeName, cfg.Version)
+		zone, err := kc.zone(ctx)
 		cancel()
 		switch {
 		case err != nil:
 			log.Warn("this node's zone is unknown: the swarm leaves zones out until --zone is set or the agent restarts", "err", err)
 		case zone != "":
 			cfg.Zone = zone
-			log.Info("zone from the Node's label", "zone", zone, "label", "topology.kubernetes.io/zone")
+			log.Info("zone from the Node's label", "zone", zone, "label", corev1.LabelTopologyZone)
 		}
 	}
 	reg := prometheus.NewRegistry()
@@ -239,7 +244,7 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if a.warm, err = newWarmPool(cfg.WarmConfig, cfg.Root, a.queue, a.store, a.dram, nvml.PodUse(a.gpus, gpuLog), log.With("component", "warmpool"), reg); err != nil {
 		return nil, err
 	}
-	if a.kube, err = newKube(cfg.KubeConfig, cfg.NodeName, cfg.Version, a.queue, a.store, a.warm, log, reg); err != nil {
+	if a.kube, err = newKube(kc, cfg.KubeConfig, cfg.Version, a.queue, a.store, a.warm, log, reg); err != nil {
 		return nil, err
 	}
 	if a.csi, err = newCSI(cfg.CSIConfig, cfg.Root, cfg.NodeName, cfg.Version, a.store, a.queue, a.kube.announceVolume(), log.With("component", "csi")); err != nil {

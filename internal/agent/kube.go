@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
 	"github.com/weightd/weightd/pkg/cache"
@@ -57,33 +58,16 @@ type kubeSide struct {
 	volumes   *kube.PodVolumes
 }
 
-// newKube builds the Kubernetes side for node, or returns nil when no
-// cluster is configured (one info line says so). pool is the warm pool, nil
-// when off. It starts only the shared event broadcaster, which close stops.
-// nodeZone is the topology.kubernetes.io/zone label of node, "" where there
-// is no cluster, no node name or no label: a DaemonSet cannot hand a node's
-// labels to its pods, so the swarm's zone comes from here when --zone is
-// not set.
-func nodeZone(ctx context.Context, cfg KubeConfig, node, version string) (string, error) {
-	rc, err := kube.RESTConfig(cfg.Kubeconfig, cfg.KubeQPS, cfg.KubeBurst, "weightd/"+version)
-	if errors.Is(err, kube.ErrNoCluster) || (err == nil && node == "") {
-		return "", nil
-	}
-	if err != nil {
-		return "", err
-	}
-	client, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return "", fmt.Errorf("building the Kubernetes client: %w", err)
-	}
-	n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-	if err != nil {
-		return "", fmt.Errorf("reading node %s: %w", node, err)
-	}
-	return n.Labels[corev1.LabelTopologyZone], nil
+// cluster is the API server the agent talks to, and this node's name in it.
+type cluster struct {
+	rest   *rest.Config
+	client *kubernetes.Clientset
+	node   string
 }
 
-func newKube(cfg KubeConfig, node, version string, queue *prefetch.Queue, store *cache.Store, pool *warmpool.Pool, log *slog.Logger, reg prometheus.Registerer) (_ *kubeSide, err error) {
+// connect builds the clients of the cluster cfg names and settles this
+// node's name; nil when no cluster is configured (one info line says so).
+func connect(cfg KubeConfig, node, version string, log *slog.Logger) (*cluster, error) {
 	if cfg.KubeQPS < 0 || cfg.KubeBurst < 0 || cfg.NodeUpdateInterval < 0 || cfg.PolicySummaryInterval < 0 {
 		return nil, fmt.Errorf("--kube-qps, --kube-burst, --node-update-interval and --policy-summary-interval must not be negative")
 	}
@@ -108,6 +92,28 @@ func newKube(cfg KubeConfig, node, version string, queue *prefetch.Queue, store 
 	if err != nil {
 		return nil, fmt.Errorf("building the Kubernetes client: %w", err)
 	}
+	return &cluster{rest: rc, client: client, node: node}, nil
+}
+
+// zone is the node's topology.kubernetes.io/zone label, "" when it has
+// none: a DaemonSet cannot hand a node's labels to its pods, so the swarm's
+// zone comes from here when --zone is not set.
+func (c *cluster) zone(ctx context.Context) (string, error) {
+	n, err := c.client.CoreV1().Nodes().Get(ctx, c.node, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("reading node %s: %w", c.node, err)
+	}
+	return n.Labels[corev1.LabelTopologyZone], nil
+}
+
+// newKube builds the Kubernetes side on c, or returns nil when there is no
+// cluster (c nil). pool is the warm pool, nil when off. It starts only the
+// shared event broadcaster, which close stops.
+func newKube(c *cluster, cfg KubeConfig, version string, queue *prefetch.Queue, store *cache.Store, pool *warmpool.Pool, log *slog.Logger, reg prometheus.Registerer) (_ *kubeSide, err error) {
+	if c == nil {
+		return nil, nil
+	}
+	rc, client, node := c.rest, c.client, c.node
 	// client-go logs through klog: send it to the agent's log, quietly (a
 	// restarting API server makes the informers say so every few seconds).
 	klog.SetSlogLogger(log.With("component", "client-go"))

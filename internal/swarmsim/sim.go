@@ -61,13 +61,12 @@ type Config struct {
 	Seed           uint64
 }
 
-// Result is what a simulation measured. Times are over the nodes that
-// finished, each from its own start and over its own link's S/B; killed
-// nodes are left out.
+// Result is what a simulation measured. A node's time ratio is over its own
+// link's S/B, as a slow link cannot beat it; killed nodes are left out.
 type Result struct {
 	Nodes, Finished, Killed int
 	LimitS                  float64 // S/B of a link of Config.Link
-	TimeRatioP50            float64 // T/(S/B)
+	TimeRatioP50            float64 // T/(S/B), T from the node's start
 	TimeRatioP99            float64
 	TimeRatioMax            float64
 	OriginRatio             float64 // origin bytes / S
@@ -117,16 +116,6 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Server-side constants as the chunk server has them (pkg/p2p/server.go):
-// a state read waits for news at most stateWait; an origin fetcher sends a
-// chunk once per resendAfter; a relay holds back its last piece until the
-// chunk is verified.
-const (
-	stateWait   = time.Second
-	resendAfter = 10 * time.Second
-	relayPiece  = 64 << 10
-)
-
 // Wire sizes of a state read: the HTTP request and response around the
 // state (a guess at headers and TLS framing), and the encoded state's
 // header (pkg/p2p/state.go).
@@ -134,7 +123,6 @@ const (
 	stateRequestBytes  = 300
 	stateResponseBytes = 200
 	stateHeaderBytes   = 22
-	maxKnownParam      = 2 << 10
 )
 
 var errRefused = errors.New("connection refused")
@@ -456,7 +444,7 @@ func (s *sim) readState(n, h *node) {
 		case n.known[h.idx] != h.key:
 			s.answer(n, h)
 		default:
-			h.waiting = append(h.waiting, read{from: n, until: s.now + stateWait})
+			h.waiting = append(h.waiting, read{from: n, until: s.now + p2p.PlanStateWait})
 		}
 	})
 }
@@ -470,7 +458,7 @@ func (s *sim) answer(n, h *node) {
 	req := stateRequestBytes
 	last := n.known[h.idx]
 	hashes := h.nhave
-	if last.valid && bmap <= maxKnownParam {
+	if last.valid && bmap <= p2p.PlanMaxKnownParam {
 		req += base64.RawURLEncoding.EncodedLen(bmap)
 		hashes -= last.have
 	}
@@ -480,7 +468,7 @@ func (s *sim) answer(n, h *node) {
 			resp += bmap
 		}
 	}
-	if last.valid && bmap <= maxKnownParam {
+	if last.valid && bmap <= p2p.PlanMaxKnownParam {
 		resp += bmap
 	}
 	n.known[h.idx] = h.key
@@ -506,7 +494,7 @@ func (s *sim) stateRead(n, h *node, st *p2p.PeerState, err error) {
 }
 
 // answerReads answers the reads waiting at each holder that has news, and
-// those that waited stateWait.
+// those that waited p2p.PlanStateWait.
 func (s *sim) answerReads() {
 	for _, h := range s.nodes {
 		if len(h.waiting) == 0 {
@@ -595,7 +583,7 @@ func (s *sim) request(n *node, r p2p.PlanRequest) {
 			err = p2p.ErrPeerBusy
 		}
 		if err == nil && h.origin {
-			if at, ok := h.recent[r.Chunk]; ok && s.now-at < resendAfter {
+			if at, ok := h.recent[r.Chunk]; ok && s.now-at < p2p.PlanResendAfter {
 				if h.uploads > s.cfg.MaxUploads/2 || h.repeating {
 					err = p2p.ErrChunkSent
 				} else {
@@ -730,7 +718,7 @@ func (s *sim) transfer() {
 				s.fail(f, errors.New("relayed chunk cut short: it failed at the relay"))
 				continue
 			}
-			f.got = max(was, min(f.got, u.got-relayPiece))
+			f.got = max(was, min(f.got, u.got-p2p.PlanRelayPiece))
 		}
 		if f.from == nil {
 			s.origin += f.got - was

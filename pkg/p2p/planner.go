@@ -26,6 +26,18 @@ type PlanRequest struct {
 	Relay bool
 }
 
+// The chunk server as a simulation models it: a state read waits for news
+// at most PlanStateWait; an origin fetcher sends a chunk once per
+// PlanResendAfter; a relay holds back its last PlanRelayPiece bytes until
+// the chunk is verified; a state request names the hashes it knows while
+// their bitmap is at most PlanMaxKnownParam bytes.
+const (
+	PlanStateWait     = stateWait
+	PlanResendAfter   = resendAfter
+	PlanRelayPiece    = relayPiece
+	PlanMaxKnownParam = maxKnownParam
+)
+
 // Errors a simulated request may end with, as the real ones do: the
 // peer's upload slots are all taken; it is an origin fetcher that sent the
 // chunk already and leaves it to the receiver to pass on; it holds none
