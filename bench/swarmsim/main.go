@@ -61,6 +61,9 @@ func main() {
 	faults := flag.Bool("faults", true, "a 10% slow tail at ¼ speed, 5% of nodes killed mid-fill, 10% starting late, one lying peer")
 	refresh := flag.Duration("refresh", 0, "SwarmConfig.Refresh, the least time between two state reads of one holder (default 50ms)")
 	step := flag.Duration("step", 0, "the network's time step (default Refresh/2, at most 25ms)")
+	maxInFlight := flag.Int("max-inflight", 0, "SwarmConfig.MaxInFlight, requests in flight per blob (default 8)")
+	originInFlight := flag.Int("origin-inflight", 0, "SwarmConfig.OriginInFlight, an origin fetcher's origin requests in flight (default 2)")
+	originFetchers := flag.Int("origin-fetchers", 0, "SwarmConfig.OriginFetchers (default 2)")
 	seed := flag.Uint64("seed", 1, "random seed")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the runs to this file")
 	flag.Parse()
@@ -78,7 +81,7 @@ func main() {
 		for _, mib := range ints(*sizes) {
 			cfg := swarmsim.Config{Nodes: n, Size: int64(mib) << 20, ChunkSize: *chunkMiB << 20,
 				Link: *linkMbit * 1e6 / 8, OriginLink: *originMbit * 1e6 / 8, Seed: *seed, Step: *step,
-				Swarm: p2p.SwarmConfig{Refresh: *refresh}}
+				Swarm: p2p.SwarmConfig{Refresh: *refresh, MaxInFlight: *maxInFlight, OriginInFlight: *originInFlight, OriginFetchers: *originFetchers}}
 			if *faults {
 				cfg.SlowFraction, cfg.KillFraction, cfg.LateFraction, cfg.Liars = 0.1, 0.05, 0.1, 1
 			}

@@ -95,6 +95,13 @@ func (f *plan) decideOrigin() {
 	if len(fetchers) >= f.s.cfg.OriginFetchers {
 		return
 	}
+	// Rank among every holder gossip names, not only the followed ones,
+	// so that all nodes agree on who comes first.
+	for _, name := range f.holders {
+		if f.peers[name] == nil && !f.s.Banned(name) {
+			names = append(names, name)
+		}
+	}
 	rank := slices.Index(f.electionOrder(names), f.s.dir.LocalName())
 	members := f.s.dir.Members()
 	alone := len(members) == 0 && len(f.peers) == 0

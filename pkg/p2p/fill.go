@@ -76,6 +76,12 @@ type plan struct {
 	chunkTime      time.Duration // recent time to fetch one chunk (moving average)
 	originTime     time.Duration // recent time to fetch one chunk from the origin (moving average)
 	zone           zoneView
+
+	leading    []string  // the first holders in election order (follow)
+	holders    []string  // the holders gossip named at the last follow
+	followedAt time.Time // when holders were last looked at
+	leadersAt  time.Time
+	rotatedAt  time.Time
 }
 
 // newPlan starts the decisions for a blob of desc in chunks of chunkSize.
@@ -129,7 +135,7 @@ func (f *fill) run(parent context.Context) error {
 			f.wg.Wait()
 			return f.verify(parent)
 		}
-		f.readStates(ctx, f.refresh())
+		f.readStates(ctx, f.refresh(missing))
 		f.decideOrigin()
 		f.paceOrigin()
 		f.answerHashes()
@@ -155,34 +161,27 @@ func (f *fill) run(parent context.Context) error {
 // worth asking (one that does not is soon banned).
 const peerGrace = 10 * time.Second
 
-// refresh learns new holders from gossip and returns the holders whose
-// chunk states to read again now; each read waits at the holder until it
-// has news.
-func (f *plan) refresh() []*peerView {
+// refresh learns new holders from gossip (follow) and returns the
+// holders whose chunk states to read again now; each read waits at the
+// holder until it has news.
+func (f *plan) refresh(missing []int) []*peerView {
 	now := f.s.cfg.Now()
-	for _, h := range f.s.dir.Holders(f.d) {
-		f.addPeer(h.Peer, now)
-	}
-	members := f.s.dir.Members()
-	alive := map[string]bool{}
-	for _, m := range members {
-		alive[m.Name] = true
-	}
+	f.follow(now, missing)
 	// Gossip can miss a holder (it is UDP, and packets drop while links
 	// are full), and the origin role hinges on the nodes ranked first for
 	// the blob: ask those directly whether they hold it. Not more often
-	// than a quarter of Settle: addPeer asks an absent member again no
-	// sooner, and ranking the members costs a hash each.
-	if now.Sub(f.probedAt) >= f.s.cfg.Settle/4 {
+	// than addPeer asks an absent member again: ranking the members costs
+	// a hash each.
+	if now.Sub(f.probedAt) >= f.rankEvery(now) {
 		f.probedAt = now
-		names := f.withMembers(members)
+		names := f.withMembers(f.s.dir.Members())
 		for _, name := range f.electionOrder(names)[:min(len(names), f.s.cfg.OriginFetchers+1)] {
 			f.addPeer(name, now)
 		}
 	}
 	var reads []*peerView
 	for name, pv := range f.peers {
-		if alive[name] {
+		if _, alive := f.s.dir.Peer(name); alive {
 			pv.lastAlive = now
 		} else if now.Sub(pv.lastAlive) > peerGrace && pv.inflight == 0 && !pv.reading {
 			delete(f.peers, name) // left the cluster
@@ -222,14 +221,19 @@ func (f *fill) readStates(ctx context.Context, peers []*peerView) {
 // asked for the blob at about the same time all count each other.
 const absentFor = 5 * time.Second
 
+// rankEvery is how often the nodes first in election order are looked
+// for: as often as addPeer asks an absent member again.
+func (f *plan) rankEvery(now time.Time) time.Duration {
+	if now.Sub(f.start) < 2*f.s.cfg.Settle {
+		return f.s.cfg.Settle / 4
+	}
+	return absentFor
+}
+
 // addPeer starts to follow peer's state of the blob, unless it is this
 // node, already followed, unknown or recently found absent.
 func (f *plan) addPeer(name string, now time.Time) {
-	again := absentFor
-	if now.Sub(f.start) < 2*f.s.cfg.Settle {
-		again = f.s.cfg.Settle / 4
-	}
-	if name == f.s.dir.LocalName() || f.peers[name] != nil || now.Sub(f.absent[name]) < again {
+	if name == f.s.dir.LocalName() || f.peers[name] != nil || now.Sub(f.absent[name]) < f.rankEvery(now) {
 		return
 	}
 	peer, ok := f.s.dir.Peer(name)

@@ -59,7 +59,7 @@ func (s *Swarm) Planner(desc content.Descriptor, chunkSize int64) *Planner {
 // start (end each with Done). missing is the chunks not held yet; Step
 // reorders it.
 func (p *Planner) Step(missing []int) (reads []string, reqs []PlanRequest) {
-	for _, pv := range p.f.refresh() {
+	for _, pv := range p.f.refresh(missing) {
 		reads = append(reads, pv.name)
 	}
 	p.f.decideOrigin()

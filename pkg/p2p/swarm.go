@@ -45,6 +45,7 @@ type SwarmConfig struct {
 	PerPeer        int           // requests in flight to one peer (default 2)
 	OriginInFlight int           // requests in flight to the origin (default 2)
 	OriginFetchers int           // nodes that fetch one blob from the origin, each a share of its chunks (default 2)
+	MaxFollowed    int           // holders of a blob whose chunk states one download reads, and whom it asks for chunks (default 24; follow.go)
 	Refresh        time.Duration // the least time between two reads of one holder's chunk state; each read waits at the holder for news (default 50ms)
 	Settle         time.Duration // how long to let gossip settle before taking the origin role (default 1s)
 	BanFor         time.Duration // how long a lying or failing peer is shunned (default 5m)
@@ -79,6 +80,7 @@ func (c SwarmConfig) withDefaults() SwarmConfig {
 	def(&c.PerPeer, 2)
 	def(&c.OriginInFlight, 2)
 	def(&c.OriginFetchers, 2)
+	def(&c.MaxFollowed, 24)
 	if c.Refresh <= 0 {
 		c.Refresh = 50 * time.Millisecond
 	}

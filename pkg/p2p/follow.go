@@ -1,0 +1,119 @@
+package p2p
+
+import (
+	"math/rand/v2"
+	"slices"
+	"time"
+)
+
+// Following: a download reads the chunk states only of the holders it
+// follows, and asks only them for chunks. Every state read waits at its
+// holder for news, so following every holder would cost each node a read
+// per holder per change, N² over a cluster of N that fills one blob. A
+// download follows at most MaxFollowed holders: those that decide the
+// origin role (the first holders in election order, and any that say
+// they fetch from the origin), then others drawn at random, of its own
+// zone first. Every rotateEvery it stops following the one with least of
+// what it misses, making room for another: the chunks a node lacks are
+// soon found wherever they are.
+
+// rotateEvery is how often a download that follows as many holders as it
+// may drops its least useful one for another.
+const rotateEvery = 2 * time.Second
+
+// leaders is how many of the first holders in election order a download
+// always follows: the origin fetchers and the next in line.
+func (f *plan) leaders() int { return f.s.cfg.OriginFetchers + 1 }
+
+// follow starts to follow holders of the blob that gossip names, within
+// MaxFollowed, at most once per Refresh: the first in election order
+// always, then others at random (complete ones first, then of this node's
+// zone, then any), and with as many followed as it may, drops the least
+// useful every rotateEvery.
+func (f *plan) follow(now time.Time, missing []int) {
+	if !f.followedAt.IsZero() && now.Sub(f.followedAt) < f.s.cfg.Refresh {
+		return
+	}
+	f.followedAt = now
+	holders := f.s.dir.Holders(f.d)
+	f.holders = f.holders[:0]
+	complete := 0 // Holders lists the complete first
+	for _, h := range holders {
+		f.holders = append(f.holders, h.Peer)
+		if h.Complete {
+			complete++
+		}
+	}
+	if now.Sub(f.leadersAt) >= f.rankEvery(now) {
+		f.leadersAt = now
+		order := f.electionOrder(append([]string{f.s.dir.LocalName()}, f.holders...))
+		f.leading = append(f.leading[:0], order[:min(len(order), f.leaders())]...)
+	}
+	for _, name := range f.leading {
+		f.addPeer(name, now)
+	}
+	limit := f.s.cfg.MaxFollowed
+	if len(holders) <= limit {
+		for _, name := range f.holders {
+			f.addPeer(name, now)
+		}
+		return
+	}
+	switch {
+	case len(f.peers) < limit:
+		f.rotatedAt = now // rotation counts from when the places are full
+	case now.Sub(f.rotatedAt) >= rotateEvery:
+		f.rotatedAt = now
+		f.dropLeastUseful(missing, now)
+	}
+	// A few tries per free place in each pass; a holder drawn that cannot
+	// be followed (found absent or dropped lately, gone, this node) costs
+	// a try.
+	for pass := range 3 {
+		pool, sameZone := len(holders), pass == 1
+		if pass == 0 {
+			pool = complete
+		}
+		if pass == 0 && complete <= limit-len(f.peers) {
+			for _, name := range f.holders[:complete] {
+				f.addPeer(name, now)
+			}
+			continue
+		}
+		for tries := 4 * (limit - len(f.peers)); pool > 0 && tries > 0 && len(f.peers) < limit; tries-- {
+			name := f.holders[rand.IntN(pool)]
+			if sameZone && f.zoneOf(name) != f.s.cfg.Zone {
+				continue
+			}
+			f.addPeer(name, now)
+		}
+	}
+}
+
+// dropLeastUseful stops following the peer that has or receives the
+// fewest of the missing chunks, but never a leader, an origin fetcher or
+// one with requests in flight; it is not followed again for absentFor.
+func (f *plan) dropLeastUseful(missing []int, now time.Time) {
+	var least *peerView
+	leastUse := 0
+	for _, pv := range f.peers {
+		if pv.inflight > 0 || (pv.known && pv.state.Origin) || slices.Contains(f.leading, pv.name) {
+			continue
+		}
+		use := 0
+		if pv.known {
+			for _, i := range missing {
+				if pv.state.Has(i) || pv.state.IsFetching(i) {
+					use++
+				}
+			}
+		}
+		if least == nil || use < leastUse {
+			least, leastUse = pv, use
+		}
+	}
+	if least != nil {
+		delete(f.peers, least.name)
+		f.absent[least.name] = now
+	}
+}
