@@ -64,6 +64,9 @@ func main() {
 	maxInFlight := flag.Int("max-inflight", 0, "SwarmConfig.MaxInFlight, requests in flight per blob (default 8)")
 	originInFlight := flag.Int("origin-inflight", 0, "SwarmConfig.OriginInFlight, an origin fetcher's origin requests in flight (default 2)")
 	originFetchers := flag.Int("origin-fetchers", 0, "SwarmConfig.OriginFetchers (default 2)")
+	perPeer := flag.Int("per-peer", 0, "SwarmConfig.PerPeer, requests in flight to one peer (default 2)")
+	maxFollowed := flag.Int("max-followed", 0, "SwarmConfig.MaxFollowed, holders one download follows (default 24)")
+	maxUploads := flag.Int("max-uploads", 0, "a chunk server's uploads at once (default 6, the agent's)")
 	seed := flag.Uint64("seed", 1, "random seed")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the runs to this file")
 	flag.Parse()
@@ -81,7 +84,7 @@ func main() {
 		for _, mib := range ints(*sizes) {
 			cfg := swarmsim.Config{Nodes: n, Size: int64(mib) << 20, ChunkSize: *chunkMiB << 20,
 				Link: *linkMbit * 1e6 / 8, OriginLink: *originMbit * 1e6 / 8, Seed: *seed, Step: *step,
-				Swarm: p2p.SwarmConfig{Refresh: *refresh, MaxInFlight: *maxInFlight, OriginInFlight: *originInFlight, OriginFetchers: *originFetchers}}
+				Swarm: p2p.SwarmConfig{Refresh: *refresh, MaxInFlight: *maxInFlight, OriginInFlight: *originInFlight, OriginFetchers: *originFetchers, PerPeer: *perPeer, MaxFollowed: *maxFollowed}, MaxUploads: *maxUploads}
 			if *faults {
 				cfg.SlowFraction, cfg.KillFraction, cfg.LateFraction, cfg.Liars = 0.1, 0.05, 0.1, 1
 			}

@@ -16,8 +16,8 @@
 // # The swarm downloader
 //
 // A Swarm fills one blob (a fill) chunk by chunk from the peers that hold
-// it and from the origin. Membership and holders: the fill follows the
-// holders the Directory names, and also asks the members ranked first for
+// it and from the origin. Membership and holders: the fill follows holders
+// the Directory names (at most MaxFollowed, below), and also asks the members ranked first for
 // the blob (below) directly, since gossip can miss a holder. Of each it
 // reads the chunk state (PeerState: chunks verified and their hashes,
 // chunks on their way to it, chunks it already sent, whether it fetches
@@ -27,7 +27,7 @@
 //
 // Origin election: only OriginFetchers nodes (default 2) fetch a blob from
 // the origin, so the origin serves about one copy. Every node ranks itself
-// and the holders it follows by rendezvous hashing (FNV-1a of digest and
+// and every holder gossip names by rendezvous hashing (FNV-1a of digest and
 // name, then MurmurHash3's finalizer), spread over zones (below): all
 // compute the same order, and removing a name keeps the others'.
 // No node takes the role while a peer holds the blob whole, or while
@@ -60,8 +60,15 @@
 // count the same pairs and the parts add up to the limit; blobs filled by
 // disjoint nodes hold it each (originlimit.go).
 //
-// Chunk picking: at most MaxInFlight requests per fill (and 64 MiB of
-// chunks), at most PerPeer to one peer over all fills. Origin requests go
+// Following: a fill reads the chunk states of, and asks for chunks, at
+// most MaxFollowed holders: the first in election order, complete ones,
+// then others at random, its zone's first, and every two seconds it drops
+// the one with least of what it misses for another (follow.go). State
+// reads then cost each node the same however large the cluster.
+//
+// Chunk picking: at most MaxInFlight requests per fill (and 128 MiB of
+// chunks; all fills of a node together 512 MiB, but two each always), at
+// most PerPeer to one peer over all fills. Origin requests go
 // first; then the lowest missing chunk from the byte a reader waits on
 // (Want); then the rarest missing chunk, among equally rare ones first one
 // its supplier has not yet sent to anyone. A chunk whose only holder

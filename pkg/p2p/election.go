@@ -134,10 +134,13 @@ func (f *plan) withMembers(members []Peer) []string {
 	return names
 }
 
-// release ends the fill's hold on the origin role. Peers keep seeing the
-// role for OriginLinger, until the blob is committed and its state says
+// release ends the fill: it gives back the chunk buffers of requests it
+// will not handle, and its hold on the origin role, which peers keep
+// seeing for OriginLinger, until the blob is committed and its state says
 // complete.
 func (f *plan) release() {
+	f.s.buffered.Add(-f.buffered) // requests that will not be handled
+	f.buffered = 0
 	if f.originRole {
 		f.s.setOrigin(f.d, false)
 	}

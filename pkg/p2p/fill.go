@@ -61,6 +61,7 @@ type plan struct {
 
 	want           *atomic.Int64 // the byte a reader waits on (-1 none): its chunks go first
 	maxInFlight    int           // requests in flight, bounded by the chunk buffers they need
+	buffered       int64         // bytes of chunk buffers booked for the requests in flight (Swarm.takeBuffer)
 	peers          map[string]*peerView
 	absent         map[string]time.Time // members that had none of the blob when asked, and when
 	probedAt       time.Time            // when the first-ranked members were last looked for
@@ -287,7 +288,8 @@ func (f *plan) schedule(missing []int) []request {
 	var reqs []request
 	total := f.inflightTotal()
 	rand.Shuffle(len(missing), func(i, j int) { missing[i], missing[j] = missing[j], missing[i] })
-	for total < f.maxInFlight {
+	// Two requests always: a download never waits on others' buffers.
+	for total < f.maxInFlight && (total < 2 || f.s.bufferRoom(f.chunkSize)) {
 		// The origin first: its fetchers are the swarm's only way in, and
 		// every node waits on what they bring.
 		if f.useOrigin() {
@@ -322,6 +324,8 @@ func (f *plan) schedule(missing []int) []request {
 // handle.
 func (f *plan) book(i int, pv *peerView) request {
 	f.inflight[i]++
+	f.buffered += f.chunkSize
+	f.s.buffered.Add(f.chunkSize)
 	if pv == nil {
 		f.originInflight++
 		return request{chunk: i}
@@ -446,6 +450,8 @@ func (f *fill) report(ctx context.Context, r chunkResult) {
 // handle books a finished request: credit or penalise its source.
 func (f *plan) handle(r chunkResult) error {
 	f.inflight[r.chunk]--
+	f.buffered -= f.chunkSize
+	f.s.buffered.Add(-f.chunkSize)
 	source := sourceOf(r.peer)
 	if r.peer == "" {
 		f.originInflight--

@@ -66,3 +66,47 @@ func TestOriginFetcherIsAskedForSentChunksLast(t *testing.T) {
 	require.Equal(t, 0, chunk, "the receiver had time to pass it on, and did not")
 	require.Same(t, fetcher, peer)
 }
+
+// The chunk buffers of a node's downloads together stay within
+// bufferBytes: a download alone keeps MaxInFlight chunks in flight, one
+// that starts when the others hold every buffer keeps two, and buffers
+// given back (a fill's end) go to those that wait.
+func TestChunkBuffersBoundAllDownloads(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{PerPeer: 1000}, nil, nil)
+	require.NoError(t, err)
+	const chunk, chunks = 16 << 20, 64
+	have := make([]byte, chunks/8)
+	for i := range have {
+		have[i] = 0xff
+	}
+	fill := func(i int) (*plan, []request) {
+		desc := descOf(randomBlob(uint64(200+i), testChunk))
+		desc.Size = chunks * chunk
+		f := s.newPlan(desc, chunk, nil)
+		f.peers["holder"] = &peerView{name: "holder", known: true, chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{},
+			state: PeerState{ChunkState: cache.ChunkState{Size: desc.Size, ChunkSize: chunk, Have: have}}}
+		missing := make([]int, chunks)
+		for i := range missing {
+			missing[i] = i
+		}
+		return f, f.schedule(missing)
+	}
+	var fills []*plan
+	for i := range bufferBytes / maxInFlightBytes {
+		f, reqs := fill(i)
+		require.Len(t, reqs, maxInFlightBytes/chunk, "fill %d: its own bound", i)
+		fills = append(fills, f)
+	}
+	late, reqs := fill(99)
+	require.Len(t, reqs, 2, "the buffers are taken: two requests still")
+	require.EqualValues(t, bufferBytes+2*chunk, s.buffered.Load())
+
+	fills[0].release()
+	missing := []int{10, 11, 12, 13, 14, 15, 16, 17, 18, 19}
+	require.Len(t, late.schedule(missing), maxInFlightBytes/chunk-2, "a fill's end gave its buffers back")
+	for _, f := range append(fills[1:], late) {
+		f.release()
+	}
+	require.Zero(t, s.buffered.Load())
+}

@@ -92,6 +92,6 @@ func (p *Planner) Done(r PlanRequest, took time.Duration, err error) error {
 // Origin reports whether this node holds the origin role for the blob.
 func (p *Planner) Origin() bool { return p.f.originRole }
 
-// Release ends the plan, giving back its origin role, which peers still
-// see for OriginLinger (Swarm.FetchesFromOrigin).
+// Release ends the plan, giving back its chunk buffers and its origin
+// role, which peers still see for OriginLinger (Swarm.FetchesFromOrigin).
 func (p *Planner) Release() { p.f.release() }

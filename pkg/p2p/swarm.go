@@ -41,7 +41,7 @@ type BoundedOpener interface {
 // SwarmConfig tunes the swarm downloader. The zero value of a field means
 // its default.
 type SwarmConfig struct {
-	MaxInFlight    int           // chunk requests in flight per blob, all sources together (default 8, and at most 64 MiB of chunks)
+	MaxInFlight    int           // chunk requests in flight per blob, all sources together (default 8, and at most 128 MiB of chunks)
 	PerPeer        int           // requests in flight to one peer (default 2)
 	OriginInFlight int           // requests in flight to the origin (default 2)
 	OriginFetchers int           // nodes that fetch one blob from the origin, each a share of its chunks (default 2)
@@ -102,6 +102,11 @@ func (c SwarmConfig) withDefaults() SwarmConfig {
 	return c
 }
 
+// bufferRoom reports whether the chunk buffers of all fills leave room
+// for n more bytes. Fills that check at once may pass it together by a
+// chunk each.
+func (s *Swarm) bufferRoom(n int64) bool { return s.buffered.Load()+n <= bufferBytes }
+
 // Swarm downloads blobs from many peers at once and from the origin as one
 // more source. Each blob is fetched chunk by chunk: rarest chunks first, a
 // bounded number of requests per peer, each chunk verified against the chunk
@@ -122,7 +127,8 @@ type Swarm struct {
 	log        *slog.Logger
 	m          *swarmMetrics
 
-	requestsTo sync.Map // peer name → *atomic.Int32: this node's chunk requests in flight to it, over all fills
+	requestsTo sync.Map     // peer name → *atomic.Int32: this node's chunk requests in flight to it, over all fills
+	buffered   atomic.Int64 // bytes of the chunk buffers all fills' requests in flight need
 
 	mu     sync.Mutex
 	bans   map[string]time.Time
@@ -269,9 +275,16 @@ func (r *pacedReader) Read(b []byte) (int, error) {
 	return n, err
 }
 
-// maxInFlightBytes bounds the chunk buffers one download holds, so memory
-// stays flat whatever the chunk size.
-const maxInFlightBytes = 64 << 20
+// maxInFlightBytes bounds the chunk buffers one download holds, and
+// bufferBytes those of all of a node's downloads together, so memory stays
+// flat whatever the chunk size and however many blobs are fetched at
+// once. A download alone keeps MaxInFlight 16 MiB chunks in flight: with
+// fewer, its requests wait on busy uploaders and its link idles
+// (docs/swarm-tuning.md).
+const (
+	maxInFlightBytes = 128 << 20
+	bufferBytes      = 512 << 20
+)
 
 // smallBlob is the largest blob fetched without the swarm's election when
 // it fits in one chunk (configs, manifests, small layers): a copy per node
