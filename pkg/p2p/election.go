@@ -54,6 +54,9 @@ func mix64(x uint64) uint64 {
 // A node among the first of all live members takes it at once: no node can
 // rank above it, so waiting for gossip to settle would only delay the swarm.
 func (f *plan) decideOrigin() {
+	if f.settled() {
+		return
+	}
 	fetchers, unknown, names := []string(nil), 0, []string{f.s.dir.LocalName()}
 	for name, pv := range f.peers {
 		if f.s.Banned(name) {
@@ -93,6 +96,7 @@ func (f *plan) decideOrigin() {
 		return
 	}
 	if len(fetchers) >= f.s.cfg.OriginFetchers {
+		f.settledOn = fetchers
 		return
 	}
 	// Rank among every holder gossip names, not only the followed ones,
@@ -122,6 +126,23 @@ func (f *plan) decideOrigin() {
 		f.s.setOrigin(f.d, true)
 		f.s.log.Info("fetching from the origin for the cluster", "digest", f.d, "rank", rank, "candidates", len(names))
 	}
+}
+
+// settled reports whether the origin role is settled for this node: it
+// saw OriginFetchers others take it, and they are still live members and
+// not banned. It then need not follow them (follow); were one to go, the
+// election is open again.
+func (f *plan) settled() bool {
+	for _, name := range f.settledOn {
+		if _, live := f.s.dir.Peer(name); !live || f.s.Banned(name) {
+			f.settledOn = nil
+			for _, l := range f.leading {
+				delete(f.absent, l) // dropped while settled: follow them again at once
+			}
+			break
+		}
+	}
+	return f.settledOn != nil
 }
 
 // withMembers is this node's name followed by the names of members (the

@@ -79,6 +79,7 @@ type plan struct {
 	zone           zoneView
 
 	leading    []string  // the first holders in election order (follow)
+	settledOn  []string  // the origin fetchers seen, once the role is settled for this node (settled)
 	holders    []string  // the holders gossip named at the last follow
 	followedAt time.Time // when holders were last looked at
 	leadersAt  time.Time

@@ -15,7 +15,10 @@ import (
 // they fetch from the origin), then others drawn at random, of its own
 // zone first. Every rotateEvery it stops following the one with least of
 // what it misses, making room for another: the chunks a node lacks are
-// soon found wherever they are.
+// soon found wherever they are. Once the role is settled (plan.settled),
+// the origin fetchers are followed as any holder: each chunk they fetch
+// leaves them once, and every node following them would load their
+// links with state reads, N of them at each change.
 
 // rotateEvery is how often a download that follows as many holders as it
 // may drops its least useful one for another.
@@ -49,8 +52,10 @@ func (f *plan) follow(now time.Time, missing []int) {
 		order := f.electionOrder(append([]string{f.s.dir.LocalName()}, f.holders...))
 		f.leading = append(f.leading[:0], order[:min(len(order), f.leaders())]...)
 	}
-	for _, name := range f.leading {
-		f.addPeer(name, now)
+	if f.settledOn == nil {
+		for _, name := range f.leading {
+			f.addPeer(name, now)
+		}
 	}
 	limit := f.s.cfg.MaxFollowed
 	if len(holders) <= limit {
@@ -91,21 +96,21 @@ func (f *plan) follow(now time.Time, missing []int) {
 }
 
 // dropLeastUseful stops following the peer that has or receives the
-// fewest of the missing chunks, but never a leader, an origin fetcher or
-// one with requests in flight; it is not followed again for absentFor.
+// fewest of the missing chunks, but never one whose state is still unread,
+// one with requests in flight, or, until the origin role is settled, a
+// leader or an origin fetcher; it is not followed again for a while
+// (rankEvery).
 func (f *plan) dropLeastUseful(missing []int, now time.Time) {
 	var least *peerView
 	leastUse := 0
 	for _, pv := range f.peers {
-		if pv.inflight > 0 || (pv.known && pv.state.Origin) || slices.Contains(f.leading, pv.name) {
+		if !pv.known || pv.inflight > 0 || (f.settledOn == nil && (pv.state.Origin || slices.Contains(f.leading, pv.name))) {
 			continue
 		}
 		use := 0
-		if pv.known {
-			for _, i := range missing {
-				if pv.state.Has(i) || pv.state.IsFetching(i) {
-					use++
-				}
+		for _, i := range missing {
+			if pv.state.Has(i) || pv.state.IsFetching(i) {
+				use++
 			}
 		}
 		if least == nil || use < leastUse {

@@ -161,3 +161,44 @@ func stateWith(n int, have ...int) cache.ChunkState {
 	}
 	return st
 }
+
+// Once a node saw OriginFetchers others take the origin role, it follows
+// them as any holder (and drops them when they have least of what it
+// misses); when one of them leaves, the election is open again and the
+// first in election order are followed again.
+func TestSettledOriginRoleFreesTheFetchers(t *testing.T) {
+	t.Parallel()
+	dir := manyHolders(50, 0)
+	start := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
+	now := start
+	s, err := NewSwarm(dir, nil, SwarmConfig{MaxFollowed: 8, Now: func() time.Time { return now }}, nil, nil)
+	require.NoError(t, err)
+	f := s.newPlan(descOf(randomBlob(3, 4*testChunk)), testChunk, nil)
+	missing := []int{0, 1, 2, 3}
+	f.refresh(missing)
+	fetchers := slices.DeleteFunc(slices.Clone(f.leading), func(n string) bool { return n == "me" })[:2]
+	for name, pv := range f.peers {
+		pv.known, pv.reading = true, false
+		pv.state = PeerState{ChunkState: stateWith(4, 0, 1, 2, 3)}
+		if slices.Contains(fetchers, name) {
+			pv.state = PeerState{ChunkState: stateWith(4), Origin: true}
+		}
+	}
+	f.decideOrigin()
+	require.False(t, f.originRole)
+	require.ElementsMatch(t, fetchers, f.settledOn, "settled on the two fetchers")
+	for range 2 {
+		now = now.Add(rotateEvery)
+		f.refresh(missing)
+	}
+	for _, name := range fetchers {
+		require.NotContains(t, f.peers, name, "a settled node drops fetchers that have least of what it misses")
+	}
+
+	delete(dir.peers, fetchers[0]) // it left the cluster
+	f.decideOrigin()
+	require.Nil(t, f.settledOn, "the election is open again")
+	now = now.Add(s.cfg.Refresh)
+	f.refresh(missing)
+	require.Contains(t, f.peers, fetchers[1], "the first in election order are followed again")
+}
