@@ -96,7 +96,7 @@ func (f *plan) decideOrigin() {
 		return
 	}
 	if len(fetchers) >= f.s.cfg.OriginFetchers {
-		f.settledOn = fetchers
+		f.settle(fetchers)
 		return
 	}
 	// Rank among every holder gossip names, not only the followed ones,
@@ -135,7 +135,7 @@ func (f *plan) decideOrigin() {
 func (f *plan) settled() bool {
 	for _, name := range f.settledOn {
 		if _, live := f.s.dir.Peer(name); !live || f.s.Banned(name) {
-			f.settledOn = nil
+			f.settledOn, f.dropFetchers = nil, false
 			for _, l := range f.leading {
 				delete(f.absent, l) // dropped while settled: follow them again at once
 			}

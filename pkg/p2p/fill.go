@@ -78,12 +78,13 @@ type plan struct {
 	originTime     time.Duration // recent time to fetch one chunk from the origin (moving average)
 	zone           zoneView
 
-	leading    []string  // the first holders in election order (follow)
-	settledOn  []string  // the origin fetchers seen, once the role is settled for this node (settled)
-	holders    []string  // the holders gossip named at the last follow
-	followedAt time.Time // when holders were last looked at
-	leadersAt  time.Time
-	rotatedAt  time.Time
+	leading      []string  // the first holders in election order (follow)
+	settledOn    []string  // the origin fetchers seen, once the role is settled for this node (settled)
+	dropFetchers bool      // it does not follow them (settle)
+	holders      []string  // the holders gossip named at the last follow
+	followedAt   time.Time // when holders were last looked at
+	leadersAt    time.Time
+	rotatedAt    time.Time
 }
 
 // newPlan starts the decisions for a blob of desc in chunks of chunkSize.
@@ -171,10 +172,10 @@ func (f *plan) refresh(missing []int) []*peerView {
 	f.follow(now, missing)
 	// Gossip can miss a holder (it is UDP, and packets drop while links
 	// are full), and the origin role hinges on the nodes ranked first for
-	// the blob: ask those directly whether they hold it. Not more often
-	// than addPeer asks an absent member again: ranking the members costs
-	// a hash each.
-	if now.Sub(f.probedAt) >= f.rankEvery(now) {
+	// the blob: until it is settled, ask those directly whether they hold
+	// it. Not more often than addPeer asks an absent member again:
+	// ranking the members costs a hash each.
+	if f.settledOn == nil && now.Sub(f.probedAt) >= f.rankEvery(now) {
 		f.probedAt = now
 		names := f.withMembers(f.s.dir.Members())
 		for _, name := range f.electionOrder(names)[:min(len(names), f.s.cfg.OriginFetchers+1)] {

@@ -57,6 +57,7 @@ func (f *plan) follow(now time.Time, missing []int) {
 			f.addPeer(name, now)
 		}
 	}
+	f.unfollowFetchers(now)
 	limit := f.s.cfg.MaxFollowed
 	if len(holders) <= limit {
 		for _, name := range f.holders {
@@ -87,7 +88,7 @@ func (f *plan) follow(now time.Time, missing []int) {
 		}
 		for tries := 4 * (limit - len(f.peers)); pool > 0 && tries > 0 && len(f.peers) < limit; tries-- {
 			name := f.holders[rand.IntN(pool)]
-			if sameZone && f.zoneOf(name) != f.s.cfg.Zone {
+			if (sameZone && f.zoneOf(name) != f.s.cfg.Zone) || (f.dropFetchers && slices.Contains(f.settledOn, name)) {
 				continue
 			}
 			f.addPeer(name, now)
@@ -120,5 +121,30 @@ func (f *plan) dropLeastUseful(missing []int, now time.Time) {
 	if least != nil {
 		delete(f.peers, least.name)
 		f.absent[least.name] = now
+	}
+}
+
+// settle records that the origin role is settled on fetchers. Among more
+// holders than it may follow, a download then keeps following them only
+// by the chance it would have drawn them (MaxFollowed in holders), as
+// they are useful to all and would otherwise stay followed by all; it
+// unfollows them (unfollowFetchers) once its requests to them end.
+func (f *plan) settle(fetchers []string) {
+	f.settledOn = fetchers
+	n := len(f.holders)
+	f.dropFetchers = n > f.s.cfg.MaxFollowed && rand.IntN(n) >= f.s.cfg.MaxFollowed
+}
+
+// unfollowFetchers stops following the origin fetchers the role settled
+// on, where settle so decided, but those with requests in flight.
+func (f *plan) unfollowFetchers(now time.Time) {
+	if f.settledOn == nil || !f.dropFetchers {
+		return
+	}
+	for _, name := range f.settledOn {
+		if pv := f.peers[name]; pv != nil && pv.inflight == 0 {
+			delete(f.peers, name)
+			f.absent[name] = now
+		}
 	}
 }

@@ -202,3 +202,26 @@ func TestSettledOriginRoleFreesTheFetchers(t *testing.T) {
 	f.refresh(missing)
 	require.Contains(t, f.peers, fetchers[1], "the first in election order are followed again")
 }
+
+// Once settled among many holders, a download keeps following the origin
+// fetchers only by the chance it would have drawn them: they keep about
+// MaxFollowed followers, not every node.
+func TestSettledFetchersKeepAboutMaxFollowedFollowers(t *testing.T) {
+	t.Parallel()
+	dir := manyHolders(50, 0)
+	s, err := NewSwarm(dir, nil, SwarmConfig{MaxFollowed: 8}, nil, nil)
+	require.NoError(t, err)
+	kept := 0
+	for i := range 200 {
+		f := s.newPlan(descOf(randomBlob(uint64(i), testChunk)), testChunk, nil)
+		f.holders = []string{}
+		for _, h := range dir.holders {
+			f.holders = append(f.holders, h.Peer)
+		}
+		f.settle([]string{"node-001", "node-002"})
+		if !f.dropFetchers {
+			kept++
+		}
+	}
+	require.InDelta(t, 200*8/50, kept, 20, "about MaxFollowed/holders of the downloads keep the fetchers")
+}
