@@ -135,7 +135,7 @@ func (f *plan) decideOrigin() {
 func (f *plan) settled() bool {
 	for _, name := range f.settledOn {
 		if _, live := f.s.dir.Peer(name); !live || f.s.Banned(name) {
-			f.settledOn, f.dropFetchers = nil, false
+			f.settledOn = nil
 			for _, l := range f.leading {
 				delete(f.absent, l) // dropped while settled: follow them again at once
 			}

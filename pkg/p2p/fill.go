@@ -78,13 +78,13 @@ type plan struct {
 	originTime     time.Duration // recent time to fetch one chunk from the origin (moving average)
 	zone           zoneView
 
-	leading      []string  // the first holders in election order (follow)
-	settledOn    []string  // the origin fetchers seen, once the role is settled for this node (settled)
-	dropFetchers bool      // it does not follow them (settle)
-	holders      []string  // the holders gossip named at the last follow
-	followedAt   time.Time // when holders were last looked at
-	leadersAt    time.Time
-	rotatedAt    time.Time
+	leading     []string  // the first holders in election order (follow)
+	settledOn   []string  // the origin fetchers seen, once the role is settled for this node (settled)
+	fetcherDraw float64   // whether it keeps following them (dropsFetchers)
+	holders     []string  // the holders gossip named at the last follow
+	followedAt  time.Time // when holders were last looked at
+	leadersAt   time.Time
+	rotatedAt   time.Time
 }
 
 // newPlan starts the decisions for a blob of desc in chunks of chunkSize.

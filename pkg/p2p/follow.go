@@ -88,7 +88,7 @@ func (f *plan) follow(now time.Time, missing []int) {
 		}
 		for tries := 4 * (limit - len(f.peers)); pool > 0 && tries > 0 && len(f.peers) < limit; tries-- {
 			name := f.holders[rand.IntN(pool)]
-			if (sameZone && f.zoneOf(name) != f.s.cfg.Zone) || (f.dropFetchers && slices.Contains(f.settledOn, name)) {
+			if (sameZone && f.zoneOf(name) != f.s.cfg.Zone) || (slices.Contains(f.settledOn, name) && f.dropsFetchers()) {
 				continue
 			}
 			f.addPeer(name, now)
@@ -124,21 +124,26 @@ func (f *plan) dropLeastUseful(missing []int, now time.Time) {
 	}
 }
 
-// settle records that the origin role is settled on fetchers. Among more
-// holders than it may follow, a download then keeps following them only
-// by the chance it would have drawn them (MaxFollowed in holders), as
-// they are useful to all and would otherwise stay followed by all; it
-// unfollows them (unfollowFetchers) once its requests to them end.
+// settle records that the origin role is settled on fetchers, and draws
+// whether this download keeps following them (dropsFetchers).
 func (f *plan) settle(fetchers []string) {
-	f.settledOn = fetchers
-	n := len(f.holders)
-	f.dropFetchers = n > f.s.cfg.MaxFollowed && rand.IntN(n) >= f.s.cfg.MaxFollowed
+	f.settledOn, f.fetcherDraw = fetchers, rand.Float64()
 }
 
-// unfollowFetchers stops following the origin fetchers the role settled
-// on, where settle so decided, but those with requests in flight.
+// dropsFetchers reports whether the download stops following the origin
+// fetchers the role settled on. Among more holders than it may follow, it
+// keeps them only by the chance it would have drawn them (MaxFollowed in
+// holders): they are useful to all, and would otherwise stay followed by
+// all, N state reads at each change of theirs.
+func (f *plan) dropsFetchers() bool {
+	n := len(f.holders)
+	return f.settledOn != nil && n > f.s.cfg.MaxFollowed && f.fetcherDraw >= float64(f.s.cfg.MaxFollowed)/float64(n)
+}
+
+// unfollowFetchers stops following the origin fetchers where
+// dropsFetchers says so, but those with requests in flight.
 func (f *plan) unfollowFetchers(now time.Time) {
-	if f.settledOn == nil || !f.dropFetchers {
+	if !f.dropsFetchers() {
 		return
 	}
 	for _, name := range f.settledOn {
