@@ -628,3 +628,29 @@ func TestMemberlistLogAtDebug(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 7, n)
 }
+
+// TestClusterOverMockTransport runs gossip over memberlist's in-process
+// transports: the members find each other at the mock addresses, which no
+// socket could have, and an announcement reaches them all.
+func TestClusterOverMockTransport(t *testing.T) {
+	t.Parallel()
+	var network memberlist.MockNetwork
+	transports := make([]*memberlist.MockTransport, 4)
+	for i := range transports { // MockNetwork is not safe for concurrent use
+		transports[i] = network.NewTransport(nodeName(t, i))
+	}
+	nodes := startCluster(t, len(transports), func(i int) MembershipConfig {
+		return MembershipConfig{NodeName: nodeName(t, i), Transport: transports[i], SecretKeys: [][]byte{testKey(3)}}
+	})
+	for i, n := range nodes {
+		ip, port, err := transports[i].FinalAdvertiseAddr("", 0)
+		require.NoError(t, err)
+		require.Equal(t, net.JoinHostPort(ip.String(), strconv.Itoa(port)), n.m.LocalAddr())
+	}
+	d := testDigest(9)
+	require.NoError(t, nodes[2].m.Announce(EventComplete, d))
+	for _, n := range []*testNode{nodes[0], nodes[1], nodes[3]} {
+		require.Eventually(t, func() bool { return slices.Equal([]string{nodes[2].m.LocalName() + ":complete"}, holderList(n.r.Holders(d))) },
+			waitFor, tick, "%s", n.m.LocalName())
+	}
+}
