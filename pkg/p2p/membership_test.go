@@ -650,7 +650,9 @@ func TestClusterOverMockTransport(t *testing.T) {
 	d := testDigest(9)
 	require.NoError(t, nodes[2].m.Announce(EventComplete, d))
 	for _, n := range []*testNode{nodes[0], nodes[1], nodes[3]} {
-		require.Eventually(t, func() bool { return slices.Equal([]string{nodes[2].m.LocalName() + ":complete"}, holderList(n.r.Holders(d))) },
+		require.Eventually(t, func() bool {
+			return slices.Equal([]string{nodes[2].m.LocalName() + ":complete"}, holderList(n.r.Holders(d)))
+		},
 			waitFor, tick, "%s", n.m.LocalName())
 	}
 }
