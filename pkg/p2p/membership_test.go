@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/weightd/weightd/internal/gossipnet"
 	"github.com/weightd/weightd/pkg/content"
 )
 
@@ -630,13 +631,13 @@ func TestMemberlistLogAtDebug(t *testing.T) {
 }
 
 // TestClusterOverMockTransport runs gossip over memberlist's in-process
-// transports: the members find each other at the mock addresses, which no
-// socket could have, and an announcement reaches them all.
+// transports (gossipnet): the members find each other at the mock
+// addresses, which no socket could have, and an announcement reaches them all.
 func TestClusterOverMockTransport(t *testing.T) {
 	t.Parallel()
-	var network memberlist.MockNetwork
-	transports := make([]*memberlist.MockTransport, 4)
-	for i := range transports { // MockNetwork is not safe for concurrent use
+	var network gossipnet.Network
+	transports := make([]*gossipnet.Transport, 4)
+	for i := range transports { // all before any is used
 		transports[i] = network.NewTransport(nodeName(t, i))
 	}
 	nodes := startCluster(t, len(transports), func(i int) MembershipConfig {
@@ -655,4 +656,7 @@ func TestClusterOverMockTransport(t *testing.T) {
 		},
 			waitFor, tick, "%s", n.m.LocalName())
 	}
+	bytes, packets := network.Sent()
+	assert.Positive(t, packets)
+	assert.Greater(t, bytes, packets)
 }
