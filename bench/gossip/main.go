@@ -7,7 +7,8 @@
 //   - fill: every member announces EventPartial for one blob at a random
 //     moment within -spread, then EventComplete -complete-after later (give
 //     or take -spread), and the command polls every member's Router every
-//     -poll until each lists every other as it announced, or -fill-timeout.
+//     -poll until each lists every other as it announced, or -fill-timeout;
+//     the fill's bytes are counted until -drain after that.
 //
 // Each size prints one JSON line on stdout, {"bench":"gossip",…}: the
 // delays from an announcement until another member's Router lists it
@@ -75,6 +76,7 @@ func main() {
 	poll := flag.Duration("poll", 20*time.Millisecond, "how often every Router is read")
 	joinTimeout := flag.Duration("join-timeout", 3*time.Minute, "bound on the wait for all members to see all")
 	fillTimeout := flag.Duration("fill-timeout", 2*time.Minute, "bound on the fill phase")
+	drain := flag.Duration("drain", 10*time.Second, "how long the fill's bytes are counted after every Router listed every event: retransmissions go on")
 	encrypt := flag.Bool("encrypt", true, "encrypt gossip with a keyring, as the agent does")
 	flag.Parse()
 	enc := json.NewEncoder(os.Stdout)
@@ -84,7 +86,7 @@ func main() {
 			log.Fatalf("bad -nodes %q: 2 to 30000 members", f)
 		}
 		r := bench{n: n, idle: *idle, spread: *spread, completeAfter: *completeAfter, poll: *poll,
-			joinTimeout: *joinTimeout, fillTimeout: *fillTimeout, encrypt: *encrypt}
+			joinTimeout: *joinTimeout, fillTimeout: *fillTimeout, drain: *drain, encrypt: *encrypt}
 		l, err := r.run()
 		if err != nil {
 			log.Fatalf("%d members: %v", n, err)
@@ -98,7 +100,7 @@ func main() {
 type bench struct {
 	n                                 int
 	idle, spread, completeAfter, poll time.Duration
-	joinTimeout, fillTimeout          time.Duration
+	joinTimeout, fillTimeout, drain   time.Duration
 	encrypt                           bool
 }
 
@@ -166,6 +168,7 @@ func (b bench) run() (line, error) {
 	l.IdlePktsPerNodeS = float64(pkts1-pkts0) / l.IdleS / float64(b.n)
 
 	delays, missed, err := b.fill(ms)
+	time.Sleep(b.drain)
 	bytes2, pkts2 := network.Sent()
 	t2 := time.Now()
 	if err != nil {
