@@ -26,6 +26,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"math"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -62,6 +63,8 @@ type line struct {
 	DelayP90Ms float64 `json:"delay_p90_ms"`
 	DelayP99Ms float64 `json:"delay_p99_ms"`
 	DelayMaxMs float64 `json:"delay_max_ms"`
+	// DelayDecilesMs are the delays' 0th, 10th, …, 100th percentiles.
+	DelayDecilesMs []float64 `json:"delay_deciles_ms"`
 	// Each event's p50 and max over the members: how fast it spreads.
 	EventMaxP50Ms float64 `json:"event_max_p50_ms"`
 	EventMaxMaxMs float64 `json:"event_max_max_ms"`
@@ -188,6 +191,9 @@ func (b bench) run() (line, error) {
 		}
 	}
 	l.DelayP50Ms, l.DelayP90Ms, l.DelayP99Ms, l.DelayMaxMs = quantile(all, 0.5), quantile(all, 0.9), quantile(all, 0.99), quantile(all, 1)
+	for q := range 11 {
+		l.DelayDecilesMs = append(l.DelayDecilesMs, math.Round(quantile(all, float64(q)/10)))
+	}
 	l.EventMaxP50Ms, l.EventMaxMaxMs = quantile(eventMax, 0.5), quantile(eventMax, 1)
 	l.RunS = time.Since(start).Seconds()
 	return l, nil
