@@ -49,7 +49,9 @@ type line struct {
 	JoinS             float64 `json:"join_s"`
 	IdleS             float64 `json:"idle_s"`
 	IdleBytesPerNodeS float64 `json:"idle_bytes_per_node_s"`
-	IdlePktsPerNodeS  float64 `json:"idle_packets_per_node_s"`
+	// IdleStreamBytesPerNodeS is the push/pulls' part of it.
+	IdleStreamBytesPerNodeS float64 `json:"idle_stream_bytes_per_node_s"`
+	IdlePktsPerNodeS        float64 `json:"idle_packets_per_node_s"`
 	FillS             float64 `json:"fill_s"`
 	FillBytesPerNodeS float64 `json:"fill_bytes_per_node_s"`
 	FillPktsPerNodeS  float64 `json:"fill_packets_per_node_s"`
@@ -160,28 +162,26 @@ func (b bench) run() (line, error) {
 	l := line{Bench: "gossip", Nodes: b.n, Encrypted: b.encrypt, JoinS: time.Since(joinStart).Seconds(), PollMs: b.poll.Milliseconds()}
 	time.Sleep(10 * time.Second) // the joins' broadcasts drain
 
-	bytes0, pkts0 := network.Sent()
-	t0 := time.Now()
+	s0, t0 := network.Sent(), time.Now()
 	time.Sleep(b.idle)
-	bytes1, pkts1 := network.Sent()
-	t1 := time.Now()
+	s1, t1 := network.Sent(), time.Now()
 	l.IdleS = t1.Sub(t0).Seconds()
-	idleRate := float64(bytes1-bytes0) / l.IdleS
+	idleRate := float64(total(s1)-total(s0)) / l.IdleS
 	l.IdleBytesPerNodeS = idleRate / float64(b.n)
-	l.IdlePktsPerNodeS = float64(pkts1-pkts0) / l.IdleS / float64(b.n)
+	l.IdleStreamBytesPerNodeS = float64(s1.StreamBytes-s0.StreamBytes) / l.IdleS / float64(b.n)
+	l.IdlePktsPerNodeS = float64(s1.Packets-s0.Packets) / l.IdleS / float64(b.n)
 
 	delays, missed, err := b.fill(ms)
 	time.Sleep(b.drain)
-	bytes2, pkts2 := network.Sent()
-	t2 := time.Now()
+	s2, t2 := network.Sent(), time.Now()
 	if err != nil {
 		return line{}, err
 	}
 	l.FillS = t2.Sub(t1).Seconds()
-	l.FillBytesPerNodeS = float64(bytes2-bytes1) / l.FillS / float64(b.n)
-	l.FillPktsPerNodeS = float64(pkts2-pkts1) / l.FillS / float64(b.n)
+	l.FillBytesPerNodeS = float64(total(s2)-total(s1)) / l.FillS / float64(b.n)
+	l.FillPktsPerNodeS = float64(s2.Packets-s1.Packets) / l.FillS / float64(b.n)
 	l.Events = 2 * b.n
-	l.EventBytes = (float64(bytes2-bytes1) - idleRate*l.FillS) / float64(l.Events)
+	l.EventBytes = (float64(total(s2)-total(s1)) - idleRate*l.FillS) / float64(l.Events)
 	l.Missed = missed
 	var all, eventMax []float64
 	for _, ds := range delays {
@@ -266,6 +266,8 @@ func (b bench) fill(ms []member) ([][]float64, int, error) {
 	announcing.Wait()
 	return delays, left, nil
 }
+
+func total(s gossipnet.Sent) int64 { return s.PacketBytes + s.StreamBytes }
 
 func memberName(i int) string { return fmt.Sprintf("node-%05d", i) }
 

@@ -20,8 +20,8 @@ import (
 // a transport is in use (MockNetwork's maps are not locked); everything
 // else is.
 type Network struct {
-	mock           memberlist.MockNetwork
-	bytes, packets atomic.Int64
+	mock                              memberlist.MockNetwork
+	packetBytes, packets, streamBytes atomic.Int64
 }
 
 // NewTransport returns the transport of the member called name, at a new
@@ -30,10 +30,17 @@ func (n *Network) NewTransport(name string) *Transport {
 	return &Transport{MockTransport: n.mock.NewTransport(name), net: n}
 }
 
-// Sent returns the bytes and packets all transports have sent so far:
-// packets, and both directions of streams, as memberlist hands them over
-// (after encryption, before UDP, TCP and IP headers).
-func (n *Network) Sent() (bytes, packets int64) { return n.bytes.Load(), n.packets.Load() }
+// Sent is what the transports of a Network have sent, as memberlist hands
+// it over: compressed and encrypted, without UDP, TCP and IP headers.
+type Sent struct {
+	PacketBytes, Packets int64
+	StreamBytes          int64 // both directions of every stream
+}
+
+// Sent returns what all transports have sent so far.
+func (n *Network) Sent() Sent {
+	return Sent{PacketBytes: n.packetBytes.Load(), Packets: n.packets.Load(), StreamBytes: n.streamBytes.Load()}
+}
 
 // Transport is a member's memberlist.NodeAwareTransport on a Network.
 type Transport struct {
@@ -51,7 +58,7 @@ func (t *Transport) WriteTo(b []byte, addr string) (time.Time, error) {
 // WriteToAddress sends a packet to a without waiting for the receiver. A
 // packet to a member that has shut down is never delivered, as with UDP.
 func (t *Transport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, error) {
-	t.net.bytes.Add(int64(len(b)))
+	t.net.packetBytes.Add(int64(len(b)))
 	t.net.packets.Add(1)
 	b = bytes.Clone(b) // memberlist may reuse b once this returns
 	go func() { _, _ = t.MockTransport.WriteToAddress(b, a) }()
@@ -80,12 +87,12 @@ type conn struct {
 
 func (c *conn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
-	c.n.bytes.Add(int64(n))
+	c.n.streamBytes.Add(int64(n))
 	return n, err
 }
 
 func (c *conn) Write(b []byte) (int, error) {
 	n, err := c.Conn.Write(b)
-	c.n.bytes.Add(int64(n))
+	c.n.streamBytes.Add(int64(n))
 	return n, err
 }

@@ -656,7 +656,8 @@ func TestClusterOverMockTransport(t *testing.T) {
 		},
 			waitFor, tick, "%s", n.m.LocalName())
 	}
-	bytes, packets := network.Sent()
-	assert.Positive(t, packets)
-	assert.Greater(t, bytes, packets)
+	sent := network.Sent()
+	assert.Positive(t, sent.Packets)
+	assert.Greater(t, sent.PacketBytes, sent.Packets)
+	assert.Positive(t, sent.StreamBytes) // the joins' push/pulls
 }
