@@ -52,9 +52,9 @@ type line struct {
 	// IdleStreamBytesPerNodeS is the push/pulls' part of it.
 	IdleStreamBytesPerNodeS float64 `json:"idle_stream_bytes_per_node_s"`
 	IdlePktsPerNodeS        float64 `json:"idle_packets_per_node_s"`
-	FillS             float64 `json:"fill_s"`
-	FillBytesPerNodeS float64 `json:"fill_bytes_per_node_s"`
-	FillPktsPerNodeS  float64 `json:"fill_packets_per_node_s"`
+	FillS                   float64 `json:"fill_s"`
+	FillBytesPerNodeS       float64 `json:"fill_bytes_per_node_s"`
+	FillPktsPerNodeS        float64 `json:"fill_packets_per_node_s"`
 	// EventBytes is what one event costs the cluster: the fill's bytes less
 	// the idle rate over the same time, divided by the events.
 	EventBytes float64 `json:"event_bytes"`
