@@ -52,9 +52,11 @@ type line struct {
 	// IdleStreamBytesPerNodeS is the push/pulls' part of it.
 	IdleStreamBytesPerNodeS float64 `json:"idle_stream_bytes_per_node_s"`
 	IdlePktsPerNodeS        float64 `json:"idle_packets_per_node_s"`
-	FillS                   float64 `json:"fill_s"`
-	FillBytesPerNodeS       float64 `json:"fill_bytes_per_node_s"`
-	FillPktsPerNodeS        float64 `json:"fill_packets_per_node_s"`
+	// IdleStreamBytes is what one stream carried, both ways: a push/pull.
+	IdleStreamBytes   float64 `json:"idle_stream_bytes"`
+	FillS             float64 `json:"fill_s"`
+	FillBytesPerNodeS float64 `json:"fill_bytes_per_node_s"`
+	FillPktsPerNodeS  float64 `json:"fill_packets_per_node_s"`
 	// EventBytes is what one event costs the cluster: the fill's bytes less
 	// the idle rate over the same time, divided by the events.
 	EventBytes float64 `json:"event_bytes"`
@@ -157,7 +159,12 @@ func (b bench) run() (line, error) {
 		}
 		return true
 	}); err != nil {
-		return line{}, fmt.Errorf("joining: %w", err)
+		seen := make([]int, len(ms))
+		for i, m := range ms {
+			seen[i] = len(m.m.Members())
+		}
+		slices.Sort(seen)
+		return line{}, fmt.Errorf("joining: %w: members seen, least %d, median %d, most %d of %d", err, seen[0], seen[len(seen)/2], seen[len(seen)-1], b.n-1)
 	}
 	l := line{Bench: "gossip", Nodes: b.n, Encrypted: b.encrypt, JoinS: time.Since(joinStart).Seconds(), PollMs: b.poll.Milliseconds()}
 	time.Sleep(10 * time.Second) // the joins' broadcasts drain
@@ -170,6 +177,9 @@ func (b bench) run() (line, error) {
 	l.IdleBytesPerNodeS = idleRate / float64(b.n)
 	l.IdleStreamBytesPerNodeS = float64(s1.StreamBytes-s0.StreamBytes) / l.IdleS / float64(b.n)
 	l.IdlePktsPerNodeS = float64(s1.Packets-s0.Packets) / l.IdleS / float64(b.n)
+	if s1.Streams > s0.Streams {
+		l.IdleStreamBytes = float64(s1.StreamBytes-s0.StreamBytes) / float64(s1.Streams-s0.Streams)
+	}
 
 	delays, missed, err := b.fill(ms)
 	time.Sleep(b.drain)

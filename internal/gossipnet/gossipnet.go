@@ -20,8 +20,8 @@ import (
 // a transport is in use (MockNetwork's maps are not locked); everything
 // else is.
 type Network struct {
-	mock                              memberlist.MockNetwork
-	packetBytes, packets, streamBytes atomic.Int64
+	mock                                       memberlist.MockNetwork
+	packetBytes, packets, streamBytes, streams atomic.Int64
 }
 
 // NewTransport returns the transport of the member called name, at a new
@@ -35,11 +35,12 @@ func (n *Network) NewTransport(name string) *Transport {
 type Sent struct {
 	PacketBytes, Packets int64
 	StreamBytes          int64 // both directions of every stream
+	Streams              int64 // push/pulls, joins, probes by TCP
 }
 
 // Sent returns what all transports have sent so far.
 func (n *Network) Sent() Sent {
-	return Sent{PacketBytes: n.packetBytes.Load(), Packets: n.packets.Load(), StreamBytes: n.streamBytes.Load()}
+	return Sent{PacketBytes: n.packetBytes.Load(), Packets: n.packets.Load(), StreamBytes: n.streamBytes.Load(), Streams: n.streams.Load()}
 }
 
 // Transport is a member's memberlist.NodeAwareTransport on a Network.
@@ -77,6 +78,7 @@ func (t *Transport) DialAddressTimeout(a memberlist.Address, timeout time.Durati
 	if err != nil {
 		return nil, err
 	}
+	t.net.streams.Add(1)
 	return &conn{Conn: c, n: t.net}, nil
 }
 
