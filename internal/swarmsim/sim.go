@@ -76,6 +76,7 @@ type Result struct {
 	SchedCPUPerNode         float64 // seconds in the decision code per node
 	StateBytesPerNodeS      float64 // state-read bytes (both ways) per node per second of its fill
 	StateReadsPerNodeS      float64
+	GossipBytesPerNodeS     float64 // membership gossip over the run, from a model of memberlist (gossip.go)
 	SimulatedS              float64
 	BannedLiar              int // nodes that banned a liar
 	// Origin fetchers: nodes that got a tenth of the blob or more from
@@ -945,6 +946,7 @@ func (s *sim) result(limit float64) (Result, error) {
 	r.SchedCPUPerNode = cpu / float64(r.Nodes)
 	r.StateBytesPerNodeS = stateBytes / fillS
 	r.StateReadsPerNodeS = stateReads / fillS
+	r.GossipBytesPerNodeS = gossipBytes(r.Nodes, s.events, r.SimulatedS)
 	return r, nil
 }
 
