@@ -8,7 +8,8 @@ import (
 // The gossip model, fitted to real memberlist among 30 and 100 members in
 // process, production timings (docs/gossip-scale.md):
 //
-//	go run ./bench/gossip -nodes 30,100 -idle 120s
+//	go run ./bench/gossip -nodes 30,100,300 -idle 90s  # delays, event bytes (300 did not converge)
+//	go run ./bench/gossip -nodes 100,30 -idle 120s     # bytes of a push/pull
 //
 // It holds while the events fit memberlist's packets (GossipNodes ×
 // UDPBufferSize every GossipInterval); past about 1,000 members a
