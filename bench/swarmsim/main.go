@@ -42,6 +42,7 @@ type line struct {
 	SchedCPUSPerNode    float64 `json:"sched_cpu_s_per_node"`
 	StateBytesPerNodeS  float64 `json:"state_bytes_per_node_s"`
 	StateReadsPerNodeS  float64 `json:"state_reads_per_node_s"`
+	GossipBytesPerNodeS float64 `json:"gossip_bytes_per_node_s"`
 	Finished            int     `json:"finished"`
 	Killed              int     `json:"killed"`
 	BannedLiar          int     `json:"banned_liar"`
@@ -98,7 +99,7 @@ func main() {
 				Faults: *faults, RefreshMs: max(*refresh, 50*time.Millisecond).Milliseconds(),
 				TimeRatioP50: r.TimeRatioP50, TimeRatioP99: r.TimeRatioP99, TimeRatioMax: r.TimeRatioMax,
 				OriginRatio: r.OriginRatio, OriginDoneRatio: r.OriginDoneRatio, RelayedBytesPerNode: r.RelayedBytesPerNode, SchedCPUSPerNode: r.SchedCPUPerNode,
-				StateBytesPerNodeS: r.StateBytesPerNodeS, StateReadsPerNodeS: r.StateReadsPerNodeS,
+				StateBytesPerNodeS: r.StateBytesPerNodeS, StateReadsPerNodeS: r.StateReadsPerNodeS, GossipBytesPerNodeS: r.GossipBytesPerNodeS,
 				Finished: r.Finished, Killed: r.Killed, BannedLiar: r.BannedLiar, Fetchers: r.Fetchers, SlowFetchers: r.SlowFetchers, KilledFetchers: r.KilledFetchers, LyingFetchers: r.LyingFetchers, RunS: time.Since(start).Seconds()}
 			if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
 				log.Print(err)

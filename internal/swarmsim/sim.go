@@ -14,12 +14,13 @@
 // State reads are long-polls as the chunk server answers them: at once
 // when the holder's state differs from the one the reader knows, else at
 // its next news or after a second; their bytes are counted and taken out
-// of the links. Gossip (holders, joins, deaths) reaches every node after
-// one delay per event, drawn from a distribution that grows with the
-// rounds of gossip a cluster of N needs.
+// of the links. Gossip (holders, deaths) reaches each node after its own
+// delay, drawn from a distribution fitted to real memberlist (gossipDelay),
+// and its bytes are those of a model fitted to it too (gossipBytes).
 package swarmsim
 
 import (
+	"cmp"
 	"container/heap"
 	"encoding/base64"
 	"errors"
@@ -75,6 +76,7 @@ type Result struct {
 	SchedCPUPerNode         float64 // seconds in the decision code per node
 	StateBytesPerNodeS      float64 // state-read bytes (both ways) per node per second of its fill
 	StateReadsPerNodeS      float64
+	GossipBytesPerNodeS     float64 // membership gossip over the run, from a model of memberlist (gossip.go)
 	SimulatedS              float64
 	BannedLiar              int // nodes that banned a liar
 	// Origin fetchers: nodes that got a tenth of the blob or more from
@@ -159,6 +161,7 @@ type node struct {
 	relayed            int64
 	missingBuf         []int
 	visible            bool          // members see it
+	holders            []p2p.Holder  // the others that gossip told it hold the blob
 	ban                bool          // it banned a liar
 	fromOrigin         float64       // bytes it got from the origin
 	woke               bool          // a result or state came since its loop last ran
@@ -230,9 +233,8 @@ type sim struct {
 	originLast time.Duration // when it last sent a byte
 	members    []p2p.Peer    // visible members, twice over: node i's others are a window of it
 	place      map[string]int
-	holders    []p2p.Holder
 	step       time.Duration
-	gossip     func() time.Duration
+	events     int    // gossip events: holders' announcements, completions, deaths
 	links      []link // per node its uplink (2i) and downlink (2i+1), then the origin's
 	heap       linkHeap
 }
@@ -256,12 +258,6 @@ func Run(cfg Config) (Result, error) {
 		epoch: time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC), step: cfg.Step}
 	s.desc = content.Descriptor{Digest: digest.FromString("swarmsim " + strconv.FormatUint(cfg.Seed, 10)), Size: cfg.Size}
 	s.chunks = int((cfg.Size + cfg.ChunkSize - 1) / cfg.ChunkSize)
-	// memberlist spreads an event to GossipNodes (3) others every
-	// GossipInterval (200 ms): about log4(N) rounds reach every node.
-	rounds := math.Ceil(math.Log(float64(cfg.Nodes))/math.Log(4)) + 1
-	s.gossip = func() time.Duration {
-		return time.Duration((0.5 + 0.5*s.rng.Float64()) * rounds * float64(200*time.Millisecond))
-	}
 	limit := float64(cfg.Size) / cfg.Link
 	perm := s.rng.Perm(cfg.Nodes)
 	nSlow, nKill, nLate := frac(cfg.Nodes, cfg.SlowFraction), frac(cfg.Nodes, cfg.KillFraction), frac(cfg.Nodes, cfg.LateFraction)
@@ -342,16 +338,37 @@ func (s *sim) allDone() bool {
 	return true
 }
 
-// startFill begins n's fill: gossip tells the others it holds the blob,
-// partially, after a delay.
+// startFill begins n's fill: gossip tells each other node it holds the
+// blob, partially, after that node's delay.
 func (s *sim) startFill(n *node) {
 	n.started, n.changed = true, true
 	n.plan = n.swarm.Planner(s.desc, s.cfg.ChunkSize)
-	s.at(s.gossip(), func() {
-		if !n.dead {
-			s.holders = append(s.holders, p2p.Holder{Peer: n.name})
+	s.events++
+	type reveal struct {
+		at time.Duration
+		to *node
+	}
+	var rs []reveal
+	for _, o := range s.nodes {
+		if o != n {
+			rs = append(rs, reveal{s.now + gossipDelay(s.cfg.Nodes, s.rng.Float64()), o})
 		}
-	})
+	}
+	slices.SortFunc(rs, func(a, b reveal) int { return cmp.Compare(a.at, b.at) })
+	// One event at a time in the queue, revealing in order.
+	var next func()
+	next = func() {
+		for len(rs) > 0 && rs[0].at <= s.now {
+			if !n.dead {
+				rs[0].to.holders = append(rs[0].to.holders, p2p.Holder{Peer: n.name})
+			}
+			rs = rs[1:]
+		}
+		if len(rs) > 0 && !n.dead {
+			s.at(rs[0].at-s.now, next)
+		}
+	}
+	s.at(rs[0].at-s.now, next)
 }
 
 // kill ends n: its transfers fail, and membership drops it after its
@@ -364,10 +381,13 @@ func (s *sim) kill(n *node) {
 			s.fail(f, errRefused)
 		}
 	}
-	detect := time.Second + time.Duration(4*math.Max(1, math.Log10(float64(s.cfg.Nodes)))*float64(time.Second)) + s.gossip()
+	s.events++
+	detect := time.Second + time.Duration(4*math.Max(1, math.Log10(float64(s.cfg.Nodes)))*float64(time.Second)) + gossipDelay(s.cfg.Nodes, s.rng.Float64())
 	s.at(detect, func() {
 		n.visible = false
-		s.holders = slices.DeleteFunc(s.holders, func(h p2p.Holder) bool { return h.Peer == n.name })
+		for _, o := range s.nodes {
+			o.holders = slices.DeleteFunc(o.holders, func(h p2p.Holder) bool { return h.Peer == n.name })
+		}
 		s.rebuildMembers()
 	})
 }
@@ -410,7 +430,7 @@ func (d simDir) Peer(name string) (p2p.Peer, bool) {
 	return p2p.Peer{Name: name, Meta: p2p.NodeMeta{ChunkAddr: name}}, true
 }
 
-func (d simDir) Holders(digest.Digest) []p2p.Holder { return d.s.holders }
+func (d simDir) Holders(digest.Digest) []p2p.Holder { return d.n.holders }
 
 // plan runs one pass of n's fill loop and carries out its decisions.
 func (s *sim) plan(n *node) {
@@ -768,6 +788,7 @@ func (s *sim) finish(f *flow) {
 	s.done(n, f.req, took, nil)
 	if n.nhave == s.chunks && n.done == 0 {
 		n.done = s.now - n.start
+		s.events++ // EventComplete: counted, not shown to the others
 		n.plan.Release()
 		n.changed = true
 		for _, g := range s.flows {
@@ -925,6 +946,7 @@ func (s *sim) result(limit float64) (Result, error) {
 	r.SchedCPUPerNode = cpu / float64(r.Nodes)
 	r.StateBytesPerNodeS = stateBytes / fillS
 	r.StateReadsPerNodeS = stateReads / fillS
+	r.GossipBytesPerNodeS = gossipBytes(r.Nodes, s.events, r.SimulatedS)
 	return r, nil
 }
 

@@ -2,7 +2,9 @@ package swarmsim
 
 import (
 	"testing"
+	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -24,4 +26,29 @@ func TestSmallClusterFillsTheBlob(t *testing.T) {
 			require.Equal(t, 2, r.Killed)
 		}
 	}
+}
+
+// bench/gossip's figures at 100 members.
+const measured100P50Ms, measured100P99Ms = 352, 689
+
+// The gossip model: delays rise with u and, in the median, with N; at
+// 100 members its quantiles are the measurement's; events cost bytes, and
+// more per node the larger the cluster.
+func TestGossipModel(t *testing.T) {
+	t.Parallel()
+	prev := time.Duration(-1)
+	for u := 0.0; u < 1; u += 0.001 {
+		d := gossipDelay(100, u)
+		require.GreaterOrEqual(t, d, prev, "u %v", u)
+		prev = d
+	}
+	require.Less(t, gossipDelay(30, 0.5), gossipDelay(100, 0.5))
+	require.Less(t, gossipDelay(100, 0.5), gossipDelay(1000, 0.5))
+	assert.InDelta(t, measured100P50Ms, gossipDelay(100, 0.5).Seconds()*1000, 0.1*measured100P50Ms)
+	assert.InDelta(t, measured100P99Ms, gossipDelay(100, 0.99).Seconds()*1000, 0.1*measured100P99Ms)
+
+	idle := gossipBytes(100, 0, 60)
+	require.Positive(t, idle)
+	require.Greater(t, gossipBytes(100, 200, 60), idle)
+	require.Greater(t, gossipBytes(1000, 2000, 60)-gossipBytes(1000, 0, 60), gossipBytes(100, 200, 60)-idle)
 }

@@ -84,6 +84,10 @@ type MembershipConfig struct {
 	// Logger receives the membership's log, and memberlist's own at debug
 	// level; default: silent.
 	Logger *slog.Logger
+	// Transport, when set, carries the gossip instead of UDP and TCP sockets
+	// on BindAddr and BindPort: memberlist.MockNetwork's in-process
+	// transports in tests and measurements (bench/gossip). Nil: the network.
+	Transport memberlist.NodeAwareTransport
 	// Registerer, when set, gets weightd_p2p_peers,
 	// weightd_p2p_gossip_messages_total{kind} and
 	// weightd_p2p_gossip_dropped_total.
@@ -298,6 +302,7 @@ func (m *Membership) memberlistConfig() *memberlist.Config {
 	c.BindPort = m.cfg.BindPort
 	c.AdvertiseAddr = m.cfg.AdvertiseAddr
 	c.AdvertisePort = cmp.Or(m.cfg.AdvertisePort, m.cfg.BindPort)
+	c.Transport = m.cfg.Transport // nil: memberlist binds BindAddr:BindPort
 	c.Keyring = m.keyring
 	c.Delegate = (*membershipDelegate)(m)
 	c.Events = (*membershipEvents)(m)

@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/weightd/weightd/internal/gossipnet"
 	"github.com/weightd/weightd/pkg/content"
 )
 
@@ -627,4 +628,36 @@ func TestMemberlistLogAtDebug(t *testing.T) {
 	n, err := memberlistLogWriter{slog.New(slog.DiscardHandler)}.Write([]byte("[ERR] x"))
 	require.NoError(t, err)
 	assert.Equal(t, 7, n)
+}
+
+// TestClusterOverMockTransport runs gossip over memberlist's in-process
+// transports (gossipnet): the members find each other at the mock
+// addresses, which no socket could have, and an announcement reaches them all.
+func TestClusterOverMockTransport(t *testing.T) {
+	t.Parallel()
+	var network gossipnet.Network
+	transports := make([]*gossipnet.Transport, 4)
+	for i := range transports { // all before any is used
+		transports[i] = network.NewTransport(nodeName(t, i))
+	}
+	nodes := startCluster(t, len(transports), func(i int) MembershipConfig {
+		return MembershipConfig{NodeName: nodeName(t, i), Transport: transports[i], SecretKeys: [][]byte{testKey(3)}}
+	})
+	for i, n := range nodes {
+		ip, port, err := transports[i].FinalAdvertiseAddr("", 0)
+		require.NoError(t, err)
+		require.Equal(t, net.JoinHostPort(ip.String(), strconv.Itoa(port)), n.m.LocalAddr())
+	}
+	d := testDigest(9)
+	require.NoError(t, nodes[2].m.Announce(EventComplete, d))
+	for _, n := range []*testNode{nodes[0], nodes[1], nodes[3]} {
+		require.Eventually(t, func() bool {
+			return slices.Equal([]string{nodes[2].m.LocalName() + ":complete"}, holderList(n.r.Holders(d)))
+		},
+			waitFor, tick, "%s", n.m.LocalName())
+	}
+	sent := network.Sent()
+	assert.Positive(t, sent.Packets)
+	assert.Greater(t, sent.PacketBytes, sent.Packets)
+	assert.Positive(t, sent.StreamBytes) // the joins' push/pulls
 }

@@ -31,11 +31,12 @@ type Holder struct {
 // node's clock (nanoseconds since the epoch when it started, then counting
 // up), so a relayed, out-of-date event never overwrites a newer one, and a
 // restarted node's announcements supersede those of its previous life. A
-// remote entry lives for ttl from the last time it was heard; push/pull
-// refreshes it, and the local node re-announces nothing. ttl must therefore
-// be well above the time between two push/pulls of the same pair of nodes
-// (about the push/pull interval times half the cluster size), or entries of
-// quiet peers lapse between refreshes.
+// live member's claims last until it drops them or leaves (Forget): nodes
+// re-announce nothing, and a pair of members push/pulls only about every
+// scaled push/pull interval × N/2 (75 minutes at 100 members, a day at
+// 1,000), so any ttl short enough to matter would drop quiet holders
+// (docs/gossip-scale.md). Other entries, tombstones among them, live for
+// ttl from the last time they were heard.
 //
 // A Router is safe for concurrent use.
 type Router struct {
@@ -44,6 +45,7 @@ type Router struct {
 
 	mu        sync.Mutex
 	remote    map[string]map[digest.Digest]routeEntry // by peer, then blob
+	live      map[string]bool                         // members, from joined to Forget
 	forgotten map[string]routeForgotten
 	local     map[digest.Digest]holding
 	clock     uint64 // the last seq given to a local change
@@ -75,12 +77,13 @@ type routeForgotten struct {
 const maxRoutesPerPeer = 1 << 13
 
 // defaultRouteTTL is the ttl NewRouter uses when given none. Departures
-// and drops are handled by Forget, EventDropped and push/pull; expiry is the
-// backstop for claims nobody corrected, so it can be long.
+// and drops are handled by Forget, EventDropped and push/pull; expiry only
+// ends tombstones and claims of peers that are not members.
 const defaultRouteTTL = 30 * time.Minute
 
-// NewRouter returns an empty router whose remote entries expire ttl after
-// they were last heard; ttl <= 0 means 30 minutes.
+// NewRouter returns an empty router whose remote entries, but live
+// members' claims, expire ttl after they were last heard; ttl <= 0 means 30
+// minutes.
 func NewRouter(ttl time.Duration) *Router {
 	if ttl <= 0 {
 		ttl = defaultRouteTTL
@@ -89,6 +92,7 @@ func NewRouter(ttl time.Duration) *Router {
 		ttl:       ttl,
 		now:       time.Now,
 		remote:    make(map[string]map[digest.Digest]routeEntry),
+		live:      make(map[string]bool),
 		forgotten: make(map[string]routeForgotten),
 		local:     make(map[digest.Digest]holding),
 	}
@@ -105,7 +109,7 @@ func (r *Router) Holders(d digest.Digest) []Holder {
 	var hs []Holder
 	for peer, blobs := range r.remote {
 		e, ok := blobs[d]
-		if !ok || e.kind == EventDropped || r.expired(e, now) {
+		if !ok || e.kind == EventDropped || r.expired(peer, e, now) {
 			continue
 		}
 		hs = append(hs, Holder{Peer: peer, Complete: e.kind == EventComplete, Seen: e.seen})
@@ -135,12 +139,15 @@ func (r *Router) Forget(peer string) {
 	f.at, f.left = r.now(), true
 	r.forgotten[peer] = f
 	delete(r.remote, peer)
+	delete(r.live, peer)
 }
 
-// joined lifts Forget's ban on gossip about peer, which has joined again.
+// joined records peer as a live member, whose claims do not lapse, and
+// lifts Forget's ban on gossip about it.
 func (r *Router) joined(peer string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.live[peer] = true
 	if f, ok := r.forgotten[peer]; ok {
 		f.left = false
 		r.forgotten[peer] = f
@@ -216,7 +223,7 @@ func (r *Router) applyLocked(peer string, h holding, now time.Time) bool {
 		return false
 	}
 	blobs := r.remote[peer]
-	if e, ok := blobs[h.Digest]; ok && !r.expired(e, now) {
+	if e, ok := blobs[h.Digest]; ok && !r.expired(peer, e, now) {
 		if h.Seq < e.seq {
 			return false
 		}
@@ -263,7 +270,10 @@ func (r *Router) merge(st holdingState) {
 	}
 }
 
-func (r *Router) expired(e routeEntry, now time.Time) bool {
+func (r *Router) expired(peer string, e routeEntry, now time.Time) bool {
+	if e.kind != EventDropped && r.live[peer] {
+		return false
+	}
 	return now.Sub(e.seen) > r.ttl
 }
 
@@ -276,7 +286,7 @@ func (r *Router) sweepLocked(now time.Time) {
 	r.lastSweep = now
 	for peer, blobs := range r.remote {
 		for d, e := range blobs {
-			if r.expired(e, now) {
+			if r.expired(peer, e, now) {
 				delete(blobs, d)
 			}
 		}

@@ -282,3 +282,36 @@ func TestRouterBoundsClaimsPerPeer(t *testing.T) {
 	require.True(t, r.apply(ev("b", EventComplete, 1, over)))
 	assert.Equal(t, []string{"b:complete"}, holderList(r.Holders(over)))
 }
+
+// TestRouterLiveMembersDoNotLapse: a live member's claims stay until it
+// drops them or leaves, however long since they were heard. A pair of
+// members push/pulls only about every PushPullInterval × N/2 (75 minutes
+// at N = 100), so with expiry most quiet holders would lapse.
+func TestRouterLiveMembersDoNotLapse(t *testing.T) {
+	t.Parallel()
+	r, clock := newTestRouter(time.Minute)
+	d := testDigest(1)
+	r.joined("a")
+	require.True(t, r.apply(ev("a", EventComplete, 1, d)))
+	require.True(t, r.apply(ev("b", EventComplete, 1, d))) // never joined: expires
+	clock.advance(time.Hour)
+	assert.Equal(t, []string{"a:complete"}, holderList(r.Holders(d)))
+
+	// A drop's tombstone still expires, so tombstones do not pile up.
+	require.True(t, r.apply(ev("a", EventDropped, 2, d)))
+	assert.Empty(t, r.Holders(d))
+	clock.advance(2 * time.Minute)
+	r.apply(ev("a", EventPartial, 3, testDigest(2))) // sweeps
+	r.mu.Lock()
+	assert.NotContains(t, r.remote["a"], d)
+	r.mu.Unlock()
+
+	// Once it leaves, it is forgotten at once; back again, its new claims
+	// do not lapse either.
+	r.Forget("a")
+	assert.Empty(t, r.Holders(testDigest(2)))
+	r.joined("a")
+	require.True(t, r.apply(ev("a", EventComplete, 4, d)))
+	clock.advance(time.Hour)
+	assert.Equal(t, []string{"a:complete"}, holderList(r.Holders(d)))
+}
