@@ -17,6 +17,7 @@ import (
 	"log"
 	"os"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -60,6 +61,7 @@ func main() {
 	linkMbit := flag.Float64("link-mbit", 100, "every node's link, each way, in Mbit/s")
 	originMbit := flag.Float64("origin-mbit", 0, "the origin's uplink in Mbit/s (default: -link-mbit)")
 	faults := flag.Bool("faults", true, "a 10% slow tail at ¼ speed, 5% of nodes killed mid-fill, 10% starting late, one lying peer")
+	only := flag.String("only", "", "with -faults, only these of them, comma-separated: slow, kill, late, liar (to tell their costs apart)")
 	refresh := flag.Duration("refresh", 0, "SwarmConfig.Refresh, the least time between two state reads of one holder (default 50ms)")
 	step := flag.Duration("step", 0, "the network's time step (default Refresh/2, at most 25ms)")
 	maxInFlight := flag.Int("max-inflight", 0, "SwarmConfig.MaxInFlight, requests in flight per blob (default 8)")
@@ -88,6 +90,17 @@ func main() {
 				Swarm: p2p.SwarmConfig{Refresh: *refresh, MaxInFlight: *maxInFlight, OriginInFlight: *originInFlight, OriginFetchers: *originFetchers, PerPeer: *perPeer, MaxFollowed: *maxFollowed}, MaxUploads: *maxUploads}
 			if *faults {
 				cfg.SlowFraction, cfg.KillFraction, cfg.LateFraction, cfg.Liars = 0.1, 0.05, 0.1, 1
+				if *only != "" {
+					keep := strings.Split(*only, ",")
+					for name, f := range map[string]*float64{"slow": &cfg.SlowFraction, "kill": &cfg.KillFraction, "late": &cfg.LateFraction} {
+						if !slices.Contains(keep, name) {
+							*f = 0
+						}
+					}
+					if !slices.Contains(keep, "liar") {
+						cfg.Liars = 0
+					}
+				}
 			}
 			start := time.Now()
 			r, err := swarmsim.Run(cfg)
