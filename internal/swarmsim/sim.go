@@ -63,7 +63,7 @@ type Config struct {
 }
 
 // Result is what a simulation measured. A node's time ratio is over its own
-// link's S/B, as a slow link cannot beat it; killed nodes are left out.
+// link's S/B (a slow link cannot beat it); killed nodes are left out.
 type Result struct {
 	Nodes, Finished, Killed int
 	LimitS                  float64 // S/B of a link of Config.Link
@@ -926,8 +926,6 @@ func (s *sim) result(limit float64) (Result, error) {
 			continue
 		}
 		r.Finished++
-		// Over the node's own S/B: a node of the slow tail cannot beat
-		// its link.
 		ratios = append(ratios, n.done.Seconds()/limit*math.Min(n.up, n.down)/s.cfg.Link)
 		stateBytes += float64(n.stateBytes)
 		stateReads += float64(n.stateReads)

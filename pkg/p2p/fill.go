@@ -61,7 +61,7 @@ type plan struct {
 
 	want           *atomic.Int64 // the byte a reader waits on (-1 none): its chunks go first
 	maxInFlight    int           // requests in flight, bounded by the chunk buffers they need
-	buffered       int64         // bytes of chunk buffers booked for the requests in flight (Swarm.takeBuffer)
+	buffered       int64         // bytes of chunk buffers booked for the requests in flight (Swarm.bufferRoom)
 	peers          map[string]*peerView
 	absent         map[string]time.Time // members that had none of the blob when asked, and when
 	probedAt       time.Time            // when the first-ranked members were last looked for
@@ -178,7 +178,7 @@ func (f *plan) refresh(missing []int) []*peerView {
 	if f.settledOn == nil && now.Sub(f.probedAt) >= f.rankEvery(now) {
 		f.probedAt = now
 		names := f.withMembers(f.s.dir.Members())
-		for _, name := range f.electionOrder(names)[:min(len(names), f.s.cfg.OriginFetchers+1)] {
+		for _, name := range f.electionOrder(names)[:min(len(names), f.leaders())] {
 			f.addPeer(name, now)
 		}
 	}

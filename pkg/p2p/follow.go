@@ -72,19 +72,20 @@ func (f *plan) follow(now time.Time, missing []int) {
 		f.rotatedAt = now
 		f.dropLeastUseful(missing, now)
 	}
-	// A few tries per free place in each pass; a holder drawn that cannot
-	// be followed (found absent or dropped lately, gone, this node) costs
-	// a try.
+	// Complete holders all, if they fit; else drawn, as then the others:
+	// a few tries per free place in each pass, and a holder drawn that
+	// cannot be followed (found absent or dropped lately, gone, this node)
+	// costs a try.
+	if complete <= limit-len(f.peers) {
+		for _, name := range f.holders[:complete] {
+			f.addPeer(name, now)
+		}
+		complete = 0
+	}
 	for pass := range 3 {
 		pool, sameZone := len(holders), pass == 1
 		if pass == 0 {
 			pool = complete
-		}
-		if pass == 0 && complete <= limit-len(f.peers) {
-			for _, name := range f.holders[:complete] {
-				f.addPeer(name, now)
-			}
-			continue
 		}
 		for tries := 4 * (limit - len(f.peers)); pool > 0 && tries > 0 && len(f.peers) < limit; tries-- {
 			name := f.holders[rand.IntN(pool)]
@@ -99,8 +100,7 @@ func (f *plan) follow(now time.Time, missing []int) {
 // dropLeastUseful stops following the peer that has or receives the
 // fewest of the missing chunks, but never one whose state is still unread,
 // one with requests in flight, or, until the origin role is settled, a
-// leader or an origin fetcher; it is not followed again for a while
-// (rankEvery).
+// leader or an origin fetcher.
 func (f *plan) dropLeastUseful(missing []int, now time.Time) {
 	var least *peerView
 	leastUse := 0
@@ -119,9 +119,14 @@ func (f *plan) dropLeastUseful(missing []int, now time.Time) {
 		}
 	}
 	if least != nil {
-		delete(f.peers, least.name)
-		f.absent[least.name] = now
+		f.unfollow(least.name, now)
 	}
+}
+
+// unfollow stops following name, and leaves it for a while (rankEvery).
+func (f *plan) unfollow(name string, now time.Time) {
+	delete(f.peers, name)
+	f.absent[name] = now
 }
 
 // settle records that the origin role is settled on fetchers, and draws
@@ -148,8 +153,7 @@ func (f *plan) unfollowFetchers(now time.Time) {
 	}
 	for _, name := range f.settledOn {
 		if pv := f.peers[name]; pv != nil && pv.inflight == 0 {
-			delete(f.peers, name)
-			f.absent[name] = now
+			f.unfollow(name, now)
 		}
 	}
 }
