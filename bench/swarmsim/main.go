@@ -36,12 +36,15 @@ type line struct {
 	RefreshMs           int64   `json:"refresh_ms"`
 	TimeRatioP50        float64 `json:"time_ratio_p50"`
 	TimeRatioP99        float64 `json:"time_ratio_p99"`
+	SlowTimeRatioP50    float64 `json:"slow_time_ratio_p50,omitempty"`
+	FastTimeRatioP99    float64 `json:"fast_time_ratio_p99"`
 	TimeRatioMax        float64 `json:"time_ratio_max"`
 	OriginRatio         float64 `json:"origin_ratio"`
 	OriginDoneRatio     float64 `json:"origin_done_ratio"`
 	RelayedBytesPerNode float64 `json:"relayed_bytes_per_node"`
 	SchedCPUSPerNode    float64 `json:"sched_cpu_s_per_node"`
 	StateBytesPerNodeS  float64 `json:"state_bytes_per_node_s"`
+	RefusedPerNodeS     float64 `json:"refused_per_node_s"`
 	StateReadsPerNodeS  float64 `json:"state_reads_per_node_s"`
 	GossipBytesPerNodeS float64 `json:"gossip_bytes_per_node_s"`
 	Finished            int     `json:"finished"`
@@ -110,9 +113,9 @@ func main() {
 			}
 			out := line{Bench: "swarm-sim", Nodes: n, SizeBytes: cfg.Size, ChunkBytes: cfg.ChunkSize, LinkMbit: *linkMbit,
 				Faults: *faults, RefreshMs: max(*refresh, 50*time.Millisecond).Milliseconds(),
-				TimeRatioP50: r.TimeRatioP50, TimeRatioP99: r.TimeRatioP99, TimeRatioMax: r.TimeRatioMax,
+				TimeRatioP50: r.TimeRatioP50, TimeRatioP99: r.TimeRatioP99, SlowTimeRatioP50: r.SlowTimeRatioP50, FastTimeRatioP99: r.FastTimeRatioP99, TimeRatioMax: r.TimeRatioMax,
 				OriginRatio: r.OriginRatio, OriginDoneRatio: r.OriginDoneRatio, RelayedBytesPerNode: r.RelayedBytesPerNode, SchedCPUSPerNode: r.SchedCPUPerNode,
-				StateBytesPerNodeS: r.StateBytesPerNodeS, StateReadsPerNodeS: r.StateReadsPerNodeS, GossipBytesPerNodeS: r.GossipBytesPerNodeS,
+				StateBytesPerNodeS: r.StateBytesPerNodeS, RefusedPerNodeS: r.RefusedPerNodeS, StateReadsPerNodeS: r.StateReadsPerNodeS, GossipBytesPerNodeS: r.GossipBytesPerNodeS,
 				Finished: r.Finished, Killed: r.Killed, BannedLiar: r.BannedLiar, Fetchers: r.Fetchers, SlowFetchers: r.SlowFetchers, KilledFetchers: r.KilledFetchers, LyingFetchers: r.LyingFetchers, RunS: time.Since(start).Seconds()}
 			if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
 				log.Print(err)

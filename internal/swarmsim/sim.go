@@ -70,9 +70,12 @@ type Result struct {
 	TimeRatioP50            float64 // T/(S/B), T from the node's start
 	TimeRatioP99            float64
 	TimeRatioMax            float64
+	SlowTimeRatioP50        float64 // the slow tail's own, over its own link's S/B
+	FastTimeRatioP99        float64 // the other nodes'
 	OriginRatio             float64 // origin bytes / S
 	OriginDoneRatio         float64 // when the origin sent its last byte, over S/B
 	RelayedBytesPerNode     float64 // bytes a node sent to peers, on average
+	RefusedPerNodeS         float64 // chunk requests refused for full upload slots, per node per second of its fill
 	SchedCPUPerNode         float64 // seconds in the decision code per node
 	StateBytesPerNodeS      float64 // state-read bytes (both ways) per node per second of its fill
 	StateReadsPerNodeS      float64
@@ -159,6 +162,7 @@ type node struct {
 	stateBytes         int64                 // state reads, both ways, for its own fill
 	stateReads         int64
 	relayed            int64
+	refused            int // its chunk requests refused for full upload slots
 	missingBuf         []int
 	visible            bool          // members see it
 	holders            []p2p.Holder  // the others that gossip told it hold the blob
@@ -613,6 +617,9 @@ func (s *sim) request(n *node, r p2p.PlanRequest) {
 				h.recent[r.Chunk] = s.now
 			}
 		}
+		if errors.Is(err, p2p.ErrPeerBusy) {
+			n.refused++
+		}
 		if err != nil {
 			s.at(lat, func() { s.done(n, r, 2*lat, err) })
 			return
@@ -898,8 +905,8 @@ func (h *linkHeap) Pop() any {
 
 func (s *sim) result(limit float64) (Result, error) {
 	r := Result{Nodes: len(s.nodes), LimitS: limit, SimulatedS: s.now.Seconds()}
-	var ratios []float64
-	var relayed, cpu, stateBytes, stateReads, fillS float64
+	var ratios, slow, fast []float64
+	var relayed, cpu, stateBytes, stateReads, refused, fillS float64
 	for _, n := range s.nodes {
 		relayed += float64(n.relayed)
 		cpu += n.cpu.Seconds()
@@ -926,9 +933,16 @@ func (s *sim) result(limit float64) (Result, error) {
 			continue
 		}
 		r.Finished++
-		ratios = append(ratios, n.done.Seconds()/limit*math.Min(n.up, n.down)/s.cfg.Link)
+		ratio := n.done.Seconds() / limit * math.Min(n.up, n.down) / s.cfg.Link
+		ratios = append(ratios, ratio)
+		if n.up < s.cfg.Link {
+			slow = append(slow, ratio)
+		} else {
+			fast = append(fast, ratio)
+		}
 		stateBytes += float64(n.stateBytes)
 		stateReads += float64(n.stateReads)
+		refused += float64(n.refused)
 		fillS += n.done.Seconds()
 	}
 	if r.Finished+r.Killed != r.Nodes {
@@ -938,11 +952,20 @@ func (s *sim) result(limit float64) (Result, error) {
 	r.TimeRatioP50 = quantile(ratios, 0.5)
 	r.TimeRatioP99 = quantile(ratios, 0.99)
 	r.TimeRatioMax = ratios[len(ratios)-1]
+	if len(slow) > 0 {
+		slices.Sort(slow)
+		r.SlowTimeRatioP50 = quantile(slow, 0.5)
+	}
+	if len(fast) > 0 {
+		slices.Sort(fast)
+		r.FastTimeRatioP99 = quantile(fast, 0.99)
+	}
 	r.OriginRatio = s.origin / float64(s.cfg.Size)
 	r.OriginDoneRatio = s.originLast.Seconds() / limit
 	r.RelayedBytesPerNode = relayed / float64(r.Nodes)
 	r.SchedCPUPerNode = cpu / float64(r.Nodes)
 	r.StateBytesPerNodeS = stateBytes / fillS
+	r.RefusedPerNodeS = refused / fillS
 	r.StateReadsPerNodeS = stateReads / fillS
 	r.GossipBytesPerNodeS = gossipBytes(r.Nodes, s.events, r.SimulatedS)
 	return r, nil
