@@ -88,6 +88,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 
@@ -527,7 +528,9 @@ func runOne(parent context.Context, n int, mode string, newDesign bool, interval
 	for i := range names {
 		names[i] = fmt.Sprintf("node-%04d", i)
 	}
-	if mode == "controller" {
+	// The controller watches its Node; the Summarizer counts the objects
+	// of existing Nodes only.
+	if mode == "controller" || newDesign {
 		if err := createNodes(ctx, env, names); err != nil {
 			return nil, err
 		}
@@ -596,7 +599,11 @@ func runOne(parent context.Context, n int, mode string, newDesign bool, interval
 			if err != nil {
 				return nil, err
 			}
-			s, err := policy.NewSummarizer(node, skc, sdyn, summary)
+			smeta, err := metadata.NewForConfig(sc)
+			if err != nil {
+				return nil, err
+			}
+			s, err := policy.NewSummarizer(node, skc, sdyn, smeta, summary)
 			if err != nil {
 				return nil, err
 			}

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
@@ -171,7 +172,11 @@ func newKube(c *cluster, cfg KubeConfig, version string, queue *prefetch.Queue, 
 	if cfg.PolicySummaryInterval > 0 {
 		scfg.Interval = cfg.PolicySummaryInterval
 	}
-	if k.summary, err = policy.NewSummarizer(node, client, dyn, scfg); err != nil {
+	meta, err := metadata.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("building the metadata Kubernetes client: %w", err)
+	}
+	if k.summary, err = policy.NewSummarizer(node, client, dyn, meta, scfg); err != nil {
 		return nil, err
 	}
 	log.Info("Kubernetes features on", "node", node, "api-server", rc.Host)

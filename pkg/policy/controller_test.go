@@ -36,6 +36,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 
 	"github.com/weightd/weightd/internal/genmodel"
@@ -127,8 +128,9 @@ type agent struct {
 }
 
 // startAgent starts node's agent, whose Summarizer campaigns for lease.
-func startAgent(t *testing.T, kc kubernetes.Interface, dc dynamic.Interface, node, lease string) *agent {
+func startAgent(t *testing.T, rc *rest.Config, node, lease string) *agent {
 	t.Helper()
+	kc, dc := kubernetes.NewForConfigOrDie(rc), dynamic.NewForConfigOrDie(rc)
 	store, err := cache.Open(t.TempDir(), cache.WithChunkSize(64<<10))
 	require.NoError(t, err)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -143,7 +145,7 @@ func startAgent(t *testing.T, kc kubernetes.Interface, dc dynamic.Interface, nod
 		Logger:    log,
 	})
 	require.NoError(t, err)
-	s, err := policy.NewSummarizer(node, kc, dc, summaryConfig(lease, log, nil))
+	s, err := policy.NewSummarizer(node, kc, dc, metadata.NewForConfigOrDie(rc), summaryConfig(lease, log, nil))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -283,7 +285,7 @@ func TestPolicyLifecycle(t *testing.T) {
 	node, name := uniq("life-1"), uniq("life")
 	_, err := e.CreateNode(t.Context(), node, map[string]string{"pool": "life"})
 	require.NoError(t, err)
-	a := startAgent(t, kc, dc, node, testLease)
+	a := startAgent(t, e.Config, node, testLease)
 	p := createPolicy(t, dc, name, map[string]string{"pool": "life"}, []string{ref}, nil)
 	owner := policy.PinOwner(name)
 
@@ -369,7 +371,7 @@ func TestPolicyFailures(t *testing.T) {
 	node, name := uniq("fail-1"), uniq("fail")
 	_, err := e.CreateNode(t.Context(), node, map[string]string{"pool": "fail"})
 	require.NoError(t, err)
-	a := startAgent(t, kc, dc, node, testLease)
+	a := startAgent(t, e.Config, node, testLease)
 	createPolicy(t, dc, name, map[string]string{"pool": "fail"},
 		[]string{ref, missing, "https://host.example/dir/?X-Amz-Signature=secret"},
 		[]string{"Not/A:Valid:Image"})
@@ -434,7 +436,7 @@ func TestPolicyManyNodes(t *testing.T) {
 	createPolicy(t, dc, pb, map[string]string{"pool": "many"}, []string{refA, refB}, nil)
 	agents := make([]*agent, len(nodes))
 	for i, n := range nodes {
-		agents[i] = startAgent(t, kc, dc, n, testLease)
+		agents[i] = startAgent(t, e.Config, n, testLease)
 	}
 	for _, name := range []string{pa, pb} {
 		got := eventually(t, dc, name, "every node ready", func(p view) bool {
@@ -462,13 +464,18 @@ func TestPolicyManyNodes(t *testing.T) {
 	require.Eventually(t, func() bool { return len(agents[1].pinnedBy(policy.PinOwner(pb))) == 0 }, 10*time.Second, 20*time.Millisecond)
 	assert.NotEmpty(t, agents[0].pinnedBy(policy.PinOwner(pb)))
 
-	// A node deleted with its agent: its status stays until deleted on its
-	// behalf; the Summarizer then corrects the counts.
+	// A node deleted with its agent (a scale-down): its status stays, but
+	// is no longer counted; deleted on its behalf, it is gone.
 	agents[2].stop()
 	require.NoError(t, kc.CoreV1().Nodes().Delete(t.Context(), nodes[2], metav1.DeleteOptions{}))
+	got = eventually(t, dc, pb, "the deleted node not counted", func(p view) bool {
+		return p.Status.NodeCount == 1 && p.Status.ReadyNodes == 1
+	})
+	_, ok = got.entry(nodes[2])
+	assert.True(t, ok, "its status stays: no agent may delete another node's")
 	require.NoError(t, policy.DeleteNodeStatus(t.Context(), dc, pb, nodes[2]))
 	require.NoError(t, policy.DeleteNodeStatus(t.Context(), dc, "no-such-policy", nodes[2]))
-	got = eventually(t, dc, pb, "the deleted node's status gone, counts corrected", func(p view) bool {
+	got = eventually(t, dc, pb, "the deleted node's status gone", func(p view) bool {
 		return len(p.nodes) == 1 && p.Status.NodeCount == 1 && p.Status.ReadyNodes == 1
 	})
 	_, ok = got.entry(nodes[0])
@@ -592,7 +599,7 @@ func TestCRDValidation(t *testing.T) {
 func TestPolicyAPIServerRestart(t *testing.T) {
 	kubetest.Require(t)
 	e := kubetest.NewT(t, kubeConfig)
-	kc, dc := kubernetes.NewForConfigOrDie(e.Config), dynamic.NewForConfigOrDie(e.Config)
+	dc := dynamic.NewForConfigOrDie(e.Config)
 	require.NoError(t, policy.InstallCRD(t.Context(), dc))
 	require.NoError(t, e.EnsureNamespace(t.Context(), leaseNamespace))
 	ref1, m1 := startOrigin(t, genmodel.Spec{Name: "org/restart-a", Files: 2, TotalBytes: 64 << 10, Seed: 12})
@@ -600,7 +607,7 @@ func TestPolicyAPIServerRestart(t *testing.T) {
 	node, name := uniq("apirestart-1"), uniq("apirestart")
 	_, err := e.CreateNode(t.Context(), node, map[string]string{"pool": "r"})
 	require.NoError(t, err)
-	a := startAgent(t, kc, dc, node, testLease)
+	a := startAgent(t, e.Config, node, testLease)
 	createPolicy(t, dc, name, map[string]string{"pool": "r"}, []string{ref1}, nil)
 	eventually(t, dc, name, "ready", func(p view) bool {
 		n, ok := p.entry(node)
@@ -634,7 +641,7 @@ func TestPolicyAPIServerRestart(t *testing.T) {
 // layers) pinned.
 func TestPolicyImage(t *testing.T) {
 	t.Parallel()
-	e, kc, dc := kube(t)
+	e, _, dc := kube(t)
 	srv := httptest.NewServer(registry.New(registry.Logger(stdlog.New(io.Discard, "", 0))))
 	t.Cleanup(srv.Close)
 	host := strings.TrimPrefix(srv.URL, "http://")
@@ -660,7 +667,7 @@ func TestPolicyImage(t *testing.T) {
 	node, pname := uniq("image-1"), uniq("image")
 	_, err = e.CreateNode(t.Context(), node, map[string]string{"pool": "image"})
 	require.NoError(t, err)
-	a := startAgent(t, kc, dc, node, testLease)
+	a := startAgent(t, e.Config, node, testLease)
 	createPolicy(t, dc, pname, map[string]string{"pool": "image"}, nil, []string{host + "/team/app:v1"})
 	got := eventually(t, dc, pname, "the image ready", func(p view) bool {
 		n, ok := p.entry(node)
@@ -737,7 +744,7 @@ func TestPolicyLeastPrivilege(t *testing.T) {
 	require.NoError(t, err)
 	// The Lease the deploy's Role names: this agent alone campaigns for it.
 	lease := policy.DefaultSummaryConfig().LeaseName
-	startAgent(t, kc, dc, node, lease)
+	startAgent(t, cfg, node, lease)
 	createPolicy(t, adminDC, pname, map[string]string{"pool": "rbac"}, []string{ref, ref + "x"}, nil)
 	eventually(t, adminDC, pname, "one ready, one failed, counted", func(p view) bool {
 		n, ok := p.entry(node)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -17,6 +18,8 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/metadata/metadatainformer"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -64,26 +67,30 @@ func DefaultSummaryConfig() SummaryConfig {
 
 // Summarizer writes the counts of every PrefetchPolicy's status from its
 // PrefetchPolicyNodes. Every agent runs one; the one that holds the Lease
-// watches the PrefetchPolicyNodes (the only watcher of them) and the
-// policies, and applies a policy's counts when they changed, at most once
-// per Interval. Create it with NewSummarizer and run it with Run.
+// watches the PrefetchPolicyNodes (the only watcher of them), the policies
+// and the Nodes' metadata, and applies a policy's counts when they changed,
+// at most once per Interval. The objects of a deleted Node are not counted
+// (a scale-down must not leave nodes counted ready), but stay until their
+// policy goes: no agent may delete another node's. Create it with
+// NewSummarizer and run it with Run.
 type Summarizer struct {
 	id   string
 	kube kubernetes.Interface
 	dyn  dynamic.Interface
+	meta metadata.Interface
 	cfg  SummaryConfig
 	log  *slog.Logger
 	m    summaryMetrics
 }
 
 // NewSummarizer returns a Summarizer that campaigns as identity (the node's
-// name) for the Lease through kube and reads and writes the policies through
-// dyn. It starts nothing: call Run.
-func NewSummarizer(identity string, kube kubernetes.Interface, dyn dynamic.Interface, cfg SummaryConfig) (*Summarizer, error) {
+// name) for the Lease through kube, reads and writes the policies through
+// dyn, and lists the Nodes through meta. It starts nothing: call Run.
+func NewSummarizer(identity string, kube kubernetes.Interface, dyn dynamic.Interface, meta metadata.Interface, cfg SummaryConfig) (*Summarizer, error) {
 	switch {
 	case identity == "":
 		return nil, errors.New("policy summarizer: empty identity")
-	case kube == nil || dyn == nil:
+	case kube == nil || dyn == nil || meta == nil:
 		return nil, errors.New("policy summarizer: nil Kubernetes client")
 	}
 	def := DefaultSummaryConfig()
@@ -113,7 +120,7 @@ func NewSummarizer(identity string, kube kubernetes.Interface, dyn dynamic.Inter
 			cfg.RetryPeriod, cfg.RenewDeadline, cfg.LeaseDuration)
 	}
 	return &Summarizer{
-		id: identity, kube: kube, dyn: dyn, cfg: cfg,
+		id: identity, kube: kube, dyn: dyn, meta: meta, cfg: cfg,
 		log: cfg.Logger.With("component", "policy-summary", "node", identity),
 		m:   newSummaryMetrics(),
 	}, nil
@@ -187,14 +194,24 @@ func (s *Summarizer) lead(ctx context.Context) {
 		s.log.Error("PrefetchPolicyNode informer", "err", err)
 		return
 	}
+	// Nodes by metadata only, and of that only the name: the leader is
+	// their one extra watcher, and a Node's status is most of its bytes.
+	mf := metadatainformer.NewSharedInformerFactory(s.meta, 0)
+	defer mf.Shutdown()
+	kinf := mf.ForResource(corev1.SchemeGroupVersion.WithResource("nodes")).Informer()
+	if err := kinf.SetTransform(nameOnly); err != nil {
+		s.log.Error("Node informer", "err", err)
+		return
+	}
 	f.Start(ctx.Done())
-	if !toolscache.WaitForCacheSync(ctx.Done(), pinf.HasSynced, ninf.HasSynced) {
+	mf.Start(ctx.Done())
+	if !toolscache.WaitForCacheSync(ctx.Done(), pinf.HasSynced, ninf.HasSynced, kinf.HasSynced) {
 		return
 	}
 	t := time.NewTicker(s.cfg.Interval)
 	defer t.Stop()
 	for {
-		s.summarise(ctx, pinf.GetStore(), ninf.GetStore())
+		s.summarise(ctx, pinf.GetStore(), ninf.GetStore(), kinf.GetStore())
 		select {
 		case <-ctx.Done():
 			return
@@ -204,9 +221,9 @@ func (s *Summarizer) lead(ctx context.Context) {
 }
 
 // summarise applies the counts of every policy whose status disagrees with
-// its PrefetchPolicyNodes. An apply that fails is tried again at the next
-// tick.
-func (s *Summarizer) summarise(ctx context.Context, policies, nodes toolscache.Store) {
+// the PrefetchPolicyNodes of Nodes that exist. An apply that fails is tried
+// again at the next tick.
+func (s *Summarizer) summarise(ctx context.Context, policies, nodes, existing toolscache.Store) {
 	// By policy UID (a policy deleted and created again is another
 	// policy) and node, each node counted once whatever the objects.
 	byOwner := make(map[types.UID]map[string]NodeStatus)
@@ -217,6 +234,9 @@ func (s *Summarizer) summarise(ctx context.Context, policies, nodes toolscache.S
 		}
 		owner, e, ok := counted(u)
 		if !ok {
+			continue
+		}
+		if _, exists, _ := existing.GetByKey(e.Name); !exists {
 			continue
 		}
 		if byOwner[owner] == nil {
@@ -303,5 +323,17 @@ func countedFields(obj any) (any, error) {
 	out.SetUID(u.GetUID())
 	out.SetResourceVersion(u.GetResourceVersion())
 	out.SetOwnerReferences(u.GetOwnerReferences())
+	return out, nil
+}
+
+// nameOnly is the Node informer's transform: summarise needs a Node's name
+// only.
+func nameOnly(obj any) (any, error) {
+	m, ok := obj.(*metav1.PartialObjectMetadata)
+	if !ok {
+		return obj, nil
+	}
+	out := &metav1.PartialObjectMetadata{TypeMeta: m.TypeMeta}
+	out.Name, out.UID, out.ResourceVersion = m.Name, m.UID, m.ResourceVersion
 	return out, nil
 }

@@ -15,10 +15,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 
 	"github.com/weightd/weightd/internal/kubetest"
@@ -31,16 +34,16 @@ type summarizer struct {
 	stop func()
 }
 
-func startSummarizer(t *testing.T, kc kubernetes.Interface, dc dynamic.Interface, id, lease string) *summarizer {
+func startSummarizer(t *testing.T, rc *rest.Config, id, lease string) *summarizer {
 	t.Helper()
-	return startSummarizerWith(t, kc, dc, id, summaryConfig(lease, slog.New(slog.DiscardHandler), nil))
+	return startSummarizerWith(t, rc, id, summaryConfig(lease, slog.New(slog.DiscardHandler), nil))
 }
 
-func startSummarizerWith(t *testing.T, kc kubernetes.Interface, dc dynamic.Interface, id string, cfg policy.SummaryConfig) *summarizer {
+func startSummarizerWith(t *testing.T, rc *rest.Config, id string, cfg policy.SummaryConfig) *summarizer {
 	t.Helper()
 	reg := prometheus.NewPedanticRegistry()
 	cfg.Registerer = reg
-	s, err := policy.NewSummarizer(id, kc, dc, cfg)
+	s, err := policy.NewSummarizer(id, kubernetes.NewForConfigOrDie(rc), dynamic.NewForConfigOrDie(rc), metadata.NewForConfigOrDie(rc), cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -62,9 +65,16 @@ func (s *summarizer) writes(t *testing.T) float64 {
 	return metricValue(t, s.reg, "weightd_policy_summary_writes_total", "outcome", "ok")
 }
 
-// writeNode applies node's status of p as its agent does.
+// writeNode applies node's status of p as its agent does, creating the
+// Node if it does not exist (only existing Nodes are counted).
 func writeNode(t *testing.T, dc dynamic.Interface, p *policy.PrefetchPolicy, node string, state policy.NodeState) {
 	t.Helper()
+	_, err := dc.Resource(corev1.SchemeGroupVersion.WithResource("nodes")).Create(t.Context(), &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": node},
+	}}, metav1.CreateOptions{})
+	if !apierrors.IsAlreadyExists(err) {
+		require.NoError(t, err)
+	}
 	obj, err := policy.NodeStatusObject(p, policy.NodeStatus{Name: node, State: state, ObservedGeneration: p.Generation, Updated: metav1.Now()})
 	require.NoError(t, err)
 	_, err = dc.Resource(policy.NodeGVR).Apply(t.Context(), obj.GetName(), obj, metav1.ApplyOptions{FieldManager: policy.FieldManager(node), Force: true})
@@ -78,7 +88,7 @@ func writeNode(t *testing.T, dc dynamic.Interface, p *policy.PrefetchPolicy, nod
 func TestSummarizerElection(t *testing.T) {
 	kubetest.Require(t)
 	e := kubetest.NewT(t, kubetest.Config{APIServerArgs: kubeConfig.APIServerArgs, ControlPlane: true})
-	kc, dc := kubernetes.NewForConfigOrDie(e.Config), dynamic.NewForConfigOrDie(e.Config)
+	dc := dynamic.NewForConfigOrDie(e.Config)
 	require.NoError(t, policy.InstallCRD(t.Context(), dc))
 	require.NoError(t, e.EnsureNamespace(t.Context(), leaseNamespace))
 
@@ -88,8 +98,8 @@ func TestSummarizerElection(t *testing.T) {
 	writeNode(t, dc, p, "n2", policy.NodeFetching)
 	writeNode(t, dc, p, "n3", policy.NodeFailed)
 
-	s1 := startSummarizer(t, kc, dc, "n1", "election")
-	s2 := startSummarizer(t, kc, dc, "n2", "election")
+	s1 := startSummarizer(t, e.Config, "n1", "election")
+	s2 := startSummarizer(t, e.Config, "n2", "election")
 	counts := func(n, r, f int32) func(view) bool {
 		return func(v view) bool {
 			return v.Status.NodeCount == n && v.Status.ReadyNodes == r && v.Status.FailedNodes == f
@@ -167,7 +177,7 @@ func TestSummarizerLeaderCutOff(t *testing.T) {
 	for i, link := range links {
 		rc := rest.CopyConfig(e.Config)
 		rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { link.next = rt; return link })
-		ss = append(ss, startSummarizerWith(t, kubernetes.NewForConfigOrDie(rc), dynamic.NewForConfigOrDie(rc), fmt.Sprintf("n%d", i+1), cfg))
+		ss = append(ss, startSummarizerWith(t, rc, fmt.Sprintf("n%d", i+1), cfg))
 	}
 	eventually(t, dc, name, "1 node counted", func(v view) bool { return v.Status.NodeCount == 1 })
 	leader := slices.IndexFunc(ss, func(s *summarizer) bool { return s.leading(t) })

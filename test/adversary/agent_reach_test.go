@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/weightd/weightd/internal/kubetest"
@@ -55,6 +56,7 @@ type reachFixture struct {
 	admin  kubernetes.Interface
 	adyn   dynamic.Interface
 	agent  kubernetes.Interface // n1's agent
+	meta   metadata.Interface   // n1's agent
 	dyn    dynamic.Interface    // n1's agent
 	policy *policy.PrefetchPolicy
 }
@@ -119,6 +121,9 @@ func newReachFixtureIn(t *testing.T, kcfg kubetest.Config) *reachFixture {
 		t.Fatal(err)
 	}
 	if f.dyn, err = dynamic.NewForConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if f.meta, err = metadata.NewForConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
 	pp := &unstructured.Unstructured{Object: map[string]any{
@@ -446,7 +451,7 @@ func TestAgentOwnWritesAllowed(t *testing.T) {
 	// The Summarizer: elected with its Lease, it counts n2's status into
 	// the policy's.
 	sctx, stopSummary := context.WithCancel(ctx)
-	summary, err := policy.NewSummarizer("n1", f.agent, f.dyn, policy.SummaryConfig{Interval: 100 * time.Millisecond, RetryPeriod: 200 * time.Millisecond})
+	summary, err := policy.NewSummarizer("n1", f.agent, f.dyn, f.meta, policy.SummaryConfig{Interval: 100 * time.Millisecond, RetryPeriod: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
