@@ -62,7 +62,8 @@
 // Lease: a non-leader reads it every SummaryConfig.RetryPeriod (15s by
 // default) or so, about N/25 requests a second. PrefetchPolicyNodes of
 // nodes deleted from the cluster stay until the policy is deleted or
-// someone deletes them (DeleteNodeStatus), and are counted until then.
+// someone deletes them (DeleteNodeStatus), but are not counted: the leader
+// also watches the Nodes' metadata.
 //
 // CRD holds the CustomResourceDefinitions (the same bytes as
 // deploy/daemonset/crd.yaml).
