@@ -122,6 +122,7 @@ type result struct {
 	CountWrites     int64 `json:"count_writes,omitempty"`
 	NodeWatchEvents int64 `json:"node_watch_events,omitempty"`
 	LeaseRequests   int64 `json:"lease_requests,omitempty"`
+	Candidates      int   `json:"candidates,omitempty"` // agents campaigning for the Lease (0: all)
 }
 
 func main() {
@@ -129,6 +130,7 @@ func main() {
 	agent := flag.String("agent", "controller", "what a simulated agent is: controller (the real policy.Controller and policy.Summarizer) or watch (a raw watch and the apply of its node's status)")
 	designs := flag.String("design", "new", "comma-separated designs, one run each per N: new (PrefetchPolicyNode objects, counted by an elected Summarizer) or old (entries in the policy's status; -agent watch only)")
 	interval := flag.Duration("interval", policy.DefaultSummaryConfig().Interval, "the new design's Summarizer interval")
+	candidates := flag.Int("candidates", 0, "the new design's agents that campaign for the Lease, as gossip bounds them in the agent (the first K here); 0 for all")
 	fetch := flag.Duration("fetch", 0, "how long a simulated fetch takes; 0: ready at once (one entry write per node), more: fetching then ready (two)")
 	settle := flag.Duration("settle", 5*time.Second, "quiet time (no write, no event) that ends a run after convergence")
 	timeout := flag.Duration("timeout", 10*time.Minute, "how long one N may take")
@@ -169,7 +171,7 @@ func main() {
 	}
 	for _, n := range ns {
 		for _, d := range ds {
-			r, err := runOne(ctx, n, *agent, d == "new", *interval, *fetch, *settle, *timeout)
+			r, err := runOne(ctx, n, *agent, d == "new", *interval, *candidates, *fetch, *settle, *timeout)
 			if err != nil {
 				log.Fatalf("N=%d, design %s: %v", n, d, err)
 			}
@@ -497,7 +499,7 @@ func (noPins) Unpin(digest.Digest, string) error { return nil }
 func (noPins) List() []cache.Info                { return nil }
 
 // runOne measures N agents against a fresh API server.
-func runOne(parent context.Context, n int, mode string, newDesign bool, interval, fetch, settle, timeout time.Duration) (*result, error) {
+func runOne(parent context.Context, n int, mode string, newDesign bool, interval time.Duration, candidates int, fetch, settle, timeout time.Duration) (*result, error) {
 	ctx, cancel := context.WithTimeout(parent, timeout+3*time.Minute)
 	defer cancel()
 	env, err := kubetest.Start(ctx, kubetest.Config{})
@@ -603,7 +605,12 @@ func runOne(parent context.Context, n int, mode string, newDesign bool, interval
 			if err != nil {
 				return nil, err
 			}
-			s, err := policy.NewSummarizer(node, skc, sdyn, smeta, summary)
+			scfg := summary
+			if candidates > 0 {
+				candidate := i < candidates
+				scfg.Candidate = func() bool { return candidate }
+			}
+			s, err := policy.NewSummarizer(node, skc, sdyn, smeta, scfg)
 			if err != nil {
 				return nil, err
 			}
@@ -713,7 +720,7 @@ func runOne(parent context.Context, n int, mode string, newDesign bool, interval
 	res.EventsPerNode = float64(res.WatchEvents) / float64(n)
 	res.Relists, res.Rewatches = b.relists.Load(), b.rewatches.Load()
 	res.NodeWrites, res.CountWrites = b.nodeWrites.Load(), b.countWrites.Load()
-	res.NodeWatchEvents, res.LeaseRequests = b.nodeEvents.Load(), b.leaseReqs.Load()
+	res.NodeWatchEvents, res.LeaseRequests, res.Candidates = b.nodeEvents.Load(), b.leaseReqs.Load(), candidates
 	if f := b.firstWrite.Load(); f > 0 {
 		log.Printf("N=%d: writes sent from %.1fs, the last answered %.1fs after the policy's creation", n,
 			time.Unix(0, f).Sub(t0).Seconds(), time.Unix(0, b.lastWrite.Load()).Sub(t0).Seconds())

@@ -244,7 +244,11 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if a.warm, err = newWarmPool(cfg.WarmConfig, cfg.Root, a.queue, a.store, a.dram, nvml.PodUse(a.gpus, gpuLog), log.With("component", "warmpool"), reg); err != nil {
 		return nil, err
 	}
-	if a.kube, err = newKube(kc, cfg.KubeConfig, cfg.Version, a.queue, a.store, a.warm, log, reg); err != nil {
+	var among amongFirst // without gossip, every agent campaigns
+	if a.peers != nil {
+		among = a.peers.membership.AmongFirst
+	}
+	if a.kube, err = newKube(kc, cfg.KubeConfig, cfg.Version, a.queue, a.store, a.warm, among, log, reg); err != nil {
 		return nil, err
 	}
 	if a.csi, err = newCSI(cfg.CSIConfig, cfg.Root, cfg.NodeName, cfg.Version, a.store, a.queue, a.kube.announceVolume(), log.With("component", "csi")); err != nil {

@@ -110,7 +110,7 @@ func (c *cluster) zone(ctx context.Context) (string, error) {
 // newKube builds the Kubernetes side on c, or returns nil when there is no
 // cluster (c nil). pool is the warm pool, nil when off. It starts only the
 // shared event broadcaster, which close stops.
-func newKube(c *cluster, cfg KubeConfig, version string, queue *prefetch.Queue, store *cache.Store, pool *warmpool.Pool, log *slog.Logger, reg prometheus.Registerer) (_ *kubeSide, err error) {
+func newKube(c *cluster, cfg KubeConfig, version string, queue *prefetch.Queue, store *cache.Store, pool *warmpool.Pool, among amongFirst, log *slog.Logger, reg prometheus.Registerer) (_ *kubeSide, err error) {
 	if c == nil {
 		return nil, nil
 	}
@@ -172,6 +172,10 @@ func newKube(c *cluster, cfg KubeConfig, version string, queue *prefetch.Queue, 
 	if cfg.PolicySummaryInterval > 0 {
 		scfg.Interval = cfg.PolicySummaryInterval
 	}
+	if among != nil {
+		lease := scfg.LeaseNamespace + "/" + scfg.LeaseName
+		scfg.Candidate = func() bool { return among(lease, summaryCandidates) }
+	}
 	meta, err := metadata.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("building the metadata Kubernetes client: %w", err)
@@ -182,6 +186,15 @@ func newKube(c *cluster, cfg KubeConfig, version string, queue *prefetch.Queue, 
 	log.Info("Kubernetes features on", "node", node, "api-server", rc.Host)
 	return k, nil
 }
+
+// amongFirst says whether this agent is among the first k of the gossip
+// members in rendezvous order of key (p2p.Membership.AmongFirst).
+type amongFirst func(key string, k int) bool
+
+// summaryCandidates is how many agents campaign for the policy summary's
+// Lease when gossip tells them apart: one leads and two stand by, as in a
+// control plane, and the Lease is read by three, not by every node.
+const summaryCandidates = 3
 
 // runs are the components to run in the agent's errgroup. Each returns only
 // when ctx ends: an API server that fails never stops the agent.

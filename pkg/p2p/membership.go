@@ -440,6 +440,18 @@ func (m *Membership) Members() []Peer {
 	return ps
 }
 
+// AmongFirst reports whether this node is among the first k of the live
+// members, itself included, in rendezvous order of key: members with the
+// same view agree on which k they are, and one that leaves moves the next
+// in without reordering the others. Alone, a node is first.
+func (m *Membership) AmongFirst(key string, k int) bool {
+	names := []string{m.LocalName()}
+	for _, p := range m.Members() {
+		names = append(names, p.Name)
+	}
+	return slices.Contains(rendezvous(digest.Digest(key), names)[:min(k, len(names))], m.LocalName())
+}
+
 // Peer returns the live member called name, if this node knows one.
 func (m *Membership) Peer(name string) (Peer, bool) {
 	m.mu.Lock()

@@ -661,3 +661,56 @@ func TestClusterOverMockTransport(t *testing.T) {
 	assert.Greater(t, sent.PacketBytes, sent.Packets)
 	assert.Positive(t, sent.StreamBytes) // the joins' push/pulls
 }
+
+// Members with the same view agree on the first k for a key, whoever
+// asks; alone a node is first; when one of the first leaves, the next
+// moves in and the others stay.
+func TestAmongFirstAgrees(t *testing.T) {
+	t.Parallel()
+	names := []string{"n0", "n1", "n2", "n3", "n4", "n5", "n6", "n7"}
+	views := map[string]*Membership{}
+	for _, name := range names {
+		m, err := NewMembership(MembershipConfig{NodeName: name}, NewRouter(0))
+		require.NoError(t, err)
+		require.True(t, m.AmongFirst("lease", 3), "alone, %s is first", name)
+		views[name] = m
+	}
+	join := func(m *Membership, name string) {
+		m.setPeer(&memberlist.Node{Name: name, Addr: net.IPv4(127, 0, 0, 1), Port: 1})
+	}
+	for _, m := range views {
+		for _, name := range names {
+			if name != m.LocalName() {
+				join(m, name)
+			}
+		}
+	}
+	first := func(key string, k int) []string {
+		var in []string
+		for _, name := range names {
+			if views[name].AmongFirst(key, k) {
+				in = append(in, name)
+			}
+		}
+		return in
+	}
+	three := first("lease", 3)
+	require.Len(t, three, 3)
+	require.NotEqual(t, three, first("another lease", 3), "another key, other nodes (for these names)")
+	require.Len(t, first("lease", 20), len(names), "k beyond the members: every one")
+
+	// The first leaves: the other two stay, one more moves in.
+	gone := three[0]
+	for name, m := range views {
+		if name != gone {
+			m.mu.Lock()
+			delete(m.peers, gone)
+			m.mu.Unlock()
+		}
+	}
+	delete(views, gone)
+	names = slices.DeleteFunc(names, func(n string) bool { return n == gone })
+	after := first("lease", 3)
+	require.Len(t, after, 3)
+	require.Subset(t, after, three[1:])
+}

@@ -58,9 +58,11 @@
 // one count write per interval while the counts move, each delivered to the
 // N agents that watch the policies: linear in N, and the object the agents
 // watch no longer grows with N (docs/policy-status-scale.md has the
-// figures, bench/policystatus measures it). Every agent campaigns for the
-// Lease: a non-leader reads it every SummaryConfig.RetryPeriod (15s by
-// default) or so, about N/25 requests a second. PrefetchPolicyNodes of
+// figures, bench/policystatus measures it). A candidate for the Lease that
+// does not lead reads it every SummaryConfig.RetryPeriod (15s by default)
+// or so; the agent makes only three agents candidates when gossip tells
+// them apart (SummaryConfig.Candidate), else all, about N/25 requests a
+// second. PrefetchPolicyNodes of
 // nodes deleted from the cluster stay until the policy is deleted or
 // someone deletes them (DeleteNodeStatus), but are not counted: the leader
 // also watches the Nodes' metadata.

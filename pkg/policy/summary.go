@@ -45,6 +45,12 @@ type SummaryConfig struct {
 	// leader that stops gives the Lease up, and another takes over within
 	// one such poll; one that dies, within LeaseDuration more.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// Candidate says whether this agent campaigns now (default: always).
+	// Every candidate that does not lead reads the Lease every
+	// RetryPeriod or so: bounding the candidates bounds those reads. One
+	// that stops being a candidate while it campaigns stops within a
+	// RetryPeriod; one that leads keeps the Lease until it loses it.
+	Candidate func() bool
 	// Logger (default: discard).
 	Logger *slog.Logger
 	// Registerer, when set, gets the Summarizer's metrics while Run runs:
@@ -115,6 +121,9 @@ func NewSummarizer(identity string, kube kubernetes.Interface, dyn dynamic.Inter
 	if cfg.Logger == nil {
 		cfg.Logger = def.Logger
 	}
+	if cfg.Candidate == nil {
+		cfg.Candidate = func() bool { return true }
+	}
 	if cfg.RenewDeadline >= cfg.LeaseDuration || cfg.RetryPeriod >= cfg.RenewDeadline {
 		return nil, fmt.Errorf("policy summarizer: want RetryPeriod (%v) < RenewDeadline (%v) < LeaseDuration (%v)",
 			cfg.RetryPeriod, cfg.RenewDeadline, cfg.LeaseDuration)
@@ -126,9 +135,9 @@ func NewSummarizer(identity string, kube kubernetes.Interface, dyn dynamic.Inter
 	}, nil
 }
 
-// Run campaigns for the Lease until ctx ends, summarising while it holds
-// it, and then returns nil, giving the Lease up so that another agent takes
-// over at once.
+// Run campaigns for the Lease while the agent is a candidate, until ctx
+// ends, summarising while it holds it, and then returns nil, giving the
+// Lease up so that another agent takes over at once.
 func (s *Summarizer) Run(ctx context.Context) error {
 	unregister, err := register(s.cfg.Registerer, s.m.collectors())
 	if err != nil {
@@ -141,6 +150,13 @@ func (s *Summarizer) Run(ctx context.Context) error {
 		LockConfig: resourcelock.ResourceLockConfig{Identity: s.id},
 	}
 	for ctx.Err() == nil {
+		if !s.cfg.Candidate() {
+			select {
+			case <-ctx.Done():
+			case <-time.After(s.cfg.RetryPeriod):
+			}
+			continue
+		}
 		// The elector returns when it loses the Lease; OnStartedLeading
 		// runs on a goroutine of its own, waited for here so that a
 		// deposed leader stops writing before it campaigns again. (One
@@ -169,7 +185,10 @@ func (s *Summarizer) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("policy summarizer: %w", err)
 		}
-		le.Run(ctx)
+		campaign, stop := context.WithCancel(ctx)
+		go s.standDown(campaign, stop, started)
+		le.Run(campaign)
+		stop()
 		select {
 		case <-started:
 			<-led
@@ -178,6 +197,27 @@ func (s *Summarizer) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// standDown ends the campaign (stop) once the agent is no longer a
+// candidate, checked every RetryPeriod until it leads or ctx ends.
+func (s *Summarizer) standDown(ctx context.Context, stop func(), started <-chan struct{}) {
+	t := time.NewTicker(s.cfg.RetryPeriod)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-started:
+			return
+		case <-t.C:
+			if !s.cfg.Candidate() {
+				s.log.Debug("no longer a candidate for the Lease")
+				stop()
+				return
+			}
+		}
+	}
 }
 
 // lead summarises until ctx ends (the Lease is lost or Run's context ends).

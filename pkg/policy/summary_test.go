@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -190,4 +191,64 @@ func TestSummarizerLeaderCutOff(t *testing.T) {
 	eventually(t, dc, name, "ready, counted by the new leader", func(v view) bool { return v.Status.ReadyNodes == 1 })
 	assert.Positive(t, other.writes(t))
 	require.Eventually(t, func() bool { return !ss[leader].leading(t) }, time.Minute, 100*time.Millisecond, "the cut-off leader steps down")
+}
+
+// leaseReads counts an agent's requests for Leases.
+type leaseReads struct {
+	n    atomic.Int64
+	next http.RoundTripper
+}
+
+func (l *leaseReads) RoundTrip(r *http.Request) (*http.Response, error) {
+	if strings.Contains(r.URL.Path, "/leases") {
+		l.n.Add(1)
+	}
+	return l.next.RoundTrip(r)
+}
+
+// TestSummarizerCandidates: only candidates campaign. One that is not a
+// candidate reads no Lease and never leads, even with the Lease free; one
+// that stops being a candidate while it campaigns stops; one that becomes
+// one takes the Lease.
+func TestSummarizerCandidates(t *testing.T) {
+	kubetest.Require(t)
+	e := kubetest.NewT(t, kubeConfig)
+	dc := dynamic.NewForConfigOrDie(e.Config)
+	require.NoError(t, policy.InstallCRD(t.Context(), dc))
+	require.NoError(t, e.EnsureNamespace(t.Context(), leaseNamespace))
+	name := uniq("candidates")
+	p := createPolicy(t, dc, name, map[string]string{}, []string{"hf://org/m@main"}, nil)
+	writeNode(t, dc, p, "n1", policy.NodeReady)
+
+	var candidate [2]atomic.Bool
+	candidate[1].Store(true)
+	reads := &leaseReads{}
+	var ss []*summarizer
+	for i := range candidate {
+		cfg := summaryConfig("candidates", slog.New(slog.DiscardHandler), nil)
+		cfg.Candidate = candidate[i].Load
+		rc := rest.CopyConfig(e.Config)
+		if i == 0 {
+			rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { reads.next = rt; return reads })
+		}
+		ss = append(ss, startSummarizerWith(t, rc, fmt.Sprintf("n%d", i+1), cfg))
+	}
+	eventually(t, dc, name, "counted by n2", func(v view) bool { return v.Status.NodeCount == 1 })
+	require.True(t, ss[1].leading(t))
+	require.False(t, ss[0].leading(t))
+	require.Zero(t, reads.n.Load(), "not a candidate: no Lease read")
+
+	// n1 campaigns while n2 leads, then stops being a candidate; n2 goes,
+	// giving the Lease up: n1 does not take it.
+	candidate[0].Store(true)
+	require.Eventually(t, func() bool { return reads.n.Load() > 0 }, 10*time.Second, 20*time.Millisecond, "a candidate reads the Lease")
+	candidate[0].Store(false)
+	time.Sleep(3 * summaryConfig("", nil, nil).RetryPeriod) // its campaign ends within one
+	ss[1].stop()
+	before := reads.n.Load()
+	require.Never(t, func() bool { return ss[0].leading(t) }, 2*time.Second, 50*time.Millisecond, "no longer a candidate, it does not take the free Lease")
+	require.Equal(t, before, reads.n.Load(), "nor reads it")
+
+	candidate[0].Store(true)
+	require.Eventually(t, func() bool { return ss[0].leading(t) }, 10*time.Second, 20*time.Millisecond, "a candidate again, it takes the Lease")
 }
