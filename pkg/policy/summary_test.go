@@ -157,17 +157,25 @@ func (c *cutOff) RoundTrip(r *http.Request) (*http.Response, error) {
 	return c.next.RoundTrip(r)
 }
 
-// TestSummarizerLeaderCutOff: a leader that can no longer reach the API
-// server cannot renew, nor give the Lease up; once the Lease expires
-// another Summarizer takes over and counts.
-func TestSummarizerLeaderCutOff(t *testing.T) {
+// summaryServer starts an API server of the test's own, with the CRDs and
+// the Leases' namespace, and a policy selecting every node, named after
+// prefix.
+func summaryServer(t *testing.T, prefix string) (*kubetest.Env, dynamic.Interface, *policy.PrefetchPolicy) {
+	t.Helper()
 	kubetest.Require(t)
 	e := kubetest.NewT(t, kubeConfig)
 	dc := dynamic.NewForConfigOrDie(e.Config)
 	require.NoError(t, policy.InstallCRD(t.Context(), dc))
 	require.NoError(t, e.EnsureNamespace(t.Context(), leaseNamespace))
-	name := uniq("cutoff")
-	p := createPolicy(t, dc, name, map[string]string{}, []string{"hf://org/m@main"}, nil)
+	return e, dc, createPolicy(t, dc, uniq(prefix), map[string]string{}, []string{"hf://org/m@main"}, nil)
+}
+
+// TestSummarizerLeaderCutOff: a leader that can no longer reach the API
+// server cannot renew, nor give the Lease up; once the Lease expires
+// another Summarizer takes over and counts.
+func TestSummarizerLeaderCutOff(t *testing.T) {
+	e, dc, p := summaryServer(t, "cutoff")
+	name := p.Name
 	writeNode(t, dc, p, "n1", policy.NodeFetching)
 
 	// Short timings, so that the Lease expires soon after the cut.
@@ -211,13 +219,8 @@ func (l *leaseReads) RoundTrip(r *http.Request) (*http.Response, error) {
 // that stops being a candidate while it campaigns stops; one that becomes
 // one takes the Lease.
 func TestSummarizerCandidates(t *testing.T) {
-	kubetest.Require(t)
-	e := kubetest.NewT(t, kubeConfig)
-	dc := dynamic.NewForConfigOrDie(e.Config)
-	require.NoError(t, policy.InstallCRD(t.Context(), dc))
-	require.NoError(t, e.EnsureNamespace(t.Context(), leaseNamespace))
-	name := uniq("candidates")
-	p := createPolicy(t, dc, name, map[string]string{}, []string{"hf://org/m@main"}, nil)
+	e, dc, p := summaryServer(t, "candidates")
+	name := p.Name
 	writeNode(t, dc, p, "n1", policy.NodeReady)
 
 	var candidate [2]atomic.Bool
