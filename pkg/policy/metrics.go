@@ -38,8 +38,9 @@ func (m metrics) collectors() []prometheus.Collector {
 
 // summaryMetrics are the Summarizer's collectors.
 type summaryMetrics struct {
-	writes *prometheus.CounterVec
-	leader prometheus.Gauge
+	writes    *prometheus.CounterVec
+	leader    prometheus.Gauge
+	candidate prometheus.Gauge
 }
 
 func newSummaryMetrics() summaryMetrics {
@@ -52,6 +53,10 @@ func newSummaryMetrics() summaryMetrics {
 			Name: "weightd_policy_summary_leader",
 			Help: "1 while this agent holds the Lease that elects the one summarising PrefetchPolicy status, else 0.",
 		}),
+		candidate: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "weightd_policy_summary_candidate",
+			Help: "1 while this agent campaigns for the Lease of the PrefetchPolicy status summary or holds it, else 0; with gossip, three agents are candidates.",
+		}),
 	}
 	for _, o := range []string{"ok", "error"} {
 		m.writes.WithLabelValues(o)
@@ -60,7 +65,7 @@ func newSummaryMetrics() summaryMetrics {
 }
 
 func (m summaryMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.writes, m.leader}
+	return []prometheus.Collector{m.writes, m.leader, m.candidate}
 }
 
 // register registers cs on r (nil: none) and returns how to unregister

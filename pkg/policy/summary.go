@@ -151,6 +151,7 @@ func (s *Summarizer) Run(ctx context.Context) error {
 	}
 	for ctx.Err() == nil {
 		if !s.cfg.Candidate() {
+			s.m.candidate.Set(0)
 			select {
 			case <-ctx.Done():
 			case <-time.After(s.cfg.RetryPeriod):
@@ -185,6 +186,7 @@ func (s *Summarizer) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("policy summarizer: %w", err)
 		}
+		s.m.candidate.Set(1)
 		campaign, stop := context.WithCancel(ctx)
 		go s.standDown(campaign, stop, started)
 		le.Run(campaign)

@@ -240,6 +240,8 @@ func TestSummarizerCandidates(t *testing.T) {
 	require.True(t, ss[1].leading(t))
 	require.False(t, ss[0].leading(t))
 	require.Zero(t, reads.n.Load(), "not a candidate: no Lease read")
+	require.Zero(t, metricValue(t, ss[0].reg, "weightd_policy_summary_candidate"))
+	require.Equal(t, 1.0, metricValue(t, ss[1].reg, "weightd_policy_summary_candidate"))
 
 	// n1 campaigns while n2 leads, then stops being a candidate; n2 goes,
 	// giving the Lease up: n1 does not take it.
