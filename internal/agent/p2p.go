@@ -138,6 +138,12 @@ func newPeering(cfg P2PConfig, version string, log *slog.Logger, reg prometheus.
 	if cfg.FastGossip {
 		swarmCfg.Settle = 300 * time.Millisecond // gossip reaches everyone well within it
 	}
+	membership := p.membership
+	swarmCfg.PublishOriginFetches = func(n int) {
+		if err := membership.SetOriginFetches(n); err != nil {
+			log.Warn("gossiping this node's origin fetches", "err", err)
+		}
+	}
 	p.swarm, err = p2p.NewSwarm(p2p.NewDirectory(p.membership, p.router), nil, swarmCfg, log.With("component", "swarm"), reg)
 	if err != nil {
 		ln.Close()

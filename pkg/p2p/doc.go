@@ -52,13 +52,13 @@
 // holder, else the origin.
 //
 // Origin limit: OriginLimit caps what the origin sends the whole cluster,
-// with no central component. The limit is split evenly among the (blob,
-// origin fetcher) pairs a node's fills see, and each node paces its origin
-// reads (chunks, small blobs, streams) at the parts of its own pairs; one
-// that fetches nothing for the cluster counts as one pair. Where all nodes
-// fill the same blobs, as when a model is pulled across the cluster, they
-// count the same pairs and the parts add up to the limit; blobs filled by
-// disjoint nodes hold it each (originlimit.go).
+// with no central component. The limit is split evenly among the cluster's
+// (blob, origin fetcher) pairs, and each node paces its origin reads
+// (chunks, small blobs, streams) at the parts of its own pairs; one that
+// fetches nothing for the cluster counts as one pair. A node counts the
+// pairs its fills see and those the members gossip (NodeMeta.OriginFetches,
+// which counts blobs filled by other nodes too), and takes the larger
+// (originlimit.go).
 //
 // Following: a fill reads the chunk states of, and asks for chunks, at
 // most MaxFollowed holders: the first in election order, complete ones,

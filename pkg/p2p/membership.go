@@ -24,7 +24,7 @@ import (
 )
 
 // NodeMeta is what a node tells the cluster about itself. It travels in
-// memberlist's node metadata, encoded in at most 462 bytes; NewMembership and
+// memberlist's node metadata, encoded in at most 465 bytes; NewMembership and
 // UpdateMeta reject values that would not fit.
 type NodeMeta struct {
 	// ChunkAddr is the host:port of the node's chunk server, at most 255
@@ -36,6 +36,11 @@ type NodeMeta struct {
 	FreeDisk int64
 	// Version is the weightd version the node runs, at most 128 bytes.
 	Version string
+	// OriginFetches is how many blobs the node fetches from their origin
+	// for the cluster now, 0 to 65535: the nodes' parts of the origin
+	// limit are reckoned from them (originlimit.go). SetOriginFetches sets
+	// it; UpdateMeta keeps it.
+	OriginFetches int
 }
 
 // Peer is another live member of the cluster.
@@ -481,13 +486,35 @@ func (m *Membership) Announce(kind EventKind, d digest.Digest) error {
 // example its free disk; it never blocks, the update is gossiped in the
 // background. It fails, keeping the old metadata, if meta would not fit.
 func (m *Membership) UpdateMeta(meta NodeMeta) error {
-	b, err := encodeMeta(meta)
+	return m.changeMeta(func(old NodeMeta) NodeMeta {
+		meta.OriginFetches = old.OriginFetches
+		return meta
+	})
+}
+
+// SetOriginFetches sets NodeMeta.OriginFetches, the other fields as they
+// are, and gossips it in the background.
+func (m *Membership) SetOriginFetches(n int) error {
+	return m.changeMeta(func(meta NodeMeta) NodeMeta {
+		meta.OriginFetches = n
+		return meta
+	})
+}
+
+// changeMeta replaces this node's metadata with change of it.
+func (m *Membership) changeMeta(change func(NodeMeta) NodeMeta) error {
+	m.mu.Lock()
+	old, err := decodeMeta(m.meta) // encoded here, so valid
+	if err == nil {
+		var b []byte
+		if b, err = encodeMeta(change(old)); err == nil {
+			m.meta = b
+		}
+	}
+	m.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("updating node meta: %w", err)
 	}
-	m.mu.Lock()
-	m.meta = b
-	m.mu.Unlock()
 	select {
 	case m.metaChanged <- struct{}{}:
 	default: // an update is already pending; it will carry this meta

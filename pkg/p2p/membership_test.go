@@ -266,6 +266,18 @@ func TestClusterConvergesWithMeta(t *testing.T) {
 			return ok && p.Meta == newMeta
 		}, waitFor, tick)
 	}
+	// So does a count of origin fetches, the rest as it was.
+	require.NoError(t, nodes[2].m.SetOriginFetches(2))
+	newMeta.OriginFetches = 2
+	for _, n := range nodes {
+		if n == nodes[2] {
+			continue
+		}
+		require.Eventually(t, func() bool {
+			p, ok := n.m.Peer(nodes[2].m.LocalName())
+			return ok && p.Meta == newMeta
+		}, waitFor, tick)
+	}
 	// Metadata that would not fit is refused, and the old one kept.
 	require.ErrorIs(t, nodes[2].m.UpdateMeta(NodeMeta{Version: strings.Repeat("v", 200)}), content.ErrInvalid)
 	p, _ := nodes[0].m.Peer(nodes[2].m.LocalName())
@@ -713,4 +725,23 @@ func TestAmongFirstAgrees(t *testing.T) {
 	after := first("lease", 3)
 	require.Len(t, after, 3)
 	require.Subset(t, after, three[1:])
+}
+
+// SetOriginFetches changes that field of the node's metadata alone, and
+// UpdateMeta, which the agent calls with the other fields, keeps it.
+func TestSetOriginFetchesKeepsTheRest(t *testing.T) {
+	t.Parallel()
+	m, err := NewMembership(MembershipConfig{NodeName: "a", Meta: NodeMeta{ChunkAddr: "10.0.0.1:1", Zone: "z"}}, NewRouter(0))
+	require.NoError(t, err)
+	local := func() NodeMeta {
+		meta, err := decodeMeta((*membershipDelegate)(m).NodeMeta(512))
+		require.NoError(t, err)
+		return meta
+	}
+	require.NoError(t, m.SetOriginFetches(3))
+	assert.Equal(t, NodeMeta{ChunkAddr: "10.0.0.1:1", Zone: "z", OriginFetches: 3}, local())
+	require.NoError(t, m.UpdateMeta(NodeMeta{ChunkAddr: "10.0.0.2:1", Version: "v"}))
+	assert.Equal(t, NodeMeta{ChunkAddr: "10.0.0.2:1", Version: "v", OriginFetches: 3}, local())
+	require.Error(t, m.SetOriginFetches(-1))
+	assert.Equal(t, 3, local().OriginFetches, "a bad count changes nothing")
 }

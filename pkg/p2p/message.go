@@ -69,6 +69,8 @@ const (
 	maxChunkAddrLen = 255
 	maxZoneLen      = 63
 	maxVersionLen   = 128
+	// maxOriginFetches bounds NodeMeta.OriginFetches (3 bytes encoded).
+	maxOriginFetches = 1<<16 - 1
 
 	// maxStateSize bounds the push/pull state: about 1,500 holdings.
 	maxStateSize = 64 << 10
@@ -276,6 +278,9 @@ func validateMeta(meta NodeMeta) error {
 	if meta.FreeDisk < 0 {
 		return fmt.Errorf("%w: free disk %d is negative", content.ErrInvalid, meta.FreeDisk)
 	}
+	if meta.OriginFetches < 0 || meta.OriginFetches > maxOriginFetches {
+		return fmt.Errorf("%w: origin fetches %d: want 0 to %d", content.ErrInvalid, meta.OriginFetches, maxOriginFetches)
+	}
 	return nil
 }
 
@@ -286,8 +291,9 @@ func validateMetaString(what, s string, limit int) error {
 	return nil
 }
 
-// encodeMeta encodes node metadata; the result is at most 462 bytes, under
-// memberlist's limit of 512.
+// encodeMeta encodes node metadata; the result is at most 465 bytes, under
+// memberlist's limit of 512. OriginFetches comes last: a node of an older
+// version ignores it, and reads as 0 from one.
 func encodeMeta(meta NodeMeta) ([]byte, error) {
 	if err := validateMeta(meta); err != nil {
 		return nil, err
@@ -299,7 +305,8 @@ func encodeMeta(meta NodeMeta) ([]byte, error) {
 	b = append(b, meta.Zone...)
 	b = binary.AppendUvarint(b, uint64(meta.FreeDisk))
 	b = append(b, byte(len(meta.Version)))
-	return append(b, meta.Version...), nil
+	b = append(b, meta.Version...)
+	return binary.AppendUvarint(b, uint64(meta.OriginFetches)), nil
 }
 
 // decodeMeta decodes node metadata and validates it as encodeMeta would. The
@@ -319,6 +326,13 @@ func decodeMeta(b []byte) (NodeMeta, error) {
 	}
 	meta.FreeDisk = int64(free)
 	meta.Version = r.string()
+	if r.err == nil && len(r.b) > 0 {
+		n := r.uvarint()
+		if r.err == nil && n > maxOriginFetches {
+			return NodeMeta{}, fmt.Errorf("%w: origin fetches %d", errMalformed, n)
+		}
+		meta.OriginFetches = int(n)
+	}
 	if r.err != nil {
 		return NodeMeta{}, r.err
 	}

@@ -179,11 +179,13 @@ func TestMetaRoundTrip(t *testing.T) {
 		{ChunkAddr: "10.0.0.7:7947", Zone: "eu-west-1a", FreeDisk: 1 << 40, Version: "v1.2.3"},
 		{ChunkAddr: "[fd00::1]:7947", FreeDisk: math.MaxInt64},
 		{
-			ChunkAddr: strings.Repeat("h", maxChunkAddrLen-5) + ":7947",
-			Zone:      strings.Repeat("z", maxZoneLen),
-			FreeDisk:  math.MaxInt64,
-			Version:   strings.Repeat("v", maxVersionLen),
+			ChunkAddr:     strings.Repeat("h", maxChunkAddrLen-5) + ":7947",
+			Zone:          strings.Repeat("z", maxZoneLen),
+			FreeDisk:      math.MaxInt64,
+			Version:       strings.Repeat("v", maxVersionLen),
+			OriginFetches: maxOriginFetches,
 		},
+		{ChunkAddr: "10.0.0.7:7947", OriginFetches: 3},
 	} {
 		b, err := encodeMeta(meta)
 		require.NoError(t, err)
@@ -191,6 +193,14 @@ func TestMetaRoundTrip(t *testing.T) {
 		got, err := decodeMeta(b)
 		require.NoError(t, err)
 		assert.Equal(t, meta, got)
+		// A node of the version before OriginFetches sends none: 0.
+		if meta.OriginFetches < 128 {
+			older, err := decodeMeta(b[:len(b)-1])
+			require.NoError(t, err)
+			want := meta
+			want.OriginFetches = 0
+			assert.Equal(t, want, older)
+		}
 		// A later minor version may append fields.
 		got, err = decodeMeta(append(b, 1, 2, 3))
 		require.NoError(t, err)
@@ -207,6 +217,8 @@ func TestMetaRejects(t *testing.T) {
 		"version too long":           {Version: strings.Repeat("v", maxVersionLen+1)},
 		"non-UTF-8 zone":             {Zone: "\xff"},
 		"negative free disk":         {FreeDisk: -1},
+		"negative origin fetches":    {OriginFetches: -1},
+		"too many origin fetches":    {OriginFetches: maxOriginFetches + 1},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := encodeMeta(meta)
@@ -215,16 +227,18 @@ func TestMetaRejects(t *testing.T) {
 	}
 	good, err := encodeMeta(NodeMeta{ChunkAddr: "a:1", Zone: "z", FreeDisk: 5, Version: "v"})
 	require.NoError(t, err)
+	tooMany := binary.AppendUvarint(append([]byte{}, good[:len(good)-1]...), maxOriginFetches+1)
 	overflow := []byte{metaVersion, 0, 0}
 	overflow = binary.AppendUvarint(overflow, math.MaxInt64+1)
 	overflow = append(overflow, 0)
 	for name, b := range map[string][]byte{
 		"empty":              nil,
 		"version 2":          append([]byte{2}, good[1:]...),
-		"truncated":          good[:len(good)-1],
+		"truncated":          good[:len(good)-2],
 		"string past end":    {metaVersion, 9, 'a'},
 		"bad uvarint":        {metaVersion, 0, 0, 0x80},
 		"free disk overflow": overflow,
+		"origin fetches":     tooMany,
 		"bad chunk address":  {metaVersion, 1, 'a', 0, 0, 0},
 	} {
 		t.Run(name, func(t *testing.T) {

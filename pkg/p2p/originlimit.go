@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"slices"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/time/rate"
@@ -9,22 +10,30 @@ import (
 
 // The origin limit (SwarmConfig.OriginLimit) caps what the origin sends the
 // whole cluster, with no component that sees every fetch: each node paces
-// its own origin reads at its part of the limit, reckoned from what its
-// fills know. The parts go by (blob, origin fetcher) pairs: a fill sees the
-// origin fetchers of its blob (OriginFetchers, spread by the election),
-// and the limit is split evenly among all the pairs this node's fills see,
-// this node taking the parts of its own pairs. Where every node fills the
-// same blobs (a model pulled across the cluster, the case that loads the
-// origin), all nodes count the same pairs and the parts add up to the
-// limit. Blobs filled by disjoint sets of nodes each see only their own
-// pairs, so there the limit holds per blob. A fetcher whose role lingers
-// after its fill still counts: the parts err below the limit.
+// its own origin reads at its part of the limit. The parts go by (blob,
+// origin fetcher) pairs, split evenly: a node takes the parts of its own
+// pairs. It counts the cluster's pairs two ways and takes the larger:
+// those its fills see (the origin fetchers of its blobs, OriginFetchers
+// of each, spread by the election), exact at once for the blobs it fills;
+// and those the members gossip (NodeMeta.OriginFetches, each node's count
+// of blobs it fetches, published as it changes), which also count blobs
+// that other nodes fill, a moment late. A fetcher whose role lingers after
+// its fill still counts: the parts err below the limit.
+//
+// A member's count is taken up to maxCountedFetches: a compromised member
+// that claims more lowers the others' parts (the origin then sends less,
+// never more), and no further.
+
+// maxCountedFetches bounds one member's gossiped count: more blobs than a
+// node's fills fetch from the origin at once.
+const maxCountedFetches = 64
 
 // originRate is a node's part of limit, given the origin fetchers each of
-// its fills sees (fetchers[d], local among them where it fetches d). A
-// node that fetches nothing for the cluster but still reads the origin
-// (a small blob, a stream outside the swarm) counts as one more pair.
-func originRate(limit int64, local string, fetchers map[digest.Digest][]string) rate.Limit {
+// its fills sees (fetchers[d], local among them where it fetches d) and the
+// pairs the other members gossip. A node that fetches nothing for the
+// cluster but still reads the origin (a small blob, a stream outside the
+// swarm) counts as one more pair.
+func originRate(limit int64, local string, fetchers map[digest.Digest][]string, others int) rate.Limit {
 	mine, all := 0, 0
 	for _, names := range fetchers {
 		all += len(names)
@@ -35,7 +44,23 @@ func originRate(limit int64, local string, fetchers map[digest.Digest][]string) 
 	if mine == 0 {
 		mine, all = 1, all+1
 	}
+	all = max(all, others+mine)
 	return rate.Limit(float64(limit) * float64(mine) / float64(all))
+}
+
+// clusterFetches is the sum of the other members' gossiped counts of
+// origin fetches, taken from the directory at most once a second; s.mu
+// must be held.
+func (s *Swarm) clusterFetches() int {
+	now := s.cfg.Now()
+	if !s.clusterAt.IsZero() && now.Sub(s.clusterAt) < time.Second {
+		return s.cluster
+	}
+	s.clusterAt, s.cluster = now, 0
+	for _, p := range s.dir.Members() {
+		s.cluster += min(p.Meta.OriginFetches, maxCountedFetches)
+	}
+	return s.cluster
 }
 
 // seeFetchers records the origin fetchers fill d sees now (nil once it
@@ -44,14 +69,26 @@ func (s *Swarm) seeFetchers(d digest.Digest, fetchers []string) {
 	if s.originPace == nil {
 		return
 	}
+	local := s.dir.LocalName()
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if fetchers == nil {
 		delete(s.fetchers, d)
 	} else {
 		s.fetchers[d] = fetchers
 	}
-	s.originPace.SetLimit(originRate(s.cfg.OriginLimit, s.dir.LocalName(), s.fetchers))
+	mine := 0
+	for _, names := range s.fetchers {
+		if slices.Contains(names, local) {
+			mine++
+		}
+	}
+	changed := mine != s.published
+	s.published = mine
+	s.originPace.SetLimit(originRate(s.cfg.OriginLimit, local, s.fetchers, s.clusterFetches()))
+	s.mu.Unlock()
+	if changed && s.cfg.PublishOriginFetches != nil {
+		s.cfg.PublishOriginFetches(mine)
+	}
 }
 
 // paceOrigin tells the swarm which origin fetchers this fill sees: this

@@ -47,7 +47,7 @@ func TestOriginRate(t *testing.T) {
 			t.Parallel()
 			var sum rate.Limit
 			for node, want := range tc.want {
-				got := originRate(limit, node, tc.fetchers)
+				got := originRate(limit, node, tc.fetchers, 0)
 				require.InDelta(t, float64(want), float64(got), 1e-9, node)
 				sum += got
 			}
@@ -82,4 +82,38 @@ func TestOriginLimitPacesOriginReads(t *testing.T) {
 
 	s.seeFetchers(d, nil)
 	require.Equal(t, rate.Limit(2), s.originPace.Limit(), "the fill ended: alone again")
+}
+
+// Disjoint sets of nodes fetching different blobs: each node's fills see
+// only their own blob's fetchers, but gossip tells every node how many
+// blobs each member fetches from the origin, and the parts are reckoned
+// over all of them. The node publishes its own count as it changes.
+func TestOriginLimitCountsTheClustersFetches(t *testing.T) {
+	t.Parallel()
+	x, y := digest.FromString("x"), digest.FromString("y")
+	dir := staticDir{local: "me", peers: map[string]Peer{
+		"b": {Name: "b", Meta: NodeMeta{OriginFetches: 1}}, // x's other fetcher
+		"c": {Name: "c", Meta: NodeMeta{OriginFetches: 1}}, // fetchers of other blobs
+		"d": {Name: "d", Meta: NodeMeta{OriginFetches: 2}},
+		"e": {Name: "e"},
+	}}
+	var published []int
+	s, err := NewSwarm(dir, nil, SwarmConfig{OriginLimit: 1200, PublishOriginFetches: func(n int) { published = append(published, n) }}, nil, nil)
+	require.NoError(t, err)
+
+	s.seeFetchers(x, []string{"me", "b"})
+	require.Equal(t, rate.Limit(1200/5), s.originPace.Limit(), "one of the cluster's five (blob, fetcher) pairs")
+	s.seeFetchers(y, []string{"me", "d"})
+	require.Equal(t, rate.Limit(1200*2/6), s.originPace.Limit(), "two of six: its own second counts at once")
+	s.seeFetchers(y, nil)
+	s.seeFetchers(x, []string{"b"})
+	require.Equal(t, rate.Limit(1200/5), s.originPace.Limit(), "no longer a fetcher, a reader of the origin: one more pair")
+	require.Equal(t, []int{1, 2, 1, 0}, published, "its own count, as it changed")
+
+	// A member claiming more than a node fetches counts as maxCountedFetches.
+	dir.peers["liar"] = Peer{Name: "liar", Meta: NodeMeta{OriginFetches: maxOriginFetches}}
+	s, err = NewSwarm(dir, nil, SwarmConfig{OriginLimit: 1200}, nil, nil)
+	require.NoError(t, err)
+	s.seeFetchers(x, []string{"me", "b"})
+	require.InDelta(t, 1200.0/(5+maxCountedFetches), float64(s.originPace.Limit()), 1e-9)
 }

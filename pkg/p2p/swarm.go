@@ -60,6 +60,11 @@ type SwarmConfig struct {
 	// same on every node; each paces its origin reads at its part of it
 	// (originlimit.go). 0 means no limit.
 	OriginLimit int64
+	// PublishOriginFetches, with OriginLimit set, is told how many blobs
+	// this node fetches from the origin for the cluster whenever that
+	// changes, to gossip as NodeMeta.OriginFetches
+	// (Membership.SetOriginFetches). It must not block.
+	PublishOriginFetches func(n int)
 	// Zone is this node's topology zone (NodeMeta.Zone): peers of its zone
 	// are preferred, and chunks cross into it about once (zone.go).
 	Zone string
@@ -136,7 +141,10 @@ type Swarm struct {
 	live   liveChunks                   // chunks on their way here, which the chunk server relays
 	// fetchers are the origin fetchers each fill in progress sees, for
 	// this node's part of OriginLimit.
-	fetchers map[digest.Digest][]string
+	fetchers  map[digest.Digest][]string
+	published int       // the count of this node's origin fetches last published
+	cluster   int       // the other members' gossiped counts (clusterFetches)
+	clusterAt time.Time // when cluster was summed
 }
 
 type swarmMetrics struct {
