@@ -48,12 +48,16 @@ func originRate(limit int64, local string, fetchers map[digest.Digest][]string, 
 	return rate.Limit(float64(limit) * float64(mine) / float64(all))
 }
 
+// clusterEvery is how often a node sums the members' counts: listing
+// them costs a sort of every member, and every fill's loop asks.
+const clusterEvery = 250 * time.Millisecond
+
 // clusterFetches is the sum of the other members' gossiped counts of
-// origin fetches, taken from the directory at most once a second; s.mu
-// must be held.
+// origin fetches, taken from the directory at most every clusterEvery;
+// s.mu must be held.
 func (s *Swarm) clusterFetches() int {
 	now := s.cfg.Now()
-	if !s.clusterAt.IsZero() && now.Sub(s.clusterAt) < time.Second {
+	if !s.clusterAt.IsZero() && now.Sub(s.clusterAt) < clusterEvery {
 		return s.cluster
 	}
 	s.clusterAt, s.cluster = now, 0

@@ -2,10 +2,13 @@ package p2p
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/time/rate"
 )
 
@@ -116,4 +119,41 @@ func TestOriginLimitCountsTheClustersFetches(t *testing.T) {
 	require.NoError(t, err)
 	s.seeFetchers(x, []string{"me", "b"})
 	require.InDelta(t, 1200.0/(5+maxCountedFetches), float64(s.originPace.Limit()), 1e-9)
+}
+
+// Two pairs of nodes fill two different blobs from one origin, each pair
+// seeing only its own blob's fetchers; with the counts gossiped, the four
+// fetchers share the cluster's limit. The origin's bytes stay within the
+// limit over the time taken, the limiters' bursts, and a second of the
+// limit for the counts to cross gossip (a slower machine only takes
+// longer); with each pair taking the whole limit, they were about twice
+// that.
+func TestOriginLimitHoldsAcrossDisjointFills(t *testing.T) {
+	t.Parallel()
+	const limit = 4 << 20
+	opts := map[int]swarmNodeOpts{}
+	for i := range 4 {
+		opts[i] = swarmNodeOpts{originLimit: limit}
+	}
+	nodes := startSwarmCluster(t, 4, opts)
+	x, y := randomBlob(31, 192*testChunk), randomBlob(32, 192*testChunk)
+	var sent atomic.Int64
+	ox, oy := &countingOrigin{data: x}, &countingOrigin{data: y}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	g, ctx := errgroup.WithContext(ctx)
+	for i, n := range nodes {
+		data, origin := x, ox
+		if i >= 2 {
+			data, origin = y, oy
+		}
+		g.Go(func() error { return n.fetch(ctx, data, origin) })
+	}
+	require.NoError(t, g.Wait())
+	took := time.Since(start).Seconds()
+	sent.Add(ox.sent.Load() + oy.sent.Load())
+	bursts := float64(4 * nodes[0].swarm.originPace.Burst())
+	t.Logf("origin sent %d bytes in %.2fs: %.0f%% of the limit", sent.Load(), took, 100*float64(sent.Load())/(limit*took))
+	require.LessOrEqual(t, float64(sent.Load()), limit*(took+1)+bursts)
 }

@@ -66,8 +66,9 @@ type swarmNode struct {
 }
 
 type swarmNodeOpts struct {
-	wrap   func(http.Handler) http.Handler // around the chunk server
-	upload int64
+	wrap        func(http.Handler) http.Handler // around the chunk server
+	upload      int64
+	originLimit int64 // SwarmConfig.OriginLimit, its counts gossiped as the agent does
 }
 
 func startSwarmNode(t *testing.T, name string, seeds []string, o swarmNodeOpts) *swarmNode {
@@ -83,7 +84,11 @@ func startSwarmNode(t *testing.T, name string, seeds []string, o swarmNodeOpts) 
 	store, err := cache.Open(t.TempDir(), cache.WithChunkSize(testChunk), cache.WithBudget(0, 0),
 		cache.WithEvents(Announcer(m, slog.New(slog.DiscardHandler))))
 	require.NoError(t, err)
-	swarm, err := NewSwarm(NewDirectory(m, router), nil, SwarmConfig{Settle: 300 * time.Millisecond, Refresh: 50 * time.Millisecond, BanFor: time.Minute}, nil, prometheus.NewRegistry())
+	cfg := SwarmConfig{Settle: 300 * time.Millisecond, Refresh: 50 * time.Millisecond, BanFor: time.Minute, OriginLimit: o.originLimit}
+	if o.originLimit > 0 {
+		cfg.PublishOriginFetches = func(n int) { _ = m.SetOriginFetches(n) } // a count of 0 to 65535 always fits
+	}
+	swarm, err := NewSwarm(NewDirectory(m, router), nil, cfg, nil, prometheus.NewRegistry())
 	require.NoError(t, err)
 	res := NewResolutions(2)
 	server, err := NewChunkServer(store, nil, WithSwarm(swarm), WithUploadLimit(o.upload), WithResolutions(res))
