@@ -254,30 +254,25 @@ func TestClusterConvergesWithMeta(t *testing.T) {
 		assert.InDelta(t, 4, testutil.ToFloat64(n.m.metrics.peers), 0)
 	}
 
+	everyPeerSees := func(meta NodeMeta) {
+		for _, n := range nodes {
+			if n == nodes[2] {
+				continue
+			}
+			require.Eventually(t, func() bool {
+				p, ok := n.m.Peer(nodes[2].m.LocalName())
+				return ok && p.Meta == meta
+			}, waitFor, tick)
+		}
+	}
 	// A metadata change reaches every peer.
 	newMeta := NodeMeta{ChunkAddr: "127.0.0.1:9999", Zone: "zone-x", FreeDisk: 12345, Version: "test2"}
 	require.NoError(t, nodes[2].m.UpdateMeta(newMeta))
-	for _, n := range nodes {
-		if n == nodes[2] {
-			continue
-		}
-		require.Eventually(t, func() bool {
-			p, ok := n.m.Peer(nodes[2].m.LocalName())
-			return ok && p.Meta == newMeta
-		}, waitFor, tick)
-	}
+	everyPeerSees(newMeta)
 	// So does a count of origin fetches, the rest as it was.
 	require.NoError(t, nodes[2].m.SetOriginFetches(2))
 	newMeta.OriginFetches = 2
-	for _, n := range nodes {
-		if n == nodes[2] {
-			continue
-		}
-		require.Eventually(t, func() bool {
-			p, ok := n.m.Peer(nodes[2].m.LocalName())
-			return ok && p.Meta == newMeta
-		}, waitFor, tick)
-	}
+	everyPeerSees(newMeta)
 	// Metadata that would not fit is refused, and the old one kept.
 	require.ErrorIs(t, nodes[2].m.UpdateMeta(NodeMeta{Version: strings.Repeat("v", 200)}), content.ErrInvalid)
 	p, _ := nodes[0].m.Peer(nodes[2].m.LocalName())
