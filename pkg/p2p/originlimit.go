@@ -34,18 +34,24 @@ const maxCountedFetches = 64
 // cluster but still reads the origin (a small blob, a stream outside the
 // swarm) counts as one more pair.
 func originRate(limit int64, local string, fetchers map[digest.Digest][]string, others int) rate.Limit {
-	mine, all := 0, 0
+	mine, all := pairs(local, fetchers)
+	if mine == 0 {
+		mine, all = 1, all+1
+	}
+	all = max(all, others+mine)
+	return rate.Limit(float64(limit) * float64(mine) / float64(all))
+}
+
+// pairs counts the (blob, origin fetcher) pairs in fetchers: local's, and
+// all.
+func pairs(local string, fetchers map[digest.Digest][]string) (mine, all int) {
 	for _, names := range fetchers {
 		all += len(names)
 		if slices.Contains(names, local) {
 			mine++
 		}
 	}
-	if mine == 0 {
-		mine, all = 1, all+1
-	}
-	all = max(all, others+mine)
-	return rate.Limit(float64(limit) * float64(mine) / float64(all))
+	return mine, all
 }
 
 // clusterEvery is how often a node sums the members' counts: listing
@@ -80,12 +86,7 @@ func (s *Swarm) seeFetchers(d digest.Digest, fetchers []string) {
 	} else {
 		s.fetchers[d] = fetchers
 	}
-	mine := 0
-	for _, names := range s.fetchers {
-		if slices.Contains(names, local) {
-			mine++
-		}
-	}
+	mine, _ := pairs(local, s.fetchers)
 	changed := mine != s.published
 	s.published = mine
 	s.originPace.SetLimit(originRate(s.cfg.OriginLimit, local, s.fetchers, s.clusterFetches()))
