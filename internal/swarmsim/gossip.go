@@ -5,26 +5,24 @@ import (
 	"time"
 )
 
-// The gossip model, fitted to real memberlist among 30 and 100 members in
-// process, production timings (docs/gossip-scale.md):
-//
-//	go run ./bench/gossip -nodes 30,100,300 -idle 90s  # delays, event bytes (300 did not converge)
-//	go run ./bench/gossip -nodes 100,30 -idle 120s     # bytes of a push/pull
-//
-// It holds while the events fit memberlist's packets (GossipNodes ×
-// UDPBufferSize every GossipInterval); past about 1,000 members a
-// cluster-wide fill's events do not, and gossip is slower than this.
+// The gossip model is fitted to bench/gossip's runs of real memberlist
+// (docs/gossip-scale.md has the runs and figures). It holds while the
+// events fit memberlist's packets; past about 1,000 members a cluster-wide
+// fill's events do not, and gossip is slower than this.
 
 // delayShape is the inverse distribution of the delays from an event until
-// a member's Router lists it, over their median: at quantiles 0, 0.1, …,
-// 0.9, then 0.99 and 1 (the 100-member run's p99 and 1.25 times it).
-var delayShape = [...]float64{0, 0.528, 0.693, 0.812, 0.914, 1, 1.087, 1.189, 1.334, 1.505, 1.955, 2.444}
+// a member's Router lists it, over their median, at delayQuantiles (the
+// last is 1.25 times the measured p99).
+var (
+	delayQuantiles = [...]float64{0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.99, 1}
+	delayShape     = [...]float64{0, 0.528, 0.693, 0.812, 0.914, 1, 1.087, 1.189, 1.334, 1.505, 1.955, 2.444}
+)
 
 // gossipDelay is how long after an event one member learns of it, for u
 // uniform in [0, 1): the median grows with ln N, the shape stays.
 func gossipDelay(nodes int, u float64) time.Duration {
 	median := max(100, -68.3+91.3*math.Log(float64(nodes))) // ms
-	q := []float64{0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.99, 1}
+	q := delayQuantiles
 	i := 1
 	for i < len(q)-1 && u >= q[i] {
 		i++
@@ -37,9 +35,7 @@ func gossipDelay(nodes int, u float64) time.Duration {
 // gossipBytes is what gossip costs each node per second over a run of runS
 // seconds with events events (announcements, deaths): the idle rate
 // (probes, and push/pulls of every member's state every
-// pushPullInterval) plus each event sent retransmits times by every member
-// (at 25 bytes a transmission, as at 100 members; 46 at 30, where fewer
-// events share a packet).
+// pushPullInterval) plus each event sent retransmits times by every member.
 func gossipBytes(nodes, events int, runS float64) float64 {
 	n := float64(nodes)
 	idle := probeBytesPerS + (stateBytes+stateBytesPerMember*n)/pushPullInterval(nodes).Seconds()
@@ -47,8 +43,8 @@ func gossipBytes(nodes, events int, runS float64) float64 {
 	return idle + float64(events)*perEvent/(n*runS)
 }
 
-// Measured (bytes as memberlist hands them to the transport, compressed
-// and encrypted, without UDP/TCP/IP headers):
+// Bytes as memberlist hands them to the transport (compressed and
+// encrypted, without UDP/TCP/IP headers), measured at 100 members:
 const (
 	probeBytesPerS      = 163  // a probe (ping and ack) per second
 	stateBytes          = 1448 // a push/pull, both ways: fixed part

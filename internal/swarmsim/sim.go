@@ -62,8 +62,8 @@ type Config struct {
 	Seed           uint64
 }
 
-// Result is what a simulation measured. A node's time ratio is over its own
-// link's S/B (a slow link cannot beat it); killed nodes are left out.
+// Result is what a simulation measured: each node's time over its own
+// link's S/B, killed nodes left out.
 type Result struct {
 	Nodes, Finished, Killed int
 	LimitS                  float64 // S/B of a link of Config.Link
@@ -75,7 +75,7 @@ type Result struct {
 	OriginRatio             float64 // origin bytes / S
 	OriginDoneRatio         float64 // when the origin sent its last byte, over S/B
 	RelayedBytesPerNode     float64 // bytes a node sent to peers, on average
-	RefusedPerNodeS         float64 // chunk requests refused for full upload slots, per node per second of its fill
+	RefusedPerNodeS         float64 // chunk requests refused as busy (slots full, or the requester's share of them), per node per second of its fill
 	SchedCPUPerNode         float64 // seconds in the decision code per node
 	StateBytesPerNodeS      float64 // state-read bytes (both ways) per node per second of its fill
 	StateReadsPerNodeS      float64
@@ -162,7 +162,7 @@ type node struct {
 	stateBytes         int64                 // state reads, both ways, for its own fill
 	stateReads         int64
 	relayed            int64
-	refused            int // its chunk requests refused for full upload slots
+	refused            int // its chunk requests refused as busy
 	missingBuf         []int
 	visible            bool          // members see it
 	holders            []p2p.Holder  // the others that gossip told it hold the blob
