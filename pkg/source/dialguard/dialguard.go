@@ -103,12 +103,20 @@ func ParseAllowList(cidrs []string) ([]netip.Prefix, error) {
 }
 
 // Transport is http.DefaultTransport's settings with every connection
-// dialled through the guard.
+// dialled through the guard, and idle connections kept for as many
+// parallel reads of one origin as a node makes (the default keeps two, so
+// the swarm's ranged GETs would each dial anew: a handshake and slow start
+// per chunk, on a link that is full).
 func (g *Guard) Transport() *http.Transport {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.DialContext = g.DialContext
+	t.MaxIdleConnsPerHost = idlePerOrigin
+	t.MaxIdleConns = 4 * idlePerOrigin
 	return t
 }
+
+// idlePerOrigin is the idle connections kept to one origin host.
+const idlePerOrigin = 64
 
 // DialContext dials address, checking the address it connects to unless
 // address is one of the trusted host:port pairs.

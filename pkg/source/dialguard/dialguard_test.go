@@ -1,13 +1,17 @@
 package dialguard_test
 
 import (
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/pkg/content"
@@ -122,4 +126,43 @@ func BenchmarkGuardCheck(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// The swarm reads an origin with many ranged GETs at once, one after the
+// other on each flow with a moment between (the next chunk is picked when
+// one ends): the transport keeps their connections for the next, rather
+// than closing all but two and dialling anew (a TCP handshake and slow
+// start per chunk, on a link the fill keeps full).
+func TestTransportKeepsParallelConnections(t *testing.T) {
+	t.Parallel()
+	var dialled atomic.Int64
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write(make([]byte, 64<<10))
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			dialled.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	c := &http.Client{Transport: dialguard.New(nil, srv.Listener.Addr().String()).Transport()}
+	const flows, requests = 16, 10
+	var wg sync.WaitGroup
+	for range flows {
+		wg.Go(func() {
+			for range requests {
+				resp, err := c.Get(srv.URL)
+				if !assert.NoError(t, err) {
+					return
+				}
+				_, err = io.Copy(io.Discard, resp.Body)
+				assert.NoError(t, err)
+				resp.Body.Close()
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	require.LessOrEqual(t, dialled.Load(), int64(2*flows), "%d requests on %d flows", flows*requests, flows)
 }
