@@ -89,7 +89,7 @@ func (f *plan) decideOrigin() {
 			}
 			if above >= f.s.cfg.OriginFetchers {
 				f.originRole = false
-				f.s.setOrigin(f.d, false)
+				f.s.setOrigin(f.d, false, 0)
 				f.s.log.Info("yielding the origin role", "digest", f.d, "to", fetchers)
 			}
 		}
@@ -123,7 +123,7 @@ func (f *plan) decideOrigin() {
 	if alone || f.s.cfg.Now().Sub(f.start) >= turn {
 		f.originRole, f.originSince, f.originAtOnce = true, f.s.cfg.Now(), alone || first
 		f.s.m.originRole.Inc()
-		f.s.setOrigin(f.d, true)
+		f.s.setOrigin(f.d, true, 0)
 		f.s.log.Info("fetching from the origin for the cluster", "digest", f.d, "rank", rank, "candidates", len(names))
 	}
 }
@@ -163,7 +163,7 @@ func (f *plan) release() {
 	f.s.buffered.Add(-f.buffered) // requests that will not be handled
 	f.buffered = 0
 	if f.originRole {
-		f.s.setOrigin(f.d, false)
+		f.s.setOrigin(f.d, false, f.s.cfg.OriginLinger)
 	}
 }
 

@@ -237,6 +237,38 @@ func TestOriginRoleOutlivesAnEarlierFillsLinger(t *testing.T) {
 	require.False(t, s.FetchesFromOrigin(d), "a minute after the last fill ended")
 }
 
+// A node that yields the origin role to fetchers ranked above it stops
+// fetching from the origin, and its peers stop counting it among the
+// fetchers at once: were it still seen for OriginLinger, the chunks split
+// among the fetchers would give it a share that nobody fetches but the
+// others' helpers, each from the back of the same share.
+func TestYieldedOriginRoleIsNotSeen(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
+	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{OriginLinger: time.Minute, Now: func() time.Time { return now }}, nil, nil)
+	require.NoError(t, err)
+	var d digest.Digest
+	for i := uint64(0); d == ""; i++ {
+		if c := descOf(randomBlob(200+i, testChunk)).Digest; rendezvous(c, []string{"me", "a", "b"})[2] == "me" {
+			d = c
+		}
+	}
+	fetcher := func(name string) *peerView {
+		return &peerView{name: name, known: true, state: PeerState{ChunkState: cache.ChunkState{Size: 8 * testChunk, ChunkSize: testChunk, Have: []byte{0}}, Origin: true}}
+	}
+	f := &plan{s: s, d: d, start: now, peers: map[string]*peerView{}, maxInFlight: 8}
+	f.decideOrigin()
+	require.True(t, f.originRole, "alone, it fetches from the origin")
+	require.True(t, s.FetchesFromOrigin(d))
+
+	f.peers = map[string]*peerView{"a": fetcher("a"), "b": fetcher("b")}
+	f.decideOrigin()
+	require.False(t, f.originRole, "two fetchers rank above it: it yields")
+	require.False(t, s.FetchesFromOrigin(d), "peers no longer see it fetch")
+	f.release()
+	require.False(t, s.FetchesFromOrigin(d), "nor after its fill ends")
+}
+
 // A node ranked among the first OriginFetchers of all members takes the
 // origin role at once; one ranked lower, with no peer known to hold or
 // fetch the blob, waits one Settle first. Measured on the swarm's clock: a

@@ -339,7 +339,7 @@ func waitForNews(t *testing.T, url string) <-chan PeerState {
 func originSwarm(t *testing.T, d digest.Digest) *Swarm {
 	sw, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
 	require.NoError(t, err)
-	sw.setOrigin(d, true)
+	sw.setOrigin(d, true, 0)
 	return sw
 }
 

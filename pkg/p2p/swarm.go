@@ -380,9 +380,12 @@ type originHold struct {
 }
 
 // setOrigin takes (on) or gives back one hold on the origin role for d.
-// Giving back keeps the role visible for OriginLinger; roles past their
-// linger are forgotten here.
-func (s *Swarm) setOrigin(d digest.Digest, on bool) {
+// Giving back keeps the role visible for linger once no hold is left: a
+// fill that ended will soon say complete, and peers should not elect
+// another fetcher meanwhile. A node that yields the role gives linger 0:
+// the other fetchers split the chunks among themselves at once. Roles
+// past their linger are forgotten here.
+func (s *Swarm) setOrigin(d digest.Digest, on bool, linger time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.cfg.Now()
@@ -391,7 +394,7 @@ func (s *Swarm) setOrigin(d digest.Digest, on bool) {
 		h.holds++
 	} else if h.holds > 0 {
 		h.holds--
-		h.until = now.Add(s.cfg.OriginLinger)
+		h.until = now.Add(linger)
 	}
 	s.origin[d] = h
 	for k, o := range s.origin {
