@@ -22,12 +22,11 @@ var (
 // uniform in [0, 1): the median grows with ln N, the shape stays.
 func gossipDelay(nodes int, u float64) time.Duration {
 	median := max(100, -68.3+91.3*math.Log(float64(nodes))) // ms
-	q := delayQuantiles
 	i := 1
-	for i < len(q)-1 && u >= q[i] {
+	for i < len(delayQuantiles)-1 && u >= delayQuantiles[i] {
 		i++
 	}
-	f := (u - q[i-1]) / (q[i] - q[i-1])
+	f := (u - delayQuantiles[i-1]) / (delayQuantiles[i] - delayQuantiles[i-1])
 	r := delayShape[i-1] + f*(delayShape[i]-delayShape[i-1])
 	return time.Duration(r * median * float64(time.Millisecond))
 }

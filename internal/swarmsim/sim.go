@@ -62,8 +62,8 @@ type Config struct {
 	Seed           uint64
 }
 
-// Result is what a simulation measured: each node's time over its own
-// link's S/B, killed nodes left out.
+// Result is what a simulation measured. Time ratios are over each node's
+// own link's S/B and cover the nodes that were not killed.
 type Result struct {
 	Nodes, Finished, Killed int
 	LimitS                  float64 // S/B of a link of Config.Link

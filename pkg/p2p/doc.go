@@ -48,8 +48,8 @@
 // banned: a slow answer is no failure, others back off, and the fill gives
 // up only on a permanent error, or after repeated failures and half a
 // minute without a byte. Peers still see the role for OriginLinger after
-// the fill ends, but not after a node yields it. A blob of one chunk up to 1 MiB skips all this: a complete
-// holder, else the origin.
+// the fill ends, but not after a node yields it. A blob of one chunk up to
+// 1 MiB skips all this: a complete holder, else the origin.
 //
 // Origin limit: OriginLimit caps what the origin sends the whole cluster,
 // with no central component. The limit is split evenly among the cluster's

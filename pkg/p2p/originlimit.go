@@ -28,13 +28,11 @@ import (
 // node's fills fetch from the origin at once.
 const maxCountedFetches = 64
 
-// originRate is a node's part of limit, given the origin fetchers each of
-// its fills sees (fetchers[d], local among them where it fetches d) and the
-// pairs the other members gossip. A node that fetches nothing for the
-// cluster but still reads the origin (a small blob, a stream outside the
-// swarm) counts as one more pair.
-func originRate(limit int64, local string, fetchers map[digest.Digest][]string, others int) rate.Limit {
-	mine, all := pairs(local, fetchers)
+// originRate is a node's part of limit, given the pairs its fills see
+// (pairs: mine of all) and those the other members gossip. A node that
+// fetches nothing for the cluster but still reads the origin (a small
+// blob, a stream outside the swarm) counts as one more pair.
+func originRate(limit int64, mine, all, others int) rate.Limit {
 	if mine == 0 {
 		mine, all = 1, all+1
 	}
@@ -42,8 +40,8 @@ func originRate(limit int64, local string, fetchers map[digest.Digest][]string, 
 	return rate.Limit(float64(limit) * float64(mine) / float64(all))
 }
 
-// pairs counts the (blob, origin fetcher) pairs in fetchers: local's, and
-// all.
+// pairs counts the (blob, origin fetcher) pairs in fetchers, the origin
+// fetchers each of a node's fills sees: local's, and all.
 func pairs(local string, fetchers map[digest.Digest][]string) (mine, all int) {
 	for _, names := range fetchers {
 		all += len(names)
@@ -86,10 +84,10 @@ func (s *Swarm) seeFetchers(d digest.Digest, fetchers []string) {
 	} else {
 		s.fetchers[d] = fetchers
 	}
-	mine, _ := pairs(local, s.fetchers)
+	mine, all := pairs(local, s.fetchers)
 	changed := mine != s.published
 	s.published = mine
-	s.originPace.SetLimit(originRate(s.cfg.OriginLimit, local, s.fetchers, s.clusterFetches()))
+	s.originPace.SetLimit(originRate(s.cfg.OriginLimit, mine, all, s.clusterFetches()))
 	s.mu.Unlock()
 	if changed && s.cfg.PublishOriginFetches != nil {
 		s.cfg.PublishOriginFetches(mine)

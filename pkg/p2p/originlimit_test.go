@@ -50,7 +50,8 @@ func TestOriginRate(t *testing.T) {
 			t.Parallel()
 			var sum rate.Limit
 			for node, want := range tc.want {
-				got := originRate(limit, node, tc.fetchers, 0)
+				mine, all := pairs(node, tc.fetchers)
+				got := originRate(limit, mine, all, 0)
 				require.InDelta(t, float64(want), float64(got), 1e-9, node)
 				sum += got
 			}
