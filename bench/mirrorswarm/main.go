@@ -25,6 +25,8 @@
 //     holds (small_blob_ms), beside a TCP connect to the registry (rtt_ms);
 //   - rolling: one node pulls alone, then the other N-1 at once; the
 //     figures are over those N-1 (first_node_s is the lone pull);
+//   - agents-rolling: the same through the agents' API, containerd left
+//     out;
 //   - killed: all N at once, and the last node's agent is killed (SIGKILL)
 //     once that node's containerd holds half the image; its containerd
 //     must finish through the registry (killed_node_s, and
@@ -74,7 +76,7 @@ import (
 const registryPort = 5000
 
 // modes are the modes the bench knows, in the order it runs them.
-var modes = []string{"nomirror", "agents", "simultaneous", "rolling", "killed"}
+var modes = []string{"nomirror", "agents", "simultaneous", "rolling", "agents-rolling", "killed"}
 
 // clients are the ways a node pulls.
 var clients = []string{"ctr", "cri"}
@@ -187,7 +189,7 @@ func (o options) validate() error {
 		if !slices.Contains(modes, m) {
 			return fmt.Errorf("-modes: unknown mode %q (want %s)", m, strings.Join(modes, ", "))
 		}
-		if (m == "rolling" || m == "killed") && o.nodes < 2 {
+		if (m == "rolling" || m == "agents-rolling" || m == "killed") && o.nodes < 2 {
 			return fmt.Errorf("-modes %s needs at least 2 nodes", m)
 		}
 	}
@@ -353,14 +355,18 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 		over = all
 		small = <-probed
 	case "agents":
-		took, errPull = b.fetchAll(ctx, agents)
+		took, errPull = b.fetchAll(ctx, agents, all)
 		over = all
-	case "rolling":
-		took, errPull = b.pullAll(ctx, nodes, all[:1], nil)
+	case "rolling", "agents-rolling":
+		pull := func(which []int) ([]time.Duration, error) { return b.pullAll(ctx, nodes, which, nil) }
+		if mode == "agents-rolling" {
+			pull = func(which []int) ([]time.Duration, error) { return b.fetchAll(ctx, agents, which) }
+		}
+		took, errPull = pull(all[:1])
 		if errPull == nil {
 			lone = took[0]
 			log.Printf("%s: %s pulled alone in %.2fs", mode, nodes[0].host.Name, lone.Seconds())
-			if took, errPull = b.pullAll(ctx, nodes, all[1:], nil); errPull == nil {
+			if took, errPull = pull(all[1:]); errPull == nil {
 				took[0] = lone
 			}
 		}
@@ -378,7 +384,7 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 	}
 	busy := machineBusySince(busy0, t0)
 	for _, n := range nodes {
-		if mode == "agents" {
+		if strings.HasPrefix(mode, "agents") {
 			break // containerd was left out
 		}
 		if err := n.verify(ctx, b.client, b.img); err != nil {
@@ -400,7 +406,7 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 	switch mode {
 	case "nomirror":
 		b.nomirror = ptr(r.LastS)
-	case "rolling":
+	case "rolling", "agents-rolling":
 		r.FirstNodeS = ptr(round(lone.Seconds()))
 	case "killed":
 		r.KilledNodeS = ptr(round(took[victim].Seconds()))

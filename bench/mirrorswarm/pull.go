@@ -79,16 +79,18 @@ func (b *bench) pullAll(ctx context.Context, nodes []*node, which []int, k *kill
 	return took, nil
 }
 
-// fetchAll asks every agent for the image through its API at the same
-// moment (the swarm alone, containerd left out) and returns each one's
-// time. The first failure cancels the others and is returned.
-func (b *bench) fetchAll(ctx context.Context, agents *benchnet.Agents) ([]time.Duration, error) {
+// fetchAll asks the agents of index which for the image through their
+// API at the same moment (the swarm alone, containerd left out) and
+// returns each one's time at its index (zero for the others). The first
+// failure cancels the others and is returned.
+func (b *bench) fetchAll(ctx context.Context, agents *benchnet.Agents, which []int) ([]time.Duration, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	took := make([]time.Duration, len(agents.List))
 	start := make(chan struct{})
 	var wg sync.WaitGroup
-	for i, a := range agents.List {
+	for _, i := range which {
+		a := agents.List[i]
 		wg.Go(func() {
 			<-start
 			d, err := a.Fetch(ctx, "oci://"+b.img.Ref, nil)

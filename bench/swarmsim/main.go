@@ -33,6 +33,8 @@ type line struct {
 	ChunkBytes          int64   `json:"chunk_bytes"`
 	LinkMbit            float64 `json:"link_mbit"`
 	Faults              bool    `json:"faults"`
+	Seeders             int     `json:"seeders,omitempty"`
+	StreamMBs           float64 `json:"stream_mb_s,omitempty"`
 	RefreshMs           int64   `json:"refresh_ms"`
 	TimeRatioP50        float64 `json:"time_ratio_p50"`
 	TimeRatioP99        float64 `json:"time_ratio_p99"`
@@ -40,6 +42,7 @@ type line struct {
 	FastTimeRatioP99    float64 `json:"fast_time_ratio_p99"`
 	TimeRatioMax        float64 `json:"time_ratio_max"`
 	OriginRatio         float64 `json:"origin_ratio"`
+	SeedRatio           float64 `json:"seed_ratio,omitempty"`
 	OriginDoneRatio     float64 `json:"origin_done_ratio"`
 	RelayedBytesPerNode float64 `json:"relayed_bytes_per_node"`
 	SchedCPUSPerNode    float64 `json:"sched_cpu_s_per_node"`
@@ -73,6 +76,8 @@ func main() {
 	perPeer := flag.Int("per-peer", 0, "SwarmConfig.PerPeer, requests in flight to one peer (default 2)")
 	maxFollowed := flag.Int("max-followed", 0, "SwarmConfig.MaxFollowed, holders one download follows (default 24)")
 	maxUploads := flag.Int("max-uploads", 0, "a chunk server's uploads at once (default 6, the agent's)")
+	seeders := flag.Int("seeders", 0, "nodes that hold the blob from the start (a node that pulled it before); the others fill it")
+	streamMBs := flag.Float64("stream-mb-s", 0, "a reader on each filling node takes the blob in order at this many MB/s (the registry mirror's stream to containerd); a node's time is its reader's. 0: none")
 	seed := flag.Uint64("seed", 1, "random seed")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the runs to this file")
 	flag.Parse()
@@ -89,7 +94,7 @@ func main() {
 	for _, n := range ints(*nodes) {
 		for _, mib := range ints(*sizes) {
 			cfg := swarmsim.Config{Nodes: n, Size: int64(mib) << 20, ChunkSize: *chunkMiB << 20,
-				Link: *linkMbit * 1e6 / 8, OriginLink: *originMbit * 1e6 / 8, Seed: *seed, Step: *step,
+				Link: *linkMbit * 1e6 / 8, OriginLink: *originMbit * 1e6 / 8, Seed: *seed, Step: *step, Seeders: *seeders, StreamRate: *streamMBs * 1e6,
 				Swarm: p2p.SwarmConfig{Refresh: *refresh, MaxInFlight: *maxInFlight, OriginInFlight: *originInFlight, OriginFetchers: *originFetchers, PerPeer: *perPeer, MaxFollowed: *maxFollowed}, MaxUploads: *maxUploads}
 			if *faults {
 				cfg.SlowFraction, cfg.KillFraction, cfg.LateFraction, cfg.Liars = 0.1, 0.05, 0.1, 1
@@ -112,9 +117,9 @@ func main() {
 				return
 			}
 			out := line{Bench: "swarm-sim", Nodes: n, SizeBytes: cfg.Size, ChunkBytes: cfg.ChunkSize, LinkMbit: *linkMbit,
-				Faults: *faults, RefreshMs: max(*refresh, 50*time.Millisecond).Milliseconds(),
+				Faults: *faults, Seeders: r.Seeders, StreamMBs: *streamMBs, RefreshMs: max(*refresh, 50*time.Millisecond).Milliseconds(),
 				TimeRatioP50: r.TimeRatioP50, TimeRatioP99: r.TimeRatioP99, SlowTimeRatioP50: r.SlowTimeRatioP50, FastTimeRatioP99: r.FastTimeRatioP99, TimeRatioMax: r.TimeRatioMax,
-				OriginRatio: r.OriginRatio, OriginDoneRatio: r.OriginDoneRatio, RelayedBytesPerNode: r.RelayedBytesPerNode, SchedCPUSPerNode: r.SchedCPUPerNode,
+				OriginRatio: r.OriginRatio, SeedRatio: r.SeedRatio, OriginDoneRatio: r.OriginDoneRatio, RelayedBytesPerNode: r.RelayedBytesPerNode, SchedCPUSPerNode: r.SchedCPUPerNode,
 				StateBytesPerNodeS: r.StateBytesPerNodeS, RefusedPerNodeS: r.RefusedPerNodeS, StateReadsPerNodeS: r.StateReadsPerNodeS, GossipBytesPerNodeS: r.GossipBytesPerNodeS,
 				Finished: r.Finished, Killed: r.Killed, BannedLiar: r.BannedLiar, Fetchers: r.Fetchers, SlowFetchers: r.SlowFetchers, KilledFetchers: r.KilledFetchers, LyingFetchers: r.LyingFetchers, RunS: time.Since(start).Seconds()}
 			if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {

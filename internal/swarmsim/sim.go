@@ -56,6 +56,8 @@ type Config struct {
 	LateFraction   float64       // nodes that start their fill late, uniformly within LateWindow of S/B
 	LateWindow     float64       // default 0.5
 	Liars          int           // nodes whose chunks never match
+	Seeders        int           // nodes that hold the whole blob from the start (pulled before; no faults), known to all as complete holders
+	StreamRate     float64       // a reader on each filling node takes the blob in order at most at this many bytes/s, as the registry mirror streams it to containerd, and says which byte it waits on (Planner.Want); a node is done when its reader is. 0: no reader
 	MaxUploads     int           // a chunk server's uploads at once (default 6, the agent's)
 	Step           time.Duration // the network's time step (default the fill loop's tick, Refresh/2, at most 25 ms)
 	Swarm          p2p.SwarmConfig
@@ -65,23 +67,24 @@ type Config struct {
 // Result is what a simulation measured. Time ratios are over each node's
 // own link's S/B and cover the nodes that were not killed.
 type Result struct {
-	Nodes, Finished, Killed int
-	LimitS                  float64 // S/B of a link of Config.Link
-	TimeRatioP50            float64 // T/(S/B), T from the node's start
-	TimeRatioP99            float64
-	TimeRatioMax            float64
-	SlowTimeRatioP50        float64 // the slow tail's own, over its own link's S/B
-	FastTimeRatioP99        float64 // the other nodes'
-	OriginRatio             float64 // origin bytes / S
-	OriginDoneRatio         float64 // when the origin sent its last byte, over S/B
-	RelayedBytesPerNode     float64 // bytes a node sent to peers, on average
-	RefusedPerNodeS         float64 // chunk requests refused as busy (slots full, or the requester's share of them), per node per second of its fill
-	SchedCPUPerNode         float64 // seconds in the decision code per node
-	StateBytesPerNodeS      float64 // state-read bytes (both ways) per node per second of its fill
-	StateReadsPerNodeS      float64
-	GossipBytesPerNodeS     float64 // membership gossip over the run, from a model of memberlist (gossip.go)
-	SimulatedS              float64
-	BannedLiar              int // nodes that banned a liar
+	Nodes, Finished, Killed, Seeders int
+	LimitS                           float64 // S/B of a link of Config.Link
+	TimeRatioP50                     float64 // T/(S/B), T from the node's start
+	TimeRatioP99                     float64
+	TimeRatioMax                     float64
+	SlowTimeRatioP50                 float64 // the slow tail's own, over its own link's S/B
+	FastTimeRatioP99                 float64 // the other nodes'
+	OriginRatio                      float64 // origin bytes / S
+	SeedRatio                        float64 // bytes each seeder sent / S, on average (Config.Seeders)
+	OriginDoneRatio                  float64 // when the origin sent its last byte, over S/B
+	RelayedBytesPerNode              float64 // bytes a node sent to peers, on average
+	RefusedPerNodeS                  float64 // chunk requests refused as busy (slots full, or the requester's share of them), per node per second of its fill
+	SchedCPUPerNode                  float64 // seconds in the decision code per node
+	StateBytesPerNodeS               float64 // state-read bytes (both ways) per node per second of its fill
+	StateReadsPerNodeS               float64
+	GossipBytesPerNodeS              float64 // membership gossip over the run, from a model of memberlist (gossip.go)
+	SimulatedS                       float64
+	BannedLiar                       int // nodes that banned a liar
 	// Origin fetchers: nodes that got a tenth of the blob or more from
 	// the origin, and how many of them were slow, killed or lying.
 	Fetchers, SlowFetchers, KilledFetchers, LyingFetchers int
@@ -141,7 +144,10 @@ type node struct {
 	start, done        time.Duration // done 0: not yet
 	started, dead      bool
 	liar               bool
-	killAt             int // chunks held when it is killed; 0 never
+	seed               bool          // held the blob from the start (Config.Seeders)
+	read               float64       // bytes its reader took (Config.StreamRate)
+	readDone           time.Duration // when its reader took the last byte, from its start; 0: not yet
+	killAt             int           // chunks held when it is killed; 0 never
 	have, sent, fetch  []byte
 	nhave, nfetch      int
 	nsent              int
@@ -255,8 +261,8 @@ func Run(cfg Config) (Result, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	cfg = cfg.withDefaults()
-	if cfg.Nodes < 1 || cfg.Size < cfg.ChunkSize {
-		return Result{}, fmt.Errorf("swarmsim: %d nodes, a blob of %d bytes in chunks of %d", cfg.Nodes, cfg.Size, cfg.ChunkSize)
+	if cfg.Nodes < 1 || cfg.Size < cfg.ChunkSize || cfg.Seeders < 0 || cfg.Seeders >= cfg.Nodes {
+		return Result{}, fmt.Errorf("swarmsim: %d nodes (%d seeders), a blob of %d bytes in chunks of %d", cfg.Nodes, cfg.Seeders, cfg.Size, cfg.ChunkSize)
 	}
 	s := &sim{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 1)), byName: map[string]*node{},
 		epoch: time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC), step: cfg.Step}
@@ -264,7 +270,8 @@ func Run(cfg Config) (Result, error) {
 	s.chunks = int((cfg.Size + cfg.ChunkSize - 1) / cfg.ChunkSize)
 	limit := float64(cfg.Size) / cfg.Link
 	perm := s.rng.Perm(cfg.Nodes)
-	nSlow, nKill, nLate := frac(cfg.Nodes, cfg.SlowFraction), frac(cfg.Nodes, cfg.KillFraction), frac(cfg.Nodes, cfg.LateFraction)
+	fillers := cfg.Nodes - cfg.Seeders
+	nSlow, nKill, nLate := frac(fillers, cfg.SlowFraction), frac(fillers, cfg.KillFraction), frac(fillers, cfg.LateFraction)
 	sc := cfg.Swarm
 	sc.Now = func() time.Time { return s.epoch.Add(s.now) }
 	bmap := (s.chunks + 7) / 8
@@ -275,10 +282,17 @@ func Run(cfg Config) (Result, error) {
 		s.nodes = append(s.nodes, n)
 		s.byName[n.name] = n
 	}
-	// Roles by places in a random permutation: the slow tail first, then
-	// the killed (half of them from the slow tail), the liars, and the
-	// late from the end.
-	for k, i := range perm {
+	// Roles by places in a random permutation: the seeders last, and of
+	// the others the slow tail first, then the killed (half of them from
+	// the slow tail), the liars, and the late from the end.
+	for _, i := range perm[fillers:] {
+		n := s.nodes[i]
+		n.seed, n.started, n.nhave = true, true, s.chunks
+		for c := range s.chunks {
+			n.have = setBit(n.have, c)
+		}
+	}
+	for k, i := range perm[:fillers] {
 		n := s.nodes[i]
 		if k < nSlow {
 			n.up, n.down = cfg.Link*cfg.SlowFactor, cfg.Link*cfg.SlowFactor
@@ -286,7 +300,7 @@ func Run(cfg Config) (Result, error) {
 		if k >= nSlow/2 && k < nSlow/2+nKill {
 			n.killAt = max(1, int(float64(s.chunks)*(0.2+0.6*s.rng.Float64())))
 		}
-		if k >= cfg.Nodes-nLate {
+		if k >= fillers-nLate {
 			n.start = time.Duration(s.rng.Float64() * cfg.LateWindow * limit * float64(time.Second))
 		}
 		if k >= nKill+nSlow && k < nKill+nSlow+cfg.Liars {
@@ -299,7 +313,19 @@ func Run(cfg Config) (Result, error) {
 			return Result{}, err
 		}
 		n.swarm = sw
-		s.at(n.start, func() { s.startFill(n) })
+		if !n.seed {
+			s.at(n.start, func() { s.startFill(n) })
+		}
+	}
+	// Gossip told every node of the seeders long before.
+	for _, sd := range s.nodes {
+		if sd.seed {
+			for _, n := range s.nodes {
+				if !n.seed {
+					n.holders = append(n.holders, p2p.Holder{Peer: sd.name, Complete: true})
+				}
+			}
+		}
 	}
 	// Every member is up from the start; a late node only starts its
 	// fill late.
@@ -314,6 +340,7 @@ func Run(cfg Config) (Result, error) {
 			heap.Pop(&s.queue).(event).do()
 		}
 		s.transfer()
+		s.stream()
 		s.answerReads()
 		if s.allDone() {
 			break
@@ -321,7 +348,7 @@ func Run(cfg Config) (Result, error) {
 		// A fill's loop runs at each result or state it gets, and at its
 		// tick, Refresh/2.
 		for _, n := range s.nodes {
-			if n.started && !n.dead && n.done == 0 && (n.woke || s.now-n.ran >= cfg.Swarm.Refresh/2) {
+			if n.started && !n.seed && !n.dead && n.done == 0 && (n.woke || s.now-n.ran >= cfg.Swarm.Refresh/2) {
 				n.woke, n.ran = false, s.now
 				s.plan(n)
 			}
@@ -335,11 +362,41 @@ func frac(n int, f float64) int { return int(math.Round(float64(n) * f)) }
 
 func (s *sim) allDone() bool {
 	for _, n := range s.nodes {
-		if !n.dead && n.done == 0 {
+		if !n.seed && !n.dead && (n.done == 0 || (s.cfg.StreamRate > 0 && n.readDone == 0)) {
 			return false
 		}
 	}
 	return true
+}
+
+// stream moves each reader (Config.StreamRate) over the chunks its node
+// holds in a row, as the registry mirror sends them: the last one only
+// once the blob is whole and verified. A reader that waits says so to the
+// fill.
+func (s *sim) stream() {
+	if s.cfg.StreamRate <= 0 {
+		return
+	}
+	for _, n := range s.nodes {
+		if !n.started || n.seed || n.dead || n.readDone != 0 {
+			continue
+		}
+		end := float64(s.cfg.Size)
+		if n.done == 0 {
+			i := int(n.read) / int(s.cfg.ChunkSize)
+			for i < s.chunks-1 && bitSet(n.have, i) {
+				i++
+			}
+			end = float64(int64(i) * s.cfg.ChunkSize)
+		}
+		n.read = math.Min(end, n.read+s.cfg.StreamRate*s.step.Seconds())
+		switch {
+		case n.read >= float64(s.cfg.Size):
+			n.readDone = s.now - n.start
+		case n.done == 0 && n.read >= end:
+			n.plan.Want(int64(n.read))
+		}
+	}
 }
 
 // startFill begins n's fill: gossip tells each other node it holds the
@@ -574,7 +631,7 @@ func (n *node) refreshKey(d digest.Digest) {
 		return
 	}
 	n.changed, n.snap = false, nil
-	k := stateKey{have: n.nhave, fetch: n.nfetch, origin: n.origin, complete: n.done != 0, valid: true}
+	k := stateKey{have: n.nhave, fetch: n.nfetch, origin: n.origin, complete: n.done != 0 || n.seed, valid: true}
 	if n.origin {
 		k.sent = n.nsent
 	}
@@ -606,7 +663,7 @@ func (s *sim) request(n *node, r p2p.PlanRequest) {
 		if err == nil && (h.uploads >= s.cfg.MaxUploads || h.uploadsTo[n.idx] >= (s.cfg.MaxUploads+1)/2) {
 			err = p2p.ErrPeerBusy
 		}
-		if err == nil && h.origin {
+		if err == nil && (h.origin || h.nhave == s.chunks) { // the server's send-once rule
 			if at, ok := h.recent[r.Chunk]; ok && s.now-at < p2p.PlanResendAfter {
 				if h.uploads > s.cfg.MaxUploads/2 || h.repeating {
 					err = p2p.ErrChunkSent
@@ -929,11 +986,20 @@ func (s *sim) result(limit float64) (Result, error) {
 			r.Killed++
 			continue
 		}
-		if n.done == 0 {
+		if n.seed {
+			r.Seeders++
+			r.SeedRatio += float64(n.relayed) / float64(s.cfg.Size) / float64(s.cfg.Seeders)
+			continue
+		}
+		if n.done == 0 || (s.cfg.StreamRate > 0 && n.readDone == 0) {
 			continue
 		}
 		r.Finished++
-		ratio := n.done.Seconds() / limit * math.Min(n.up, n.down) / s.cfg.Link
+		took := n.done
+		if s.cfg.StreamRate > 0 {
+			took = n.readDone
+		}
+		ratio := took.Seconds() / limit * math.Min(n.up, n.down) / s.cfg.Link
 		ratios = append(ratios, ratio)
 		if n.up < s.cfg.Link {
 			slow = append(slow, ratio)
@@ -945,7 +1011,7 @@ func (s *sim) result(limit float64) (Result, error) {
 		refused += float64(n.refused)
 		fillS += n.done.Seconds()
 	}
-	if r.Finished+r.Killed != r.Nodes {
+	if r.Finished+r.Killed+r.Seeders != r.Nodes {
 		return r, fmt.Errorf("swarmsim: %d of %d nodes finished (%d killed) in %.0f s", r.Finished, r.Nodes, r.Killed, r.SimulatedS)
 	}
 	slices.Sort(ratios)

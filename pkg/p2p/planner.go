@@ -1,6 +1,7 @@
 package p2p
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/weightd/weightd/pkg/content"
@@ -15,7 +16,10 @@ import (
 // (SwarmConfig.Now) is then the simulation's. Hashes are not checked
 // here: a simulated chunk that would not match ends with
 // content.ErrDigestMismatch. Not safe for concurrent use.
-type Planner struct{ f *plan }
+type Planner struct {
+	f    *plan
+	want atomic.Int64
+}
 
 // PlanRequest is a request a Planner decided: chunk Chunk from peer Peer,
 // or from the origin when Peer is "". Relay says Peer is still receiving
@@ -51,8 +55,15 @@ var (
 // Planner starts the decisions of filling the blob desc, in chunks of
 // chunkSize, on this swarm (its directory, config, clock and bans).
 func (s *Swarm) Planner(desc content.Descriptor, chunkSize int64) *Planner {
-	return &Planner{f: s.newPlan(desc, chunkSize, nil)}
+	p := &Planner{}
+	p.want.Store(-1)
+	p.f = s.newPlan(desc, chunkSize, &p.want)
+	return p
 }
+
+// Want says that a reader of the blob waits on byte off, as the registry
+// mirror's stream says it to the swarm's source; -1 for none.
+func (p *Planner) Want(off int64) { p.want.Store(off) }
 
 // Step is one pass of a fill's loop: it returns the peers whose chunk
 // states to read now (answer each with StateRead) and the requests to
