@@ -67,6 +67,36 @@ func TestOriginFetcherIsAskedForSentChunksLast(t *testing.T) {
 	require.Same(t, fetcher, peer)
 }
 
+// A holder of the whole blob is asked for a chunk only when no holder
+// still filling it has or receives it and is free, but for the endgame:
+// its upload then goes to the chunks no other node has (one node pulled an
+// image, and the others all read it in the same order).
+func TestWholeBlobHolderIsAskedLast(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	state := func(have byte, complete bool) PeerState {
+		return PeerState{ChunkState: cache.ChunkState{Size: 3 * testChunk, ChunkSize: testChunk, Have: []byte{have}, Complete: complete}}
+	}
+	whole := &peerView{name: "whole", known: true, state: state(0b111, true)}
+	filling := &peerView{name: "filling", known: true, state: state(0b001, false)}
+	receiving := &peerView{name: "receiving", known: true, state: state(0, false)}
+	receiving.state.Fetching = []byte{0b010}
+	f := &plan{s: s, inflight: map[int]int{}, peers: map[string]*peerView{"whole": whole, "filling": filling, "receiving": receiving}}
+	now := time.Now()
+	for i, want := range []*peerView{filling, receiving, whole} {
+		pick, count := f.supplierOf(i, false, now)
+		require.Same(t, want, pick, "chunk %d", i)
+		require.Equal(t, []int{2, 2, 1}[i], count, "chunk %d: its holders", i)
+	}
+	s.requestCounter("filling").Store(int32(s.cfg.PerPeer))
+	pick, _ := f.supplierOf(0, false, now)
+	require.Same(t, whole, pick, "the other holder is not free")
+	s.requestCounter("filling").Store(1)
+	pick, _ = f.supplierOf(0, true, now)
+	require.Same(t, whole, pick, "the endgame takes the least loaded holder")
+}
+
 // The chunk buffers of a node's downloads together stay within
 // bufferBytes: a download alone keeps MaxInFlight chunks in flight, one
 // that starts when the others hold every buffer keeps two, and buffers

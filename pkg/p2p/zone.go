@@ -51,18 +51,23 @@ func (f *plan) zoneOf(name string) string {
 
 // nearer reports whether supplier a beats b for chunk i: a peer in this
 // node's zone beats one outside it; then one whose upload is not the
-// origin fetcher's repeat of a chunk it sent (see supplierOf), then
-// supplyRank, then the less loaded.
+// origin fetcher's repeat of a chunk it sent (see supplierOf); then, but
+// for the endgame, one still filling the blob beats one holding it whole,
+// whose upload is left to the chunks no other has; then supplyRank, then
+// the less loaded.
 func (f *plan) nearer(a, b *peerView, i int, endgame bool) bool {
-	key := func(pv *peerView) [3]int {
-		far, repeat := 0, 0
+	key := func(pv *peerView) [4]int {
+		far, repeat, whole := 0, 0, 0
 		if pv.zone != f.s.cfg.Zone {
 			far = 1
 		}
 		if pv.state.Origin && !endgame && pv.state.WasSent(i) {
 			repeat = 1
 		}
-		return [3]int{far, repeat, supplyRank(pv, i)}
+		if pv.state.Complete && !endgame {
+			whole = 1
+		}
+		return [4]int{far, repeat, whole, supplyRank(pv, i)}
 	}
 	ka, kb := key(a), key(b)
 	if c := slices.Compare(ka[:], kb[:]); c != 0 {
