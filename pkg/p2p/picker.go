@@ -48,9 +48,47 @@ func (f *plan) pickWanted(missing []int, chunkSize int64) (int, *peerView) {
 	return best, bestPeer
 }
 
+// hedgeWanted returns the chunk a reader has waited on for longer than two
+// chunks' fetch time while one request for it is in flight, and a free
+// holder of it other than the one asked, to ask too; -1 if none. One slow
+// transfer (a TCP flow that lost its share of a link) at the head of a
+// stream otherwise holds back the reader, and the readers of every node
+// relaying it. The holder sends it even if it sent it already.
+func (f *plan) hedgeWanted() (int, *peerView) {
+	if f.want == nil || f.want.Load() < 0 {
+		return -1, nil
+	}
+	now := f.s.cfg.Now()
+	if k := int(f.want.Load() / f.chunkSize); k != f.wantChunk {
+		f.wantChunk, f.wantSince = k, now
+		return -1, nil
+	}
+	k := f.wantChunk
+	if f.inflight[k] != 1 || now.Sub(f.wantSince) < max(2*f.chunkTime, 4*f.s.cfg.Refresh) {
+		return -1, nil
+	}
+	var pick *peerView
+	for _, pv := range f.peers {
+		if !pv.known || !pv.state.Has(k) || pv.name == f.asked[k] || f.s.Banned(pv.name) ||
+			f.s.inflightTo(pv.name) >= f.s.cfg.PerPeer || now.Before(pv.busyTill) || now.Before(pv.chunkBusy[k]) {
+			continue
+		}
+		if pick == nil || f.nearer(pv, pick, k, true) {
+			pick = pv
+		}
+	}
+	if pick == nil {
+		return -1, nil
+	}
+	return k, pick
+}
+
 // pickFromPeers returns the rarest missing chunk not in flight (or, for
 // endgame, in flight once) that a usable peer has or is receiving, and the
-// best such peer (supplyRank, then the least loaded); -1 if none.
+// best such peer (supplyRank, then the least loaded); -1 if none. Of
+// chunks equally rare, a blob a reader streams takes the first: those only
+// one node holds whole then come from it about in order, and the reader's
+// prefix follows the fill rather than waiting for its end.
 func (f *plan) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 	if endgame {
 		for _, i := range missing {
@@ -68,6 +106,7 @@ func (f *plan) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 	best, bestScore := -1, 0
 	var bestPeer *peerView
 	now := f.s.cfg.Now()
+	inOrder := f.want != nil && f.want.Load() >= 0
 	for _, i := range missing {
 		if (!endgame && f.inflight[i] != 0) || (endgame && f.inflight[i] != 1) {
 			continue
@@ -91,7 +130,7 @@ func (f *plan) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 			// whose other nodes wait for it: before any other.
 			score -= 2 * (len(f.peers) + 1)
 		}
-		if best < 0 || score < bestScore {
+		if best < 0 || score < bestScore || (inOrder && score == bestScore && i < best) {
 			best, bestScore, bestPeer = i, score, pick
 		}
 	}
