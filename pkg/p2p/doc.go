@@ -71,11 +71,20 @@
 // most PerPeer to one peer over all fills. Origin requests go
 // first; then the lowest missing chunk from the byte a reader waits on
 // (Want); then the rarest missing chunk, among equally rare ones first one
-// its supplier has not yet sent to anyone. A chunk whose only holder
-// already sent it is left a while (holdoff) for the receiver to pass on.
-// Among suppliers, one holding the chunk unsent beats one receiving it,
-// which beats one that sent it; then the least loaded. An origin fetcher is
-// asked again for a chunk it sent only when no other supplier is free.
+// its supplier has not yet sent to anyone, then, for a blob a reader
+// streams, the first. A chunk whose only holder already sent it is left a
+// while (holdoff) for the receiver to pass on. Among suppliers, a node
+// still filling the blob beats one holding it whole (but for the endgame),
+// then one holding the chunk unsent beats one receiving it, which beats
+// one that sent it; then the least loaded. An origin fetcher is asked
+// again for a chunk it sent only when no other supplier is free. The
+// chunk a reader has waited on for two chunks' fetch time is asked of a
+// second holder too (a hedge).
+//
+// Scarce uploads: an origin fetcher, and a node with upload slots that
+// holds the whole blob, send a chunk once per resendAfter (its receiver
+// passes it on), but for one repeat at a time while half their slots are
+// free, or for a hedge; a node still filling sends to all who ask.
 // Endgame: once every missing chunk is asked for and no more are left than
 // the fill's request limit, each may get one duplicate request to another
 // peer than the first; those still running when the blob is complete are
