@@ -665,7 +665,7 @@ func (s *sim) request(n *node, r p2p.PlanRequest) {
 		}
 		if err == nil && (h.origin || h.nhave == s.chunks) { // the server's send-once rule
 			if at, ok := h.recent[r.Chunk]; ok && s.now-at < p2p.PlanResendAfter {
-				if (h.uploads > s.cfg.MaxUploads/2 && !r.Hedge) || h.repeating {
+				if h.uploads > s.cfg.MaxUploads/2 || h.repeating {
 					err = p2p.ErrChunkSent
 				} else {
 					h.repeating, f.repeat = true, true

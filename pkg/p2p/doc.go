@@ -77,14 +77,12 @@
 // still filling the blob beats one holding it whole (but for the endgame),
 // then one holding the chunk unsent beats one receiving it, which beats
 // one that sent it; then the least loaded. An origin fetcher is asked
-// again for a chunk it sent only when no other supplier is free. The
-// chunk a reader has waited on for two chunks' fetch time is asked of a
-// second holder too (a hedge).
+// again for a chunk it sent only when no other supplier is free.
 //
 // Scarce uploads: an origin fetcher, and a node with upload slots that
 // holds the whole blob, send a chunk once per resendAfter (its receiver
 // passes it on), but for one repeat at a time while half their slots are
-// free, or for a hedge; a node still filling sends to all who ask.
+// free; a node still filling sends to all who ask.
 // Endgame: once every missing chunk is asked for and no more are left than
 // the fill's request limit, each may get one duplicate request to another
 // peer than the first; those still running when the blob is complete are

@@ -60,8 +60,6 @@ type plan struct {
 	start     time.Time
 
 	want           *atomic.Int64 // the byte a reader waits on (-1 none): its chunks go first
-	wantChunk      int           // the chunk holding it, when last looked at (-1 none)
-	wantSince      time.Time     // since when the reader waits on wantChunk
 	maxInFlight    int           // requests in flight, bounded by the chunk buffers they need
 	buffered       int64         // bytes of chunk buffers booked for the requests in flight (Swarm.bufferRoom)
 	peers          map[string]*peerView
@@ -93,7 +91,7 @@ type plan struct {
 func (s *Swarm) newPlan(desc content.Descriptor, chunkSize int64, want *atomic.Int64) *plan {
 	now := s.cfg.Now()
 	return &plan{s: s, d: desc.Digest, desc: desc, chunkSize: chunkSize, chunks: chunksOf(desc.Size, chunkSize),
-		start: now, originHeard: now, want: want, wantChunk: -1,
+		start: now, originHeard: now, want: want,
 		maxInFlight: max(2, min(s.cfg.MaxInFlight, int(maxInFlightBytes/chunkSize))),
 		peers:       map[string]*peerView{}, absent: map[string]time.Time{}, inflight: map[int]int{}, asked: map[int]string{}}
 }
@@ -103,7 +101,6 @@ func (s *Swarm) newPlan(desc content.Descriptor, chunkSize int64, want *atomic.I
 type request struct {
 	chunk int
 	peer  *peerView
-	hedge bool // a second request for the chunk a reader waits on (hedgeWanted)
 }
 
 // fill is one blob's download through the swarm: its plan's requests and
@@ -293,12 +290,6 @@ func (f *plan) schedule(missing []int) []request {
 	var reqs []request
 	total := f.inflightTotal()
 	rand.Shuffle(len(missing), func(i, j int) { missing[i], missing[j] = missing[j], missing[i] })
-	if chunk, peer := f.hedgeWanted(); peer != nil {
-		r := f.book(chunk, peer)
-		r.hedge = true
-		reqs = append(reqs, r)
-		total++
-	}
 	// Two requests always: a download never waits on others' buffers.
 	for total < f.maxInFlight && (total < 2 || f.s.bufferRoom(f.chunkSize)) {
 		// The origin first: its fetchers are the swarm's only way in, and
@@ -364,7 +355,7 @@ func (f *fill) launch(ctx context.Context, reqs []request) {
 		if r.peer == nil {
 			f.launchOrigin(ctx, r.chunk)
 		} else {
-			f.launchPeer(ctx, r.chunk, r.peer, r.hedge)
+			f.launchPeer(ctx, r.chunk, r.peer)
 		}
 	}
 }
@@ -372,7 +363,7 @@ func (f *fill) launch(ctx context.Context, reqs []request) {
 // launchPeer asks pv for chunk i. A peer that is still receiving the
 // chunk relays it as it comes, and gives its hash after the last byte:
 // which hash the chunk must have is settled then (askHash).
-func (f *fill) launchPeer(ctx context.Context, i int, pv *peerView, hedge bool) {
+func (f *fill) launchPeer(ctx context.Context, i int, pv *peerView) {
 	relay := !pv.state.Has(i)
 	var want []byte
 	if !relay {
@@ -386,7 +377,7 @@ func (f *fill) launchPeer(ctx context.Context, i int, pv *peerView, hedge bool) 
 		defer f.wg.Done()
 		start := f.s.cfg.Now()
 		c := f.s.live.chunk(f.d, i, n)
-		claim, err := f.s.fetchChunk(ctx, addr, f.d, i, hedge, timeout, c)
+		claim, err := f.s.fetchChunk(ctx, addr, f.d, i, timeout, c)
 		if err == nil && want == nil {
 			want, err = f.askHash(ctx, i, name, claim)
 		}

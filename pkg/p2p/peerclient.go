@@ -185,16 +185,11 @@ func drain(body io.Reader) {
 // fetchChunk downloads chunk i of d from a peer into c, within timeout,
 // and returns the peer's hash of it, its claim: in a header, or in a
 // trailer for a relayed chunk (one the peer was still receiving); nil from
-// an agent that sends none. A hedge asks for a chunk a reader waits on that
-// the peer may have sent already (ChunkServer.serveChunk).
-func (s *Swarm) fetchChunk(ctx context.Context, addr string, d digest.Digest, i int, hedge bool, timeout time.Duration, c *liveChunk) (claim []byte, err error) {
+// an agent that sends none.
+func (s *Swarm) fetchChunk(ctx context.Context, addr string, d digest.Digest, i int, timeout time.Duration, c *liveChunk) (claim []byte, err error) {
 	ctx, watch := watchTransfer(ctx, timeout)
 	defer watch.stop()
-	url := s.peerURL(addr, fmt.Sprintf(chunkPath, d, i))
-	if hedge {
-		url += "?hedge=1"
-	}
-	resp, err := s.get(ctx, url)
+	resp, err := s.get(ctx, s.peerURL(addr, fmt.Sprintf(chunkPath, d, i)))
 	if err != nil {
 		return nil, err
 	}

@@ -36,7 +36,7 @@ func TestSlowPeerIsNotBannedAsFailing(t *testing.T) {
 	s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
 	require.NoError(t, err)
 	d := descOf(randomBlob(16, n)).Digest
-	_, err = s.fetchChunk(context.Background(), stallingPeer(t, n, 64<<10), d, 0, false, 300*time.Millisecond, newLiveChunk(n))
+	_, err = s.fetchChunk(context.Background(), stallingPeer(t, n, 64<<10), d, 0, 300*time.Millisecond, newLiveChunk(n))
 	require.ErrorIs(t, err, errSlow)
 
 	f := &plan{s: s, d: d, inflight: map[int]int{}, peers: map[string]*peerView{
@@ -80,7 +80,7 @@ func TestStalledTransferEndsEarly(t *testing.T) {
 			s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
 			require.NoError(t, err)
 			d := descOf(randomBlob(17, n)).Digest
-			_, err = s.fetchChunk(context.Background(), stallingPeer(t, n, sent), d, 0, false, time.Hour, newLiveChunk(n))
+			_, err = s.fetchChunk(context.Background(), stallingPeer(t, n, sent), d, 0, time.Hour, newLiveChunk(n))
 			require.ErrorIs(t, err, errStalled)
 			require.Equal(t, sent > 0, errors.Is(err, errSlow), "%v", err)
 		})

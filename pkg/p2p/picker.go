@@ -48,41 +48,6 @@ func (f *plan) pickWanted(missing []int, chunkSize int64) (int, *peerView) {
 	return best, bestPeer
 }
 
-// hedgeWanted returns the chunk a reader has waited on for longer than two
-// chunks' fetch time while one request for it is in flight, and a free
-// holder of it other than the one asked, to ask too; -1 if none. One slow
-// transfer (a TCP flow that lost its share of a link) at the head of a
-// stream otherwise holds back the reader, and the readers of every node
-// relaying it. The holder sends it even if it sent it already.
-func (f *plan) hedgeWanted() (int, *peerView) {
-	if f.want == nil || f.want.Load() < 0 {
-		return -1, nil
-	}
-	now := f.s.cfg.Now()
-	if k := int(f.want.Load() / f.chunkSize); k != f.wantChunk {
-		f.wantChunk, f.wantSince = k, now
-		return -1, nil
-	}
-	k := f.wantChunk
-	if f.inflight[k] != 1 || now.Sub(f.wantSince) < max(2*f.chunkTime, 4*f.s.cfg.Refresh) {
-		return -1, nil
-	}
-	var pick *peerView
-	for _, pv := range f.peers {
-		if !pv.known || !pv.state.Has(k) || pv.name == f.asked[k] || f.s.Banned(pv.name) ||
-			f.s.inflightTo(pv.name) >= f.s.cfg.PerPeer || now.Before(pv.busyTill) || now.Before(pv.chunkBusy[k]) {
-			continue
-		}
-		if pick == nil || f.nearer(pv, pick, k, true) {
-			pick = pv
-		}
-	}
-	if pick == nil {
-		return -1, nil
-	}
-	return k, pick
-}
-
 // pickFromPeers returns the rarest missing chunk not in flight (or, for
 // endgame, in flight once) that a usable peer has or is receiving, and the
 // best such peer (supplyRank, then the least loaded); -1 if none. Of

@@ -100,52 +100,6 @@ func TestWholeBlobHolderIsAskedLast(t *testing.T) {
 	require.Same(t, whole, pick, "the endgame takes the least loaded holder")
 }
 
-// A chunk a reader has waited on for two chunks' fetch time, with one
-// request for it in flight, is asked of a free holder other than the one
-// asked, once; a chunk that came, or that the reader no longer waits on,
-// is not.
-func TestSlowWantedChunkIsHedged(t *testing.T) {
-	t.Parallel()
-	now := time.Now()
-	s, err := NewSwarm(nil, nil, SwarmConfig{Now: func() time.Time { return now }}, nil, nil)
-	require.NoError(t, err)
-	have := func(b byte) PeerState {
-		return PeerState{ChunkState: cache.ChunkState{Size: 3 * testChunk, ChunkSize: testChunk, Have: []byte{b}}}
-	}
-	slow := &peerView{name: "slow", known: true, state: have(0b001)}
-	other := &peerView{name: "other", known: true, state: have(0b011)}
-	want := new(atomic.Int64)
-	want.Store(testChunk + 10) // a reader waits on chunk 1
-	f := &plan{s: s, chunkSize: testChunk, want: want, wantChunk: -1, chunkTime: time.Second,
-		inflight: map[int]int{}, asked: map[int]string{}, peers: map[string]*peerView{"slow": slow, "other": other}}
-	f.book(1, slow)
-	hedge := func() int {
-		i, pv := f.hedgeWanted()
-		if i >= 0 {
-			require.Same(t, other, pv, "a holder other than the one asked")
-		}
-		return i
-	}
-	require.Equal(t, -1, hedge(), "the reader just began to wait")
-	now = now.Add(1900 * time.Millisecond)
-	require.Equal(t, -1, hedge(), "not two chunks' time yet")
-	now = now.Add(200 * time.Millisecond)
-	require.Equal(t, 1, hedge())
-	f.book(1, other)
-	require.Equal(t, -1, hedge(), "hedged once")
-
-	f.inflight[1] = 1
-	s.requestCounter("other").Store(int32(s.cfg.PerPeer))
-	require.Equal(t, -1, hedge(), "the other holder is not free")
-	s.requestCounter("other").Store(0)
-	require.Equal(t, 1, hedge())
-	f.inflight[1] = 0
-	require.Equal(t, -1, hedge(), "chunk 1 came")
-	f.inflight[2] = 1
-	want.Store(2 * testChunk)
-	require.Equal(t, -1, hedge(), "the reader moved on: it waits anew")
-}
-
 // Of chunks equally rare, a blob read in order takes the first: its only
 // holder's upload then brings them in about in order, and the reader's
 // prefix follows the fill. Else any, so nodes spread over them.

@@ -23,14 +23,11 @@ type Planner struct {
 
 // PlanRequest is a request a Planner decided: chunk Chunk from peer Peer,
 // or from the origin when Peer is "". Relay says Peer is still receiving
-// the chunk: it relays the bytes as they come. Hedge says it is a second
-// request for the chunk a reader waits on, which the peer sends even if it
-// sent it already, as its one repeat at a time.
+// the chunk: it relays the bytes as they come.
 type PlanRequest struct {
 	Chunk int
 	Peer  string
 	Relay bool
-	Hedge bool
 }
 
 // The chunk server as a simulation models it: a state read waits for news
@@ -82,7 +79,7 @@ func (p *Planner) Step(missing []int) (reads []string, reqs []PlanRequest) {
 			reqs = append(reqs, PlanRequest{Chunk: r.chunk})
 			continue
 		}
-		reqs = append(reqs, PlanRequest{Chunk: r.chunk, Peer: r.peer.name, Relay: !r.peer.state.Has(r.chunk), Hedge: r.hedge})
+		reqs = append(reqs, PlanRequest{Chunk: r.chunk, Peer: r.peer.name, Relay: !r.peer.state.Has(r.chunk)})
 	}
 	return reads, reqs
 }

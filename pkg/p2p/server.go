@@ -400,10 +400,7 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	// no upload slots cannot tell a busy upload, and repeats; a node still
 	// filling the blob sends a chunk to all who ask, and spreads it sooner.
 	if !s.sent.mark(d, i, s.originRole(d) || (s.slots != nil && s.holdsWhole(d))) {
-		// A hedge (fill.hedgeWanted) is for a chunk a reader waits on: it
-		// may take a repeat's turn with less than half the slots free.
-		hedge := r.URL.Query().Get("hedge") == "1"
-		if s.slots == nil || (!hedge && len(s.slots) > cap(s.slots)/2) || !s.repeating.CompareAndSwap(false, true) {
+		if s.slots == nil || len(s.slots) > cap(s.slots)/2 || !s.repeating.CompareAndSwap(false, true) {
 			w.Header().Set(busyHeader, "chunk")
 			s.fail(w, "chunk", http.StatusServiceUnavailable, errors.New("chunk sent already; ask its receiver"))
 			return

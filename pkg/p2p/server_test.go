@@ -446,7 +446,7 @@ func TestBusyAnswerKeepsTheConnection(t *testing.T) {
 	addr := strings.TrimPrefix(ts.URL, "http://")
 	d := descOf(data).Digest
 	fetch := func() error {
-		_, err := s.fetchChunk(context.Background(), addr, d, 0, false, time.Minute, newLiveChunk(testChunk))
+		_, err := s.fetchChunk(context.Background(), addr, d, 0, time.Minute, newLiveChunk(testChunk))
 		return err
 	}
 	srv.slots <- struct{}{} // every upload slot taken
@@ -454,7 +454,7 @@ func TestBusyAnswerKeepsTheConnection(t *testing.T) {
 		require.ErrorIs(t, fetch(), errBusy)
 	}
 	<-srv.slots
-	claim, err := s.fetchChunk(context.Background(), addr, d, 0, false, time.Minute, newLiveChunk(testChunk))
+	claim, err := s.fetchChunk(context.Background(), addr, d, 0, time.Minute, newLiveChunk(testChunk))
 	require.NoError(t, err)
 	sum := sha256.Sum256(data)
 	require.Equal(t, sum[:], claim, "a whole chunk comes with its hash")
@@ -528,8 +528,8 @@ func TestOriginFetcherSendsEachChunkOnce(t *testing.T) {
 
 // An origin fetcher with upload slots, and so a node that holds the whole
 // blob (one that pulled it before a crowd asks), send a chunk again while
-// half their slots are free, or for a reader's hedge, one such repeat at a
-// time; first copies go out anyway.
+// half their slots are free, one such repeat at a time; first copies go
+// out anyway.
 func TestScarceUploadRepeatsWhenItHasRoom(t *testing.T) {
 	t.Parallel()
 	data := randomBlob(7, 2*testChunk)
@@ -559,12 +559,6 @@ func TestScarceUploadRepeatsWhenItHasRoom(t *testing.T) {
 			srv.slots <- struct{}{}
 			held = 2
 			require.Equal(t, http.StatusServiceUnavailable, status(0), "first copies keep the busy upload")
-			resp, _ := get(t, ts.URL+fmt.Sprintf(chunkPath, d, 0)+"?hedge=1")
-			require.Equal(t, http.StatusOK, resp.StatusCode, "but for a reader's hedge")
-			require.Eventually(t, func() bool { return srv.repeating.CompareAndSwap(false, true) }, 5*time.Second, time.Millisecond)
-			resp, _ = get(t, ts.URL+fmt.Sprintf(chunkPath, d, 0)+"?hedge=1")
-			require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "a hedge too takes the one repeat's turn")
-			srv.repeating.Store(false)
 			require.Equal(t, http.StatusOK, status(1), "a first copy goes out")
 			<-srv.slots
 			held = 1
@@ -640,7 +634,7 @@ func TestChunkServerRelaysChunksOnTheirWay(t *testing.T) {
 		}
 		done := make(chan result)
 		go func() {
-			claim, err := sw.fetchChunk(context.Background(), strings.TrimPrefix(ts.URL, "http://"), d, 0, false, time.Minute, newLiveChunk(int64(len(data))))
+			claim, err := sw.fetchChunk(context.Background(), strings.TrimPrefix(ts.URL, "http://"), d, 0, time.Minute, newLiveChunk(int64(len(data))))
 			done <- result{claim, err}
 		}()
 		require.Eventually(t, func() bool { return testutil.ToFloat64(srv.m.requests.WithLabelValues("relay", "200")) == relays },

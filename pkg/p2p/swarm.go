@@ -329,7 +329,7 @@ func (s *Swarm) fillSmall(ctx context.Context, p *cache.Partial, origin content.
 			continue
 		}
 		c := newLiveChunk(n)
-		_, err := s.fetchChunk(ctx, peer.Meta.ChunkAddr, d, 0, false, timeout, c)
+		_, err := s.fetchChunk(ctx, peer.Meta.ChunkAddr, d, 0, timeout, c)
 		if err == nil {
 			err = p.WritePeerChunk(0, c.data(), want)
 		}
