@@ -663,7 +663,7 @@ func (s *sim) request(n *node, r p2p.PlanRequest) {
 		if err == nil && (h.uploads >= s.cfg.MaxUploads || h.uploadsTo[n.idx] >= (s.cfg.MaxUploads+1)/2) {
 			err = p2p.ErrPeerBusy
 		}
-		if err == nil && (h.origin || h.nhave == s.chunks) { // the server's send-once rule
+		if err == nil && h.origin {
 			if at, ok := h.recent[r.Chunk]; ok && s.now-at < p2p.PlanResendAfter {
 				if h.uploads > s.cfg.MaxUploads/2 || h.repeating {
 					err = p2p.ErrChunkSent

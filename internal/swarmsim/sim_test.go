@@ -28,24 +28,6 @@ func TestSmallClusterFillsTheBlob(t *testing.T) {
 	}
 }
 
-// A crowd fills a blob from one node that holds it whole, each node's
-// reader taking it in order as the registry mirror streams it: the readers
-// all wait on the same chunks, and the holder still sends about one copy,
-// the crowd passing on the rest (three copies, chained, before a whole
-// blob's holder sent each chunk once).
-func TestCrowdOfInOrderReadersTakesOneCopyFromTheHolder(t *testing.T) {
-	t.Parallel()
-	for _, seed := range []uint64{1, 2} {
-		cfg := Config{Nodes: 8, Seeders: 1, Size: 64 << 20, ChunkSize: 2 << 20, StreamRate: 1e9, Seed: seed}
-		r, err := Run(cfg)
-		require.NoError(t, err)
-		require.Equal(t, 7, r.Finished, "seed %d", seed)
-		require.Equal(t, 1, r.Seeders)
-		require.Zero(t, r.OriginRatio, "seed %d: a whole copy was at hand", seed)
-		require.Less(t, r.SeedRatio, 1.2, "seed %d: copies the holder sent", seed)
-	}
-}
-
 // bench/gossip's figures at 100 members.
 const measured100P50Ms, measured100P99Ms = 352, 689
 

@@ -79,10 +79,9 @@
 // one that sent it; then the least loaded. An origin fetcher is asked
 // again for a chunk it sent only when no other supplier is free.
 //
-// Scarce uploads: an origin fetcher, and a node with upload slots that
-// holds the whole blob, send a chunk once per resendAfter (its receiver
-// passes it on), but for one repeat at a time while half their slots are
-// free; a node still filling sends to all who ask.
+// An origin fetcher sends a chunk once per resendAfter (its receiver
+// passes it on), but for one repeat at a time while half its upload slots
+// are free; any other node sends to all who ask.
 // Endgame: once every missing chunk is asked for and no more are left than
 // the fill's request limit, each may get one duplicate request to another
 // peer than the first; those still running when the blob is complete are

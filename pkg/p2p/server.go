@@ -148,16 +148,6 @@ func (s *ChunkServer) originRole(d digest.Digest) bool {
 	return s.swarm != nil && s.swarm.FetchesFromOrigin(d)
 }
 
-// holdsWhole reports whether this node holds all of d, verified.
-func (s *ChunkServer) holdsWhole(d digest.Digest) bool {
-	if m, ok := s.store.(chunkMapper); ok {
-		_, complete, err := m.ChunkMap(d, nil)
-		return err == nil && complete
-	}
-	st, err := s.store.ChunkState(d)
-	return err == nil && st.Complete
-}
-
 // receiving is the bitmap of d's chunks on their way here, nil if none.
 func (s *ChunkServer) receiving(d digest.Digest) []byte {
 	if s.swarm == nil {
@@ -391,15 +381,12 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	}
 	// An origin fetcher's upload is the swarm's narrowest pipe: every chunk
 	// of its share must leave it once, as fast as the origin sends it. So
-	// is the upload of a whole blob's holder that a crowd fills from (one
-	// node pulled an image, then all the others do), where readers of the
-	// blob in order all ask for the same chunks. Either sends a chunk once
-	// per resendAfter (the first receiver passes it on), but for one
-	// repeat at a time while half its upload slots are free: first copies
-	// keep most of the link, and the rest is not left idle. A holder with
-	// no upload slots cannot tell a busy upload, and repeats; a node still
-	// filling the blob sends a chunk to all who ask, and spreads it sooner.
-	if !s.sent.mark(d, i, s.originRole(d) || (s.slots != nil && s.holdsWhole(d))) {
+	// it sends a chunk once per resendAfter (the first receiver passes it
+	// on), but for one repeat at a time while half its upload slots are
+	// free: first copies keep most of the link, and the rest is not left
+	// idle. Any other node sends a chunk to all who ask, and spreads it
+	// sooner.
+	if !s.sent.mark(d, i, s.originRole(d)) {
 		if s.slots == nil || len(s.slots) > cap(s.slots)/2 || !s.repeating.CompareAndSwap(false, true) {
 			w.Header().Set(busyHeader, "chunk")
 			s.fail(w, "chunk", http.StatusServiceUnavailable, errors.New("chunk sent already; ask its receiver"))

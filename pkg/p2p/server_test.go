@@ -526,45 +526,36 @@ func TestOriginFetcherSendsEachChunkOnce(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
 }
 
-// An origin fetcher with upload slots, and so a node that holds the whole
-// blob (one that pulled it before a crowd asks), send a chunk again while
-// half their slots are free, one such repeat at a time; first copies go
-// out anyway.
-func TestScarceUploadRepeatsWhenItHasRoom(t *testing.T) {
+// An origin fetcher with upload slots sends a chunk again while half its
+// slots are free, one such repeat at a time; first copies go out anyway.
+func TestOriginFetcherRepeatsWhenItsUploadHasRoom(t *testing.T) {
 	t.Parallel()
 	data := randomBlob(7, 2*testChunk)
 	d := descOf(data).Digest
-	for name, opts := range map[string][]ServerOption{
-		"origin fetcher":           {WithSwarm(originSwarm(t, d))},
-		"holder of the whole blob": nil,
-	} {
-		t.Run(name, func(t *testing.T) {
-			srv, ts := serveStore(t, storeHolding(t, data), append(opts, WithMaxUploads(4))...)
-			// A handler gives back its slot and its repeat just after the client
-			// has the answer: each request starts once the last one's are back.
-			held := 0 // slots the test holds
-			status := func(i int) int {
-				require.Eventually(t, func() bool { return len(srv.slots) == held }, 5*time.Second, time.Millisecond)
-				resp, _ := get(t, ts.URL+fmt.Sprintf(chunkPath, d, i))
-				return resp.StatusCode
-			}
-			require.Equal(t, http.StatusOK, status(0), "first copy")
-			require.Equal(t, http.StatusOK, status(0), "a repeat: the upload is idle")
-
-			require.Eventually(t, func() bool { return srv.repeating.CompareAndSwap(false, true) }, 5*time.Second, time.Millisecond) // another repeat is being sent
-			require.Equal(t, http.StatusServiceUnavailable, status(0), "one repeat at a time")
-			srv.repeating.Store(false)
-
-			srv.slots <- struct{}{} // two uploads in progress: with this one, three of four slots
-			srv.slots <- struct{}{}
-			held = 2
-			require.Equal(t, http.StatusServiceUnavailable, status(0), "first copies keep the busy upload")
-			require.Equal(t, http.StatusOK, status(1), "a first copy goes out")
-			<-srv.slots
-			held = 1
-			require.Equal(t, http.StatusOK, status(0), "with half the slots free again, a repeat")
-		})
+	srv, ts := serveStore(t, storeHolding(t, data), WithSwarm(originSwarm(t, d)), WithMaxUploads(4))
+	// A handler gives back its slot and its repeat just after the client
+	// has the answer: each request starts once the last one's are back.
+	held := 0 // slots the test holds
+	status := func(i int) int {
+		require.Eventually(t, func() bool { return len(srv.slots) == held }, 5*time.Second, time.Millisecond)
+		resp, _ := get(t, ts.URL+fmt.Sprintf(chunkPath, d, i))
+		return resp.StatusCode
 	}
+	require.Equal(t, http.StatusOK, status(0), "first copy")
+	require.Equal(t, http.StatusOK, status(0), "a repeat: the upload is idle")
+
+	require.Eventually(t, func() bool { return srv.repeating.CompareAndSwap(false, true) }, 5*time.Second, time.Millisecond) // another repeat is being sent
+	require.Equal(t, http.StatusServiceUnavailable, status(0), "one repeat at a time")
+	srv.repeating.Store(false)
+
+	srv.slots <- struct{}{} // two uploads in progress: with this one, three of four slots
+	srv.slots <- struct{}{}
+	held = 2
+	require.Equal(t, http.StatusServiceUnavailable, status(0), "first copies keep the busy upload")
+	require.Equal(t, http.StatusOK, status(1), "a first copy goes out")
+	<-srv.slots
+	held = 1
+	require.Equal(t, http.StatusOK, status(0), "with half the slots free again, a repeat")
 }
 
 // A chunk on its way is relayed as it comes: each piece once it has come,
