@@ -64,8 +64,8 @@ type Config struct {
 	Seed           uint64
 }
 
-// Result is what a simulation measured. Time ratios are over each node's
-// own link's S/B and cover the nodes that were not killed.
+// Result is what a simulation measured; time ratios are over each node's
+// own link's S/B, for the nodes that filled the blob.
 type Result struct {
 	Nodes, Finished, Killed, Seeders int
 	LimitS                           float64 // S/B of a link of Config.Link
