@@ -670,7 +670,7 @@ func (s *sim) request(n *node, r p2p.PlanRequest) {
 				} else {
 					h.repeating, f.repeat = true, true
 				}
-			} else {
+			} else if !bitSet(h.sent, r.Chunk) {
 				h.recent[r.Chunk] = s.now
 			}
 		}

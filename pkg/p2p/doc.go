@@ -77,9 +77,11 @@
 // still filling the blob beats one holding it whole (but for the endgame),
 // then one holding the chunk unsent beats one receiving it, which beats
 // one that sent it; then the least loaded. An origin fetcher is asked
-// again for a chunk it sent only when no other supplier is free, and sends
-// one such repeat at a time while half its upload slots are free; any
-// other node sends a chunk to all who ask.
+// again for a chunk it sent only when no other supplier is free, and for
+// 10 s after a chunk's first send it sends one such repeat at a time while
+// half its upload slots are free, after that to all who ask (as any other
+// node does), so that peers that ask again the moment a window closes
+// cannot keep a chunk from everyone else.
 // Endgame: once every missing chunk is asked for and no more are left than
 // the fill's request limit, each may get one duplicate request to another
 // peer than the first; those still running when the blob is complete are

@@ -14,17 +14,20 @@ type chunkKey struct {
 }
 
 // sentLog remembers which chunks of the most recent blobs this server has
-// sent to some peer, and when it last sent those it sends only once per
+// sent to some peer, and when it first sent those it sends only once per
 // resendAfter.
 type sentLog struct {
 	mu     sync.Mutex
 	m      map[digest.Digest][]byte
 	order  []digest.Digest        // oldest first
-	recent map[chunkKey]time.Time // sent once, less than resendAfter ago
+	recent map[chunkKey]time.Time // first sent with once, less than resendAfter ago
 }
 
 // mark records that chunk i of d is being sent. With once it refuses
-// (false) a chunk sent with once less than resendAfter ago.
+// (false) a chunk whose first send was with once, less than resendAfter
+// ago. Only the first send opens that window: peers that asked again the
+// moment it closed would otherwise always be the receiver, and the chunk
+// never reach anyone else.
 func (l *sentLog) mark(d digest.Digest, i int, once bool) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -34,19 +37,21 @@ func (l *sentLog) mark(d digest.Digest, i int, once bool) bool {
 			delete(l.recent, k)
 		}
 	}
-	if once {
-		if _, sent := l.recent[chunkKey{d, i}]; sent {
-			return false
-		}
-		if l.recent == nil {
-			l.recent = make(map[chunkKey]time.Time)
-		}
-		l.recent[chunkKey{d, i}] = now
-	}
 	if l.m == nil {
 		l.m = make(map[digest.Digest][]byte)
 	}
 	b, ok := l.m[d]
+	if once {
+		if _, sent := l.recent[chunkKey{d, i}]; sent {
+			return false
+		}
+		if !bitSet(b, i) {
+			if l.recent == nil {
+				l.recent = make(map[chunkKey]time.Time)
+			}
+			l.recent[chunkKey{d, i}] = now
+		}
+	}
 	if !ok {
 		l.order = append(l.order, d)
 		if len(l.order) > maxSentBlobs {

@@ -381,11 +381,11 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	}
 	// An origin fetcher's upload is the swarm's narrowest pipe: every chunk
 	// of its share must leave it once, as fast as the origin sends it. So
-	// it sends a chunk once per resendAfter (the first receiver passes it
-	// on), but for one repeat at a time while half its upload slots are
-	// free: first copies keep most of the link, and the rest is not left
-	// idle. Any other node sends a chunk to all who ask, and spreads it
-	// sooner.
+	// for resendAfter from a chunk's first send it sends it no more (the
+	// first receiver passes it on), but for one repeat at a time while
+	// half its upload slots are free: first copies keep most of the link,
+	// and the rest is not left idle. Any other node sends a chunk to all
+	// who ask, and spreads it sooner.
 	if !s.sent.mark(d, i, s.originRole(d)) {
 		if s.slots == nil || len(s.slots) > cap(s.slots)/2 || !s.repeating.CompareAndSwap(false, true) {
 			w.Header().Set(busyHeader, "chunk")

@@ -34,6 +34,7 @@ const agentMaxUploads = 6
 type servingAgent struct {
 	addr  string
 	store *cache.Store
+	swarm *p2p.Swarm
 }
 
 // startServingAgent starts an agent whose store holds blobs whole, in
@@ -69,7 +70,7 @@ func serveStore(tb testing.TB, store *cache.Store, opts ...p2p.ServerOption) *se
 			tb.Errorf("chunk server: %v", err)
 		}
 	})
-	return &servingAgent{addr: ln.Addr().String(), store: store}
+	return &servingAgent{addr: ln.Addr().String(), store: store, swarm: sw}
 }
 
 func openStore(tb testing.TB, chunkSize int64) *cache.Store {
