@@ -122,7 +122,7 @@ bench: test-deps
 
 ## fuzz: run each Fuzz* target for $(FUZZTIME)
 fuzz:
-	@targets=$$(grep -r --include='*_test.go' -o '^func Fuzz[A-Za-z0-9_]*' cmd pkg 2>/dev/null | sed 's/:func /:/' || true); \
+	@targets=$$(grep -r --include='*_test.go' -o '^func Fuzz[A-Za-z0-9_]*' cmd pkg internal 2>/dev/null | sed 's/:func /:/' || true); \
 	if [ -z "$$targets" ]; then echo "no fuzz targets"; exit 0; fi; \
 	for t in $$targets; do \
 	  dir=$$(dirname "$${t%%:*}"); name=$${t##*:}; \

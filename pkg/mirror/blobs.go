@@ -8,12 +8,12 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/weightd/weightd/internal/byterange"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/source/oci"
@@ -53,8 +53,14 @@ func (m *Mirror) serveBlob(w http.ResponseWriter, r *http.Request, registry stri
 		return
 	}
 	desc := content.Descriptor{Digest: d, Size: size}
-	start, end, ranged, ok := parseRange(r.Header.Get("Range"), size)
-	if !ok {
+	// A header this mirror does not take (several ranges, another unit),
+	// or none, is the whole blob.
+	start, end, err := byterange.Parse(r.Header.Get("Range"), size)
+	ranged := err == nil
+	if errors.Is(err, byterange.ErrUnsupported) {
+		start, end, err = 0, size, nil
+	}
+	if err != nil {
 		w.Header().Set("Content-Range", fmt.Sprintf("bytes */%d", size))
 		m.m.request(routeBlob, outcomeError)
 		(&apiError{status: http.StatusRequestedRangeNotSatisfiable, code: "UNSUPPORTED", message: "range not satisfiable"}).write(w, r)
@@ -347,41 +353,4 @@ func (m *Mirror) nextChunk(d digest.Digest, pos, end int64) (int, bool) {
 // sha256 is the blob's digest: its bytes are the blob's.
 func wholeBlobVerified(d digest.Digest, st cache.ChunkState) bool {
 	return st.ChunkSize >= st.Size && d.Algorithm() == digest.SHA256 && hex.EncodeToString(st.Hash(0)) == d.Encoded()
-}
-
-// parseRange parses the Range header of a request for a blob of size bytes
-// into [start, end). No header, or one this mirror does not take (several
-// ranges, another unit), is the whole blob; a range that cannot be satisfied
-// is !ok.
-func parseRange(h string, size int64) (start, end int64, ranged, ok bool) {
-	if h == "" {
-		return 0, size, false, true
-	}
-	spec, found := strings.CutPrefix(h, "bytes=")
-	if !found || strings.Contains(spec, ",") {
-		return 0, size, false, true
-	}
-	a, b, found := strings.Cut(strings.TrimSpace(spec), "-")
-	if !found {
-		return 0, 0, false, false
-	}
-	if a == "" { // the last b bytes
-		n, err := strconv.ParseInt(b, 10, 64)
-		if err != nil || n <= 0 || size == 0 {
-			return 0, 0, false, false
-		}
-		return max(size-n, 0), size, true, true
-	}
-	s, err := strconv.ParseInt(a, 10, 64)
-	if err != nil || s < 0 || s >= size {
-		return 0, 0, false, false
-	}
-	e := size - 1
-	if b != "" {
-		if e, err = strconv.ParseInt(b, 10, 64); err != nil || e < s {
-			return 0, 0, false, false
-		}
-		e = min(e, size-1)
-	}
-	return s, e + 1, true, true
 }

@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
+	"github.com/weightd/weightd/internal/byterange"
 	"github.com/weightd/weightd/pkg/cache"
 	"github.com/weightd/weightd/pkg/content"
 )
@@ -401,8 +401,8 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	}
 	code := http.StatusOK
 	if h := r.Header.Get("Range"); h != "" {
-		start, end, ok := parseRange(h, n)
-		if !ok {
+		start, end, err := byterange.Parse(h, n)
+		if err != nil {
 			w.Header().Set("Content-Range", fmt.Sprintf("bytes */%d", n))
 			s.fail(w, "chunk", http.StatusRequestedRangeNotSatisfiable, fmt.Errorf("range %q of a %d-byte chunk", h, n))
 			return
@@ -525,39 +525,6 @@ func statusOf(err error) int {
 	default:
 		return http.StatusInternalServerError
 	}
-}
-
-// parseRange parses a single "bytes=a-b", "bytes=a-" or "bytes=-n" range of
-// a resource of size n into [start, end).
-func parseRange(h string, n int64) (start, end int64, ok bool) {
-	spec, found := strings.CutPrefix(h, "bytes=")
-	if !found || strings.Contains(spec, ",") {
-		return 0, 0, false
-	}
-	a, b, found := strings.Cut(spec, "-")
-	if !found {
-		return 0, 0, false
-	}
-	if a == "" {
-		suffix, err := strconv.ParseInt(b, 10, 64)
-		if err != nil || suffix <= 0 {
-			return 0, 0, false
-		}
-		return max(0, n-suffix), n, true
-	}
-	start, err := strconv.ParseInt(a, 10, 64)
-	if err != nil || start < 0 || start >= n {
-		return 0, 0, false
-	}
-	end = n
-	if b != "" {
-		last, err := strconv.ParseInt(b, 10, 64)
-		if err != nil || last < start {
-			return 0, 0, false
-		}
-		end = min(last+1, n)
-	}
-	return start, end, true
 }
 
 func chunksOf(size, chunkSize int64) int {
