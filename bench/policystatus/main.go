@@ -777,7 +777,9 @@ func installOldCRD(ctx context.Context, dyn dynamic.Interface) error {
 	if _, err := dyn.Resource(policy.GVR).Create(ctx, pu, metav1.CreateOptions{}); err != nil {
 		return err
 	}
-	defer dyn.Resource(policy.GVR).Delete(context.WithoutCancel(ctx), "probe", metav1.DeleteOptions{})
+	defer func() {
+		_ = dyn.Resource(policy.GVR).Delete(context.WithoutCancel(ctx), "probe", metav1.DeleteOptions{})
+	}()
 	return waitFor(ctx, time.Minute, func() bool {
 		if err := applyEntryTo(ctx, dyn, "probe", "probe-node", prefetch.StateReady, nil); err != nil {
 			return false

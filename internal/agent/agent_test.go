@@ -13,14 +13,9 @@ import (
 	"github.com/weightd/weightd/pkg/api"
 )
 
-// startAgent runs an agent, wired by New, on a unix socket until the
-// test ends; it returns the API address.
-func startAgent(t *testing.T) string {
-	t.Helper()
-	return startAgentWith(t, nil)
-}
-
-// startAgentWith is startAgent with a configuration changed by edit.
+// startAgentWith runs an agent, wired by New, with a configuration
+// changed by edit (if not nil), on a unix socket until the test ends; it
+// returns the API address.
 func startAgentWith(t *testing.T, edit func(*Config)) string {
 	t.Helper()
 	_, addr := startAgentAndAddr(t, edit)

@@ -92,7 +92,7 @@ func Start(opts ...Option) (*Server, error) {
 	for _, o := range opts {
 		o(s)
 	}
-	var h http.Handler = gofakes3.New(s3mem.New(), gofakes3.WithHostBucketBase(s.VirtualHostBase)).Server()
+	h := gofakes3.New(s3mem.New(), gofakes3.WithHostBucketBase(s.VirtualHostBase)).Server()
 	if s.wrap != nil {
 		h = s.wrap(h)
 	}
