@@ -64,8 +64,8 @@ type Config struct {
 	Seed           uint64
 }
 
-// Result is what a simulation measured; time ratios are over each node's
-// own link's S/B, for the nodes that filled the blob.
+// Result is what a simulation measured. A time ratio is a filling node's
+// time over its own link's S/B; seeders and killed nodes have none.
 type Result struct {
 	Nodes, Finished, Killed, Seeders int
 	LimitS                           float64 // S/B of a link of Config.Link

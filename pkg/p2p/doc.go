@@ -79,9 +79,8 @@
 // one that sent it; then the least loaded. An origin fetcher is asked
 // again for a chunk it sent only when no other supplier is free, and for
 // 10 s after a chunk's first send it sends one such repeat at a time while
-// half its upload slots are free, after that to all who ask (as any other
-// node does), so that peers that ask again the moment a window closes
-// cannot keep a chunk from everyone else.
+// half its upload slots are free, then to all who ask (a window that
+// opened again could be held by whoever asks the moment it closes).
 // Endgame: once every missing chunk is asked for and no more are left than
 // the fill's request limit, each may get one duplicate request to another
 // peer than the first; those still running when the blob is complete are

@@ -14,8 +14,8 @@ type chunkKey struct {
 }
 
 // sentLog remembers which chunks of the most recent blobs this server has
-// sent to some peer, and when it first sent those it sends only once per
-// resendAfter.
+// sent to some peer, and when it first sent those it sends once in their
+// first resendAfter.
 type sentLog struct {
 	mu     sync.Mutex
 	m      map[digest.Digest][]byte
@@ -25,9 +25,8 @@ type sentLog struct {
 
 // mark records that chunk i of d is being sent. With once it refuses
 // (false) a chunk whose first send was with once, less than resendAfter
-// ago. Only the first send opens that window: peers that asked again the
-// moment it closed would otherwise always be the receiver, and the chunk
-// never reach anyone else.
+// ago. Only the first send opens that window, so that no peer can hold it
+// open by asking again the moment it closes.
 func (l *sentLog) mark(d digest.Digest, i int, once bool) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
