@@ -562,3 +562,52 @@ func TestHandshakeShared(t *testing.T) {
 	wg.Wait()
 	assert.EqualValues(t, 1, tokens.Load()-before)
 }
+
+// A registry is pinged once, not once per repository: the challenge it
+// answers is its own, and a new repository costs at most its token.
+func TestOnePingPerRegistry(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"anonymous", "basic", "bearer"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			var rg *ociRegistry
+			var tokens *atomic.Int64
+			var opts []oci.Option
+			if how == "anonymous" {
+				rg, tokens = newOCIRegistry(t), new(atomic.Int64)
+			} else {
+				rg, tokens = authRegistry(t, how == "bearer")
+				opts = append(opts, oci.WithPullSecret(dockerConfigJSON(rg.host, "alice", "s3cret")))
+			}
+			repos := []string{"team/a", "team/b", "team/c"}
+			descs := map[string]ociTDesc{}
+			for i, repo := range repos {
+				descs[repo] = rg.pushBlob(t, repo, "application/octet-stream", bytes.Repeat([]byte{byte(i)}, 100))
+			}
+			var pings atomic.Int32
+			inner := rg.fault.Load()
+			rg.setFault(func(w http.ResponseWriter, r *http.Request, next http.Handler) {
+				if r.URL.Path == "/v2/" {
+					pings.Add(1)
+				}
+				if inner != nil {
+					(*inner)(w, r, next)
+					return
+				}
+				next.ServeHTTP(w, r)
+			})
+			src := oci.New(opts...)
+			before := tokens.Load()
+			for _, repo := range repos {
+				size, start, err := src.BlobStart(t.Context(), agentAuth, rg.host, repo, descs[repo].Digest, 100)
+				require.NoError(t, err, repo)
+				assert.EqualValues(t, 100, size)
+				assert.Len(t, start, 100)
+			}
+			assert.EqualValues(t, 1, pings.Load(), "pings")
+			if how == "bearer" {
+				assert.EqualValues(t, len(repos), tokens.Load()-before, "a token per repository")
+			}
+		})
+	}
+}

@@ -66,6 +66,7 @@ type Source struct {
 	handshakes singleflight.Group
 	mu         sync.Mutex
 	transports map[string]cachedTransport // by registry/repository and RegistryAuth.Key
+	challenges map[string]cachedChallenge // by registry
 }
 
 // Option configures a Source.
@@ -162,6 +163,7 @@ func New(opts ...Option) *Source {
 		platform:    DefaultPlatform(),
 		maxManifest: DefaultMaxManifestSize,
 		transports:  make(map[string]cachedTransport),
+		challenges:  make(map[string]cachedChallenge),
 	}
 	for _, o := range opts {
 		o(s)

@@ -538,6 +538,61 @@ func TestBlobRanges(t *testing.T) {
 	assert.ErrorIs(t, err, content.ErrPermanent)
 }
 
+// BlobStart brings a short blob whole, and the size and first bytes of a
+// long one, in one request each, also from a registry that ignores Range.
+func TestBlobStart(t *testing.T) {
+	t.Parallel()
+	rg := newOCIRegistry(t)
+	long := make([]byte, 100_000)
+	for i := range long {
+		long[i] = byte(i * 7)
+	}
+	short := long[:1000]
+	dl := rg.pushBlob(t, "blobs", "application/octet-stream", long)
+	ds := rg.pushBlob(t, "blobs", "application/octet-stream", short)
+	var requests atomic.Int32
+	for _, ranges := range []bool{true, false} {
+		rg.setFault(func(w http.ResponseWriter, r *http.Request, next http.Handler) {
+			if r.URL.Path != "/v2/" {
+				requests.Add(1)
+			}
+			if !ranges {
+				r.Header.Del("Range")
+			}
+			next.ServeHTTP(w, r)
+		})
+		src := oci.New()
+		for _, c := range []struct {
+			d    ociTDesc
+			n    int64
+			want []byte
+		}{
+			{ds, 4096, short},
+			{ds, 1000, short},
+			{ds, 999, short[:999]},
+			{dl, 4096, long[:4096]},
+		} {
+			requestsWanted := int32(1)
+			if !ranges && c.d.Size > c.n {
+				c.want = nil // the whole blob is not read
+			}
+			if ranges && c.n > c.d.Size {
+				// go-containerregistry's registry refuses a range past the
+				// end (416): the first byte is asked for next.
+				c.want, requestsWanted = c.want[:1], 2
+			}
+			before := requests.Load()
+			size, start, err := src.BlobStart(t.Context(), agentAuth, rg.host, "blobs", c.d.Digest, c.n)
+			require.NoError(t, err)
+			assert.Equal(t, c.d.Size, size)
+			assert.Equal(t, c.want, start, "the first %d bytes of %d (ranges %v)", c.n, c.d.Size, ranges)
+			assert.Equal(t, requestsWanted, requests.Load()-before)
+		}
+		_, _, err := src.BlobStart(t.Context(), agentAuth, rg.host, "blobs", digest.FromString("absent"), 10)
+		assert.ErrorIs(t, err, content.ErrNotFound)
+	}
+}
+
 func TestManifestForMirror(t *testing.T) {
 	t.Parallel()
 	rg := newOCIRegistry(t)

@@ -1,6 +1,7 @@
 package oci
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -35,7 +36,13 @@ var manifestAccept = strings.Join([]string{
 
 type cachedTransport struct {
 	rt      http.RoundTripper
-	created time.Time
+	scheme  string // the registry's, as its ping found it
+	expires time.Time
+}
+
+type cachedChallenge struct {
+	ch      *transport.Challenge
+	expires time.Time
 }
 
 // Manifest fetches the manifest or index reference (a tag or a digest)
@@ -110,34 +117,84 @@ func (s *Source) blobSize(ctx context.Context, auth RegistryAuth, registry, repo
 	default:
 		return 0, registryError(resp)
 	}
-	resp, err = s.do(ctx, repo, auth, http.MethodGet, "blobs/"+d.String(), func(h http.Header) {
-		h.Set("Range", "bytes=0-0")
+	size, _, err := s.blobStart(ctx, repo, auth, d, 1)
+	return size, err
+}
+
+// BlobStart asks the registry, with auth, for the first n bytes of blob d of
+// registry/repository (n > 0) in one GET, and returns the blob's size and
+// the first bytes it sent: the whole blob when it is no longer than n,
+// unless the registry refuses a range past the end (then one byte, asked
+// for next). Errors are BlobSize's. The bytes are not checked here: the
+// caller hashes a whole blob.
+func (s *Source) BlobStart(ctx context.Context, auth RegistryAuth, registry, repository string, d digest.Digest, n int64) (size int64, start []byte, err error) {
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("blob %s in %s/%s: %w", d, fetch.Truncate(registry), fetch.Truncate(repository), err)
+		}
+	}()
+	if err := content.ValidateDigest(d); err != nil {
+		return 0, nil, content.Permanent(err)
+	}
+	if n <= 0 {
+		return 0, nil, content.Permanent(fmt.Errorf("%w: the first %d bytes of a blob", content.ErrInvalid, n))
+	}
+	repo, err := s.repository(registry, repository)
+	if err != nil {
+		return 0, nil, err
+	}
+	return s.blobStart(ctx, repo, auth, d, n)
+}
+
+// blobStart is BlobStart for a validated repository.
+func (s *Source) blobStart(ctx context.Context, repo name.Repository, auth RegistryAuth, d digest.Digest, n int64) (int64, []byte, error) {
+	resp, err := s.do(ctx, repo, auth, http.MethodGet, "blobs/"+d.String(), func(h http.Header) {
+		h.Set("Range", fmt.Sprintf("bytes=0-%d", n-1))
 		h.Set("Accept-Encoding", "identity")
 	})
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	where := "GET " + fetch.Redact(resp.Request.URL)
+	var size, want int64
 	switch resp.StatusCode {
 	case http.StatusPartialContent:
-		defer fetch.DrainClose(resp.Body)
-		_, _, total, err := fetch.ParseContentRange(resp.Header.Get("Content-Range"))
-		if err != nil || total < 0 {
-			return 0, fmt.Errorf("%s: Content-Range %q: want a known total", where, fetch.Truncate(resp.Header.Get("Content-Range")))
+		first, last, total, err := fetch.ParseContentRange(resp.Header.Get("Content-Range"))
+		if err != nil || total < 0 || first != 0 || last >= min(n, total) {
+			fetch.DrainClose(resp.Body)
+			return 0, nil, fmt.Errorf("%s: Content-Range %q for the first %d bytes", where, fetch.Truncate(resp.Header.Get("Content-Range")), n)
 		}
-		return total, nil
+		size, want = total, last+1
 	case http.StatusOK:
-		resp.Body.Close() // the whole blob is coming: do not read it
-		if resp.ContentLength < 0 {
-			return 0, fmt.Errorf("%s: no Content-Length", where)
+		// The registry ignored the range: read the blob only if it is short.
+		if resp.ContentLength < 0 || resp.ContentLength > n {
+			resp.Body.Close()
+			if resp.ContentLength < 0 {
+				return 0, nil, fmt.Errorf("%s: no Content-Length", where)
+			}
+			return resp.ContentLength, nil, nil
 		}
-		return resp.ContentLength, nil
+		size, want = resp.ContentLength, resp.ContentLength
 	case http.StatusRequestedRangeNotSatisfiable:
 		fetch.DrainClose(resp.Body)
-		return 0, nil // the only blob with no first byte is the empty one
+		if n > 1 {
+			// Some registries (go-containerregistry's) refuse a range past
+			// the end instead of cutting it short: ask for the first byte.
+			return s.blobStart(ctx, repo, auth, d, 1)
+		}
+		return 0, nil, nil // the only blob with no first byte is the empty one
 	default:
-		return 0, registryError(resp)
+		return 0, nil, registryError(resp)
 	}
+	defer fetch.DrainClose(resp.Body)
+	start, err := io.ReadAll(io.LimitReader(resp.Body, want+1))
+	if err == nil && int64(len(start)) != want {
+		err = fmt.Errorf("%w: %d bytes where %d were promised", content.ErrSizeMismatch, len(start), want)
+	}
+	if err != nil {
+		return 0, nil, fmt.Errorf("%s: %w", where, err)
+	}
+	return size, start, nil
 }
 
 // BlobOpener returns an opener of blob desc of registry/repository that
@@ -184,16 +241,18 @@ func isLoopbackHost(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// transport returns the authenticated transport for repo and auth, doing
-// the registry's authentication handshake (ping, token) on first use and
-// again after transportTTL.
-func (s *Source) transport(ctx context.Context, repo name.Repository, auth RegistryAuth) (http.RoundTripper, error) {
+// transport returns the authenticated transport for repo and auth, and the
+// scheme to reach the registry with. The registry's ping (how it wants
+// clients to authenticate) is its own, made once per transportTTL for all
+// its repositories (challenge); a repository of a registry that hands out
+// bearer tokens costs its token, again when the token expires.
+func (s *Source) transport(ctx context.Context, repo name.Repository, auth RegistryAuth) (http.RoundTripper, string, error) {
 	key := repo.RegistryStr() + "/" + repo.RepositoryStr() + "\x00" + auth.Key()
 	s.mu.Lock()
 	ct, ok := s.transports[key]
 	s.mu.Unlock()
-	if ok && time.Since(ct.created) < transportTTL {
-		return ct.rt, nil
+	if ok && time.Now().Before(ct.expires) {
+		return ct.rt, ct.scheme, nil
 	}
 	// One handshake per repository at a time: blobs opened together after
 	// the transport expired share it.
@@ -203,26 +262,80 @@ func (s *Source) transport(ctx context.Context, repo name.Repository, auth Regis
 			return nil, content.Permanent(fmt.Errorf("looking up credentials for %s: %w", repo, err))
 		}
 		base := transport.NewUserAgent(s.base, s.userAgent)
-		rt, err := transport.NewWithContext(ctx, repo.Registry, authr, base, []string{repo.Scope(transport.PullScope)})
+		pr, err := s.challenge(ctx, repo.Registry, base)
 		if err != nil {
+			return nil, fmt.Errorf("authenticating to %s: %w", repo.RegistryStr(), classifyRegistryErr(err))
+		}
+		ct := cachedTransport{scheme: "https", expires: time.Now().Add(transportTTL)}
+		if pr.Insecure {
+			ct.scheme = "http"
+		}
+		var tok *transport.Token
+		if strings.EqualFold(pr.Scheme, "bearer") {
+			if tok, err = transport.Exchange(ctx, repo.Registry, authr, base, []string{repo.Scope(transport.PullScope)}, pr); err != nil {
+				return nil, fmt.Errorf("authenticating to %s: %w", repo.RegistryStr(), classifyRegistryErr(err))
+			}
+			// A token without a lifetime is good for 60 s (the distribution
+			// token spec); a new one comes before it runs out.
+			ct.expires = time.Now().Add(min(transportTTL, time.Duration(cmp.Or(tok.ExpiresIn, 60))*time.Second*9/10))
+		}
+		// For any other scheme FromToken attaches the credentials to each
+		// request to the registry, as transport.NewWithContext does.
+		if ct.rt, err = transport.FromToken(repo.Registry, authr, base, pr, tok); err != nil {
 			return nil, fmt.Errorf("authenticating to %s: %w", repo.RegistryStr(), classifyRegistryErr(err))
 		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if len(s.transports) >= maxTransports {
-			for k, v := range s.transports {
-				if time.Since(v.created) >= transportTTL || len(s.transports) >= maxTransports {
-					delete(s.transports, k)
-				}
-			}
+		evictExpired(s.transports, func(c cachedTransport) time.Time { return c.expires })
+		s.transports[key] = ct
+		return ct, nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	ct = v.(cachedTransport)
+	return ct.rt, ct.scheme, nil
+}
+
+// challenge returns reg's answer to a ping (GET /v2/), asked through base
+// at most transportTTL ago.
+func (s *Source) challenge(ctx context.Context, reg name.Registry, base http.RoundTripper) (*transport.Challenge, error) {
+	key := reg.Scheme() + "://" + reg.RegistryStr()
+	s.mu.Lock()
+	c, ok := s.challenges[key]
+	s.mu.Unlock()
+	if ok && time.Now().Before(c.expires) {
+		return c.ch, nil
+	}
+	v, err, _ := s.handshakes.Do("ping\x00"+key, func() (any, error) {
+		ch, err := transport.Ping(ctx, reg, base)
+		if err != nil {
+			return nil, err
 		}
-		s.transports[key] = cachedTransport{rt: rt, created: time.Now()}
-		return rt, nil
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		evictExpired(s.challenges, func(c cachedChallenge) time.Time { return c.expires })
+		s.challenges[key] = cachedChallenge{ch: ch, expires: time.Now().Add(transportTTL)}
+		return ch, nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	return v.(http.RoundTripper), nil
+	return v.(*transport.Challenge), nil
+}
+
+// evictExpired makes room in m for one more entry: it drops the expired
+// ones, and any others while m is full. s.mu must be held.
+func evictExpired[V any](m map[string]V, expires func(V) time.Time) {
+	if len(m) < maxTransports {
+		return
+	}
+	now := time.Now()
+	for k, v := range m {
+		if !now.Before(expires(v)) || len(m) >= maxTransports {
+			delete(m, k)
+		}
+	}
 }
 
 // classifyRegistryErr marks go-containerregistry's HTTP errors that retrying
@@ -253,11 +366,11 @@ func classifyRegistryErr(err error) error {
 // credentials, following redirects (without the credentials when they leave
 // the registry's host).
 func (s *Source) do(ctx context.Context, repo name.Repository, auth RegistryAuth, method, what string, header func(http.Header)) (*http.Response, error) {
-	rt, err := s.transport(ctx, repo, auth)
+	rt, scheme, err := s.transport(ctx, repo, auth)
 	if err != nil {
 		return nil, err
 	}
-	u := &url.URL{Scheme: repo.Scheme(), Host: repo.RegistryStr(), Path: "/v2/" + repo.RepositoryStr() + "/" + what}
+	u := &url.URL{Scheme: scheme, Host: repo.RegistryStr(), Path: "/v2/" + repo.RepositoryStr() + "/" + what}
 	req, err := http.NewRequestWithContext(ctx, method, u.String(), nil)
 	if err != nil {
 		return nil, content.Permanent(fmt.Errorf("%s %s: %w", method, u, err))
