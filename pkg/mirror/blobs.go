@@ -1,6 +1,7 @@
 package mirror
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -24,7 +25,8 @@ import (
 func (m *Mirror) serveBlob(w http.ResponseWriter, r *http.Request, registry string, rt route) {
 	d := rt.digest
 	auth := m.requestAuth(r, registry)
-	if aerr := m.authorize(r.Context(), auth, registry, rt.repository, d, false); aerr != nil {
+	small, aerr := m.confirmBlob(r.Context(), auth, registry, rt.repository, d, r.Method == http.MethodHead)
+	if aerr != nil {
 		m.m.request(routeBlob, outcomeOf(aerr))
 		if r.Context().Err() == nil {
 			aerr.write(w, r)
@@ -32,6 +34,10 @@ func (m *Mirror) serveBlob(w http.ResponseWriter, r *http.Request, registry stri
 		return
 	}
 	setBlobHeaders(w, d)
+	if small != nil {
+		m.serveSmall(w, r, d, small)
+		return
+	}
 	if f, err := m.store.Open(d); err == nil {
 		defer f.Close()
 		m.m.request(routeBlob, outcomeHit)
@@ -89,6 +95,98 @@ func (m *Mirror) serveBlob(w http.ResponseWriter, r *http.Request, registry stri
 	}
 	m.m.request(routeBlob, outcomeMiss)
 	m.stream(w, r, dl, start, end, code)
+}
+
+// directBlob is the largest blob the mirror asks the registry for whole
+// when it must ask the registry anyway whether the client may have it: a
+// config or small layer then costs one round trip, the answer being the
+// blob, rather than a HEAD and then a fetch. A blob of unknown size is
+// asked for its first directBlob bytes, which a longer one wastes.
+const directBlob = 64 << 10
+
+// maxDirect bounds the small blobs asked of the registry whole at once:
+// each is held in memory. Beyond it a request takes the HEAD and the fetch.
+const maxDirect = 32
+
+// confirmBlob is authorize for blob d, in one round trip with its bytes
+// where it can be: for a GET of a blob the cache lacks, of unknown size or
+// at most directBlob, the registry is asked with the client's credentials
+// for its first directBlob bytes. The answer confirms the client's access
+// and, for a small blob, is the blob: it is returned, verified against d.
+// It is nil when the blob is to come from the cache or a fetch, or the
+// client asked with HEAD.
+func (m *Mirror) confirmBlob(ctx context.Context, auth oci.RegistryAuth, registry, repository string, d digest.Digest, head bool) ([]byte, *apiError) {
+	if m.public.has(d) || m.grants.has(grantKey(auth, registry, repository, d)) {
+		return nil, nil
+	}
+	size := int64(-1)
+	if st, err := m.store.ChunkState(d); err == nil {
+		size = st.Size
+	} else if k, ok := m.known.get(d); ok {
+		size = k.Size
+	}
+	if _, err := m.store.Stat(d); err == nil || size > directBlob || head {
+		return nil, m.authorize(ctx, auth, registry, repository, d, false)
+	}
+	select {
+	case m.direct <- struct{}{}:
+		defer func() { <-m.direct }()
+	default:
+		return nil, m.authorize(ctx, auth, registry, repository, d, false)
+	}
+	n := int64(directBlob)
+	if size >= 0 {
+		n = max(size, 1)
+	}
+	ctx, cancel := context.WithTimeout(ctx, m.opts.manifestTimeout)
+	defer cancel()
+	total, start, err := m.upstream.BlobStart(ctx, auth, registry, repository, d, n)
+	if err != nil {
+		if ctx.Err() == nil {
+			m.log.Info("the registry did not confirm a client's access to a blob; not serving it", "registry", registry,
+				"repository", repository, "digest", d, "err", err)
+		}
+		return nil, m.upstreamErr(err, auth, registry, repository, errBlobUnknown)
+	}
+	whole := int64(len(start)) == total
+	if whole && d.Algorithm().FromBytes(start) != d {
+		m.log.Warn("the registry sent a blob that does not match its digest; not serving it", "registry", registry,
+			"repository", repository, "digest", d)
+		return nil, errUnavailable
+	}
+	m.allowed(auth, registry, repository, d)
+	if size < 0 {
+		m.known.put(d, knownBlob{Size: total})
+	}
+	if !whole {
+		return nil, nil
+	}
+	return start, nil
+}
+
+// serveSmall sends a small blob that the registry has just given the
+// client, verified, and keeps it in the cache for the node's next clients
+// and its peers. The cache is written after the response, apart from it: a
+// fetch of the blob already running would hold the client's connection.
+func (m *Mirror) serveSmall(w http.ResponseWriter, r *http.Request, d digest.Digest, b []byte) {
+	m.m.request(routeBlob, outcomeMiss)
+	cw := &countingWriter{ResponseWriter: w}
+	http.ServeContent(cw, r, "", time.Time{}, bytes.NewReader(b))
+	m.m.bytes.WithLabelValues("fetch").Add(float64(cw.n))
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		ctx, cancel := context.WithTimeout(m.ctx, m.opts.fetchTimeout)
+		defer cancel()
+		if _, err := m.store.Fetch(ctx, content.Descriptor{Digest: d, Size: int64(len(b))}, cache.Bytes(b), nil); err != nil && m.ctx.Err() == nil {
+			m.log.Warn("keeping a small blob in the cache", "digest", d, "err", err)
+		}
+	}()
 }
 
 func setBlobHeaders(w http.ResponseWriter, d digest.Digest) {

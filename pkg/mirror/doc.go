@@ -7,7 +7,8 @@
 // a pull of public content still succeeds from the cache while the upstream
 // is down. Requests go upstream with the client's own credentials (see
 // auth.go): the cache is shared, so private content goes only to clients the
-// registry lets have it. Manifests
+// registry lets have it; a small blob's confirmation is the blob itself
+// (confirmBlob). Manifests
 // by digest and blobs are served from the cache; a missing blob is fetched
 // into the cache and streamed to the client as its chunks arrive, never
 // buffered whole. Nothing is ever served as a complete response before the

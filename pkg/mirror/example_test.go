@@ -27,6 +27,10 @@ func (noUpstream) BlobSize(context.Context, oci.RegistryAuth, string, string, di
 	return 0, content.ErrNotFound
 }
 
+func (noUpstream) BlobStart(context.Context, oci.RegistryAuth, string, string, digest.Digest, int64) (int64, []byte, error) {
+	return 0, nil, content.ErrNotFound
+}
+
 func (noUpstream) BlobOpener(oci.RegistryAuth, string, string, content.Descriptor) content.RangeOpener {
 	return nil
 }

@@ -50,7 +50,7 @@ type fakeUpstream struct {
 	// a request without it (the agent's credentials hold it).
 	password string
 
-	manifestCalls, sizeCalls, opens atomic.Int32
+	manifestCalls, sizeCalls, startCalls, opens atomic.Int32
 }
 
 // refuses says whether the registry refuses a request with auth; u.mu is
@@ -115,6 +115,26 @@ func (u *fakeUpstream) BlobSize(ctx context.Context, auth oci.RegistryAuth, regi
 		return 0, fmt.Errorf("blob %s: %w", d, content.ErrNotFound)
 	}
 	return int64(len(b)), nil
+}
+
+func (u *fakeUpstream) BlobStart(ctx context.Context, auth oci.RegistryAuth, registry, repository string, d digest.Digest, n int64) (int64, []byte, error) {
+	u.startCalls.Add(1)
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.down {
+		return 0, nil, errDown
+	}
+	if err := u.refuses(auth); err != nil {
+		return 0, nil, err
+	}
+	b, ok := u.blobs[d]
+	if !ok {
+		return 0, nil, fmt.Errorf("blob %s: %w", d, content.ErrNotFound)
+	}
+	if lie, lying := u.lies[d]; lying {
+		b = lie
+	}
+	return int64(len(b)), bytes.Clone(b[:min(n, int64(len(b)))]), nil
 }
 
 func (u *fakeUpstream) BlobOpener(auth oci.RegistryAuth, registry, repository string, desc content.Descriptor) content.RangeOpener {

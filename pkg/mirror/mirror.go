@@ -41,6 +41,10 @@ type Upstream interface {
 	// BlobSize asks the registry for a blob's size (content.ErrNotFound if it
 	// has none).
 	BlobSize(ctx context.Context, auth oci.RegistryAuth, registry, repository string, d digest.Digest) (int64, error)
+	// BlobStart asks the registry for a blob's size and first n bytes in
+	// one request (the whole blob when it is no longer than n, unless the
+	// registry refuses such a range), as BlobSize for errors.
+	BlobStart(ctx context.Context, auth oci.RegistryAuth, registry, repository string, d digest.Digest, n int64) (int64, []byte, error)
 	// BlobOpener reads a blob from the registry.
 	BlobOpener(auth oci.RegistryAuth, registry, repository string, desc content.Descriptor) content.RangeOpener
 }
@@ -185,8 +189,9 @@ type Mirror struct {
 	m        *metrics
 	tags     *tagStore
 	known    *knownBlobs
-	public   *digestSet // content the registry gave without credentials
-	grants   *grants    // the registry's recent yeses to clients with credentials
+	public   *digestSet    // content the registry gave without credentials
+	grants   *grants       // the registry's recent yeses to clients with credentials
+	direct   chan struct{} // a place per small blob being asked of the registry whole (confirmBlob)
 
 	ctx    context.Context // parent of the fetches requests start; cancelled by Close
 	cancel context.CancelFunc
@@ -229,7 +234,7 @@ func New(store Store, upstream Upstream, opts ...Option) (*Mirror, error) {
 	return &Mirror{
 		store: store, upstream: upstream, opts: o, log: o.logger, m: met,
 		tags: tags, known: newKnownBlobs(maxKnownBlobs),
-		public: newDigestSet(maxKnownBlobs), grants: newGrants(),
+		public: newDigestSet(maxKnownBlobs), grants: newGrants(), direct: make(chan struct{}, maxDirect),
 		ctx: ctx, cancel: cancel,
 		downloads: make(map[digest.Digest]*download),
 		failed:    make(map[digest.Digest]time.Time),
