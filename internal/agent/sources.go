@@ -94,12 +94,15 @@ func (c SourcesConfig) sources(shared hf.SharedResolver, mirrored []string, vers
 		}
 		trusted = append(trusted, u.Host)
 	}
-	transport := &plainCredentials{base: dialguard.New(allow, trusted...).Transport(), log: log}
+	guard := dialguard.New(allow, trusted...)
+	transport := &plainCredentials{base: guard.Transport(), log: log, warned: new(sync.Map)}
 	client := &http.Client{Transport: transport}
 
 	ociOpts := []oci.Option{
 		oci.WithVersion(version), oci.WithInsecureRegistries(c.InsecureRegistries...),
-		oci.WithTransport(transport), oci.WithAgentCredentials(creds),
+		// Registries' short requests keep connections of their own (oci/lanes.go).
+		oci.WithTransport(transport), oci.WithShortTransport(&plainCredentials{base: guard.Transport(), log: log, warned: transport.warned}),
+		oci.WithAgentCredentials(creds),
 	}
 	if c.DockerConfig != "" {
 		ociOpts = append(ociOpts, oci.WithDockerConfig(c.DockerConfig))
@@ -191,7 +194,7 @@ func (c SourcesConfig) s3Source(client *http.Client, rules source.AgentCredentia
 type plainCredentials struct {
 	base   http.RoundTripper
 	log    *slog.Logger
-	warned sync.Map // host -> struct{}
+	warned *sync.Map // host -> struct{}, shared by the transports of one agent
 }
 
 // RoundTrip warns if req exposes credentials, then sends it.

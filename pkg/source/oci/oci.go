@@ -56,6 +56,7 @@ const DefaultMaxManifestSize = 4 << 20
 // stores, sending the registry's credentials only to the registry.
 type Source struct {
 	base        http.RoundTripper
+	short       http.RoundTripper // nil: newLanes picks
 	userAgent   string
 	insecure    map[string]bool
 	keychain    *dockerKeychain
@@ -75,8 +76,16 @@ type Option func(*Source)
 // WithTransport sets the transport requests go through (default
 // http.DefaultTransport). It sees the registry's authentication handshake
 // and every request; timeouts are the caller's contexts' and the cache's.
+// Requests other than blob reads go through WithShortTransport's.
 func WithTransport(t http.RoundTripper) Option {
 	return func(s *Source) { s.base = t }
+}
+
+// WithShortTransport sets the transport for requests other than blob reads,
+// with connections of its own (lanes.go). By default it is a clone of
+// WithTransport's when that is an *http.Transport, else that one itself.
+func WithShortTransport(t http.RoundTripper) Option {
+	return func(s *Source) { s.short = t }
 }
 
 // WithVersion sets the version sent in the User-Agent header
@@ -168,6 +177,7 @@ func New(opts ...Option) *Source {
 	for _, o := range opts {
 		o(s)
 	}
+	s.base = newLanes(s.base, s.short)
 	return s
 }
 

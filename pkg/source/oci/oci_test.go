@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -624,4 +625,50 @@ func TestUnsupported(t *testing.T) {
 func readFileT(dir, p string) (string, error) {
 	b, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(p)))
 	return string(b), err
+}
+
+// Short requests (here a blob's first bytes) find the connection the last
+// one left idle, even while blob reads hold every other connection: they
+// dial no new one behind a full link.
+func TestShortRequestsKeepTheirConnections(t *testing.T) {
+	t.Parallel()
+	var dials atomic.Int32
+	release := make(chan struct{})
+	next := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.Header.Get("Range"), "bytes=100-") && strings.Contains(r.UserAgent(), "weightd/") {
+			w.Header().Set("Content-Range", "bytes 100-4095/4096")
+			w.WriteHeader(http.StatusPartialContent)
+			_, _ = w.Write(make([]byte, 10))
+			w.(http.Flusher).Flush()
+			select { // a blob read that streams slowly
+			case <-release:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		next.ServeHTTP(w, r)
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			dials.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	defer close(release)
+	rg := &ociRegistry{host: strings.TrimPrefix(srv.URL, "http://")}
+	d := rg.pushBlob(t, "team/app", "application/octet-stream", []byte(strings.Repeat("b", 4096)))
+	src := oci.New(oci.WithTransport(http.DefaultTransport.(*http.Transport).Clone()))
+	_, _, err := src.BlobStart(t.Context(), agentAuth, rg.host, "team/app", d.Digest, 10)
+	require.NoError(t, err)
+	for range 3 {
+		r, err := src.BlobOpener(agentAuth, rg.host, "team/app", d.desc()).OpenRange(t.Context(), 100)
+		require.NoError(t, err)
+		defer r.Close()
+	}
+	before := dials.Load()
+	_, _, err = src.BlobStart(t.Context(), agentAuth, rg.host, "team/app", d.Digest, 10)
+	require.NoError(t, err)
+	assert.Equal(t, before, dials.Load(), "no new connection for a short request")
 }

@@ -504,7 +504,7 @@ func (s *Source) blob(repo name.Repository, auth RegistryAuth, desc content.Desc
 		if err := content.ValidateDigest(desc.Digest); err != nil {
 			return nil, content.Permanent(err)
 		}
-		resp, err := s.do(ctx, repo, auth, http.MethodGet, "blobs/"+desc.Digest.String(), fetch.RangeHeader(off, end, desc.Size, true))
+		resp, err := s.do(bulk(ctx), repo, auth, http.MethodGet, "blobs/"+desc.Digest.String(), fetch.RangeHeader(off, end, desc.Size, true))
 		if err != nil {
 			return nil, fmt.Errorf("blob %s: %w", desc.Digest, err)
 		}
