@@ -257,7 +257,10 @@ func TestBlobMissing(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Equal(t, img.layers[1], body)
-	assert.Equal(t, int32(1), up.startCalls.Load(), "a small blob is asked for whole")
+	// Asked about once: whole (a small blob), or with a HEAD where the
+	// manifest's prefetch of it is in the cache already.
+	asked := func() int32 { return up.sizeCalls.Load() + up.startCalls.Load() }
+	assert.Equal(t, int32(2), asked())
 	// A small blob is sent before its commit completes.
 	require.Eventually(t, func() bool { _, err := tm.store.Stat(d1); return err == nil }, 5*time.Second, 5*time.Millisecond,
 		"the blob is in the cache")
@@ -268,7 +271,7 @@ func TestBlobMissing(t *testing.T) {
 	require.Equal(t, http.StatusPartialContent, resp.StatusCode)
 	assert.Equal(t, img.layers[0][70000:70010], body)
 	assert.Equal(t, "bytes 70000-70009/200000", resp.Header.Get("Content-Range"))
-	assert.Equal(t, int32(1), up.sizeCalls.Load(), "a blob the registry gave anonymously is public from then on")
+	assert.Equal(t, int32(2), asked(), "a blob the registry gave anonymously is public from then on")
 
 	// Unknown blob: 404.
 	resp, body, err = tm.do(t, http.MethodGet, "/v2/library/app/blobs/sha256:"+hex64)
