@@ -499,13 +499,20 @@ func TestModelIntoCache(t *testing.T) {
 	}
 }
 
+// patterned returns n bytes in which byte i is i*step (mod 256): offsets
+// read back are easy to tell apart.
+func patterned(n int, step int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i * step)
+	}
+	return b
+}
+
 func TestBlobRanges(t *testing.T) {
 	t.Parallel()
 	rg := newOCIRegistry(t)
-	data := make([]byte, 100_000)
-	for i := range data {
-		data[i] = byte(i * 31)
-	}
+	data := patterned(100_000, 31)
 	d := rg.pushBlob(t, "blobs", "application/octet-stream", data)
 	src := oci.New()
 	o := src.BlobOpener(agentAuth, rg.host, "blobs", d.desc())
@@ -544,10 +551,7 @@ func TestBlobRanges(t *testing.T) {
 func TestBlobStart(t *testing.T) {
 	t.Parallel()
 	rg := newOCIRegistry(t)
-	long := make([]byte, 100_000)
-	for i := range long {
-		long[i] = byte(i * 7)
-	}
+	long := patterned(100_000, 7)
 	short := long[:1000]
 	dl := rg.pushBlob(t, "blobs", "application/octet-stream", long)
 	ds := rg.pushBlob(t, "blobs", "application/octet-stream", short)
