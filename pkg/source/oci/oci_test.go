@@ -1,6 +1,7 @@
 package oci_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -675,4 +677,59 @@ func TestShortRequestsKeepTheirConnections(t *testing.T) {
 	_, _, err = src.BlobStart(t.Context(), agentAuth, rg.host, "team/app", d.Digest, 10)
 	require.NoError(t, err)
 	assert.Equal(t, before, dials.Load(), "no new connection for a short request")
+}
+
+// FuzzBlobStart answers BlobStart with arbitrary statuses, Content-Range
+// and Content-Length headers and bodies: errors, never panics, and what
+// it accepts is a size no shorter than the bytes it returns, at most n of
+// them, which are the front of what the registry sent.
+func FuzzBlobStart(f *testing.F) {
+	f.Add(uint8(1), "bytes 0-9/100", "10", []byte("0123456789"), int64(10))
+	f.Add(uint8(1), "bytes 0-4/5", "5", []byte("01234"), int64(10))
+	f.Add(uint8(0), "", "5", []byte("01234"), int64(10))
+	f.Add(uint8(0), "", "100", []byte("0123456789"), int64(10))
+	f.Add(uint8(1), "bytes 5-9/100", "5", []byte("56789"), int64(10))
+	f.Add(uint8(1), "bytes 0-20/10", "21", []byte("0123456789"), int64(30))
+	f.Add(uint8(2), "bytes */0", "0", []byte{}, int64(1))
+	type answer struct {
+		status                 int
+		contentRange, declared string
+		body                   []byte
+	}
+	var next atomic.Pointer[answer]
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v2/" {
+			return
+		}
+		a := next.Load()
+		if a.contentRange != "" {
+			w.Header().Set("Content-Range", a.contentRange)
+		}
+		w.Header().Set("Content-Length", a.declared)
+		w.WriteHeader(a.status)
+		_, _ = w.Write(a.body)
+	}))
+	f.Cleanup(srv.Close)
+	host := strings.TrimPrefix(srv.URL, "http://")
+	d := digest.FromString("blob")
+	src := oci.New()
+	statuses := []int{http.StatusOK, http.StatusPartialContent, http.StatusRequestedRangeNotSatisfiable, http.StatusNotFound, http.StatusInternalServerError}
+	f.Fuzz(func(t *testing.T, status uint8, contentRange, declared string, body []byte, n int64) {
+		if len(body) > 1<<16 || n > 1<<20 || strings.ContainsAny(contentRange+declared, "\r\n\x00") {
+			return
+		}
+		next.Store(&answer{status: statuses[int(status)%len(statuses)], contentRange: contentRange, declared: declared, body: body})
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		size, start, err := src.BlobStart(ctx, agentAuth, host, "fuzz/blob", d, n)
+		if ctx.Err() != nil {
+			t.Fatalf("BlobStart hung: %v", err)
+		}
+		if err != nil {
+			return
+		}
+		if size < 0 || int64(len(start)) > size || int64(len(start)) > n || !bytes.HasPrefix(body, start) {
+			t.Fatalf("accepted size %d and %d bytes for the first %d, from %d bytes sent", size, len(start), n, len(body))
+		}
+	})
 }
