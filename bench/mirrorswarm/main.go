@@ -42,7 +42,9 @@
 //	 "node_s":{"h1":…,…},"nomirror_last_s":…,"speedup_vs_nomirror":…,"cpu_busy":…}
 //
 // S counts what a pull transfers (manifest, config, compressed layers);
-// cpu_busy is the machine's busy share of its CPUs over the mode.
+// cpu_busy is the machine's busy share of its CPUs over the mode, and
+// agent_cpu_s (where agents run) the CPU seconds, user and system, an agent
+// used over it, the mean over the agents (a killed one left out).
 // Everything is torn down at the end and on SIGINT or SIGTERM; a second
 // signal exits at once, and the next run removes what is left.
 //
@@ -118,6 +120,7 @@ type result struct {
 	KilledNodeS           *float64                               `json:"killed_node_s,omitempty"`
 	KilledNodeRatio       *float64                               `json:"killed_node_ratio,omitempty"`
 	CPUBusy               float64                                `json:"cpu_busy"`
+	AgentCPUS             *float64                               `json:"agent_cpu_s,omitempty"`
 	SmallBlobMS           *float64                               `json:"small_blob_ms,omitempty"`
 	RTTMS                 *float64                               `json:"rtt_ms,omitempty"`
 }
@@ -332,6 +335,7 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 		return result{}, err
 	}
 	busy0, t0 := machineBusy()
+	agentCPU0 := agentsCPU(agents)
 	var (
 		took    []time.Duration
 		over    []int // the nodes the figures are over
@@ -383,6 +387,7 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 		return result{}, errPull
 	}
 	busy := machineBusySince(busy0, t0)
+	agentCPU := agentsCPU(agents)
 	for _, n := range nodes {
 		if strings.HasPrefix(mode, "agents") {
 			break // containerd was left out
@@ -397,6 +402,7 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 	}
 	r := b.result(mode, nodes, took, over, after.Sub(before))
 	r.CPUBusy = round(busy)
+	r.AgentCPUS = meanCPU(agentCPU0, agentCPU)
 	if small.err != nil {
 		return result{}, fmt.Errorf("asking for a small blob mid-pull: %w", small.err)
 	}
@@ -519,6 +525,39 @@ func machineBusySince(busy0 time.Duration, t0 time.Time) float64 {
 		return -1
 	}
 	return (busy - busy0).Seconds() / time.Since(t0).Seconds() / float64(runtime.NumCPU())
+}
+
+// agentsCPU reads each agent's CPU time so far; -1 for one that cannot be
+// read (killed). Nil without agents.
+func agentsCPU(agents *benchnet.Agents) []time.Duration {
+	if agents == nil {
+		return nil
+	}
+	cpu := make([]time.Duration, len(agents.List))
+	for i, a := range agents.List {
+		var err error
+		if cpu[i], err = a.CPU(); err != nil {
+			cpu[i] = -1
+		}
+	}
+	return cpu
+}
+
+// meanCPU is the mean CPU seconds the agents used between two readings,
+// over those read both times; nil if none was.
+func meanCPU(before, after []time.Duration) *float64 {
+	var sum time.Duration
+	n := 0
+	for i := range before {
+		if before[i] >= 0 && after[i] >= 0 {
+			sum += after[i] - before[i]
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	return ptr(round(sum.Seconds() / float64(n)))
 }
 
 func ptr(f float64) *float64 { return &f }
