@@ -22,7 +22,9 @@
 //     left out: the swarm's own figure in the same run;
 //   - simultaneous: all N pull through their mirrors at once; halfway
 //     through, the first node's mirror is asked for a small blob no node
-//     holds (small_blob_ms), beside a TCP connect to the registry (rtt_ms);
+//     holds (small_blob_ms), then for the manifest by tag of an image no
+//     node pulled (small_manifest_ms), beside a TCP connect to the
+//     registry (rtt_ms);
 //   - rolling: one node pulls alone, then the other N-1 at once; the
 //     figures are over those N-1 (first_node_s is the lone pull);
 //   - agents-rolling: the same through the agents' API, containerd left
@@ -122,6 +124,7 @@ type result struct {
 	CPUBusy               float64                                `json:"cpu_busy"`
 	AgentCPUS             *float64                               `json:"agent_cpu_s,omitempty"`
 	SmallBlobMS           *float64                               `json:"small_blob_ms,omitempty"`
+	SmallManifestMS       *float64                               `json:"small_manifest_ms,omitempty"`
 	RTTMS                 *float64                               `json:"rtt_ms,omitempty"`
 }
 
@@ -131,8 +134,8 @@ func main() {
 		modeList string
 		quick    bool
 		// The registry, which the bench runs inside the registry host.
-		serveRegistry, listen, control string
-		probeURL, probeRTT             string
+		serveRegistry, listen, control    string
+		probeURL, probeManifest, probeRTT string
 	)
 	flag.IntVar(&o.nodes, "nodes", 8, "nodes (hosts with a containerd and, in the mirror modes, an agent)")
 	flag.Int64Var(&o.sizeMiB, "size-mib", 512, "image size in MiB (random data, split evenly over the layers)")
@@ -148,6 +151,7 @@ func main() {
 	flag.StringVar(&listen, "listen", "", "internal: the registry's address")
 	flag.StringVar(&control, "control", "", "internal: the registry's control socket")
 	flag.StringVar(&probeURL, "probe-url", "", "internal: time a GET of this small blob (in a node)")
+	flag.StringVar(&probeManifest, "probe-manifest-url", "", "internal: then time a GET of this manifest by tag (in a node)")
 	flag.StringVar(&probeRTT, "probe-rtt", "", "internal: time a TCP connect to this address first, the round trip (in a node)")
 	flag.Parse()
 	log.SetFlags(log.Ltime | log.Lmicroseconds)
@@ -157,7 +161,7 @@ func main() {
 	if serveRegistry != "" {
 		err = benchnet.ServeRegistry(serveRegistry, listen, control)
 	} else if probeURL != "" {
-		err = probe(probeURL, probeRTT)
+		err = probe(probeURL, probeManifest, probeRTT)
 	} else {
 		if quick {
 			err = benchnet.QuickDefaults(map[string]string{"nodes": "4", "size-mib": "64", "link-mbit": "200"})
@@ -206,7 +210,8 @@ type bench struct {
 	bins     services.ContainerdBinaries
 	reg      *benchnet.Registry
 	img      benchnet.Image
-	small    benchnet.Image  // a one-layer image of a few hundred bytes, asked for mid-pull
+	small    benchnet.Image  // a one-layer image of a few hundred bytes, its layer asked for mid-pull
+	tagged   benchnet.Image  // another, its manifest asked for by tag mid-pull
 	hosts    []*testbed.Host // the nodes' hosts
 	size     int64           // S: what a pull transfers
 	limit    time.Duration   // S/B
@@ -278,6 +283,9 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	if b.small, err = b.reg.Push(ctx, "bench/small", "v1", 1, 512); err != nil {
+		return err
+	}
+	if b.tagged, err = b.reg.Push(ctx, "bench/tagged", "v1", 1, 512); err != nil {
 		return err
 	}
 	b.size = b.img.Size()
@@ -407,7 +415,7 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 		return result{}, fmt.Errorf("asking for a small blob mid-pull: %w", small.err)
 	}
 	if mode == "simultaneous" {
-		r.SmallBlobMS, r.RTTMS = ptr(round(small.GetMS)), ptr(round(small.RTTMS))
+		r.SmallBlobMS, r.SmallManifestMS, r.RTTMS = ptr(round(small.GetMS)), ptr(round(small.ManifestMS)), ptr(round(small.RTTMS))
 	}
 	switch mode {
 	case "nomirror":
