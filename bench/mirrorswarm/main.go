@@ -45,8 +45,8 @@
 //
 // S counts what a pull transfers (manifest, config, compressed layers);
 // cpu_busy is the machine's busy share of its CPUs over the mode, and
-// agent_cpu_s (where agents run) the CPU seconds, user and system, an agent
-// used over it, the mean over the agents (a killed one left out).
+// agent_cpu_s (where agents run) the CPU seconds, user and system, the
+// agents used over it together, a killed one left out (as bench/swarm's).
 // Everything is torn down at the end and on SIGINT or SIGTERM; a second
 // signal exits at once, and the next run removes what is left.
 //
@@ -65,7 +65,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -342,8 +341,14 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	busy0, t0 := machineBusy()
-	agentCPU0 := agentsCPU(agents)
+	var list []*benchnet.Agent
+	if agents != nil {
+		list = agents.List
+	}
+	cpu0, err := benchnet.SampleCPU(list, -1)
+	if err != nil {
+		return result{}, err
+	}
 	var (
 		took    []time.Duration
 		over    []int // the nodes the figures are over
@@ -394,8 +399,11 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 		}
 		return result{}, errPull
 	}
-	busy := machineBusySince(busy0, t0)
-	agentCPU := agentsCPU(agents)
+	cpu1, err := benchnet.SampleCPU(list, victim)
+	if err != nil {
+		return result{}, err
+	}
+	busy := cpu1.Busy(cpu0)
 	for _, n := range nodes {
 		if strings.HasPrefix(mode, "agents") {
 			break // containerd was left out
@@ -410,7 +418,9 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 	}
 	r := b.result(mode, nodes, took, over, after.Sub(before))
 	r.CPUBusy = round(busy)
-	r.AgentCPUS = meanCPU(agentCPU0, agentCPU)
+	if agents != nil {
+		r.AgentCPUS = ptr(round(cpu1.AgentSeconds(cpu0, victim)))
+	}
 	if small.err != nil {
 		return result{}, fmt.Errorf("asking for a small blob mid-pull: %w", small.err)
 	}
@@ -514,58 +524,6 @@ func describe(nodes []*node, took []time.Duration, victim int) string {
 		parts = append(parts, s)
 	}
 	return strings.Join(parts, ", ")
-}
-
-// machineBusy reads the machine's busy CPU time, or -1 if it cannot.
-func machineBusy() (time.Duration, time.Time) {
-	d, err := benchnet.MachineBusy()
-	if err != nil {
-		return -1, time.Now()
-	}
-	return d, time.Now()
-}
-
-// machineBusySince is the share of the CPUs busy since busy0 at t0 (-1 if
-// unknown): near 1, the CPUs rather than the links may have set the times.
-func machineBusySince(busy0 time.Duration, t0 time.Time) float64 {
-	busy, _ := machineBusy()
-	if busy0 < 0 || busy < 0 {
-		return -1
-	}
-	return (busy - busy0).Seconds() / time.Since(t0).Seconds() / float64(runtime.NumCPU())
-}
-
-// agentsCPU reads each agent's CPU time so far; -1 for one that cannot be
-// read (killed). Nil without agents.
-func agentsCPU(agents *benchnet.Agents) []time.Duration {
-	if agents == nil {
-		return nil
-	}
-	cpu := make([]time.Duration, len(agents.List))
-	for i, a := range agents.List {
-		var err error
-		if cpu[i], err = a.CPU(); err != nil {
-			cpu[i] = -1
-		}
-	}
-	return cpu
-}
-
-// meanCPU is the mean CPU seconds the agents used between two readings,
-// over those read both times; nil if none was.
-func meanCPU(before, after []time.Duration) *float64 {
-	var sum time.Duration
-	n := 0
-	for i := range before {
-		if before[i] >= 0 && after[i] >= 0 {
-			sum += after[i] - before[i]
-			n++
-		}
-	}
-	if n == 0 {
-		return nil
-	}
-	return ptr(round(sum.Seconds() / float64(n)))
 }
 
 func ptr(f float64) *float64 { return &f }

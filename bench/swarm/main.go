@@ -429,7 +429,7 @@ func (b *bench) runMode(ctx context.Context, mode string, zoned bool) (result, e
 	case "churn":
 		victim = n - 1
 	}
-	cpu0, err := sampleCPU(agents.List, -1)
+	cpu0, err := benchnet.SampleCPU(agents.List, -1)
 	if err != nil {
 		return result{}, err
 	}
@@ -440,7 +440,7 @@ func (b *bench) runMode(ctx context.Context, mode string, zoned bool) (result, e
 		}
 		return result{}, err
 	}
-	cpu1, err := sampleCPU(agents.List, victim)
+	cpu1, err := benchnet.SampleCPU(agents.List, victim)
 	if err != nil {
 		return result{}, err
 	}
@@ -466,7 +466,7 @@ func (b *bench) runMode(ctx context.Context, mode string, zoned bool) (result, e
 		TimeRatio:   round(secs[len(secs)-1] / limit),
 		OriginRatio: round(float64(after-before) / float64(b.size)),
 		TLS:         b.tls == "on",
-		AgentCPUS:   round(cpu1.agentSeconds(cpu0, victim)),
+		AgentCPUS:   round(cpu1.AgentSeconds(cpu0, victim)),
 	}
 	if b.zones > 0 {
 		zones, err := b.readZones(ctx)
@@ -478,55 +478,17 @@ func (b *bench) runMode(ctx context.Context, mode string, zoned bool) (result, e
 		log.Printf("%s (zones on: %v): bytes into each zone from outside it %v × S, from other zones' hosts %v × S", mode, zoned, r.ZoneInRatio, r.ZonePeerRatio)
 	}
 	log.Printf("%s: %s; origin sent %.2f × S", mode, describe(agents.List, took, victim), r.OriginRatio)
-	log.Printf("%s: %s", mode, cpu1.since(cpu0, victim))
+	log.Printf("%s: %s", mode, describeCPU(cpu0, cpu1, victim))
 	return r, nil
 }
 
-// cpuSample is the CPU time used so far by the machine and by each agent.
-type cpuSample struct {
-	at      time.Time
-	machine time.Duration
-	agents  []time.Duration
-}
-
-// sampleCPU reads the machine's and every agent's CPU time, except agent skip's.
-func sampleCPU(agents []*benchnet.Agent, skip int) (cpuSample, error) {
-	s := cpuSample{at: time.Now(), agents: make([]time.Duration, len(agents))}
-	var err error
-	if s.machine, err = benchnet.MachineBusy(); err != nil {
-		return s, err
-	}
-	for i, a := range agents {
-		if i == skip {
-			continue
-		}
-		if s.agents[i], err = a.CPU(); err != nil {
-			return s, fmt.Errorf("reading the CPU time of the agent in %s: %w", a.Node, err)
-		}
-	}
-	return s, nil
-}
-
-// since says how busy the CPUs were from s0 to s, leaving out agent skip:
-// if the machine was near 100%, the CPU rather than the links may have set
-// the time (the machine's figure includes whatever else runs on it).
-func (s cpuSample) since(s0 cpuSample, skip int) string {
-	wall := s.at.Sub(s0.at).Seconds()
-	cores := float64(runtime.NumCPU())
-	agents := s.agentSeconds(s0, skip)
+// describeCPU says how busy the CPUs were from s0 to s, leaving out agent
+// skip (the machine's figure includes whatever else runs on it).
+func describeCPU(s0, s benchnet.CPUSample, skip int) string {
+	wall, cores := s.Since(s0), float64(runtime.NumCPU())
+	agents := s.AgentSeconds(s0, skip)
 	return fmt.Sprintf("over %.1fs the agents used %.1f CPU-seconds (%.0f%% of %d cores), the machine was %.0f%% busy",
-		wall, agents, 100*agents/wall/cores, int(cores), 100*(s.machine-s0.machine).Seconds()/wall/cores)
-}
-
-// agentSeconds is the CPU time the agents but skip used from s0 to s.
-func (s cpuSample) agentSeconds(s0 cpuSample, skip int) float64 {
-	var agents time.Duration
-	for i := range s.agents {
-		if i != skip {
-			agents += s.agents[i] - s0.agents[i]
-		}
-	}
-	return agents.Seconds()
+		wall.Seconds(), agents, 100*agents/wall.Seconds()/cores, int(cores), 100*s.Busy(s0))
 }
 
 // describe lists each agent's time, for the log.

@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -332,6 +333,52 @@ func MachineBusy() (time.Duration, error) {
 		}
 	}
 	return time.Duration(ticks) * time.Second / 100, nil
+}
+
+// CPUSample is the CPU time used so far by the machine and by each agent.
+type CPUSample struct {
+	at      time.Time
+	machine time.Duration
+	agents  []time.Duration
+}
+
+// SampleCPU reads the machine's and every agent's CPU time, but agent
+// skip's (-1: none; a killed agent cannot be read).
+func SampleCPU(agents []*Agent, skip int) (CPUSample, error) {
+	s := CPUSample{at: time.Now(), agents: make([]time.Duration, len(agents))}
+	var err error
+	if s.machine, err = MachineBusy(); err != nil {
+		return s, err
+	}
+	for i, a := range agents {
+		if i == skip {
+			continue
+		}
+		if s.agents[i], err = a.CPU(); err != nil {
+			return s, fmt.Errorf("reading the CPU time of the agent in %s: %w", a.Node, err)
+		}
+	}
+	return s, nil
+}
+
+// Since is the wall time from s0 to s.
+func (s CPUSample) Since(s0 CPUSample) time.Duration { return s.at.Sub(s0.at) }
+
+// Busy is the share of the machine's CPUs busy from s0 to s, 0–1: near 1,
+// the CPUs rather than the links may have set the times.
+func (s CPUSample) Busy(s0 CPUSample) float64 {
+	return (s.machine - s0.machine).Seconds() / s.Since(s0).Seconds() / float64(runtime.NumCPU())
+}
+
+// AgentSeconds is the CPU time the agents but skip used from s0 to s.
+func (s CPUSample) AgentSeconds(s0 CPUSample, skip int) float64 {
+	var agents time.Duration
+	for i := range s.agents {
+		if i != skip {
+			agents += s.agents[i] - s0.agents[i]
+		}
+	}
+	return agents.Seconds()
 }
 
 // Kill sends the agent SIGKILL, as a node that dies.

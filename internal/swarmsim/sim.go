@@ -64,8 +64,7 @@ type Config struct {
 	Seed           uint64
 }
 
-// Result is what a simulation measured. A time ratio is a filling node's
-// time over its own link's S/B; seeders and killed nodes have none.
+// Result is what a simulation measured; time ratios are per filling node.
 type Result struct {
 	Nodes, Finished, Killed, Seeders int
 	LimitS                           float64 // S/B of a link of Config.Link

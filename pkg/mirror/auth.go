@@ -119,14 +119,20 @@ func (m *Mirror) authorize(ctx context.Context, auth oci.RegistryAuth, registry,
 		}
 	}
 	if err != nil {
-		if ctx.Err() == nil {
-			m.log.Info("the registry did not confirm a client's access to cached content; not serving it", "registry", registry,
-				"repository", repository, "digest", d, "err", err)
-		}
-		return m.upstreamErr(err, auth, registry, repository, notFound)
+		return m.unconfirmed(ctx, err, auth, registry, repository, d, notFound)
 	}
 	m.allowed(auth, registry, repository, d)
 	return nil
+}
+
+// unconfirmed is the answer to a client whose access to d the registry did
+// not confirm (err, within ctx): logged unless the client went away.
+func (m *Mirror) unconfirmed(ctx context.Context, err error, auth oci.RegistryAuth, registry, repository string, d digest.Digest, notFound *apiError) *apiError {
+	if ctx.Err() == nil {
+		m.log.Info("the registry did not confirm a client's access to content; not serving it", "registry", registry,
+			"repository", repository, "digest", d, "err", err)
+	}
+	return m.upstreamErr(err, auth, registry, repository, notFound)
 }
 
 func grantKey(auth oci.RegistryAuth, registry, repository string, d digest.Digest) string {

@@ -119,13 +119,8 @@ func (m *Mirror) confirmBlob(ctx context.Context, auth oci.RegistryAuth, registr
 	if m.public.has(d) || m.grants.has(grantKey(auth, registry, repository, d)) {
 		return nil, nil
 	}
-	size := int64(-1)
-	if st, err := m.store.ChunkState(d); err == nil {
-		size = st.Size
-	} else if k, ok := m.known.get(d); ok {
-		size = k.Size
-	}
-	if _, err := m.store.Stat(d); err == nil || size > directBlob || head {
+	size, known := m.localSize(d)
+	if _, err := m.store.Stat(d); err == nil || (known && size > directBlob) || head {
 		return nil, m.authorize(ctx, auth, registry, repository, d, false)
 	}
 	select {
@@ -135,18 +130,14 @@ func (m *Mirror) confirmBlob(ctx context.Context, auth oci.RegistryAuth, registr
 		return nil, m.authorize(ctx, auth, registry, repository, d, false)
 	}
 	n := int64(directBlob)
-	if size >= 0 {
+	if known {
 		n = max(size, 1)
 	}
 	ctx, cancel := context.WithTimeout(ctx, m.opts.manifestTimeout)
 	defer cancel()
 	total, start, err := m.upstream.BlobStart(ctx, auth, registry, repository, d, n)
 	if err != nil {
-		if ctx.Err() == nil {
-			m.log.Info("the registry did not confirm a client's access to a blob; not serving it", "registry", registry,
-				"repository", repository, "digest", d, "err", err)
-		}
-		return nil, m.upstreamErr(err, auth, registry, repository, errBlobUnknown)
+		return nil, m.unconfirmed(ctx, err, auth, registry, repository, d, errBlobUnknown)
 	}
 	whole := int64(len(start)) == total
 	if whole && d.Algorithm().FromBytes(start) != d {
@@ -155,7 +146,7 @@ func (m *Mirror) confirmBlob(ctx context.Context, auth oci.RegistryAuth, registr
 		return nil, errUnavailable
 	}
 	m.allowed(auth, registry, repository, d)
-	if size < 0 {
+	if !known {
 		m.known.put(d, knownBlob{Size: total})
 	}
 	if !whole {
@@ -199,11 +190,8 @@ func setBlobHeaders(w http.ResponseWriter, d digest.Digest) {
 // blobSize learns the size of a blob the cache does not hold whole: from a
 // download in flight, from a manifest seen before, or from the upstream.
 func (m *Mirror) blobSize(ctx context.Context, auth oci.RegistryAuth, registry, repository string, d digest.Digest) (int64, *apiError) {
-	if st, err := m.store.ChunkState(d); err == nil {
-		return st.Size, nil
-	}
-	if k, ok := m.known.get(d); ok {
-		return k.Size, nil
+	if size, ok := m.localSize(d); ok {
+		return size, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, m.opts.manifestTimeout)
 	defer cancel()
@@ -219,6 +207,18 @@ func (m *Mirror) blobSize(ctx context.Context, auth oci.RegistryAuth, registry, 
 	}
 	m.known.put(d, knownBlob{Size: size})
 	return size, nil
+}
+
+// localSize is the size of blob d as this node knows it without asking the
+// registry: from a fetch in flight, or from a manifest seen before.
+func (m *Mirror) localSize(d digest.Digest) (int64, bool) {
+	if st, err := m.store.ChunkState(d); err == nil {
+		return st.Size, true
+	}
+	if k, ok := m.known.get(d); ok {
+		return k.Size, true
+	}
+	return 0, false
 }
 
 // maxDownloads bounds the blob fetches requests keep running at once.

@@ -261,10 +261,13 @@ func (s *Source) transport(ctx context.Context, repo name.Repository, auth Regis
 		if err != nil {
 			return nil, content.Permanent(fmt.Errorf("looking up credentials for %s: %w", repo, err))
 		}
+		failed := func(err error) error {
+			return fmt.Errorf("authenticating to %s: %w", repo.RegistryStr(), classifyRegistryErr(err))
+		}
 		base := transport.NewUserAgent(s.base, s.userAgent)
 		pr, err := s.challenge(ctx, repo.Registry, base)
 		if err != nil {
-			return nil, fmt.Errorf("authenticating to %s: %w", repo.RegistryStr(), classifyRegistryErr(err))
+			return nil, failed(err)
 		}
 		ct := cachedTransport{scheme: "https", expires: time.Now().Add(transportTTL)}
 		if pr.Insecure {
@@ -273,7 +276,7 @@ func (s *Source) transport(ctx context.Context, repo name.Repository, auth Regis
 		var tok *transport.Token
 		if strings.EqualFold(pr.Scheme, "bearer") {
 			if tok, err = transport.Exchange(ctx, repo.Registry, authr, base, []string{repo.Scope(transport.PullScope)}, pr); err != nil {
-				return nil, fmt.Errorf("authenticating to %s: %w", repo.RegistryStr(), classifyRegistryErr(err))
+				return nil, failed(err)
 			}
 			// A token without a lifetime is good for 60 s (the distribution
 			// token spec); a new one comes before it runs out.
@@ -282,7 +285,7 @@ func (s *Source) transport(ctx context.Context, repo name.Repository, auth Regis
 		// For any other scheme FromToken attaches the credentials to each
 		// request to the registry, as transport.NewWithContext does.
 		if ct.rt, err = transport.FromToken(repo.Registry, authr, base, pr, tok); err != nil {
-			return nil, fmt.Errorf("authenticating to %s: %w", repo.RegistryStr(), classifyRegistryErr(err))
+			return nil, failed(err)
 		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
