@@ -62,13 +62,18 @@ func (y *yamlConfig) Resolve(ctx *kong.Context, parent *kong.Path, flag *kong.Fl
 	return y.Resolver.Resolve(ctx, parent, flag)
 }
 
-// Validate rejects keys that name no flag of any command.
+// Validate rejects keys that name no flag of any command; under a map flag
+// (origin-limits: {hf: 1GiB}) any key is the map's.
 func (y *yamlConfig) Validate(app *kong.Application) error {
 	known := map[string]bool{}
+	var maps []string
 	var walk func(prefix string, n *kong.Node)
 	walk = func(prefix string, n *kong.Node) {
 		for _, f := range n.Flags {
 			known[prefix+f.Name] = true
+			if f.IsMap() {
+				maps = append(maps, prefix+f.Name+"-")
+			}
 		}
 		for _, c := range n.Children {
 			walk(prefix+c.Name+"-", c)
@@ -77,7 +82,7 @@ func (y *yamlConfig) Validate(app *kong.Application) error {
 	walk("", app.Node)
 	var unknown []string
 	for _, k := range y.keys {
-		if !known[k] {
+		if !known[k] && !slices.ContainsFunc(maps, func(m string) bool { return strings.HasPrefix(k, m) }) {
 			unknown = append(unknown, k)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/weightd/weightd/internal/agent"
+	"github.com/weightd/weightd/internal/bytesize"
 	"github.com/weightd/weightd/pkg/cache"
 )
 
@@ -50,6 +51,7 @@ agent:
   log-level: debug
   log-format: json
 `)
+	limits := writeFile(t, "limits.yaml", "agent:\n  origin-limit: 1GiB\n  origin-limits:\n    hf: 500MiB\n    registry.example:5000: 0\n")
 	flat := writeFile(t, "flat.yaml", "agent-root: /flat\nagent-budget-bytes: 2GiB\n")
 	typo := writeFile(t, "typo.yaml", "agent:\n  budget_percent: 50\n")
 	defaults := agentCmd{Config: agent.Config{
@@ -92,6 +94,27 @@ agent:
 				c.LogLevel, c.LogFormat, c.ShutdownTimeout = slog.LevelWarn, "json", 3*time.Second
 			},
 		},
+		{
+			name: "origin limits",
+			args: []string{"--origin-limit", "1GiB", "--origin-limits", "hf=500MiB,Registry.example:5000=0"},
+			want: func(c *agentCmd) {
+				c.OriginLimit, c.OriginLimits = 1<<30, map[string]bytesize.Size{"hf": 500 << 20, "Registry.example:5000": 0}
+			},
+		},
+		{
+			name: "origin limits from the environment",
+			env:  map[string]string{"WEIGHTD_ORIGIN_LIMITS": "s3=2GiB"},
+			want: func(c *agentCmd) { c.OriginLimits = map[string]bytesize.Size{"s3": 2 << 30} },
+		},
+		{
+			name: "origin limits from the yaml file",
+			args: []string{"--config", limits},
+			want: func(c *agentCmd) {
+				c.ConfigFile = ""
+				c.OriginLimit, c.OriginLimits = 1<<30, map[string]bytesize.Size{"hf": 500 << 20, "registry.example:5000": 0}
+			},
+		},
+		{name: "bad origin limit", args: []string{"--origin-limits", "hf=fast"}, wantErr: `--origin-limits: invalid map value "fast"`},
 		{
 			name: "environment",
 			env: map[string]string{"WEIGHTD_ROOT": "/env", "WEIGHTD_CHUNK_SIZE": "1MiB", "WEIGHTD_BUDGET_PERCENT": "10",

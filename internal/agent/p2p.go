@@ -26,22 +26,23 @@ import (
 
 // P2PConfig is the peer-to-peer part of the agent's configuration.
 type P2PConfig struct {
-	GossipAddr     string        `help:"Gossip (memberlist) listen address, host:port; empty disables sharing with peers." default:":7946" env:"WEIGHTD_GOSSIP_ADDR"`
-	AdvertiseAddr  string        `help:"IP that peers reach this node at, when not the listen address." env:"WEIGHTD_ADVERTISE_ADDR"`
-	Join           []string      `help:"Peers to join through, host:port, comma-separated." env:"WEIGHTD_JOIN" sep:","`
-	JoinDNS        string        `help:"DNS name whose A/AAAA records are peers to join (a headless Service), name[:port]." env:"WEIGHTD_JOIN_DNS"`
-	GossipKeyFile  string        `help:"File of gossip encryption keys, base64, one per line, the first used to encrypt; without it gossip is not encrypted." env:"WEIGHTD_GOSSIP_KEY_FILE"`
-	NodeName       string        `help:"Member name, unique in the cluster (default: the hostname)." env:"WEIGHTD_NODE_NAME"`
-	Zone           string        `help:"Topology zone of this node, told to peers: the swarm asks peers of its zone first, and a blob enters each zone about once." env:"WEIGHTD_ZONE"`
-	ChunkAddr      string        `help:"Chunk server listen address, host:port: peers download verified chunks from it." default:":7947" env:"WEIGHTD_CHUNK_ADDR"`
-	UploadLimit    bytesize.Size `help:"Most bytes per second served to peers; 0 for no limit." default:"0" env:"WEIGHTD_UPLOAD_LIMIT"`
-	DownloadLimit  bytesize.Size `help:"Most bytes per second downloaded from peers and the origin, all together; 0 for no limit." default:"0" env:"WEIGHTD_DOWNLOAD_LIMIT"`
-	OriginLimit    bytesize.Size `help:"Most bytes per second the origin sends the whole cluster, the same on every node: the nodes fetching from it each take a part (by the blobs and fetchers they see); 0 for no limit." default:"0" env:"WEIGHTD_ORIGIN_LIMIT"`
-	OriginFetchers int           `help:"Nodes that fetch one blob from its origin for the whole cluster, each a share of its chunks." default:"2" env:"WEIGHTD_ORIGIN_FETCHERS"`
-	MaxUploads     int           `help:"Chunk uploads served at once; more requests are sent to other peers." default:"6" env:"WEIGHTD_MAX_UPLOADS"`
-	MaxPeerUploads int           `help:"Chunk uploads served at once to one peer address, so that slow or hostile clients cannot hold them all; 0 for half of --max-uploads, rounded up." default:"0" env:"WEIGHTD_MAX_PEER_UPLOADS"`
-	UploadTCP      string        `help:"TCP congestion control of uploads to peers (cubic shares switch ports among many flows; BBRv1 floods them); empty for the node's default." default:"cubic" env:"WEIGHTD_UPLOAD_TCP"`
-	FastGossip     bool          `help:"Short gossip intervals, for small clusters on one LAN and tests." env:"WEIGHTD_FAST_GOSSIP"`
+	GossipAddr     string                   `help:"Gossip (memberlist) listen address, host:port; empty disables sharing with peers." default:":7946" env:"WEIGHTD_GOSSIP_ADDR"`
+	AdvertiseAddr  string                   `help:"IP that peers reach this node at, when not the listen address." env:"WEIGHTD_ADVERTISE_ADDR"`
+	Join           []string                 `help:"Peers to join through, host:port, comma-separated." env:"WEIGHTD_JOIN" sep:","`
+	JoinDNS        string                   `help:"DNS name whose A/AAAA records are peers to join (a headless Service), name[:port]." env:"WEIGHTD_JOIN_DNS"`
+	GossipKeyFile  string                   `help:"File of gossip encryption keys, base64, one per line, the first used to encrypt; without it gossip is not encrypted." env:"WEIGHTD_GOSSIP_KEY_FILE"`
+	NodeName       string                   `help:"Member name, unique in the cluster (default: the hostname)." env:"WEIGHTD_NODE_NAME"`
+	Zone           string                   `help:"Topology zone of this node, told to peers: the swarm asks peers of its zone first, and a blob enters each zone about once." env:"WEIGHTD_ZONE"`
+	ChunkAddr      string                   `help:"Chunk server listen address, host:port: peers download verified chunks from it." default:":7947" env:"WEIGHTD_CHUNK_ADDR"`
+	UploadLimit    bytesize.Size            `help:"Most bytes per second served to peers; 0 for no limit." default:"0" env:"WEIGHTD_UPLOAD_LIMIT"`
+	DownloadLimit  bytesize.Size            `help:"Most bytes per second downloaded from peers and the origin, all together; 0 for no limit." default:"0" env:"WEIGHTD_DOWNLOAD_LIMIT"`
+	OriginLimit    bytesize.Size            `help:"Most bytes per second each origin sends the whole cluster, the same on every node: the nodes fetching from it each take a part (by the blobs and fetchers they see); 0 for no limit." default:"0" env:"WEIGHTD_ORIGIN_LIMIT"`
+	OriginLimits   map[string]bytesize.Size `help:"Per-origin overrides of --origin-limit, origin=bytes/s, comma-separated: an OCI registry by its host (with its port), hf for the model hub, s3 for the object store, an http(s) origin by its host; 0 for no limit." mapsep:"," env:"WEIGHTD_ORIGIN_LIMITS"`
+	OriginFetchers int                      `help:"Nodes that fetch one blob from its origin for the whole cluster, each a share of its chunks." default:"2" env:"WEIGHTD_ORIGIN_FETCHERS"`
+	MaxUploads     int                      `help:"Chunk uploads served at once; more requests are sent to other peers." default:"6" env:"WEIGHTD_MAX_UPLOADS"`
+	MaxPeerUploads int                      `help:"Chunk uploads served at once to one peer address, so that slow or hostile clients cannot hold them all; 0 for half of --max-uploads, rounded up." default:"0" env:"WEIGHTD_MAX_PEER_UPLOADS"`
+	UploadTCP      string                   `help:"TCP congestion control of uploads to peers (cubic shares switch ports among many flows; BBRv1 floods them); empty for the node's default." default:"cubic" env:"WEIGHTD_UPLOAD_TCP"`
+	FastGossip     bool                     `help:"Short gossip intervals, for small clusters on one LAN and tests." env:"WEIGHTD_FAST_GOSSIP"`
 	// The chunk server serves any cached blob to whoever asks by digest:
 	// without mutual TLS, anything that reaches the node.
 	PeerCAFile       string        `name:"peer-ca-file" help:"PEM bundle of the cluster CA certificates peers must hold a certificate of (several while a CA is rotated); with --peer-ca-key-file, peers talk mutual TLS on the chunk address." env:"WEIGHTD_PEER_CA_FILE"`
@@ -131,7 +132,7 @@ func newPeering(cfg P2PConfig, version string, log *slog.Logger, reg prometheus.
 		return nil, err
 	}
 	swarmCfg := p2p.SwarmConfig{OriginFetchers: cfg.OriginFetchers, DownloadLimit: int64(cfg.DownloadLimit),
-		OriginLimit: int64(cfg.OriginLimit), Zone: cfg.Zone}
+		OriginLimit: int64(cfg.OriginLimit), OriginLimits: originLimits(cfg.OriginLimits), Zone: cfg.Zone}
 	if p.identity != nil {
 		swarmCfg.TLS = p.identity.ClientConfig()
 	}
@@ -139,8 +140,8 @@ func newPeering(cfg P2PConfig, version string, log *slog.Logger, reg prometheus.
 		swarmCfg.Settle = 300 * time.Millisecond // gossip reaches everyone well within it
 	}
 	membership := p.membership
-	swarmCfg.PublishOriginFetches = func(n int) {
-		if err := membership.SetOriginFetches(n); err != nil {
+	swarmCfg.PublishOriginFetches = func(counts map[p2p.OriginKey]int) {
+		if err := membership.SetOriginFetches(counts); err != nil {
 			log.Warn("gossiping this node's origin fetches", "err", err)
 		}
 	}
@@ -195,6 +196,16 @@ func (p *peering) serve(store *cache.Store, cfg P2PConfig, version string, log *
 	}, nil
 }
 
+// originLimits is --origin-limits in bytes per second, by origin name
+// (ref.Ref.Origin, lower-cased as it is).
+func originLimits(limits map[string]bytesize.Size) map[string]int64 {
+	out := make(map[string]int64, len(limits))
+	for name, limit := range limits {
+		out[strings.ToLower(name)] = int64(limit)
+	}
+	return out
+}
+
 // list is the live peers, for the API's status.
 func (p *peering) list() []api.Peer {
 	var out []api.Peer
@@ -213,11 +224,12 @@ func (p *peering) source(inner source.Source, log *slog.Logger) source.Source {
 // blobSource routes a blob the registry mirror misses through the swarm
 // when there are peers to share it with, else streams it from upstream
 // within the download limit.
-func (p *peering) blobSource(desc content.Descriptor, upstream content.RangeOpener) content.RangeOpener {
+func (p *peering) blobSource(desc content.Descriptor, registry string, upstream content.RangeOpener) content.RangeOpener {
+	origin := p2p.Origin{Name: strings.ToLower(registry), RangeOpener: upstream}
 	if len(p.membership.Members()) == 0 {
-		return p.swarm.Paced(upstream)
+		return p.swarm.Paced(origin)
 	}
-	return p.swarm.Source(desc, upstream)
+	return p.swarm.Source(desc, origin)
 }
 
 // sharedResolve resolves a pinned reference once for the cluster (see

@@ -1,6 +1,8 @@
 package bytesize
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -66,37 +68,61 @@ func (b *Size) Decode(ctx *kong.DecodeContext) error {
 	if err != nil {
 		return err
 	}
-	switch v := tok.Value.(type) {
+	n, err := sizeOf(tok.Value)
+	if err != nil {
+		return err
+	}
+	*b = n
+	return nil
+}
+
+// UnmarshalJSON accepts a string with units or a number: kong decodes the
+// values of a map flag given in YAML as JSON.
+func (b *Size) UnmarshalJSON(data []byte) error {
+	var v any
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	if err := dec.Decode(&v); err != nil {
+		return fmt.Errorf("size %s: %w", data, err)
+	}
+	if num, ok := v.(json.Number); ok {
+		v = string(num)
+	}
+	n, err := sizeOf(v)
+	if err != nil {
+		return err
+	}
+	*b = n
+	return nil
+}
+
+// sizeOf is the size a flag, environment variable or YAML value gives.
+func sizeOf(value any) (Size, error) {
+	switch v := value.(type) {
 	case string:
-		n, err := Parse(v)
-		if err != nil {
-			return err
-		}
-		*b = n
+		return Parse(v)
 	case int:
 		if v < 0 {
-			return fmt.Errorf("size %d is negative", v)
+			return 0, fmt.Errorf("size %d is negative", v)
 		}
-		*b = Size(v)
+		return Size(v), nil
 	case int64:
 		if v < 0 {
-			return fmt.Errorf("size %d is negative", v)
+			return 0, fmt.Errorf("size %d is negative", v)
 		}
-		*b = Size(v)
+		return Size(v), nil
 	case uint64:
 		if v > math.MaxInt64 {
-			return fmt.Errorf("size %d is too large", v)
+			return 0, fmt.Errorf("size %d is too large", v)
 		}
-		*b = Size(v)
+		return Size(v), nil
 	case float64:
 		if v < 0 || v >= math.MaxInt64 || v != math.Trunc(v) {
-			return fmt.Errorf("size %v is not a whole number of bytes", v)
+			return 0, fmt.Errorf("size %v is not a whole number of bytes", v)
 		}
-		*b = Size(v)
-	default:
-		return errors.New("size: want a number with an optional unit, such as 512MiB")
+		return Size(v), nil
 	}
-	return nil
+	return 0, errors.New("size: want a number with an optional unit, such as 512MiB")
 }
 
 // String formats the size in the largest IEC unit that keeps it readable; it

@@ -70,3 +70,21 @@ func FuzzParseSize(f *testing.F) {
 		}
 	})
 }
+
+// kong decodes a map flag's values from YAML as JSON: sizes with units and
+// plain numbers alike.
+func TestSizeUnmarshalJSON(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]Size{`"500MiB"`: 500 << 20, `1048576`: 1 << 20, `"2.5GB"`: 2_500_000_000, `0`: 0} {
+		var got Size
+		if err := got.UnmarshalJSON([]byte(in)); err != nil || got != want {
+			t.Errorf("%s: %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{`"fast"`, `-1`, `true`, `{}`, ``} {
+		var got Size
+		if err := got.UnmarshalJSON([]byte(in)); err == nil {
+			t.Errorf("%s: %d, want an error", in, got)
+		}
+	}
+}

@@ -306,7 +306,7 @@ func (m *Mirror) download(auth oci.RegistryAuth, registry, repository string, de
 	}
 	// The sources are made outside the lock: the blob source is the
 	// agent's, and may take its time.
-	src := m.opts.blobSource(desc, m.upstream.BlobOpener(auth, registry, repository, desc))
+	src := m.opts.blobSource(desc, registry, m.upstream.BlobOpener(auth, registry, repository, desc))
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if dl, err := running(); dl != nil || err != nil {

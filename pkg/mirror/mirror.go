@@ -49,9 +49,10 @@ type Upstream interface {
 	BlobOpener(auth oci.RegistryAuth, registry, repository string, desc content.Descriptor) content.RangeOpener
 }
 
-// BlobSource turns the upstream reader of a blob into the reader the cache
-// fetches it with: the agent puts the peer-to-peer swarm in front.
-type BlobSource func(desc content.Descriptor, upstream content.RangeOpener) content.RangeOpener
+// BlobSource turns the upstream reader of a blob, from registry (a host,
+// as ref.Ref.Registry), into the reader the cache fetches it with: the
+// agent puts the peer-to-peer swarm in front.
+type BlobSource func(desc content.Descriptor, registry string, upstream content.RangeOpener) content.RangeOpener
 
 // Option configures a Mirror.
 type Option func(*options) error
@@ -210,7 +211,7 @@ func New(store Store, upstream Upstream, opts ...Option) (*Mirror, error) {
 		return nil, fmt.Errorf("%w: mirror needs a store and an upstream", content.ErrInvalid)
 	}
 	o := options{
-		blobSource:      func(_ content.Descriptor, up content.RangeOpener) content.RangeOpener { return up },
+		blobSource:      func(_ content.Descriptor, _ string, up content.RangeOpener) content.RangeOpener { return up },
 		logger:          slog.New(slog.DiscardHandler),
 		manifestTimeout: 15 * time.Second,
 		fetchTimeout:    time.Hour,

@@ -291,7 +291,7 @@ func TestBlobStreamedWhileFetched(t *testing.T) {
 	d := digest.FromBytes(layer)
 	up.gate, up.gateAt = make(chan struct{}), 5*testChunk
 	var wrapped atomic.Int32
-	tm := newTestMirror(t, up, WithBlobSource(func(desc content.Descriptor, upstream content.RangeOpener) content.RangeOpener {
+	tm := newTestMirror(t, up, WithBlobSource(func(desc content.Descriptor, _ string, upstream content.RangeOpener) content.RangeOpener {
 		wrapped.Add(1)
 		return upstream
 	}))

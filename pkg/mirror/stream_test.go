@@ -115,7 +115,7 @@ func TestBlobTellsTheSourceWhereTheClientWaits(t *testing.T) {
 	d := digest.FromBytes(layer)
 	up.gate, up.gateAt = make(chan struct{}), 2*testChunk
 	rec := make(chan *wantRecorder, 1)
-	tm := newTestMirror(t, up, WithBlobSource(func(_ content.Descriptor, upstream content.RangeOpener) content.RangeOpener {
+	tm := newTestMirror(t, up, WithBlobSource(func(_ content.Descriptor, _ string, upstream content.RangeOpener) content.RangeOpener {
 		w := &wantRecorder{RangeOpener: upstream}
 		rec <- w
 		return w
@@ -209,7 +209,7 @@ func TestSmallBlobSentBeforeItsCommit(t *testing.T) {
 	d := digest.FromBytes(layer)
 	filler := &holdingFiller{data: layer, release: make(chan struct{})}
 	defer close(filler.release)
-	tm := newTestMirror(t, up, WithLayerPrefetch(false), WithBlobSource(func(content.Descriptor, content.RangeOpener) content.RangeOpener {
+	tm := newTestMirror(t, up, WithLayerPrefetch(false), WithBlobSource(func(content.Descriptor, string, content.RangeOpener) content.RangeOpener {
 		return filler
 	}))
 	_, _, err := tm.do(t, http.MethodGet, "/v2/library/app/manifests/v1")

@@ -51,12 +51,14 @@
 // the fill ends, but not after a node yields it. A blob of one chunk up to
 // 1 MiB skips all this: a complete holder, else the origin.
 //
-// Origin limit: OriginLimit caps what the origin sends the whole cluster,
-// with no central component. The limit is split evenly among the cluster's
-// (blob, origin fetcher) pairs, and each node paces its origin reads
-// (chunks, small blobs, streams) at the parts of its own pairs; one that
-// fetches nothing for the cluster counts as one pair. A node counts the
-// pairs its fills see and those the members gossip (NodeMeta.OriginFetches,
+// Origin limits: OriginLimit caps what each origin (a registry, the hub,
+// the object store; Origin.Name) sends the whole cluster, OriginLimits
+// sets it per origin, with no central component. An origin's limit is
+// split evenly among the cluster's (blob, origin fetcher) pairs of that
+// origin, and each node paces its reads of the origin (chunks, small
+// blobs, streams) at the parts of its own pairs; one that fetches nothing
+// for the cluster counts as one pair. A node counts the pairs its fills
+// see and those the members gossip (NodeMeta.OriginFetches, per origin,
 // which counts blobs filled by other nodes too), and takes the larger
 // (originlimit.go).
 //

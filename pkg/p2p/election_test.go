@@ -124,7 +124,7 @@ func TestSwarmAsksTheFirstRankedMembers(t *testing.T) {
 	store := newTestStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	_, err = store.Fetch(ctx, descOf(data), s.Source(descOf(data), originGone{}), nil)
+	_, err = store.Fetch(ctx, descOf(data), s.Source(descOf(data), Origin{RangeOpener: originGone{}}), nil)
 	require.NoError(t, err, "fetched from the first-ranked member, not the origin")
 	require.False(t, s.FetchesFromOrigin(d))
 }

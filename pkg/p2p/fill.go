@@ -108,7 +108,7 @@ type request struct {
 type fill struct {
 	*plan
 	p      *cache.Partial
-	origin content.RangeOpener
+	origin Origin
 
 	supplierMu  sync.Mutex
 	supplier    map[int]string // chunk → the peer it came from ("" origin); written by request goroutines
@@ -127,7 +127,7 @@ func (f *fill) run(parent context.Context) error {
 		cancel()
 		f.wg.Wait()
 		f.release()
-		f.s.seeFetchers(f.d, nil)
+		f.s.seeFetchers(f.origin.Name, f.d, nil)
 	}()
 	tick := time.NewTicker(f.s.cfg.Refresh / 2)
 	defer tick.Stop()

@@ -24,7 +24,7 @@ import (
 )
 
 // NodeMeta is what a node tells the cluster about itself. It travels in
-// memberlist's node metadata, encoded in at most 465 bytes; NewMembership and
+// memberlist's node metadata, encoded in at most 503 bytes; NewMembership and
 // UpdateMeta reject values that would not fit.
 type NodeMeta struct {
 	// ChunkAddr is the host:port of the node's chunk server, at most 255
@@ -36,11 +36,12 @@ type NodeMeta struct {
 	FreeDisk int64
 	// Version is the weightd version the node runs, at most 128 bytes.
 	Version string
-	// OriginFetches is how many blobs the node fetches from their origin
-	// for the cluster now, 0 to 65535: the nodes' parts of the origin
-	// limit are reckoned from them (originlimit.go). SetOriginFetches sets
-	// it; UpdateMeta keeps it.
-	OriginFetches int
+	// OriginFetches is how many blobs the node fetches from each limited
+	// origin for the cluster now, by the origin's key: at most 8 origins,
+	// each 1 to 64 blobs. The nodes' parts of the origin limits are
+	// reckoned from them (originlimit.go). SetOriginFetches sets it;
+	// UpdateMeta keeps it.
+	OriginFetches map[OriginKey]int
 }
 
 // Peer is another live member of the cluster.
@@ -494,9 +495,9 @@ func (m *Membership) UpdateMeta(meta NodeMeta) error {
 
 // SetOriginFetches sets NodeMeta.OriginFetches, the other fields as they
 // are, and gossips it in the background.
-func (m *Membership) SetOriginFetches(n int) error {
+func (m *Membership) SetOriginFetches(counts map[OriginKey]int) error {
 	return m.changeMeta(func(meta NodeMeta) NodeMeta {
-		meta.OriginFetches = n
+		meta.OriginFetches = counts
 		return meta
 	})
 }

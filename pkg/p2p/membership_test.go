@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -270,7 +271,7 @@ func TestClusterConvergesWithMeta(t *testing.T) {
 			}
 			require.Eventually(t, func() bool {
 				p, ok := n.m.Peer(nodes[2].m.LocalName())
-				return ok && p.Meta == meta
+				return ok && reflect.DeepEqual(p.Meta, meta)
 			}, waitFor, tick)
 		}
 	}
@@ -279,8 +280,8 @@ func TestClusterConvergesWithMeta(t *testing.T) {
 	require.NoError(t, nodes[2].m.UpdateMeta(newMeta))
 	everyPeerSees(newMeta)
 	// So does a count of origin fetches, the rest as it was.
-	require.NoError(t, nodes[2].m.SetOriginFetches(2))
-	newMeta.OriginFetches = 2
+	newMeta.OriginFetches = map[OriginKey]int{OriginKeyOf("hf"): 2}
+	require.NoError(t, nodes[2].m.SetOriginFetches(newMeta.OriginFetches))
 	everyPeerSees(newMeta)
 	// Metadata that would not fit is refused, and the old one kept.
 	require.ErrorIs(t, nodes[2].m.UpdateMeta(NodeMeta{Version: strings.Repeat("v", 200)}), content.ErrInvalid)
@@ -747,10 +748,12 @@ func TestSetOriginFetchesKeepsTheRest(t *testing.T) {
 		require.NoError(t, err)
 		return meta
 	}
-	require.NoError(t, m.SetOriginFetches(3))
-	assert.Equal(t, NodeMeta{ChunkAddr: "10.0.0.1:1", Zone: "z", OriginFetches: 3}, local())
+	three := map[OriginKey]int{OriginKeyOf("hf"): 3}
+	require.NoError(t, m.SetOriginFetches(three))
+	assert.Equal(t, NodeMeta{ChunkAddr: "10.0.0.1:1", Zone: "z", OriginFetches: three}, local())
 	require.NoError(t, m.UpdateMeta(NodeMeta{ChunkAddr: "10.0.0.2:1", Version: "v"}))
-	assert.Equal(t, NodeMeta{ChunkAddr: "10.0.0.2:1", Version: "v", OriginFetches: 3}, local())
-	require.Error(t, m.SetOriginFetches(-1))
-	assert.Equal(t, 3, local().OriginFetches, "a bad count changes nothing")
+	assert.Equal(t, NodeMeta{ChunkAddr: "10.0.0.2:1", Version: "v", OriginFetches: three}, local())
+	require.Error(t, m.SetOriginFetches(map[OriginKey]int{OriginKeyOf("hf"): -1}))
+	require.Error(t, m.SetOriginFetches(tooManyOrigins))
+	assert.Equal(t, three, local().OriginFetches, "a bad count changes nothing")
 }

@@ -5,8 +5,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net"
+	"slices"
 	"unicode/utf8"
 
 	"github.com/opencontainers/go-digest"
@@ -50,6 +52,11 @@ import (
 //	zone      1 length byte + up to maxZoneLen bytes
 //	freeDisk  uvarint, at most math.MaxInt64
 //	version   1 length byte + up to maxVersionLen bytes
+//	fetches   uvarint, the sum of the counts below (an older agent's one
+//	          count for all origins)
+//	origins   1 byte n, at most maxMetaOrigins; then n times a 4-byte
+//	          OriginKey and 1 byte, its count (1 to maxCountedFetches),
+//	          the keys ascending
 //
 // Bytes after the known fields of node metadata are ignored, so a later
 // minor version can append fields without cutting older agents off from its
@@ -69,8 +76,9 @@ const (
 	maxChunkAddrLen = 255
 	maxZoneLen      = 63
 	maxVersionLen   = 128
-	// maxOriginFetches bounds NodeMeta.OriginFetches (3 bytes encoded).
-	maxOriginFetches = 1<<16 - 1
+	// maxMetaOrigins bounds the origins NodeMeta.OriginFetches counts,
+	// so that a node's metadata fits memberlist's 512 bytes.
+	maxMetaOrigins = 8
 
 	// maxStateSize bounds the push/pull state: about 1,500 holdings.
 	maxStateSize = 64 << 10
@@ -278,8 +286,13 @@ func validateMeta(meta NodeMeta) error {
 	if meta.FreeDisk < 0 {
 		return fmt.Errorf("%w: free disk %d is negative", content.ErrInvalid, meta.FreeDisk)
 	}
-	if meta.OriginFetches < 0 || meta.OriginFetches > maxOriginFetches {
-		return fmt.Errorf("%w: origin fetches %d: want 0 to %d", content.ErrInvalid, meta.OriginFetches, maxOriginFetches)
+	if len(meta.OriginFetches) > maxMetaOrigins {
+		return fmt.Errorf("%w: origin fetches of %d origins: want at most %d", content.ErrInvalid, len(meta.OriginFetches), maxMetaOrigins)
+	}
+	for key, n := range meta.OriginFetches {
+		if n < 1 || n > maxCountedFetches {
+			return fmt.Errorf("%w: origin fetches %d from origin %08x: want 1 to %d", content.ErrInvalid, n, key, maxCountedFetches)
+		}
 	}
 	return nil
 }
@@ -291,14 +304,14 @@ func validateMetaString(what, s string, limit int) error {
 	return nil
 }
 
-// encodeMeta encodes node metadata; the result is at most 465 bytes, under
-// memberlist's limit of 512. OriginFetches comes last: a node of an older
-// version ignores it, and reads as 0 from one.
+// encodeMeta encodes node metadata; the result is at most 503 bytes, under
+// memberlist's limit of 512. The origin fetches come last: a node of an
+// older version ignores them, and they read as none from one.
 func encodeMeta(meta NodeMeta) ([]byte, error) {
 	if err := validateMeta(meta); err != nil {
 		return nil, err
 	}
-	b := make([]byte, 0, 4+len(meta.ChunkAddr)+len(meta.Zone)+len(meta.Version)+binary.MaxVarintLen64)
+	b := make([]byte, 0, 7+len(meta.ChunkAddr)+len(meta.Zone)+len(meta.Version)+binary.MaxVarintLen64+5*len(meta.OriginFetches))
 	b = append(b, metaVersion, byte(len(meta.ChunkAddr)))
 	b = append(b, meta.ChunkAddr...)
 	b = append(b, byte(len(meta.Zone)))
@@ -306,7 +319,23 @@ func encodeMeta(meta NodeMeta) ([]byte, error) {
 	b = binary.AppendUvarint(b, uint64(meta.FreeDisk))
 	b = append(b, byte(len(meta.Version)))
 	b = append(b, meta.Version...)
-	return binary.AppendUvarint(b, uint64(meta.OriginFetches)), nil
+	keys := slices.Sorted(maps.Keys(meta.OriginFetches))
+	b = binary.AppendUvarint(b, uint64(sumCounts(meta.OriginFetches)))
+	b = append(b, byte(len(keys)))
+	for _, key := range keys {
+		b = binary.BigEndian.AppendUint32(b, uint32(key))
+		b = append(b, byte(meta.OriginFetches[key]))
+	}
+	return b, nil
+}
+
+// sumCounts is the sum of counts' values.
+func sumCounts(counts map[OriginKey]int) int {
+	sum := 0
+	for _, n := range counts {
+		sum += n
+	}
+	return sum
 }
 
 // decodeMeta decodes node metadata and validates it as encodeMeta would. The
@@ -327,11 +356,10 @@ func decodeMeta(b []byte) (NodeMeta, error) {
 	meta.FreeDisk = int64(free)
 	meta.Version = r.string()
 	if r.err == nil && len(r.b) > 0 {
-		n := r.uvarint()
-		if r.err == nil && n > maxOriginFetches {
-			return NodeMeta{}, fmt.Errorf("%w: origin fetches %d", errMalformed, n)
-		}
-		meta.OriginFetches = int(n)
+		r.uvarint() // the total, for agents that know no origins
+	}
+	if r.err == nil && len(r.b) > 0 {
+		meta.OriginFetches = r.originFetches()
 	}
 	if r.err != nil {
 		return NodeMeta{}, r.err
@@ -340,6 +368,34 @@ func decodeMeta(b []byte) (NodeMeta, error) {
 		return NodeMeta{}, fmt.Errorf("%w: %v", errMalformed, err)
 	}
 	return meta, nil
+}
+
+// originFetches reads node metadata's counts of origin fetches.
+func (r *wireReader) originFetches() map[OriginKey]int {
+	n := int(r.byte())
+	if n > maxMetaOrigins {
+		r.fail(fmt.Errorf("origin fetches of %d origins", n))
+		return nil
+	}
+	if n == 0 {
+		return nil
+	}
+	counts := make(map[OriginKey]int, n)
+	last := -1
+	for range n {
+		key, count := r.take(4), r.byte()
+		if r.err != nil {
+			return nil
+		}
+		if k := int(binary.BigEndian.Uint32(key)); k > last {
+			last = k
+		} else {
+			r.fail(fmt.Errorf("origin %08x out of order", k))
+			return nil
+		}
+		counts[OriginKey(last)] = int(count)
+	}
+	return counts
 }
 
 // wireReader consumes b from the front. After the first error every read

@@ -172,6 +172,18 @@ func TestDecodeStateRejects(t *testing.T) {
 	}
 }
 
+// maxOrigins and tooManyOrigins are counts of origin fetches at and past
+// what node metadata carries.
+var maxOrigins, tooManyOrigins = originCounts(maxMetaOrigins), originCounts(maxMetaOrigins + 1)
+
+func originCounts(n int) map[OriginKey]int {
+	counts := map[OriginKey]int{}
+	for i := range n {
+		counts[OriginKeyOf(fmt.Sprint("registry-", i))] = maxCountedFetches
+	}
+	return counts
+}
+
 func TestMetaRoundTrip(t *testing.T) {
 	t.Parallel()
 	for _, meta := range []NodeMeta{
@@ -183,9 +195,9 @@ func TestMetaRoundTrip(t *testing.T) {
 			Zone:          strings.Repeat("z", maxZoneLen),
 			FreeDisk:      math.MaxInt64,
 			Version:       strings.Repeat("v", maxVersionLen),
-			OriginFetches: maxOriginFetches,
+			OriginFetches: maxOrigins,
 		},
-		{ChunkAddr: "10.0.0.7:7947", OriginFetches: 3},
+		{ChunkAddr: "10.0.0.7:7947", OriginFetches: map[OriginKey]int{OriginKeyOf("hf"): 3}},
 	} {
 		b, err := encodeMeta(meta)
 		require.NoError(t, err)
@@ -193,13 +205,16 @@ func TestMetaRoundTrip(t *testing.T) {
 		got, err := decodeMeta(b)
 		require.NoError(t, err)
 		assert.Equal(t, meta, got)
-		// A node of the version before OriginFetches sends none: 0.
-		if meta.OriginFetches < 128 {
-			older, err := decodeMeta(b[:len(b)-1])
+		// Nodes of the versions before per-origin counts send none, or
+		// one count for all origins: none is counted.
+		counts := 1 + 5*len(meta.OriginFetches)
+		total := len(binary.AppendUvarint(nil, uint64(sumCounts(meta.OriginFetches))))
+		for _, older := range [][]byte{b[:len(b)-counts], b[:len(b)-counts-total]} {
+			got, err := decodeMeta(older)
 			require.NoError(t, err)
 			want := meta
-			want.OriginFetches = 0
-			assert.Equal(t, want, older)
+			want.OriginFetches = nil
+			assert.Equal(t, want, got)
 		}
 		// A later minor version may append fields.
 		got, err = decodeMeta(append(b, 1, 2, 3))
@@ -217,8 +232,9 @@ func TestMetaRejects(t *testing.T) {
 		"version too long":           {Version: strings.Repeat("v", maxVersionLen+1)},
 		"non-UTF-8 zone":             {Zone: "\xff"},
 		"negative free disk":         {FreeDisk: -1},
-		"negative origin fetches":    {OriginFetches: -1},
-		"too many origin fetches":    {OriginFetches: maxOriginFetches + 1},
+		"no origin fetches":          {OriginFetches: map[OriginKey]int{1: 0}},
+		"too many origin fetches":    {OriginFetches: map[OriginKey]int{1: maxCountedFetches + 1}},
+		"too many origins":           {OriginFetches: tooManyOrigins},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := encodeMeta(meta)
@@ -227,18 +243,23 @@ func TestMetaRejects(t *testing.T) {
 	}
 	good, err := encodeMeta(NodeMeta{ChunkAddr: "a:1", Zone: "z", FreeDisk: 5, Version: "v"})
 	require.NoError(t, err)
-	tooMany := binary.AppendUvarint(append([]byte{}, good[:len(good)-1]...), maxOriginFetches+1)
+	bad := func(counts ...byte) []byte { return append(append([]byte{}, good[:len(good)-1]...), counts...) }
 	overflow := []byte{metaVersion, 0, 0}
 	overflow = binary.AppendUvarint(overflow, math.MaxInt64+1)
 	overflow = append(overflow, 0)
 	for name, b := range map[string][]byte{
 		"empty":              nil,
 		"version 2":          append([]byte{2}, good[1:]...),
-		"truncated":          good[:len(good)-2],
+		"truncated":          good[:len(good)-3],
 		"string past end":    {metaVersion, 9, 'a'},
 		"bad uvarint":        {metaVersion, 0, 0, 0x80},
 		"free disk overflow": overflow,
-		"origin fetches":     tooMany,
+		"too many origins":   bad(maxMetaOrigins + 1),
+		"origins truncated":  bad(1, 0, 0, 0),
+		"origin count 0":     bad(1, 0, 0, 0, 1, 0),
+		"origin count 65":    bad(1, 0, 0, 0, 1, maxCountedFetches+1),
+		"origins unordered":  bad(2, 0, 0, 0, 2, 1, 0, 0, 0, 1, 1),
+		"origin twice":       bad(2, 0, 0, 0, 1, 1, 0, 0, 0, 1, 1),
 		"bad chunk address":  {metaVersion, 1, 'a', 0, 0, 0},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -301,7 +322,7 @@ func FuzzDecodeState(f *testing.F) {
 }
 
 func FuzzDecodeMeta(f *testing.F) {
-	for _, meta := range []NodeMeta{{}, {ChunkAddr: "10.0.0.1:7947", Zone: "a", FreeDisk: 1 << 33, Version: "dev"}} {
+	for _, meta := range []NodeMeta{{}, {ChunkAddr: "10.0.0.1:7947", Zone: "a", FreeDisk: 1 << 33, Version: "dev"}, {OriginFetches: maxOrigins}} {
 		b, err := encodeMeta(meta)
 		require.NoError(f, err)
 		f.Add(b)

@@ -2,7 +2,8 @@ package p2p
 
 import (
 	"context"
-	"sync/atomic"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -63,7 +64,7 @@ func TestOriginRate(t *testing.T) {
 }
 
 // An origin fetcher's reads from the origin take their bytes from its part
-// of the origin limit, which follows the fetchers its fills see: the
+// of the origin's limit, which follows the fetchers its fills see: the
 // limiter's bucket holds what was read less its refill (two bytes a second
 // here, and one while it shares the limit with a second fetcher).
 func TestOriginLimitPacesOriginReads(t *testing.T) {
@@ -73,88 +74,145 @@ func TestOriginLimitPacesOriginReads(t *testing.T) {
 	d := descOf(blob).Digest
 	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{OriginLimit: 2}, nil, nil)
 	require.NoError(t, err)
-	require.Equal(t, rate.Limit(2), s.originPace.Limit(), "alone: the whole limit")
+	pace := s.originPace("hf")
+	require.Equal(t, rate.Limit(2), pace.Limit(), "alone: the whole limit")
 
-	s.seeFetchers(d, []string{"me", "b"})
-	require.Equal(t, rate.Limit(1), s.originPace.Limit(), "half of it, with one more fetcher of the blob")
-	burst := float64(s.originPace.Burst())
+	s.seeFetchers("hf", d, []string{"me", "b"})
+	require.Equal(t, rate.Limit(1), pace.Limit(), "half of it, with one more fetcher of the blob")
+	burst := float64(pace.Burst())
 	require.Greater(t, burst, float64(n), "the read fits the bucket: nothing waits")
 	c := newLiveChunk(n)
-	require.NoError(t, s.fetchOrigin(context.Background(), memOrigin(blob), 0, c))
+	require.NoError(t, s.fetchOrigin(context.Background(), Origin{Name: "hf", RangeOpener: memOrigin(blob)}, 0, c))
 	require.Equal(t, blob, c.data())
-	require.InDelta(t, burst-n, s.originPace.Tokens(), 30, "the read took its bytes from the limit")
+	require.InDelta(t, burst-n, pace.Tokens(), 30, "the read took its bytes from the limit")
+	require.Equal(t, burst, s.originPace("s3").Tokens(), "another origin's limit is its own")
 
-	s.seeFetchers(d, nil)
-	require.Equal(t, rate.Limit(2), s.originPace.Limit(), "the fill ended: alone again")
+	s.seeFetchers("hf", d, nil)
+	require.Equal(t, rate.Limit(2), pace.Limit(), "the fill ended: alone again")
 }
 
 // Disjoint sets of nodes fetching different blobs: each node's fills see
 // only their own blob's fetchers, but gossip tells every node how many
-// blobs each member fetches from the origin, and the parts are reckoned
-// over all of them. The node publishes its own count as it changes.
+// blobs each member fetches from each origin, and the parts of an origin's
+// limit are reckoned over all of that origin's. The node publishes its
+// own counts as they change.
 func TestOriginLimitCountsTheClustersFetches(t *testing.T) {
 	t.Parallel()
 	x, y := digest.FromString("x"), digest.FromString("y")
+	hf, reg := OriginKeyOf("hf"), OriginKeyOf("registry.example")
 	dir := staticDir{local: "me", peers: map[string]Peer{
-		"b": {Name: "b", Meta: NodeMeta{OriginFetches: 1}}, // x's other fetcher
-		"c": {Name: "c", Meta: NodeMeta{OriginFetches: 1}}, // fetchers of other blobs
-		"d": {Name: "d", Meta: NodeMeta{OriginFetches: 2}},
+		"b": {Name: "b", Meta: NodeMeta{OriginFetches: map[OriginKey]int{hf: 1}}}, // x's other fetcher
+		"c": {Name: "c", Meta: NodeMeta{OriginFetches: map[OriginKey]int{hf: 1}}}, // fetchers of other blobs
+		"d": {Name: "d", Meta: NodeMeta{OriginFetches: map[OriginKey]int{hf: 2, reg: 9}}},
 		"e": {Name: "e"},
 	}}
-	var published []int
-	s, err := NewSwarm(dir, nil, SwarmConfig{OriginLimit: 1200, PublishOriginFetches: func(n int) { published = append(published, n) }}, nil, nil)
+	var published []map[OriginKey]int
+	s, err := NewSwarm(dir, nil, SwarmConfig{OriginLimit: 1200, PublishOriginFetches: func(counts map[OriginKey]int) { published = append(published, counts) }}, nil, nil)
 	require.NoError(t, err)
+	pace := s.originPace("hf")
 
-	s.seeFetchers(x, []string{"me", "b"})
-	require.Equal(t, rate.Limit(1200/5), s.originPace.Limit(), "one of the cluster's five (blob, fetcher) pairs")
-	s.seeFetchers(y, []string{"me", "d"})
-	require.Equal(t, rate.Limit(1200*2/6), s.originPace.Limit(), "two of six: its own second counts at once")
-	s.seeFetchers(y, nil)
-	s.seeFetchers(x, []string{"b"})
-	require.Equal(t, rate.Limit(1200/5), s.originPace.Limit(), "no longer a fetcher, a reader of the origin: one more pair")
-	require.Equal(t, []int{1, 2, 1, 0}, published, "its own count, as it changed")
+	s.seeFetchers("hf", x, []string{"me", "b"})
+	require.Equal(t, rate.Limit(1200/5), pace.Limit(), "one of the hub's five (blob, fetcher) pairs; the registry's are not the hub's")
+	s.seeFetchers("hf", y, []string{"me", "d"})
+	require.Equal(t, rate.Limit(1200*2/6), pace.Limit(), "two of six: its own second counts at once")
+	s.seeFetchers("hf", y, nil)
+	s.seeFetchers("hf", x, []string{"b"})
+	require.Equal(t, rate.Limit(1200/5), pace.Limit(), "no longer a fetcher, a reader of the origin: one more pair")
+	require.Equal(t, []map[OriginKey]int{{hf: 1}, {hf: 2}, {hf: 1}, {}}, published, "its own counts, as they changed")
+	require.Equal(t, rate.Limit(1200/10), s.originPace("registry.example").Limit(), "the registry's nine pairs, and a reader")
 
 	// A member claiming more than a node fetches counts as maxCountedFetches.
-	dir.peers["liar"] = Peer{Name: "liar", Meta: NodeMeta{OriginFetches: maxOriginFetches}}
+	dir.peers["liar"] = Peer{Name: "liar", Meta: NodeMeta{OriginFetches: map[OriginKey]int{hf: 1 << 20}}}
 	s, err = NewSwarm(dir, nil, SwarmConfig{OriginLimit: 1200}, nil, nil)
 	require.NoError(t, err)
-	s.seeFetchers(x, []string{"me", "b"})
-	require.InDelta(t, 1200.0/(5+maxCountedFetches), float64(s.originPace.Limit()), 1e-9)
+	s.seeFetchers("hf", x, []string{"me", "b"})
+	require.InDelta(t, 1200.0/(5+maxCountedFetches), float64(s.originPace("hf").Limit()), 1e-9)
 }
 
-// Two pairs of nodes fill two different blobs from one origin, each pair
-// seeing only its own blob's fetchers; with the counts gossiped, the four
-// fetchers share the cluster's limit. The origin's bytes stay within the
-// limit over the time taken, the limiters' bursts, and a second of the
-// limit for the counts to cross gossip (a slower machine only takes
-// longer); with each pair taking the whole limit, they were about twice
-// that.
+// Each origin has its own limit: OriginLimits overrides OriginLimit for
+// the origins it names, 0 lifting it. A node's counts gossip the origins
+// it fetches most from, as many as node metadata carries, and origins
+// past what a node paces apart share one limit.
+func TestOriginLimitsPerOrigin(t *testing.T) {
+	t.Parallel()
+	x, y := digest.FromString("x"), digest.FromString("y")
+	var published map[OriginKey]int
+	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{OriginLimit: 1200,
+		OriginLimits:         map[string]int64{"registry.example": 300, "s3": 0},
+		PublishOriginFetches: func(counts map[OriginKey]int) { published = counts }}, nil, nil)
+	require.NoError(t, err)
+	s.seeFetchers("hf", x, []string{"me", "b"})
+	s.seeFetchers("registry.example", y, []string{"me", "c", "d"})
+	require.Equal(t, rate.Limit(600), s.originPace("hf").Limit())
+	require.Equal(t, rate.Limit(100), s.originPace("registry.example").Limit())
+	require.Nil(t, s.originPace("s3"), "no limit")
+	s.seeFetchers("s3", x, []string{"me", "b"})
+	require.Equal(t, map[OriginKey]int{OriginKeyOf("hf"): 1, OriginKeyOf("registry.example"): 1}, published)
+
+	for i := range maxOriginParts {
+		s.originPace(fmt.Sprint("r", i))
+	}
+	past := s.originPace("r-past")
+	require.Same(t, past, s.originPace("r-past-2"), "origins past the bound share one limit")
+	require.NotSame(t, past, s.originPace("hf"))
+	require.Equal(t, rate.Limit(1200), past.Limit())
+	require.Equal(t, rate.Limit(100), s.originPace("registry.example").Limit(), "a named origin keeps its own")
+
+	counts := map[OriginKey]int{}
+	for i := range maxMetaOrigins + 2 {
+		counts[OriginKey(i)] = 10 + i
+	}
+	counts[OriginKey(99)] = maxCountedFetches + 5
+	got := gossipedFetches(counts)
+	require.Len(t, got, maxMetaOrigins)
+	require.Equal(t, maxCountedFetches, got[99], "capped")
+	require.NotContains(t, got, OriginKey(0), "the least fetched left out")
+	require.NotContains(t, got, OriginKey(1))
+	require.NotContains(t, got, OriginKey(2))
+	_, err = encodeMeta(NodeMeta{OriginFetches: got})
+	require.NoError(t, err, "fits node metadata")
+}
+
+// Two pairs of nodes fill two different blobs from two origins of
+// different limits, each pair seeing only its own blob's fetchers; with
+// the counts gossiped, each origin's fetchers share its limit. Each
+// origin's bytes stay within its limit over the time its pair took, the
+// limiters' bursts, and a second of the limit for the counts to cross
+// gossip (a slower machine only takes longer).
 func TestOriginLimitHoldsAcrossDisjointFills(t *testing.T) {
 	t.Parallel()
-	const limit = 4 << 20
+	limits := map[string]int64{"a": 4 << 20, "b": 2 << 20}
 	opts := map[int]swarmNodeOpts{}
 	for i := range 4 {
-		opts[i] = swarmNodeOpts{originLimit: limit}
+		opts[i] = swarmNodeOpts{originLimit: limits["a"], originLimits: map[string]int64{"b": limits["b"]}}
 	}
 	nodes := startSwarmCluster(t, 4, opts)
-	x, y := randomBlob(31, 192*testChunk), randomBlob(32, 192*testChunk)
-	var sent atomic.Int64
-	ox, oy := &countingOrigin{data: x}, &countingOrigin{data: y}
+	blobs := map[string][]byte{"a": randomBlob(31, 192*testChunk), "b": randomBlob(32, 96*testChunk)}
+	origins := map[string]*countingOrigin{"a": {data: blobs["a"]}, "b": {data: blobs["b"]}}
+	took := map[string]time.Duration{}
+	var mu sync.Mutex
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	g, ctx := errgroup.WithContext(ctx)
 	for i, n := range nodes {
-		data, origin := x, ox
+		name := "a"
 		if i >= 2 {
-			data, origin = y, oy
+			name = "b"
 		}
-		g.Go(func() error { return n.fetch(ctx, data, origin) })
+		g.Go(func() error {
+			err := n.fetchFrom(ctx, blobs[name], Origin{Name: name, RangeOpener: origins[name]})
+			mu.Lock()
+			took[name] = max(took[name], time.Since(start))
+			mu.Unlock()
+			return err
+		})
 	}
 	require.NoError(t, g.Wait())
-	took := time.Since(start).Seconds()
-	sent.Add(ox.sent.Load() + oy.sent.Load())
-	bursts := float64(4 * nodes[0].swarm.originPace.Burst())
-	t.Logf("origin sent %d bytes in %.2fs: %.0f%% of the limit", sent.Load(), took, 100*float64(sent.Load())/(limit*took))
-	require.LessOrEqual(t, float64(sent.Load()), limit*(took+1)+bursts)
+	for name, limit := range limits {
+		sent, secs := origins[name].sent.Load(), took[name].Seconds()
+		bursts := float64(4 * nodes[0].swarm.originPace(name).Burst())
+		t.Logf("origin %s sent %d bytes in %.2fs: %.0f%% of its limit", name, sent, secs, 100*float64(sent)/(float64(limit)*secs))
+		require.LessOrEqual(t, float64(sent), float64(limit)*(secs+1)+bursts, name)
+	}
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/time/rate"
 
-	"github.com/weightd/weightd/pkg/content"
 	"github.com/weightd/weightd/pkg/peertls"
 )
 
@@ -238,12 +237,12 @@ func (s *Swarm) fetchChunk(ctx context.Context, addr string, d digest.Digest, i 
 // fetchOrigin downloads [off, off+len(c)) from the origin into c. Only a
 // stall ends it: the origin has no stand-in, and a deadline would throw
 // away the bytes a busy origin sent slowly, to ask for them again.
-func (s *Swarm) fetchOrigin(ctx context.Context, origin content.RangeOpener, off int64, c *liveChunk) error {
+func (s *Swarm) fetchOrigin(ctx context.Context, origin Origin, off int64, c *liveChunk) error {
 	ctx, watch := watchTransfer(ctx, 0)
 	defer watch.stop()
 	var body io.ReadCloser
 	var err error
-	if b, ok := origin.(BoundedOpener); ok {
+	if b, ok := origin.RangeOpener.(BoundedOpener); ok {
 		body, err = b.OpenBoundedRange(ctx, off, int64(len(c.data())))
 	} else {
 		body, err = origin.OpenRange(ctx, off)
@@ -252,10 +251,10 @@ func (s *Swarm) fetchOrigin(ctx context.Context, origin content.RangeOpener, off
 		return err
 	}
 	defer body.Close()
-	if s.originPace != nil {
-		// At this node's part of the origin limit; the download limit
+	if pace := s.originPace(origin.Name); pace != nil {
+		// At this node's part of the origin's limit; the download limit
 		// paces it in readInto, as any transfer.
-		body = &pacedReader{ReadCloser: body, ctx: ctx, limits: []*rate.Limiter{s.originPace}}
+		body = &pacedReader{ReadCloser: body, ctx: ctx, limits: []*rate.Limiter{pace}}
 	}
 	c.share()
 	return s.readInto(ctx, watch, body, c)

@@ -100,7 +100,7 @@ func TestDownloadLimitPacesOriginStreams(t *testing.T) {
 	burst := float64(s.download.Burst())
 	require.Greater(t, burst, float64(n), "the read fits the bucket: nothing waits")
 
-	r, err := s.Source(descOf(blob), memOrigin(blob)).OpenRange(context.Background(), 0)
+	r, err := s.Source(descOf(blob), Origin{RangeOpener: memOrigin(blob)}).OpenRange(context.Background(), 0)
 	require.NoError(t, err)
 	got, err := io.ReadAll(r)
 	require.NoError(t, err)

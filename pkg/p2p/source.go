@@ -51,18 +51,19 @@ func (s throughSwarmSource) Resolve(ctx context.Context, r ref.Ref) (*source.Res
 		// No peer to share with: stream from the origin, the fastest path for
 		// one node, within its download limit. Its chunks are still served
 		// as they are verified, so peers that join meanwhile can take them.
-		throughSwarm(res, func(_ content.Descriptor, origin content.RangeOpener) content.RangeOpener {
+		throughSwarm(res, r.Origin(), func(_ content.Descriptor, origin Origin) content.RangeOpener {
 			return s.swarm.Paced(origin)
 		})
 		return res, nil
 	}
-	throughSwarm(res, s.swarm.Source)
+	throughSwarm(res, r.Origin(), s.swarm.Source)
 	return res, nil
 }
 
-// throughSwarm routes every blob of res through wrap: a model's files, its
-// packed layers and an image's blobs alike.
-func throughSwarm(res *source.Resolution, wrap func(content.Descriptor, content.RangeOpener) content.RangeOpener) {
+// throughSwarm routes every blob of res, from the origin called origin,
+// through wrap: a model's files, its packed layers and an image's blobs
+// alike.
+func throughSwarm(res *source.Resolution, origin string, wrap func(content.Descriptor, Origin) content.RangeOpener) {
 	descs := make([]content.Descriptor, 0, len(res.Blobs))
 	for _, f := range res.Model.Files {
 		descs = append(descs, f.Descriptor)
@@ -78,7 +79,7 @@ func throughSwarm(res *source.Resolution, wrap func(content.Descriptor, content.
 	wrapped := make(map[digest.Digest]bool, len(res.Blobs))
 	for _, d := range descs {
 		if op, ok := res.Blobs[d.Digest]; ok && !wrapped[d.Digest] {
-			res.Blobs[d.Digest] = wrap(d, op)
+			res.Blobs[d.Digest] = wrap(d, Origin{Name: origin, RangeOpener: op})
 			wrapped[d.Digest] = true
 		}
 	}

@@ -14,7 +14,8 @@ import (
 
 type wrappedOpener struct {
 	content.RangeOpener
-	desc content.Descriptor
+	desc   content.Descriptor
+	origin string
 }
 
 type nopOpener struct{}
@@ -38,13 +39,14 @@ func TestThroughSwarmWrapsEveryBlob(t *testing.T) {
 	for _, d := range []content.Descriptor{file, packed, manifest, layer} {
 		res.Blobs[d.Digest] = nopOpener{}
 	}
-	throughSwarm(res, func(d content.Descriptor, op content.RangeOpener) content.RangeOpener {
-		return wrappedOpener{RangeOpener: op, desc: d}
+	throughSwarm(res, "hf", func(d content.Descriptor, origin Origin) content.RangeOpener {
+		return wrappedOpener{RangeOpener: origin.RangeOpener, desc: d, origin: origin.Name}
 	})
 	for _, d := range []content.Descriptor{file, packed, manifest, layer} {
 		w, ok := res.Blobs[d.Digest].(wrappedOpener)
 		require.True(t, ok, "blob %s goes through the swarm", d.Digest)
 		require.Equal(t, d, w.desc)
+		require.Equal(t, "hf", w.origin, "named by its origin")
 		_, twice := w.RangeOpener.(wrappedOpener)
 		require.False(t, twice, "a blob named twice is wrapped once")
 	}

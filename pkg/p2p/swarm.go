@@ -56,15 +56,18 @@ type SwarmConfig struct {
 	Now           func() time.Time
 	MinRate       int64 // the slowest acceptable transfer, bytes/s: request timeouts scale with it (default 256 KiB/s; a transfer that stalls for 5 s ends sooner)
 	DownloadLimit int64 // bytes/s for all chunk downloads together; 0 means no limit
-	// OriginLimit is bytes/s the origin may send the whole cluster, the
-	// same on every node; each paces its origin reads at its part of it
-	// (originlimit.go). 0 means no limit.
+	// OriginLimit is bytes/s each origin may send the whole cluster, the
+	// same on every node; each paces its reads of an origin at its part of
+	// that origin's limit (originlimit.go). 0 means no limit.
 	OriginLimit int64
-	// PublishOriginFetches, with OriginLimit set, is told how many blobs
-	// this node fetches from the origin for the cluster whenever that
-	// changes, to gossip as NodeMeta.OriginFetches
-	// (Membership.SetOriginFetches). It must not block.
-	PublishOriginFetches func(n int)
+	// OriginLimits overrides OriginLimit for the origins it names
+	// (Origin.Name); 0 there means no limit for that origin.
+	OriginLimits map[string]int64
+	// PublishOriginFetches, with an origin limit set, is told how many
+	// blobs this node fetches from each limited origin for the cluster
+	// whenever that changes, to gossip as NodeMeta.OriginFetches
+	// (Membership.SetOriginFetches). It must not block or change counts.
+	PublishOriginFetches func(counts map[OriginKey]int)
 	// Zone is this node's topology zone (NodeMeta.Zone): peers of its zone
 	// are preferred, and chunks cross into it about once (zone.go).
 	Zone string
@@ -126,25 +129,20 @@ type Swarm struct {
 	client   *http.Client
 	cfg      SwarmConfig
 	download *rate.Limiter
-	// originPace paces this node's origin reads at its part of
-	// OriginLimit; nil without one.
-	originPace *rate.Limiter
-	log        *slog.Logger
-	m          *swarmMetrics
+	log      *slog.Logger
+	m        *swarmMetrics
 
 	requestsTo sync.Map     // peer name → *atomic.Int32: this node's chunk requests in flight to it, over all fills
 	buffered   atomic.Int64 // bytes of the chunk buffers all fills' requests in flight need
 
-	mu     sync.Mutex
-	bans   map[string]time.Time
-	origin map[digest.Digest]originHold // blobs this node fetches from the origin for the cluster
-	live   liveChunks                   // chunks on their way here, which the chunk server relays
-	// fetchers are the origin fetchers each fill in progress sees, for
-	// this node's part of OriginLimit.
-	fetchers  map[digest.Digest][]string
-	published int       // the count of this node's origin fetches last published
-	cluster   int       // the other members' gossiped counts (clusterFetches)
-	clusterAt time.Time // when cluster was summed
+	mu        sync.Mutex
+	bans      map[string]time.Time
+	origin    map[digest.Digest]originHold // blobs this node fetches from the origin for the cluster
+	live      liveChunks                   // chunks on their way here, which the chunk server relays
+	origins   map[string]*originPart       // the limited origins this node reads, by name
+	published map[OriginKey]int            // this node's counts of origin fetches last published
+	cluster   map[OriginKey]int            // the other members' gossiped counts (clusterFetches)
+	clusterAt time.Time                    // when cluster was summed
 }
 
 type swarmMetrics struct {
@@ -177,8 +175,8 @@ func NewSwarm(dir Directory, client *http.Client, cfg SwarmConfig, log *slog.Log
 		log = slog.New(slog.DiscardHandler)
 	}
 	cfg = cfg.withDefaults()
-	s := &Swarm{dir: dir, client: client, cfg: cfg, download: newLimiter(cfg.DownloadLimit), originPace: newLimiter(cfg.OriginLimit),
-		log: log, bans: map[string]time.Time{}, origin: map[digest.Digest]originHold{}, fetchers: map[digest.Digest][]string{}}
+	s := &Swarm{dir: dir, client: client, cfg: cfg, download: newLimiter(cfg.DownloadLimit),
+		log: log, bans: map[string]time.Time{}, origin: map[digest.Digest]originHold{}, origins: map[string]*originPart{}}
 	s.m = &swarmMetrics{
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weightd_p2p_received_bytes_total", Help: "Verified chunk bytes received, by source (peer or origin).",
@@ -215,7 +213,7 @@ func NewSwarm(dir Directory, client *http.Client, cfg SwarmConfig, log *slog.Log
 // stream. Its Want method says which byte a reader of the blob waits on:
 // the chunks from there are fetched first (the registry mirror streams a
 // blob to containerd in order).
-func (s *Swarm) Source(desc content.Descriptor, origin content.RangeOpener) content.RangeOpener {
+func (s *Swarm) Source(desc content.Descriptor, origin Origin) content.RangeOpener {
 	src := &swarmSource{s: s, desc: desc, origin: origin}
 	src.want.Store(-1)
 	return src
@@ -224,7 +222,7 @@ func (s *Swarm) Source(desc content.Descriptor, origin content.RangeOpener) cont
 type swarmSource struct {
 	s      *Swarm
 	desc   content.Descriptor
-	origin content.RangeOpener
+	origin Origin
 	want   atomic.Int64 // the byte a reader waits on; -1 for none
 }
 
@@ -236,21 +234,21 @@ func (src *swarmSource) OpenRange(ctx context.Context, off int64) (io.ReadCloser
 }
 
 // Paced returns origin with its reads paced by DownloadLimit and this
-// node's part of OriginLimit, for what a node streams from the origin
-// outside the swarm's chunks (a blob read in order, every blob while it
-// has no peers): the limits are over everything. origin itself when there
-// is no limit.
-func (s *Swarm) Paced(origin content.RangeOpener) content.RangeOpener {
-	limits := slices.DeleteFunc([]*rate.Limiter{s.download, s.originPace}, func(l *rate.Limiter) bool { return l == nil })
+// node's part of the origin's limit, for what a node streams from the
+// origin outside the swarm's chunks (a blob read in order, every blob
+// while it has no peers): the limits are over everything. origin's reader
+// itself when there is no limit.
+func (s *Swarm) Paced(origin Origin) content.RangeOpener {
+	limits := slices.DeleteFunc([]*rate.Limiter{s.download, s.originPace(origin.Name)}, func(l *rate.Limiter) bool { return l == nil })
 	if len(limits) == 0 {
-		return origin
+		return origin.RangeOpener
 	}
 	return pacedOpener{origin: origin, limits: limits}
 }
 
 // pacedOpener is an origin whose readers wait for limits.
 type pacedOpener struct {
-	origin content.RangeOpener
+	origin Origin
 	limits []*rate.Limiter
 }
 
@@ -312,7 +310,7 @@ func (src *swarmSource) Fill(ctx context.Context, p *cache.Partial) error {
 // fillSmall fetches a blob of one small chunk without the swarm's
 // election: from a peer that holds it whole, else from the origin. Its one
 // chunk is the whole blob, so the blob's digest checks whoever sent it.
-func (s *Swarm) fillSmall(ctx context.Context, p *cache.Partial, origin content.RangeOpener) error {
+func (s *Swarm) fillSmall(ctx context.Context, p *cache.Partial, origin Origin) error {
 	d := p.Descriptor().Digest
 	want, err := hex.DecodeString(d.Encoded())
 	if err != nil || d.Algorithm() != digest.SHA256 {

@@ -17,6 +17,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 
@@ -66,9 +67,12 @@ type swarmNode struct {
 }
 
 type swarmNodeOpts struct {
-	wrap        func(http.Handler) http.Handler // around the chunk server
-	upload      int64
-	originLimit int64 // SwarmConfig.OriginLimit, its counts gossiped as the agent does
+	wrap   func(http.Handler) http.Handler // around the chunk server
+	upload int64
+	// SwarmConfig.OriginLimit and OriginLimits, their counts gossiped as
+	// the agent does
+	originLimit  int64
+	originLimits map[string]int64
 }
 
 func startSwarmNode(t *testing.T, name string, seeds []string, o swarmNodeOpts) *swarmNode {
@@ -84,10 +88,9 @@ func startSwarmNode(t *testing.T, name string, seeds []string, o swarmNodeOpts) 
 	store, err := cache.Open(t.TempDir(), cache.WithChunkSize(testChunk), cache.WithBudget(0, 0),
 		cache.WithEvents(Announcer(m, slog.New(slog.DiscardHandler))))
 	require.NoError(t, err)
-	cfg := SwarmConfig{Settle: 300 * time.Millisecond, Refresh: 50 * time.Millisecond, BanFor: time.Minute, OriginLimit: o.originLimit}
-	if o.originLimit > 0 {
-		cfg.PublishOriginFetches = func(n int) { _ = m.SetOriginFetches(n) } // a count of 0 to 65535 always fits
-	}
+	cfg := SwarmConfig{Settle: 300 * time.Millisecond, Refresh: 50 * time.Millisecond, BanFor: time.Minute,
+		OriginLimit: o.originLimit, OriginLimits: o.originLimits}
+	cfg.PublishOriginFetches = func(counts map[OriginKey]int) { assert.NoError(t, m.SetOriginFetches(counts)) }
 	swarm, err := NewSwarm(NewDirectory(m, router), nil, cfg, nil, prometheus.NewRegistry())
 	require.NoError(t, err)
 	res := NewResolutions(2)
@@ -143,6 +146,10 @@ func startSwarmCluster(t *testing.T, n int, opts map[int]swarmNodeOpts) []*swarm
 }
 
 func (n *swarmNode) fetch(ctx context.Context, data []byte, origin content.RangeOpener) error {
+	return n.fetchFrom(ctx, data, Origin{Name: "origin", RangeOpener: origin})
+}
+
+func (n *swarmNode) fetchFrom(ctx context.Context, data []byte, origin Origin) error {
 	desc := descOf(data)
 	if _, err := n.store.Fetch(ctx, desc, n.swarm.Source(desc, origin), nil); err != nil {
 		return fmt.Errorf("%s: %w", n.name, err)
@@ -278,7 +285,7 @@ func TestProgressCountsBytesFromPeers(t *testing.T) {
 			}, 5*time.Second, 10*time.Millisecond)
 		}
 		var peers atomic.Int64
-		_, err := nodes[i].store.Fetch(context.Background(), desc, nodes[i].swarm.Source(desc, origin), func(_, fromPeers, _ int64) { peers.Store(fromPeers) })
+		_, err := nodes[i].store.Fetch(context.Background(), desc, nodes[i].swarm.Source(desc, Origin{RangeOpener: origin}), func(_, fromPeers, _ int64) { peers.Store(fromPeers) })
 		require.NoError(t, err)
 		require.Equal(t, want, peers.Load(), "node %d's bytes from peers", i)
 	}
@@ -354,7 +361,7 @@ func TestDownloadLimitPacesTheSwarm(t *testing.T) {
 	require.NoError(t, err)
 	full := s.download.Tokens()
 	desc := descOf(data)
-	_, err = nodes[1].store.Fetch(context.Background(), desc, s.Source(desc, origin), nil)
+	_, err = nodes[1].store.Fetch(context.Background(), desc, s.Source(desc, Origin{RangeOpener: origin}), nil)
 	require.NoError(t, err)
 	require.Less(t, s.download.Tokens(), full, "every chunk took tokens from the download limiter")
 }

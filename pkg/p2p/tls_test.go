@@ -67,7 +67,7 @@ func TestSwarmOverMutualTLS(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	store := newTestStore(t)
-	_, err = store.Fetch(ctx, descOf(data), s.Source(descOf(data), originGone{}), nil)
+	_, err = store.Fetch(ctx, descOf(data), s.Source(descOf(data), Origin{RangeOpener: originGone{}}), nil)
 	require.NoError(t, err, "fetched from the peers over TLS")
 
 	m, err := s.askResolution(ctx, dir.peers["a"].Meta.ChunkAddr, resolutionKey("hf://org/model@main"))

@@ -211,6 +211,22 @@ func (r Ref) String() string {
 	return s
 }
 
+// Origin names the service the reference's bytes come from, as the
+// origin limits know it: an OCI registry's host (with its port), "hf" for
+// the model hub, "s3" for the object store, and an http(s) URL's host.
+func (r Ref) Origin() string {
+	switch r.Kind {
+	case KindOCI:
+		return r.Registry
+	case KindHF, KindS3:
+		return string(r.Kind)
+	}
+	if r.URL == nil {
+		return ""
+	}
+	return strings.ToLower(r.URL.Host)
+}
+
 // Redacted is like String but replaces the query, which in presigned URLs
 // carries credentials, with "REDACTED". Use it in logs and status.
 func (r Ref) Redacted() string {

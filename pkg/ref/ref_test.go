@@ -179,6 +179,21 @@ func TestRedacted(t *testing.T) {
 	assert.Empty(t, ref.Ref{}.String())
 }
 
+func TestOrigin(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"oci://Registry.Example:5000/team/llama:v1": "registry.example:5000",
+		"hf://meta-llama/Llama-3-8B@main":           "hf",
+		"s3://weights/llama":                        "s3",
+		"https://Weights.Example.com/model.json":    "weights.example.com",
+	} {
+		r, err := ref.Parse(in)
+		require.NoError(t, err)
+		assert.Equal(t, want, r.Origin(), in)
+	}
+	assert.Empty(t, ref.Ref{}.Origin())
+}
+
 func ExampleParse() {
 	r, err := ref.Parse("HTTPS://Weights.Example.com/llama/model-00001-of-00002.safetensors#sha256:" + hex64)
 	if err != nil {

@@ -140,7 +140,7 @@ func (a *fetchingAgent) fetch(ctx context.Context, blob []byte) error {
 // download downloads blob from the peers alone: the origin refuses.
 func (a *fetchingAgent) download(ctx context.Context, blob []byte) error {
 	desc := content.Descriptor{Digest: digest.FromBytes(blob), Size: int64(len(blob))}
-	_, err := a.store.Fetch(ctx, desc, a.swarm.Source(desc, refusingOrigin{}), nil)
+	_, err := a.store.Fetch(ctx, desc, a.swarm.Source(desc, p2p.Origin{RangeOpener: refusingOrigin{}}), nil)
 	return err
 }
 

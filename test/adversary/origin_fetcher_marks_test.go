@@ -42,7 +42,7 @@ func TestSentOnceMarksDoNotStarveHonestPeers(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-filled })
 	go func() {
 		defer close(filled)
-		_, _ = server.store.Fetch(ctx, desc, server.swarm.Source(desc, stallingOrigin{blob: blob, upTo: held * chunk}), nil)
+		_, _ = server.store.Fetch(ctx, desc, server.swarm.Source(desc, p2p.Origin{RangeOpener: stallingOrigin{blob: blob, upTo: held * chunk}}), nil)
 	}()
 	require.Eventually(t, func() bool { return server.swarm.FetchesFromOrigin(d) }, 10*time.Second, 10*time.Millisecond,
 		"the server fetches the blob from the origin")
