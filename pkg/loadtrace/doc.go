@@ -12,12 +12,14 @@
 // attaches to raw tracepoints only, the kind that loads on locked-down
 // kernels: raw_syscalls/sys_enter and sys_exit, and sched/sched_process_exit.
 //
-//   - open(2), openat(2), openat2(2) of an absolute path that starts with one
-//     of the configured directories (at most 4, each under 255 bytes; the path
-//     compared and reported is the first 511 bytes of the string the process
-//     passed; read again at exit if its page was not resident at enter). The
-//     path is remembered per thread from enter to exit, and a
-//     successful open adds (process, fd) to an LRU map of 65,536 tracked fds.
+//   - a successful open(2), openat(2) or openat2(2) of an absolute path that
+//     starts with one of the configured directories (at most 4, each under
+//     255 bytes; the path compared and reported is the first 511 bytes of
+//     the string the process passed). It is seen at the syscall's exit,
+//     which finds the path's pointer in the saved registers and the string
+//     resident (the kernel has just read it): a failed open costs no read
+//     of its path, and nothing is kept between enter and exit. The open
+//     adds (process, fd) to an LRU map of 65,536 tracked fds.
 //     Relative paths (openat with a directory fd, or a working directory
 //     inside the cache) are not seen: inference servers open weights by the
 //     absolute paths their hub library builds.

@@ -19,10 +19,9 @@ type loadtraceFdkey struct {
 	Fd   int32
 }
 
-type loadtracePending struct {
-	_    structs.HostLayout
-	Path [512]int8
-	Uptr uint64
+type loadtracePath struct {
+	_ structs.HostLayout
+	S [512]int8
 }
 
 type loadtracePrefix struct {
@@ -37,7 +36,6 @@ type loadtracePrefix struct {
 const (
 	loadtraceMapDrops        = "drops"
 	loadtraceMapEvents       = "events"
-	loadtraceMapPending      = "pending"
 	loadtraceMapPrefixes     = "prefixes"
 	loadtraceMapProcs        = "procs"
 	loadtraceMapScratch      = "scratch"
@@ -102,7 +100,6 @@ type loadtraceProgramSpecs struct {
 type loadtraceMapSpecs struct {
 	Drops    *ebpf.MapSpec `ebpf:"drops"`
 	Events   *ebpf.MapSpec `ebpf:"events"`
-	Pending  *ebpf.MapSpec `ebpf:"pending"`
 	Prefixes *ebpf.MapSpec `ebpf:"prefixes"`
 	Procs    *ebpf.MapSpec `ebpf:"procs"`
 	Scratch  *ebpf.MapSpec `ebpf:"scratch"`
@@ -139,7 +136,6 @@ func (o *loadtraceObjects) Close() error {
 type loadtraceMaps struct {
 	Drops    *ebpf.Map `ebpf:"drops"`
 	Events   *ebpf.Map `ebpf:"events"`
-	Pending  *ebpf.Map `ebpf:"pending"`
 	Prefixes *ebpf.Map `ebpf:"prefixes"`
 	Procs    *ebpf.Map `ebpf:"procs"`
 	Scratch  *ebpf.Map `ebpf:"scratch"`
@@ -150,7 +146,6 @@ func (m *loadtraceMaps) Close() error {
 	return _LoadtraceClose(
 		m.Drops,
 		m.Events,
-		m.Pending,
 		m.Prefixes,
 		m.Procs,
 		m.Scratch,

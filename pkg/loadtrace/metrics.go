@@ -11,7 +11,7 @@ import (
 // Reasons an event is dropped, the label of
 // weightd_loadtrace_dropped_events_total; the first three are counted in the
 // kernel, in this order.
-var dropReasons = []string{"ringbuf", "fds", "pending", "bounds"}
+var dropReasons = []string{"ringbuf", "fds", "path", "bounds"}
 
 type metrics struct {
 	available prometheus.Gauge
@@ -41,7 +41,7 @@ func (m *metrics) register(reg prometheus.Registerer, t *Tracer) error {
 	})
 	m.drops = &dropCollector{
 		desc: prometheus.NewDesc("weightd_loadtrace_dropped_events_total",
-			"Events the model-load tracer lost, by reason: ringbuf (ring buffer full), fds and pending (a kernel map full), bounds (the tracer's own limits).",
+			"Events the model-load tracer lost, by reason: ringbuf (ring buffer full), fds (the kernel map of open files full), path (the path of an open unreadable at its exit), bounds (the tracer's own limits).",
 			[]string{"reason"}, nil),
 	}
 	active := prometheus.NewGaugeFunc(prometheus.GaugeOpts{

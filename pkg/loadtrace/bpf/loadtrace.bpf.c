@@ -21,7 +21,7 @@
 #define SYS_OPENAT2 437
 
 enum kind { KIND_OPEN = 1, KIND_READ = 2, KIND_CLOSE = 3, KIND_EXIT = 4 };
-enum drop { DROP_RINGBUF = 0, DROP_FDS = 1, DROP_PENDING = 2, DROP_MAX = 3 };
+enum drop { DROP_RINGBUF = 0, DROP_FDS = 1, DROP_PATH = 2, DROP_MAX = 3 };
 
 // self_tgid is the agent's own process, never traced (it reads blobs to
 // serve peers); set at load.
@@ -55,11 +55,8 @@ struct fdkey {
 	__s32 fd;
 };
 
-struct pending {
-	char path[PATH_LEN];
-	// uptr is the process's string, read again at exit when it could not
-	// be read at enter (its page was not resident); path is then empty.
-	__u64 uptr;
+struct path {
+	char s[PATH_LEN];
 };
 
 struct {
@@ -68,14 +65,6 @@ struct {
 	__type(key, __u32);
 	__type(value, struct prefix);
 } prefixes SEC(".maps");
-
-// pending: the path of an open in flight, per thread, from enter to exit.
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u64);
-	__type(value, struct pending);
-} pending SEC(".maps");
 
 // tracked: open fds of traced files; the value says whether it was read.
 // LRU: the fds of processes that exited without their exit being seen age out.
@@ -105,7 +94,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, struct pending);
+	__type(value, struct path);
 } scratch SEC(".maps");
 
 struct {
@@ -173,28 +162,6 @@ static __always_inline int matches(const char *path)
 	return 0;
 }
 
-static __always_inline int on_open(__u64 id, const char *upath)
-{
-	__u32 zero = 0;
-	if ((id >> 32) == self_tgid)
-		return 0;
-	struct pending *buf = bpf_map_lookup_elem(&scratch, &zero);
-	if (!buf)
-		return 0;
-	long n = bpf_probe_read_user_str(buf->path, PATH_LEN, upath);
-	if (n < 0) {
-		buf->path[0] = 0;
-		buf->uptr = (__u64)upath;
-	} else if (n <= 1 || buf->path[0] != '/' || !matches(buf->path)) {
-		return 0;
-	} else {
-		buf->uptr = 0;
-	}
-	if (bpf_map_update_elem(&pending, &id, buf, BPF_ANY))
-		count_drop(DROP_PENDING);
-	return 0;
-}
-
 static __always_inline int on_read(__u64 id, __s32 fd)
 {
 	struct fdkey k = {.tgid = id >> 32, .fd = fd};
@@ -221,16 +188,8 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 	long nr = (long)ctx->args[1];
 	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
 	unsigned long a = 0;
-	__u64 id;
 
 	switch (nr) {
-	case SYS_OPEN:
-		bpf_probe_read_kernel(&a, sizeof(a), &regs->rdi);
-		return on_open(bpf_get_current_pid_tgid(), (const char *)a);
-	case SYS_OPENAT:
-	case SYS_OPENAT2:
-		bpf_probe_read_kernel(&a, sizeof(a), &regs->rsi);
-		return on_open(bpf_get_current_pid_tgid(), (const char *)a);
 	case SYS_READ:
 	case SYS_PREAD64:
 	case SYS_READV:
@@ -240,8 +199,7 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 		return on_read(bpf_get_current_pid_tgid(), (__s32)a);
 	case SYS_MMAP:
 		bpf_probe_read_kernel(&a, sizeof(a), &regs->r8);
-		id = bpf_get_current_pid_tgid();
-		return on_read(id, (__s32)a);
+		return on_read(bpf_get_current_pid_tgid(), (__s32)a);
 	case SYS_CLOSE:
 		bpf_probe_read_kernel(&a, sizeof(a), &regs->rdi);
 		return on_close(bpf_get_current_pid_tgid(), (__s32)a);
@@ -249,50 +207,52 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 	return 0;
 }
 
+// sys_exit sees a successful open with its path: the syscall's arguments
+// are still in the saved registers, and the kernel has just read the
+// string, so it is resident. Only an open that succeeds costs a read of its
+// path, and nothing is kept from enter to exit.
 SEC("raw_tracepoint/sys_exit")
 int sys_exit(struct bpf_raw_tracepoint_args *ctx)
 {
 	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
 	long ret = (long)ctx->args[1];
-	unsigned long nr = 0;
+	unsigned long nr = 0, upath = 0;
+	__u32 zero = 0;
 
 	bpf_probe_read_kernel(&nr, sizeof(nr), &regs->orig_rax);
-	if (nr != SYS_OPENAT && nr != SYS_OPENAT2 && nr != SYS_OPEN)
+	if (ret < 0 || (nr != SYS_OPENAT && nr != SYS_OPENAT2 && nr != SYS_OPEN))
 		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
-	struct pending *p = bpf_map_lookup_elem(&pending, &id);
+	if ((id >> 32) == self_tgid)
+		return 0;
+	bpf_probe_read_kernel(&upath, sizeof(upath), nr == SYS_OPEN ? &regs->rdi : &regs->rsi);
+	struct path *p = bpf_map_lookup_elem(&scratch, &zero);
 	if (!p)
 		return 0;
-	if (ret < 0) {
-		bpf_map_delete_elem(&pending, &id);
+	long n = bpf_probe_read_user_str(p->s, PATH_LEN, (const char *)upath);
+	if (n < 0) {
+		count_drop(DROP_PATH);
 		return 0;
 	}
-	if (p->uptr) {
-		// The kernel has read the string by now: it is resident.
-		long n = bpf_probe_read_user_str(p->path, PATH_LEN, (const char *)p->uptr);
-		if (n <= 1 || p->path[0] != '/' || !matches(p->path)) {
-			bpf_map_delete_elem(&pending, &id);
-			return 0;
-		}
+	if (n <= 1 || p->s[0] != '/' || !matches(p->s))
+		return 0;
+	struct open_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_drop(DROP_RINGBUF);
+		return 0;
 	}
 	struct fdkey k = {.tgid = id >> 32, .fd = (__s32)ret};
 	__u8 unread = 0, one = 1;
 	if (bpf_map_update_elem(&tracked, &k, &unread, BPF_ANY)) {
 		count_drop(DROP_FDS);
-		bpf_map_delete_elem(&pending, &id);
+		bpf_ringbuf_discard(e, BPF_RB_NO_WAKEUP);
 		return 0;
 	}
-	bpf_map_update_elem(&procs, &k.tgid, &one, BPF_ANY);
-	struct open_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	if (!e) {
-		count_drop(DROP_RINGBUF);
-		bpf_map_delete_elem(&pending, &id);
-		return 0;
-	}
+	if (!bpf_map_lookup_elem(&procs, &k.tgid))
+		bpf_map_update_elem(&procs, &k.tgid, &one, BPF_ANY);
 	fill(&e->h, id, (__s32)ret, KIND_OPEN);
-	bpf_probe_read_kernel(e->path, PATH_LEN, p->path);
+	bpf_probe_read_kernel_str(e->path, PATH_LEN, p->s);
 	submit(e);
-	bpf_map_delete_elem(&pending, &id);
 	return 0;
 }
 
