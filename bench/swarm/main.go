@@ -27,6 +27,10 @@
 //	 "tls":true,"agent_cpu_s":…}
 //
 // naive_last_s and speedup_vs_naive are null with -naive=false. With
+// -origin-limit-mbit L the agents limit the origin, by its name, to L
+// Mbit/s for the whole cluster (--origin-limits; every other origin to a
+// tenth of it, --origin-limit), and each line adds "origin_limit_mbit" and
+// "origin_limit_share", the origin's bytes over last_s as a share of L. With
 // -zones Z (zones.go) the hosts are cut into Z zones and each mode runs
 // twice, the agents told nothing of zones ("zones_on":false), then given
 // --zone ("zones_on":true); both lines add, per zone, "zone_in_ratio",
@@ -56,11 +60,13 @@ import (
 	"log"
 	"math"
 	"net/netip"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -88,6 +94,10 @@ type options struct {
 	agentArgs string // more flags for every agent
 	tls       string // "on": peers talk mutual TLS (as the chart sets them up); "off": plain HTTP
 	zones     int    // 0: no zones; else the hosts are cut into this many zones (zones.go)
+	// originLimitMbit, when set, is the bench origin's limit for the
+	// whole cluster (--origin-limits), every other origin's a tenth of it
+	// (--origin-limit)
+	originLimitMbit float64
 }
 
 // result is one line of output.
@@ -110,6 +120,10 @@ type result struct {
 	ZonesOn        *bool     `json:"zones_on,omitempty"`
 	ZoneInRatio    []float64 `json:"zone_in_ratio,omitempty"`
 	ZonePeerRatio  []float64 `json:"zone_peer_ratio,omitempty"`
+	// With -origin-limit-mbit: the limit, and the origin's mean rate
+	// over the mode (its bytes over last_s) as a share of it.
+	OriginLimitMbit  float64 `json:"origin_limit_mbit,omitempty"`
+	OriginLimitShare float64 `json:"origin_limit_share,omitempty"`
 }
 
 func main() {
@@ -132,6 +146,7 @@ func main() {
 	flag.StringVar(&o.weightd, "weightd", "", "weightd binary (default: go build ./cmd/weightd into the temporary directory)")
 	flag.StringVar(&o.agentArgs, "agent-args", "", "more flags for every agent, space-separated (tuning experiments)")
 	flag.StringVar(&o.tls, "tls", "on", "on: the agents talk mutual TLS with a CA of the bench's, as the chart sets them up; off: plain HTTP (--peer-insecure), to measure what TLS costs")
+	flag.Float64Var(&o.originLimitMbit, "origin-limit-mbit", 0, "limit the origin to this many Mbit/s for the whole cluster, by its name (--origin-limits), every other origin to a tenth of it (--origin-limit); 0 for no limit")
 	flag.IntVar(&o.zones, "zones", 0, "cut the hosts into this many zones, run each mode without and with --zone, and count the bytes each zone receives from outside it (needs iptables); 0 for none")
 	flag.BoolVar(&quick, "quick", false, "a run of under a minute: 4 nodes, 64 MiB, 200 Mbit/s unless set otherwise")
 	flag.StringVar(&serveDir, "serve-origin", "", "internal: serve this directory as the origin (in the origin host)")
@@ -398,7 +413,7 @@ func (b *bench) runMode(ctx context.Context, mode string, zoned bool) (result, e
 	syscall.Sync() // the previous phase's write-back must not slow this one
 
 	cfg := benchnet.AgentConfig{Bin: b.weightd, Dir: dir, ChunkMiB: b.chunkMiB,
-		Extra: strings.Fields(b.agentArgs), PlainPeers: b.tls == "off"}
+		Extra: append(strings.Fields(b.agentArgs), b.originLimitFlags()...), PlainPeers: b.tls == "off"}
 	if zoned {
 		cfg.HostExtra = func(h *testbed.Host) []string { return b.zoneFlag(slices.Index(b.hosts, h)) }
 	}
@@ -468,6 +483,11 @@ func (b *bench) runMode(ctx context.Context, mode string, zoned bool) (result, e
 		TLS:         b.tls == "on",
 		AgentCPUS:   round(cpu1.AgentSeconds(cpu0, victim)),
 	}
+	if b.originLimitMbit > 0 {
+		r.OriginLimitMbit = b.originLimitMbit
+		r.OriginLimitShare = round(float64(after-before) * 8 / 1e6 / secs[len(secs)-1] / b.originLimitMbit)
+		log.Printf("%s: the origin sent at %.0f%% of its limit of %g Mbit/s", mode, 100*r.OriginLimitShare, b.originLimitMbit)
+	}
 	if b.zones > 0 {
 		zones, err := b.readZones(ctx)
 		if err != nil {
@@ -480,6 +500,20 @@ func (b *bench) runMode(ctx context.Context, mode string, zoned bool) (result, e
 	log.Printf("%s: %s; origin sent %.2f × S", mode, describe(agents.List, took, victim), r.OriginRatio)
 	log.Printf("%s: %s", mode, describeCPU(cpu0, cpu1, victim))
 	return r, nil
+}
+
+// originLimitFlags are the agents' flags for -origin-limit-mbit: the
+// origin named by its host and port, as an http(s) origin is.
+func (b *bench) originLimitFlags() []string {
+	if b.originLimitMbit <= 0 {
+		return nil
+	}
+	u, err := url.Parse(b.url)
+	if err != nil {
+		panic(err) // built by run
+	}
+	limit := int64(b.originLimitMbit * 1e6 / 8)
+	return []string{"--origin-limit", strconv.FormatInt(limit/10, 10), "--origin-limits", u.Host + "=" + strconv.FormatInt(limit, 10)}
 }
 
 // describeCPU says how busy the CPUs were from s0 to s, leaving out agent
