@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -70,6 +71,7 @@ var everything = []string{
 	"agent.extraEnv[0].name=WEIGHTD_UPLOAD_TCP",
 	"agent.extraEnv[0].value=",
 	"agent.config.upload-limit=500MiB",
+	"agent.config.origin-limits.hf=1GiB",
 	"agent.nodeSelector.pool=gpu",
 	"agent.priorityClassName=",
 	"extender.enabled=true",
@@ -445,6 +447,9 @@ func TestChartEverything(t *testing.T) {
 		if cfg[k] != want {
 			t.Errorf("config %s = %#v, want %#v", k, cfg[k], want)
 		}
+	}
+	if got, want := cfg["origin-limits"], map[string]any{"hf": "1GiB"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("config origin-limits = %#v, want %#v", got, want)
 	}
 	roles := 0
 	for _, o := range r.objects {
