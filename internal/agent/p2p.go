@@ -223,9 +223,10 @@ func (p *peering) source(inner source.Source, log *slog.Logger) source.Source {
 
 // blobSource routes a blob the registry mirror misses through the swarm
 // when there are peers to share it with, else streams it from upstream
-// within the download limit.
+// within the download limit. The mirror names the registry as
+// ref.Ref.Origin does: its host, lower-cased.
 func (p *peering) blobSource(desc content.Descriptor, registry string, upstream content.RangeOpener) content.RangeOpener {
-	origin := p2p.Origin{Name: strings.ToLower(registry), RangeOpener: upstream}
+	origin := p2p.Origin{Name: registry, RangeOpener: upstream}
 	if len(p.membership.Members()) == 0 {
 		return p.swarm.Paced(origin)
 	}
