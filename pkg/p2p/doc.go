@@ -35,13 +35,17 @@
 // turn, Settle times one plus its rank past the first OriginFetchers, after
 // its fill began; at once when it is alone or among the first
 // OriginFetchers of all live members, as none can rank above it. It waits
-// while holders' states are still unread, within reason, and one that
-// waited for its turn asks the origin only Settle/4 after taking the role,
-// time for word of a rival ranked above it. When more nodes took the role,
-// one with OriginFetchers fetchers ranked above it yields.
+// while holders' states are still unread, within reason. One that waited
+// for its turn lets peers see it fetch, and asks the origin, only once the
+// followed peers ranked above it have answered a state read sent after it
+// took the role (or a state read's wait passed): word, not a timer, as a
+// busy node's answers lag by more than Settle. When more nodes took the
+// role, one with OriginFetchers fetchers ranked above it yields.
 //
 // Origin shares: the fetchers split the chunks: chunk i is share i mod the
-// number of fetchers, in rendezvous order; each fetches the lowest chunk of
+// number of fetchers, in rendezvous order (a first member that may have
+// taken the role counts for Settle, then until its word says otherwise);
+// each fetches the lowest chunk of
 // its share that no peer has or receives, and once done helps the fetcher
 // with the most left from the back of that share. While it has origin work
 // left, a fetcher keeps only a few requests to peers. The origin is never

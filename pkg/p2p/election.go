@@ -89,9 +89,15 @@ func (f *plan) decideOrigin() {
 			}
 			if above >= f.s.cfg.OriginFetchers {
 				f.originRole = false
-				f.s.setOrigin(f.d, false, 0)
+				if f.originShown {
+					f.s.setOrigin(f.d, false, 0)
+				}
 				f.s.log.Info("yielding the origin role", "digest", f.d, "to", fetchers)
+				return
 			}
+		}
+		if !f.originShown && f.rivalsHeard(f.s.cfg.Now()) {
+			f.show()
 		}
 		return
 	}
@@ -106,7 +112,8 @@ func (f *plan) decideOrigin() {
 			names = append(names, name)
 		}
 	}
-	rank := slices.Index(f.electionOrder(names), f.s.dir.LocalName())
+	order := f.electionOrder(names)
+	rank := slices.Index(order, f.s.dir.LocalName())
 	members := f.s.dir.Members()
 	alone := len(members) == 0 && len(f.peers) == 0
 	turn := f.s.cfg.Settle * time.Duration(1+max(0, rank-(f.s.cfg.OriginFetchers-1)))
@@ -123,9 +130,24 @@ func (f *plan) decideOrigin() {
 	if alone || f.s.cfg.Now().Sub(f.start) >= turn {
 		f.originRole, f.originSince, f.originAtOnce = true, f.s.cfg.Now(), alone || first
 		f.s.m.originRole.Inc()
-		f.s.setOrigin(f.d, true, 0)
 		f.s.log.Info("fetching from the origin for the cluster", "digest", f.d, "rank", rank, "candidates", len(names))
+		if f.originAtOnce {
+			f.show()
+			return
+		}
+		f.originShown, f.rivals = false, nil
+		for _, name := range order[:rank] {
+			if f.peers[name] != nil {
+				f.rivals = append(f.rivals, name)
+			}
+		}
 	}
+}
+
+// show lets peers see that this node fetches the blob from the origin.
+func (f *plan) show() {
+	f.originShown = true
+	f.s.setOrigin(f.d, true, 0)
 }
 
 // settled reports whether the origin role is settled for this node: it
@@ -162,19 +184,49 @@ func (f *plan) withMembers(members []Peer) []string {
 func (f *plan) release() {
 	f.s.buffered.Add(-f.buffered) // requests that will not be handled
 	f.buffered = 0
-	if f.originRole {
+	if f.originRole && f.originShown {
 		f.s.setOrigin(f.d, false, f.s.cfg.OriginLinger)
 	}
 }
 
-// useOrigin reports whether a request to the origin may start now. A node
-// that has just taken the role waits a quarter of Settle first, for word of
-// any node ranked above it that took the role at the same moment (it then
-// yields before the origin sends it a byte), unless none can rank above it.
+// useOrigin reports whether a request to the origin may start now: once
+// peers see this node fetch (show). One that took the role at its turn is
+// seen only once it has heard from the nodes ranked above it that may
+// have taken the role too (rivalsHeard); it then yields before the origin
+// sends it a byte, and its peers never split the chunks with it.
 func (f *plan) useOrigin() bool {
-	now := f.s.cfg.Now()
-	return f.originRole && f.originInflight < min(f.s.cfg.OriginInFlight, f.maxInFlight) &&
-		now.After(f.originPause) && (f.originAtOnce || now.Sub(f.originSince) >= f.s.cfg.Settle/4)
+	return f.originRole && f.originShown && f.originInflight < min(f.s.cfg.OriginInFlight, f.maxInFlight) &&
+		f.s.cfg.Now().After(f.originPause)
+}
+
+// rivalsHeard reports whether a node that took the origin role at its turn
+// has waited long enough for word of rivals: a quarter of Settle, and until
+// each followed peer ranked above it has answered a state read sent after
+// it took the role. A timed wait alone is not enough: on a busy node,
+// state answers lag by more than Settle. A rival that does not answer
+// holds it up for one state read's wait at most.
+func (f *plan) rivalsHeard(now time.Time) bool {
+	waited := now.Sub(f.originSince)
+	if waited < f.s.cfg.Settle/4 {
+		return false
+	}
+	if waited >= f.s.cfg.Settle/4+stateWait {
+		return true
+	}
+	f.rivals = slices.DeleteFunc(f.rivals, func(name string) bool {
+		return f.peers[name] == nil || f.s.Banned(name) || f.heardSince(name, f.originSince)
+	})
+	return len(f.rivals) == 0
+}
+
+// heardSince reports whether word of peer's state of the blob came from a
+// read sent at t or later: its state, or that it holds none.
+func (f *plan) heardSince(peer string, t time.Time) bool {
+	if pv := f.peers[peer]; pv != nil {
+		return !pv.asOf.Before(t)
+	}
+	at, absent := f.absent[peer]
+	return absent && !at.Before(t)
 }
 
 // originShare is this node's share of the origin fetch: the chunks i with
@@ -197,16 +249,22 @@ func (f *plan) originShare() (share int, fetchers []string) {
 			fetching = append(fetching, name)
 		}
 	}
-	// Right after taking the role, the nodes that took it at the same
-	// moment (the first in rendezvous order) may not have said so yet.
-	if f.s.cfg.Now().Sub(f.originSince) < f.s.cfg.Settle {
+	// Right after taking the role, the nodes that took it within Settle
+	// of it (the first in rendezvous order) may not have said so yet:
+	// each counts for Settle, and then until word from it sent after
+	// that says otherwise, within a state read's wait. Word, not time
+	// alone: on a busy node state answers lag by more than Settle, and a
+	// fetcher dropped from the split before its word arrives has its
+	// chunks fetched twice.
+	if waited := f.s.cfg.Now().Sub(f.originSince); waited < f.s.cfg.Settle+stateWait {
 		if f.originAtOnce {
 			// It did not wait to learn who wants the blob: the other
 			// first members may, and not be followed yet.
 			candidates = slices.DeleteFunc(f.withMembers(f.s.dir.Members()), f.s.Banned)
 		}
 		for _, name := range f.electionOrder(candidates)[:min(len(candidates), f.s.cfg.OriginFetchers)] {
-			if !slices.Contains(fetching, name) {
+			if !slices.Contains(fetching, name) &&
+				(waited < f.s.cfg.Settle || !f.heardSince(name, f.originSince.Add(f.s.cfg.Settle))) {
 				fetching = append(fetching, name)
 			}
 		}

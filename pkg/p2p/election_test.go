@@ -310,3 +310,131 @@ func TestOriginTurnByRank(t *testing.T) {
 		f.release()
 	}
 }
+
+// A node that took the origin role at its turn, below nodes that may have
+// taken it too, lets peers see it fetch, and asks the origin, only once
+// each of them has answered a state read sent after it took the role: it
+// yields before the origin sends it a byte however late word of them
+// comes, and its peers never split the chunks with it. A rival that does
+// not answer holds it up for a state read's wait at most.
+func TestOriginRoleByTurnWaitsForWordFromAbove(t *testing.T) {
+	t.Parallel()
+	names := []string{"me", "a", "b"}
+	dir := staticDir{local: "me", peers: map[string]Peer{}}
+	for _, n := range names[1:] {
+		dir.peers[n] = Peer{Name: n, Meta: NodeMeta{ChunkAddr: "127.0.0.1:1"}}
+	}
+	now := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
+	s, err := NewSwarm(dir, nil, SwarmConfig{Settle: time.Second, Now: func() time.Time { return now }}, nil, nil)
+	require.NoError(t, err)
+	var desc content.Descriptor
+	for i := uint64(0); desc.Digest == ""; i++ {
+		if c := descOf(randomBlob(300+i, 8*testChunk)); rendezvous(c.Digest, names)[2] == "me" {
+			desc = c
+		}
+	}
+	// answer delivers peer's state, read from sent on.
+	answer := func(f *plan, peer string, sent time.Time, origin bool) {
+		pv := f.peers[peer]
+		pv.reading, pv.readAt = true, sent
+		f.updateState(stateResult{peer: peer, state: PeerState{
+			ChunkState: cache.ChunkState{Size: desc.Size, ChunkSize: testChunk, Have: []byte{0}}, Origin: origin}})
+	}
+	newPlan := func() *plan {
+		start := now.Add(time.Hour) // past the last plan's linger
+		f := &plan{s: s, desc: desc, d: desc.Digest, chunkSize: testChunk, chunks: 8, start: start,
+			peers: map[string]*peerView{}, absent: map[string]time.Time{}, maxInFlight: 8}
+		for _, n := range names[1:] {
+			f.peers[n] = &peerView{name: n, chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{}}
+			answer(f, n, start, false) // neither fetches yet
+		}
+		now = start.Add(2 * s.cfg.Settle) // its turn, ranked third
+		f.decideOrigin()
+		require.True(t, f.originRole, "the nodes ranked above it have not taken the role")
+		return f
+	}
+	seen := func(f *plan) bool {
+		f.decideOrigin()
+		require.Equal(t, f.useOrigin(), s.FetchesFromOrigin(desc.Digest), "it asks the origin when peers see it fetch")
+		return f.useOrigin()
+	}
+
+	f := newPlan()
+	now = now.Add(s.cfg.Settle / 2)
+	require.False(t, seen(f), "no word from above since it took the role")
+	answer(f, "a", f.originSince.Add(-time.Millisecond), false)
+	require.False(t, seen(f), "a's answer to a read sent before it took the role says nothing")
+	answer(f, "a", f.originSince, false)
+	require.False(t, seen(f), "b is still unheard")
+	answer(f, "b", f.originSince.Add(time.Millisecond), false)
+	require.True(t, seen(f), "both answered: neither fetches")
+	f.release()
+
+	f = newPlan()
+	answer(f, "a", f.originSince, true)
+	answer(f, "b", f.originSince, true)
+	now = now.Add(s.cfg.Settle / 2)
+	require.False(t, seen(f))
+	require.False(t, f.originRole, "both took the role: it yields, never seen")
+	f.release()
+	require.False(t, s.FetchesFromOrigin(desc.Digest), "never seen: nothing lingers")
+
+	f = newPlan()
+	now = now.Add(s.cfg.Settle/4 + stateWait)
+	require.True(t, seen(f), "unheard for a state read's wait: it goes ahead")
+	f.release()
+}
+
+// A node among the first of all members takes the origin role at once and
+// counts the other first member among the fetchers for Settle, whatever it
+// says (it may start its own fill a moment later), and then until it
+// answers a state read sent after that: a busy node's answers lag by more
+// than Settle, and dropping a fetcher from the split early fetches its
+// chunks twice. Without an answer it is dropped after a state read's wait.
+func TestFirstMembersCountEachOtherUntilWordSaysOtherwise(t *testing.T) {
+	t.Parallel()
+	names := []string{"me", "a", "b"}
+	dir := staticDir{local: "me", peers: map[string]Peer{}}
+	for _, n := range names[1:] {
+		dir.peers[n] = Peer{Name: n, Meta: NodeMeta{ChunkAddr: "127.0.0.1:1"}}
+	}
+	start := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
+	now := start
+	s, err := NewSwarm(dir, nil, SwarmConfig{Settle: time.Second, Now: func() time.Time { return now }}, nil, nil)
+	require.NoError(t, err)
+	var desc content.Descriptor
+	for i := uint64(0); desc.Digest == ""; i++ {
+		if c := descOf(randomBlob(400+i, 8*testChunk)); rendezvous(c.Digest, names)[0] == "me" {
+			desc = c
+		}
+	}
+	other := rendezvous(desc.Digest, names)[1]
+	f := &plan{s: s, desc: desc, d: desc.Digest, chunkSize: testChunk, chunks: 8, start: start,
+		peers:  map[string]*peerView{other: {name: other, chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{}}},
+		absent: map[string]time.Time{}, maxInFlight: 8}
+	answer := func(sent time.Time) {
+		pv := f.peers[other]
+		pv.reading, pv.readAt = true, sent
+		f.updateState(stateResult{peer: other, state: PeerState{
+			ChunkState: cache.ChunkState{Size: desc.Size, ChunkSize: testChunk, Have: []byte{0}}}})
+	}
+	fetchers := func() []string {
+		_, names := f.originShare()
+		return names
+	}
+	answer(start)
+	f.decideOrigin()
+	require.True(t, f.originRole)
+	require.True(t, f.useOrigin(), "first of all members: at once")
+	require.Len(t, fetchers(), 2, "within Settle it counts, though it says it does not fetch")
+	now = start.Add(s.cfg.Settle)
+	require.Len(t, fetchers(), 2, "no word since Settle")
+	answer(start.Add(s.cfg.Settle - time.Millisecond))
+	require.Len(t, fetchers(), 2, "word from a read sent before Settle ended")
+	answer(start.Add(s.cfg.Settle))
+	require.Equal(t, []string{"me"}, fetchers(), "it said it does not fetch, after Settle")
+
+	f.peers[other].asOf = start // its word lost
+	now = start.Add(s.cfg.Settle + stateWait)
+	require.Equal(t, []string{"me"}, fetchers(), "no word for a state read's wait")
+}

@@ -25,6 +25,7 @@ type peerView struct {
 	lastAlive time.Time // last time membership listed it alive
 	reading   bool      // a state request is in flight
 	readAt    time.Time
+	asOf      time.Time // when the read that gave state was sent: state is no older
 	inflight  int
 	failures  int
 	busyTill  time.Time
@@ -70,6 +71,8 @@ type plan struct {
 	originRole     bool
 	originSince    time.Time // when this node took the origin role
 	originAtOnce   bool      // it took the role without waiting: alone, or among the first of all members
+	originShown    bool      // peers see it fetch from the origin (Swarm.setOrigin): at once, or once its rivals are heard
+	rivals         []string  // the followed peers ranked above it when it took the role at its turn, not heard from since
 	originInflight int
 	originFailures int       // origin requests failed in a row without an answer
 	originHeard    time.Time // when the origin last sent bytes (or the download began)
@@ -273,7 +276,7 @@ func (f *plan) updateState(r stateResult) {
 		f.s.ban(r.peer, "bad_state")
 		return
 	}
-	pv.state, pv.known = r.state, true
+	pv.state, pv.known, pv.asOf = r.state, true, pv.readAt
 	now := f.s.cfg.Now()
 	for i := range f.chunks {
 		if _, seen := pv.sentSeen[i]; !seen && pv.state.WasSent(i) {

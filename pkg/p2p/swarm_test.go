@@ -181,8 +181,11 @@ func fetchAll(nodes []*swarmNode, data []byte, timeout time.Duration, originOf f
 	return g.Wait()
 }
 
+// Not parallel: its figure rests on state answers coming within Settle,
+// and the package's other swarms at once, under the race detector, starve
+// it past that (the protocol's share of that is TestOriginRoleByTurn… and
+// TestFirstMembersCount…).
 func TestSwarmOriginServesAboutOneCopy(t *testing.T) {
-	t.Parallel()
 	nodes := startSwarmCluster(t, 4, nil)
 	data := randomBlob(10, 40*testChunk)
 	origin := &countingOrigin{data: data}
