@@ -197,11 +197,11 @@ func (p *peering) serve(store *cache.Store, cfg P2PConfig, version string, log *
 }
 
 // originLimits is --origin-limits in bytes per second, by origin name
-// (ref.Ref.Origin, lower-cased as it is).
+// (ref.Ref.Origin: lower-cased, Docker Hub's aliases folded, as it is).
 func originLimits(limits map[string]bytesize.Size) map[string]int64 {
 	out := make(map[string]int64, len(limits))
 	for name, limit := range limits {
-		out[strings.ToLower(name)] = int64(limit)
+		out[ref.CanonicalRegistry(name)] = int64(limit)
 	}
 	return out
 }

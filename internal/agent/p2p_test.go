@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/weightd/weightd/internal/bytesize"
 	"github.com/weightd/weightd/pkg/peertls"
 )
 
@@ -39,4 +40,12 @@ func TestPeeringNeedsTheCA(t *testing.T) {
 			require.Equal(t, cfg.PeerInsecure, p.identity == nil)
 		})
 	}
+}
+
+// --origin-limits names origins as ref.Ref.Origin does: Docker Hub's
+// aliases are one origin, whatever the case.
+func TestOriginLimitsNameOriginsAsRefsDo(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, map[string]int64{"docker.io": 1 << 20, "hf": 2 << 20, "registry.example:5000": 0},
+		originLimits(map[string]bytesize.Size{"Registry-1.Docker.io": 1 << 20, "HF": 2 << 20, "registry.example:5000": 0}))
 }

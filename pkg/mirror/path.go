@@ -8,6 +8,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/weightd/weightd/pkg/content"
+	"github.com/weightd/weightd/pkg/ref"
 )
 
 // Grammar of the distribution API's path components, after the distribution
@@ -119,12 +120,7 @@ func canonicalHost(h string) (string, bool) {
 	if i := strings.LastIndexByte(h, ':'); i > strings.LastIndexByte(h, ']') && !validPort(h[i+1:]) {
 		return "", false
 	}
-	h = strings.ToLower(h)
-	switch h {
-	case "index.docker.io", "registry-1.docker.io":
-		h = "docker.io"
-	}
-	return h, true
+	return ref.CanonicalRegistry(h), true
 }
 
 func validPort(s string) bool {

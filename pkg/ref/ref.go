@@ -217,7 +217,7 @@ func (r Ref) String() string {
 func (r Ref) Origin() string {
 	switch r.Kind {
 	case KindOCI:
-		return r.Registry
+		return CanonicalRegistry(r.Registry)
 	case KindHF, KindS3:
 		return string(r.Kind)
 	}
@@ -225,6 +225,18 @@ func (r Ref) Origin() string {
 		return ""
 	}
 	return strings.ToLower(r.URL.Host)
+}
+
+// CanonicalRegistry is a registry host lower-cased, with Docker Hub's
+// aliases folded into "docker.io" (the name containerd sends a mirror), so
+// that every name of one registry is one origin and one mirror namespace.
+func CanonicalRegistry(host string) string {
+	host = strings.ToLower(host)
+	switch host {
+	case "index.docker.io", "registry-1.docker.io":
+		return "docker.io"
+	}
+	return host
 }
 
 // Redacted is like String but replaces the query, which in presigned URLs

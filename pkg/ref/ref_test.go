@@ -183,6 +183,9 @@ func TestOrigin(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]string{
 		"oci://Registry.Example:5000/team/llama:v1": "registry.example:5000",
+		"oci://registry-1.docker.io/library/x:v1":   "docker.io", // one service, one limit
+		"oci://Index.Docker.io/library/x:v1":        "docker.io",
+		"oci://docker.io/library/x:v1":              "docker.io",
 		"hf://meta-llama/Llama-3-8B@main":           "hf",
 		"s3://weights/llama":                        "s3",
 		"https://Weights.Example.com/model.json":    "weights.example.com",
