@@ -64,7 +64,9 @@
 // for the cluster counts as one pair. A node counts the pairs its fills
 // see and those the members gossip (NodeMeta.OriginFetches, per origin,
 // which counts blobs filled by other nodes too), and takes the larger
-// (originlimit.go).
+// (originlimit.go). A member's fetches of origins it does not name (past
+// the 7 it fetches most from, or all of an older agent's) count against
+// every origin.
 //
 // Following: a fill reads the chunk states of, and asks for chunks, at
 // most MaxFollowed holders: the first in election order, complete ones,

@@ -355,11 +355,15 @@ func decodeMeta(b []byte) (NodeMeta, error) {
 	}
 	meta.FreeDisk = int64(free)
 	meta.Version = r.string()
+	var total uint64 // for agents that know no origins
 	if r.err == nil && len(r.b) > 0 {
-		r.uvarint() // the total, for agents that know no origins
+		total = r.uvarint()
 	}
 	if r.err == nil && len(r.b) > 0 {
 		meta.OriginFetches = r.originFetches()
+	} else if r.err == nil && total > 0 {
+		// Such an agent's fetches may be of any origin.
+		meta.OriginFetches = map[OriginKey]int{otherOrigins: int(min(total, maxCountedFetches))}
 	}
 	if r.err != nil {
 		return NodeMeta{}, r.err

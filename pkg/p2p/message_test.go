@@ -206,16 +206,22 @@ func TestMetaRoundTrip(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, meta, got)
 		// Nodes of the versions before per-origin counts send none, or
-		// one count for all origins: none is counted.
+		// one count for all origins: it counts against every origin.
 		counts := 1 + 5*len(meta.OriginFetches)
-		total := len(binary.AppendUvarint(nil, uint64(sumCounts(meta.OriginFetches))))
-		for _, older := range [][]byte{b[:len(b)-counts], b[:len(b)-counts-total]} {
-			got, err := decodeMeta(older)
-			require.NoError(t, err)
-			want := meta
-			want.OriginFetches = nil
-			assert.Equal(t, want, got)
+		sum := sumCounts(meta.OriginFetches)
+		total := len(binary.AppendUvarint(nil, uint64(sum)))
+		got, err = decodeMeta(b[:len(b)-counts])
+		require.NoError(t, err)
+		want := meta
+		want.OriginFetches = nil
+		if sum > 0 {
+			want.OriginFetches = map[OriginKey]int{otherOrigins: min(sum, maxCountedFetches)}
 		}
+		assert.Equal(t, want, got, "the total alone")
+		got, err = decodeMeta(b[:len(b)-counts-total])
+		require.NoError(t, err)
+		want.OriginFetches = nil
+		assert.Equal(t, want, got, "no count")
 		// A later minor version may append fields.
 		got, err = decodeMeta(append(b, 1, 2, 3))
 		require.NoError(t, err)

@@ -44,12 +44,19 @@ type Origin struct {
 // 512 in all.
 type OriginKey uint32
 
-// OriginKeyOf returns the key of the origin called name.
+// OriginKeyOf returns the key of the origin called name; never
+// otherOrigins.
 func OriginKeyOf(name string) OriginKey {
 	h := fnv.New32a()
 	h.Write([]byte(name))
-	return OriginKey(h.Sum32())
+	return max(OriginKey(h.Sum32()), otherOrigins+1)
 }
+
+// otherOrigins is the key under which a node counts its fetches of
+// origins it does not name: those past what its metadata holds, or all of
+// an older agent's, which gossips one total. They count against every
+// origin, so a part errs below its limit, never above.
+const otherOrigins OriginKey = 0
 
 // maxCountedFetches bounds one member's gossiped count for an origin: more
 // blobs than a node's fills fetch from the origin at once.
@@ -176,7 +183,7 @@ func (s *Swarm) seeFetchers(origin string, d digest.Digest, fetchers []string) {
 	counts := map[OriginKey]int{}
 	for _, p := range s.origins {
 		mine, all := pairs(local, p.fetchers)
-		p.pace.SetLimit(originRate(p.limit, mine, all, cluster[p.key]))
+		p.pace.SetLimit(originRate(p.limit, mine, all, cluster[p.key]+cluster[otherOrigins]))
 		if mine > 0 {
 			counts[p.key] += mine
 		}
@@ -190,16 +197,23 @@ func (s *Swarm) seeFetchers(origin string, d digest.Digest, fetchers []string) {
 	}
 }
 
-// gossipedFetches fits a node's counts to its metadata: the
-// maxMetaOrigins origins it fetches most from, each at most
-// maxCountedFetches. The others' parts of an origin left out err above
-// its limit, by this node's fetches of it.
+// gossipedFetches fits a node's counts to its metadata, each at most
+// maxCountedFetches: every origin by its key where they fit; else those it
+// fetches most from, and the rest together under otherOrigins.
 func gossipedFetches(counts map[OriginKey]int) map[OriginKey]int {
 	keys := slices.Collect(maps.Keys(counts))
 	slices.SortFunc(keys, func(a, b OriginKey) int { return cmp.Or(cmp.Compare(counts[b], counts[a]), cmp.Compare(a, b)) })
+	named := len(keys)
+	if named > maxMetaOrigins {
+		named = maxMetaOrigins - 1
+	}
 	out := make(map[OriginKey]int, min(len(keys), maxMetaOrigins))
-	for _, k := range keys[:min(len(keys), maxMetaOrigins)] {
-		out[k] = min(counts[k], maxCountedFetches)
+	for i, k := range keys {
+		if i < named {
+			out[k] = min(counts[k], maxCountedFetches)
+		} else {
+			out[otherOrigins] = min(out[otherOrigins]+counts[k], maxCountedFetches)
+		}
 	}
 	return out
 }

@@ -127,6 +127,15 @@ func TestOriginLimitCountsTheClustersFetches(t *testing.T) {
 	require.NoError(t, err)
 	s.seeFetchers("hf", x, []string{"me", "b"})
 	require.InDelta(t, 1200.0/(5+maxCountedFetches), float64(s.originPace("hf").Limit()), 1e-9)
+
+	// A member's fetches of origins it does not name (past those its
+	// metadata holds, or all of an older agent's) count against each.
+	delete(dir.peers, "liar")
+	dir.peers["old"] = Peer{Name: "old", Meta: NodeMeta{OriginFetches: map[OriginKey]int{otherOrigins: 3}}}
+	s, err = NewSwarm(dir, nil, SwarmConfig{OriginLimit: 1200}, nil, nil)
+	require.NoError(t, err)
+	s.seeFetchers("hf", x, []string{"me", "b"})
+	require.Equal(t, rate.Limit(1200/8), s.originPace("hf").Limit())
 }
 
 // Each origin has its own limit: OriginLimits overrides OriginLimit for
@@ -160,17 +169,23 @@ func TestOriginLimitsPerOrigin(t *testing.T) {
 
 	counts := map[OriginKey]int{}
 	for i := range maxMetaOrigins + 2 {
-		counts[OriginKey(i)] = 10 + i
+		counts[OriginKey(1+i)] = 10 + i
 	}
 	counts[OriginKey(99)] = maxCountedFetches + 5
 	got := gossipedFetches(counts)
 	require.Len(t, got, maxMetaOrigins)
 	require.Equal(t, maxCountedFetches, got[99], "capped")
-	require.NotContains(t, got, OriginKey(0), "the least fetched left out")
-	require.NotContains(t, got, OriginKey(1))
-	require.NotContains(t, got, OriginKey(2))
+	for k := range OriginKey(4) {
+		require.NotContains(t, got, 1+k, "the least fetched left out")
+	}
+	require.Equal(t, 10+11+12+13, got[otherOrigins], "and counted under no name: against every origin")
 	_, err = encodeMeta(NodeMeta{OriginFetches: got})
 	require.NoError(t, err, "fits node metadata")
+	for k := range OriginKey(3) {
+		delete(counts, 1+k)
+	}
+	require.NotContains(t, gossipedFetches(counts), otherOrigins, "as many origins as fit: each by its name")
+	require.NotEqual(t, otherOrigins, OriginKeyOf(""), "no name's key is the others'")
 }
 
 // Two pairs of nodes fill two different blobs from two origins of
