@@ -219,11 +219,13 @@ func (f *plan) rivalsHeard(now time.Time) bool {
 	return len(f.rivals) == 0
 }
 
-// heardSince reports whether word of peer's state of the blob came from a
-// read sent at t or later: its state, or that it holds none.
+// heardSince reports whether word of peer came from a state read sent at
+// t or later: its state, that it holds none, or an error (a peer that does
+// not answer, killed but not yet out of the membership, fetches nothing
+// for the cluster).
 func (f *plan) heardSince(peer string, t time.Time) bool {
 	if pv := f.peers[peer]; pv != nil {
-		return !pv.asOf.Before(t)
+		return !pv.heardAt.Before(t)
 	}
 	at, absent := f.absent[peer]
 	return absent && !at.Before(t)

@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -380,6 +381,15 @@ func TestOriginRoleByTurnWaitsForWordFromAbove(t *testing.T) {
 	require.False(t, s.FetchesFromOrigin(desc.Digest), "never seen: nothing lingers")
 
 	f = newPlan()
+	now = now.Add(s.cfg.Settle / 2)
+	pv := f.peers["a"]
+	pv.reading, pv.readAt = true, f.originSince
+	f.updateState(stateResult{peer: "a", err: errors.New("connection refused")})
+	answer(f, "b", f.originSince, false)
+	require.True(t, seen(f), "a read that failed is word too: a rival gone (killed, not yet out of the membership) fetches nothing")
+	f.release()
+
+	f = newPlan()
 	now = now.Add(s.cfg.Settle/4 + stateWait)
 	require.True(t, seen(f), "unheard for a state read's wait: it goes ahead")
 	f.release()
@@ -434,7 +444,7 @@ func TestFirstMembersCountEachOtherUntilWordSaysOtherwise(t *testing.T) {
 	answer(start.Add(s.cfg.Settle))
 	require.Equal(t, []string{"me"}, fetchers(), "it said it does not fetch, after Settle")
 
-	f.peers[other].asOf = start // its word lost
+	f.peers[other].heardAt = start // its word lost
 	now = start.Add(s.cfg.Settle + stateWait)
 	require.Equal(t, []string{"me"}, fetchers(), "no word for a state read's wait")
 }

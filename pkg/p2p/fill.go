@@ -25,7 +25,7 @@ type peerView struct {
 	lastAlive time.Time // last time membership listed it alive
 	reading   bool      // a state request is in flight
 	readAt    time.Time
-	asOf      time.Time // when the read that gave state was sent: state is no older
+	heardAt   time.Time // when the read last answered, with a state or an error, was sent
 	inflight  int
 	failures  int
 	busyTill  time.Time
@@ -255,7 +255,7 @@ func (f *plan) updateState(r stateResult) {
 	if pv == nil {
 		return
 	}
-	pv.reading = false
+	pv.reading, pv.heardAt = false, pv.readAt
 	if errors.Is(r.err, errNotHeld) && pv.inflight == 0 {
 		delete(f.peers, r.peer)
 		f.absent[r.peer] = f.s.cfg.Now()
@@ -276,7 +276,7 @@ func (f *plan) updateState(r stateResult) {
 		f.s.ban(r.peer, "bad_state")
 		return
 	}
-	pv.state, pv.known, pv.asOf = r.state, true, pv.readAt
+	pv.state, pv.known = r.state, true
 	now := f.s.cfg.Now()
 	for i := range f.chunks {
 		if _, seen := pv.sentSeen[i]; !seen && pv.state.WasSent(i) {
