@@ -321,19 +321,8 @@ func TestOriginTurnByRank(t *testing.T) {
 func TestOriginRoleByTurnWaitsForWordFromAbove(t *testing.T) {
 	t.Parallel()
 	names := []string{"me", "a", "b"}
-	dir := staticDir{local: "me", peers: map[string]Peer{}}
-	for _, n := range names[1:] {
-		dir.peers[n] = Peer{Name: n, Meta: NodeMeta{ChunkAddr: "127.0.0.1:1"}}
-	}
 	now := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
-	s, err := NewSwarm(dir, nil, SwarmConfig{Settle: time.Second, Now: func() time.Time { return now }}, nil, nil)
-	require.NoError(t, err)
-	var desc content.Descriptor
-	for i := uint64(0); desc.Digest == ""; i++ {
-		if c := descOf(randomBlob(300+i, 8*testChunk)); rendezvous(c.Digest, names)[2] == "me" {
-			desc = c
-		}
-	}
+	s, desc := swarmAt(t, names, &now), blobRanked(names, 2, 300)
 	// answer delivers peer's state, read from sent on.
 	answer := func(f *plan, peer string, sent time.Time, origin bool) {
 		pv := f.peers[peer]
@@ -404,20 +393,9 @@ func TestOriginRoleByTurnWaitsForWordFromAbove(t *testing.T) {
 func TestFirstMembersCountEachOtherUntilWordSaysOtherwise(t *testing.T) {
 	t.Parallel()
 	names := []string{"me", "a", "b"}
-	dir := staticDir{local: "me", peers: map[string]Peer{}}
-	for _, n := range names[1:] {
-		dir.peers[n] = Peer{Name: n, Meta: NodeMeta{ChunkAddr: "127.0.0.1:1"}}
-	}
 	start := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
 	now := start
-	s, err := NewSwarm(dir, nil, SwarmConfig{Settle: time.Second, Now: func() time.Time { return now }}, nil, nil)
-	require.NoError(t, err)
-	var desc content.Descriptor
-	for i := uint64(0); desc.Digest == ""; i++ {
-		if c := descOf(randomBlob(400+i, 8*testChunk)); rendezvous(c.Digest, names)[0] == "me" {
-			desc = c
-		}
-	}
+	s, desc := swarmAt(t, names, &now), blobRanked(names, 0, 400)
 	other := rendezvous(desc.Digest, names)[1]
 	f := &plan{s: s, desc: desc, d: desc.Digest, chunkSize: testChunk, chunks: 8, start: start,
 		peers:  map[string]*peerView{other: {name: other, chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{}}},
@@ -447,4 +425,31 @@ func TestFirstMembersCountEachOtherUntilWordSaysOtherwise(t *testing.T) {
 	f.peers[other].heardAt = start // its word lost
 	now = start.Add(s.cfg.Settle + stateWait)
 	require.Equal(t, []string{"me"}, fetchers(), "no word for a state read's wait")
+}
+
+// clusterOf is a cluster of names, the first of them the local node.
+func clusterOf(names []string) staticDir {
+	dir := staticDir{local: names[0], peers: map[string]Peer{}}
+	for _, n := range names[1:] {
+		dir.peers[n] = Peer{Name: n, Meta: NodeMeta{ChunkAddr: "127.0.0.1:1"}}
+	}
+	return dir
+}
+
+// blobRanked is a blob of 8 chunks for which names[0] has rank among
+// names in rendezvous order, the first such from seed on.
+func blobRanked(names []string, rank int, seed uint64) content.Descriptor {
+	for i := seed; ; i++ {
+		if desc := descOf(randomBlob(i, 8*testChunk)); rendezvous(desc.Digest, names)[rank] == names[0] {
+			return desc
+		}
+	}
+}
+
+// swarmAt is a swarm of the cluster of names, with a Settle of a second,
+// whose clock reads *now.
+func swarmAt(t *testing.T, names []string, now *time.Time) *Swarm {
+	s, err := NewSwarm(clusterOf(names), nil, SwarmConfig{Settle: time.Second, Now: func() time.Time { return *now }}, nil, nil)
+	require.NoError(t, err)
+	return s
 }
