@@ -190,6 +190,31 @@ func TestOriginFetchersMeetFromOppositeEnds(t *testing.T) {
 	require.Equal(t, -1, f.nextFromOrigin(slices.Clone(theirs)), "the other's next two chunks are left to it")
 }
 
+// A peer whose state read fails claims nothing: neither the origin role
+// nor chunks on their way to it hold back the chunks it named. A fetcher
+// killed mid-transfer is still a member for seconds, and then kept for
+// peerGrace: until then its last state kept its share and its chunks in
+// flight from every other fetcher (a 3.5 s fill took 17 s).
+func TestUnreachableFetcherClaimsNothing(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	d := descOf(randomBlob(40, testChunk)).Digest
+	other := &peerView{name: "other", known: true,
+		state: PeerState{ChunkState: cache.ChunkState{Size: 8 * testChunk, ChunkSize: testChunk, Have: []byte{0}}, Origin: true}}
+	f := &plan{s: s, d: d, inflight: map[int]int{}, peers: map[string]*peerView{"other": other}, originRole: true}
+	share, fetchers := f.originShare()
+	require.Len(t, fetchers, 2)
+	other.state.Fetching = setBit(nil, share, true)
+	all := []int{0, 1, 2, 3, 4, 5, 6, 7}
+	require.Equal(t, share+2, f.nextFromOrigin(slices.Clone(all)), "its first chunk is on its way to the other")
+
+	f.updateState(stateResult{peer: "other", err: errors.New("connection refused")})
+	_, fetchers = f.originShare()
+	require.Equal(t, []string{"me"}, fetchers, "the other fetches nothing it can send")
+	require.Equal(t, 0, f.nextFromOrigin(slices.Clone(all)), "every chunk is this node's, from the front")
+}
+
 // An origin fetcher with chunks left to fetch from the origin keeps most of
 // its downlink for them: only fetcherPeerRequests requests go to peers.
 func TestOriginFetcherBoundsItsPeerRequests(t *testing.T) {

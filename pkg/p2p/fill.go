@@ -268,6 +268,11 @@ func (f *plan) updateState(r stateResult) {
 	}
 	if r.err != nil {
 		f.s.log.Debug("reading peer chunk state", "peer", r.peer, "digest", f.d, "err", r.err)
+		// A peer that does not answer sends nothing: its claims to fetch
+		// the blob, its origin share or chunks on their way to it, hold
+		// back no chunk. One killed mid-transfer stays a member for
+		// seconds, and is kept for peerGrace after that.
+		pv.state.Origin, pv.state.Fetching = false, nil
 		return
 	}
 	if r.state.Size != f.desc.Size || r.state.ChunkSize != f.chunkSize {
