@@ -158,14 +158,8 @@ func TestFirstRankedMemberTakesTheOriginRoleAtOnce(t *testing.T) {
 // says it is fetching.
 func TestOriginFetchersMeetFromOppositeEnds(t *testing.T) {
 	t.Parallel()
-	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{}, nil, nil)
-	require.NoError(t, err)
-	d := descOf(randomBlob(40, testChunk)).Digest
-	other := &peerView{name: "other", known: true,
-		state: PeerState{ChunkState: cache.ChunkState{Size: 8 * testChunk, ChunkSize: testChunk, Have: []byte{0}}, Origin: true}}
-	f := &plan{s: s, d: d, inflight: map[int]int{}, peers: map[string]*peerView{"other": other}, originRole: true}
-	share, fetchers := f.originShare()
-	require.Len(t, fetchers, 2)
+	f, other := twoOriginFetchers(t)
+	share, _ := f.originShare()
 	var mine, theirs []int
 	for i := range 8 {
 		if i%2 == share {
@@ -197,20 +191,14 @@ func TestOriginFetchersMeetFromOppositeEnds(t *testing.T) {
 // flight from every other fetcher (a 3.5 s fill took 17 s).
 func TestUnreachableFetcherClaimsNothing(t *testing.T) {
 	t.Parallel()
-	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{}, nil, nil)
-	require.NoError(t, err)
-	d := descOf(randomBlob(40, testChunk)).Digest
-	other := &peerView{name: "other", known: true,
-		state: PeerState{ChunkState: cache.ChunkState{Size: 8 * testChunk, ChunkSize: testChunk, Have: []byte{0}}, Origin: true}}
-	f := &plan{s: s, d: d, inflight: map[int]int{}, peers: map[string]*peerView{"other": other}, originRole: true}
-	share, fetchers := f.originShare()
-	require.Len(t, fetchers, 2)
+	f, other := twoOriginFetchers(t)
+	share, _ := f.originShare()
 	other.state.Fetching = setBit(nil, share, true)
 	all := []int{0, 1, 2, 3, 4, 5, 6, 7}
 	require.Equal(t, share+2, f.nextFromOrigin(slices.Clone(all)), "its first chunk is on its way to the other")
 
 	f.updateState(stateResult{peer: "other", err: errors.New("connection refused")})
-	_, fetchers = f.originShare()
+	_, fetchers := f.originShare()
 	require.Equal(t, []string{"me"}, fetchers, "the other fetches nothing it can send")
 	require.Equal(t, 0, f.nextFromOrigin(slices.Clone(all)), "every chunk is this node's, from the front")
 }
@@ -477,4 +465,18 @@ func swarmAt(t *testing.T, names []string, now *time.Time) *Swarm {
 	s, err := NewSwarm(clusterOf(names), nil, SwarmConfig{Settle: time.Second, Now: func() time.Time { return *now }}, nil, nil)
 	require.NoError(t, err)
 	return s
+}
+
+// twoOriginFetchers is the plan of an origin fetcher of a blob of 8 chunks,
+// and the view of the other fetcher, which has none yet.
+func twoOriginFetchers(t *testing.T) (*plan, *peerView) {
+	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	other := &peerView{name: "other", known: true,
+		state: PeerState{ChunkState: cache.ChunkState{Size: 8 * testChunk, ChunkSize: testChunk, Have: []byte{0}}, Origin: true}}
+	f := &plan{s: s, d: descOf(randomBlob(40, testChunk)).Digest, inflight: map[int]int{},
+		peers: map[string]*peerView{"other": other}, originRole: true}
+	_, fetchers := f.originShare()
+	require.Len(t, fetchers, 2)
+	return f, other
 }
