@@ -224,7 +224,7 @@ func (p *peering) source(inner source.Source, log *slog.Logger) source.Source {
 // blobSource routes a blob the registry mirror misses through the swarm
 // when there are peers to share it with, else streams it from upstream
 // within the download limit. The mirror names the registry as
-// ref.Ref.Origin does: its host, lower-cased.
+// ref.Ref.Origin does (ref.CanonicalRegistry).
 func (p *peering) blobSource(desc content.Descriptor, registry string, upstream content.RangeOpener) content.RangeOpener {
 	origin := p2p.Origin{Name: registry, RangeOpener: upstream}
 	if len(p.membership.Members()) == 0 {

@@ -45,13 +45,12 @@
 // Origin shares: the fetchers split the chunks: chunk i is share i mod the
 // number of fetchers, in rendezvous order (a first member that may have
 // taken the role counts for Settle, then until its word says otherwise);
-// each fetches the lowest chunk of
-// its share that no peer has or receives, and once done helps the fetcher
-// with the most left from the back of that share. While it has origin work
-// left, a fetcher keeps only a few requests to peers. The origin is never
-// banned: a slow answer is no failure, others back off, and the fill gives
-// up only on a permanent error, or after repeated failures and half a
-// minute without a byte. Peers still see the role for OriginLinger after
+// each fetches the lowest chunk of its share that no peer has or receives,
+// and once done helps the fetcher with the most left from the back of
+// that share. While it has origin work left, a fetcher keeps only a few
+// requests to peers. The origin is never banned: a slow answer is no
+// failure, others back off, and the fill gives up only on a permanent
+// error, or after repeated failures and half a minute without a byte. Peers still see the role for OriginLinger after
 // the fill ends, but not after a node yields it. A blob of one chunk up to
 // 1 MiB skips all this: a complete holder, else the origin.
 //

@@ -25,7 +25,7 @@ type peerView struct {
 	lastAlive time.Time // last time membership listed it alive
 	reading   bool      // a state request is in flight
 	readAt    time.Time
-	heardAt   time.Time // when the read last answered, with a state or an error, was sent
+	heardAt   time.Time // when the last read answered (with a state or an error) was sent
 	inflight  int
 	failures  int
 	busyTill  time.Time

@@ -38,9 +38,9 @@ type NodeMeta struct {
 	Version string
 	// OriginFetches is how many blobs the node fetches from each limited
 	// origin for the cluster now, by the origin's key: at most 8 origins,
-	// each 1 to 64 blobs; key 0 counts origins it does not name. The nodes' parts of the origin limits are
-	// reckoned from them (originlimit.go). SetOriginFetches sets it;
-	// UpdateMeta keeps it.
+	// each 1 to 64 blobs; key 0 counts the origins it does not name. The
+	// nodes' parts of the origin limits are reckoned from them
+	// (originlimit.go). SetOriginFetches sets it; UpdateMeta keeps it.
 	OriginFetches map[OriginKey]int
 }
 

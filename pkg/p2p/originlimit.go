@@ -203,17 +203,13 @@ func (s *Swarm) seeFetchers(origin string, d digest.Digest, fetchers []string) {
 func gossipedFetches(counts map[OriginKey]int) map[OriginKey]int {
 	keys := slices.Collect(maps.Keys(counts))
 	slices.SortFunc(keys, func(a, b OriginKey) int { return cmp.Or(cmp.Compare(counts[b], counts[a]), cmp.Compare(a, b)) })
-	named := len(keys)
-	if named > maxMetaOrigins {
-		named = maxMetaOrigins - 1
-	}
 	out := make(map[OriginKey]int, min(len(keys), maxMetaOrigins))
 	for i, k := range keys {
-		if i < named {
-			out[k] = min(counts[k], maxCountedFetches)
-		} else {
-			out[otherOrigins] = min(out[otherOrigins]+counts[k], maxCountedFetches)
+		key := k
+		if len(keys) > maxMetaOrigins && i >= maxMetaOrigins-1 {
+			key = otherOrigins
 		}
+		out[key] = min(out[key]+counts[k], maxCountedFetches)
 	}
 	return out
 }
