@@ -214,6 +214,12 @@ func TestSmallBlobSentBeforeItsCommit(t *testing.T) {
 	}))
 	_, _, err := tm.do(t, http.MethodGet, "/v2/library/app/manifests/v1")
 	require.NoError(t, err)
+	// The HEAD confirms the client's access: the GET then takes the fill,
+	// not the registry's whole answer (confirmBlob), which is committed
+	// apart from the response and raced the Stat below.
+	resp, _, err := tm.do(t, http.MethodHead, "/v2/library/app/blobs/"+d.String())
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
 
 	resp, body, err := tm.do(t, http.MethodGet, "/v2/library/app/blobs/"+d.String())
 	require.NoError(t, err)
