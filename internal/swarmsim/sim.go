@@ -203,6 +203,7 @@ type flow struct {
 	failed   bool
 	repeat   bool // an origin fetcher's repeat
 	frozen   bool
+	paceLink int // its own link in sim.links, capped at a relay's pace; -1: none
 }
 
 type event struct {
@@ -869,13 +870,16 @@ func (s *sim) finish(f *flow) {
 // progressive filling. The link with the least share per unfixed flow
 // fixes its flows at that share, and their other links lose it; a link's
 // share only grows as others fix its flows, so a heap of stale shares,
-// checked when popped, finds the next one.
+// checked when popped, finds the next one. A relay can send no faster than
+// its chunk reaches it, and TCP gives what such a flow leaves of its links
+// to their other flows: it has a link of its own, capped at that pace
+// (relayPace).
 func (s *sim) share() {
 	n := len(s.nodes)
-	if len(s.links) != 2*n+1 {
-		s.links = make([]link, 2*n+1)
+	ls := s.links[:min(len(s.links), 2*n+1)]
+	for len(ls) < 2*n+1 {
+		ls = append(ls, link{})
 	}
-	ls := s.links
 	for i := range ls {
 		ls[i].flows, ls[i].left = ls[i].flows[:0], 0
 	}
@@ -884,15 +888,35 @@ func (s *sim) share() {
 		ls[2*i].cap = math.Max(0.1*nd.up, nd.up-nd.upUsed) / s.cfg.HeaderOverhead
 		ls[2*i+1].cap = math.Max(0.1*nd.down, nd.down-nd.downUsed) / s.cfg.HeaderOverhead
 	}
+	// The paces read the upstream transfers' rates of the last step, so
+	// they are taken before any rate is reset.
+	for _, f := range s.flows {
+		f.paceLink = -1
+		if f.frozen || f.done {
+			continue
+		}
+		if pace, ok := s.relayPace(f); ok {
+			if len(ls) < cap(ls) {
+				ls = ls[:len(ls)+1] // reuses the link's flows slice of an earlier step
+			} else {
+				ls = append(ls, link{})
+			}
+			l := &ls[len(ls)-1]
+			l.cap, l.flows, l.left = pace, l.flows[:0], 0
+			f.paceLink = len(ls) - 1
+		}
+	}
 	for _, f := range s.flows {
 		if f.frozen || f.done {
 			continue
 		}
 		f.rate = -1
-		up, down := s.ends(f)
-		ls[up].flows, ls[down].flows = append(ls[up].flows, f), append(ls[down].flows, f)
-		ls[up].left++
-		ls[down].left++
+		for _, e := range s.ends(f) {
+			if e >= 0 {
+				ls[e].flows = append(ls[e].flows, f)
+				ls[e].left++
+			}
+		}
 	}
 	h := s.heap[:0]
 	for i := range ls {
@@ -916,23 +940,41 @@ func (s *sim) share() {
 				continue
 			}
 			f.rate = math.Max(0, top.share)
-			up, down := s.ends(f)
-			for _, e := range []int{up, down} {
-				ls[e].cap -= f.rate
-				ls[e].left--
+			for _, e := range s.ends(f) {
+				if e >= 0 {
+					ls[e].cap -= f.rate
+					ls[e].left--
+				}
 			}
 		}
 	}
-	s.heap = h
+	s.heap, s.links = h, ls
 }
 
-// ends are the indexes in s.links of f's uplink and downlink.
-func (s *sim) ends(f *flow) (up, down int) {
-	up = 2 * len(s.nodes)
+// relayPace is the most relay f can send in this step, in bytes a second:
+// what its sender has of the chunk beyond f, and the pace the chunk comes
+// to the sender at. ok is false for a transfer from a holder of the chunk.
+func (s *sim) relayPace(f *flow) (pace float64, ok bool) {
+	u := f.upstream
+	if u == nil || f.from == nil || bitSet(f.from.have, f.req.Chunk) {
+		return 0, false
+	}
+	ahead := math.Max(0, u.got-p2p.PlanRelayPiece-f.got)
+	rate := 0.0
+	if !u.done && !u.frozen {
+		rate = math.Max(0, u.rate)
+	}
+	return ahead/s.step.Seconds() + rate, true
+}
+
+// ends are the indexes in s.links of f's uplink, downlink and pace (-1:
+// none).
+func (s *sim) ends(f *flow) [3]int {
+	up := 2 * len(s.nodes)
 	if f.from != nil {
 		up = 2 * f.from.idx
 	}
-	return up, 2*f.to.idx + 1
+	return [3]int{up, 2*f.to.idx + 1, f.paceLink}
 }
 
 type link struct {

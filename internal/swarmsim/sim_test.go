@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/weightd/weightd/pkg/p2p"
 )
 
 // A small cluster, faults and all, fills the blob: every node that was not
@@ -51,4 +53,33 @@ func TestGossipModel(t *testing.T) {
 	require.Positive(t, idle)
 	require.Greater(t, gossipBytes(100, 200, 60), idle)
 	require.Greater(t, gossipBytes(1000, 2000, 60)-gossipBytes(1000, 0, 60), gossipBytes(100, 200, 60)-idle)
+}
+
+// A relay sends no faster than its chunk reaches its sender, and what it
+// leaves of the sender's uplink goes to the sender's other transfers, as
+// TCP would give it: holder h relays chunk 0 to a while it receives it at
+// 1 MB/s from the origin, and sends chunk 1, which it holds, to b.
+func TestRelayLeavesItsUnusedShareToOthers(t *testing.T) {
+	t.Parallel()
+	const link = 10e6
+	cfg := Config{Nodes: 3, Size: 2 << 20, ChunkSize: 1 << 20, Link: link}.withDefaults()
+	cfg.HeaderOverhead = 1
+	s := &sim{cfg: cfg, step: cfg.Step}
+	h, a, b := &node{idx: 0, up: link, down: link}, &node{idx: 1, up: link, down: link}, &node{idx: 2, up: link, down: link}
+	h.have, a.have, b.have = []byte{0b10}, []byte{0}, []byte{0}
+	s.nodes = []*node{h, a, b}
+	up := &flow{to: h, size: 1 << 20, got: 200 << 10, rate: 1e6}
+	relay := &flow{from: h, to: a, size: 1 << 20, got: 200<<10 - p2p.PlanRelayPiece, upstream: up}
+	direct := &flow{from: h, to: b, size: 1 << 20, req: p2p.PlanRequest{Chunk: 1}}
+	s.flows = []*flow{up, relay, direct}
+	s.share()
+	assert.InDelta(t, 1e6, relay.rate, 1, "the relay runs at its chunk's pace, having nothing beyond it")
+	assert.InDelta(t, link-1e6, direct.rate, 1, "the other transfer takes the rest of h's uplink")
+
+	// Ahead of its receiver by a step's worth of the link, the relay may
+	// send that too, and then shares h's uplink evenly.
+	relay.got -= link * s.step.Seconds()
+	s.share()
+	assert.InDelta(t, link/2, relay.rate, 1)
+	assert.InDelta(t, link/2, direct.rate, 1)
 }
