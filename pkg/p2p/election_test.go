@@ -159,6 +159,7 @@ func TestFirstRankedMemberTakesTheOriginRoleAtOnce(t *testing.T) {
 func TestOriginFetchersMeetFromOppositeEnds(t *testing.T) {
 	t.Parallel()
 	f, other := twoOriginFetchers(t)
+	f.s.cfg.OriginInFlight = 2 // the other's requests in flight: what a helper leaves it
 	share, _ := f.originShare()
 	var mine, theirs []int
 	for i := range 8 {
