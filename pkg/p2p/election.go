@@ -346,10 +346,7 @@ func (f *plan) stateLag() time.Duration {
 // still has chunks to fetch from the origin. Its downlink carries both, and
 // TCP shares a link about evenly among its flows: more peer requests starve
 // the origin flows the whole swarm waits on, fewer starve the fetcher's own
-// download from peers. With two fetchers each needs half its downlink for
-// the origin; peer flows often run slower, held by their senders' uplinks,
-// so OriginInFlight's 3 beside these 4 get about that (measurements in
-// docs/swarm-tuning.md).
+// download from peers (measurements in docs/swarm-tuning.md).
 const fetcherPeerRequests = 4
 
 // mayAskPeers reports whether another request may go to a peer, total
