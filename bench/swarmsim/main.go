@@ -71,7 +71,7 @@ func main() {
 	refresh := flag.Duration("refresh", 0, "SwarmConfig.Refresh, the least time between two state reads of one holder (default 50ms)")
 	step := flag.Duration("step", 0, "the network's time step (default Refresh/2, at most 25ms)")
 	maxInFlight := flag.Int("max-inflight", 0, "SwarmConfig.MaxInFlight, requests in flight per blob (default 8)")
-	originInFlight := flag.Int("origin-inflight", 0, "SwarmConfig.OriginInFlight, an origin fetcher's origin requests in flight (default 2)")
+	originInFlight := flag.Int("origin-inflight", 0, "SwarmConfig.OriginInFlight, an origin fetcher's origin requests in flight (default: 3, a node's only fill)")
 	originFetchers := flag.Int("origin-fetchers", 0, "SwarmConfig.OriginFetchers (default 2)")
 	perPeer := flag.Int("per-peer", 0, "SwarmConfig.PerPeer, requests in flight to one peer (default 2)")
 	maxFollowed := flag.Int("max-followed", 0, "SwarmConfig.MaxFollowed, holders one download follows (default 24)")

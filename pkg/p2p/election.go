@@ -182,6 +182,11 @@ func (f *plan) withMembers(members []Peer) []string {
 // seeing for OriginLinger, until the blob is committed and its state says
 // complete.
 func (f *plan) release() {
+	if f.released {
+		return
+	}
+	f.released = true
+	f.s.fills.Add(-1)
 	f.s.buffered.Add(-f.buffered) // requests that will not be handled
 	f.buffered = 0
 	if f.originRole && f.originShown {
@@ -195,7 +200,7 @@ func (f *plan) release() {
 // have taken the role too (rivalsHeard); it then yields before the origin
 // sends it a byte, and its peers never split the chunks with it.
 func (f *plan) useOrigin() bool {
-	return f.originRole && f.originShown && f.originInflight < min(f.s.cfg.OriginInFlight, f.maxInFlight) &&
+	return f.originRole && f.originShown && f.originInflight < min(f.originRequests(), f.maxInFlight) &&
 		f.s.cfg.Now().After(f.originPause)
 }
 
@@ -322,7 +327,7 @@ func (f *plan) nextFromOrigin(missing []int) int {
 	if f.originTime <= 0 {
 		return -1
 	}
-	leave := f.s.cfg.OriginInFlight * (1 + int(f.stateLag()/f.originTime))
+	leave := f.originRequests() * (1 + int(f.stateLag()/f.originTime))
 	behind := -1
 	for j, left := range untaken {
 		if j != share && len(left) > leave && (behind < 0 || len(left) > len(untaken[behind])) {
@@ -340,6 +345,27 @@ func (f *plan) nextFromOrigin(missing []int) int {
 // per Refresh, and a server looks for news every statePoll.
 func (f *plan) stateLag() time.Duration {
 	return 2 * (f.s.cfg.Refresh + statePoll)
+}
+
+// originRequests is how many requests an origin fetcher keeps in flight to
+// the origin for this fill: SwarmConfig.OriginInFlight where set, else 3
+// while it is the node's only fill and 2 while the node runs others. At
+// the start of a fill the chunks in flight from the origin are all its
+// peers can relay, each from a holder that splits its upload among its
+// slots: with one blob, OriginFetchers × 3 of them give a node as many
+// transfers as a holder has slots, and three also give the origin about
+// the share of a fetcher's downlink it needs beside fetcherPeerRequests.
+// Fills of several blobs at once (an image's layers) have more chunks in
+// flight already, and there a third request made each slower and the
+// pull longer (docs/swarm-tuning.md).
+func (f *plan) originRequests() int {
+	if n := f.s.cfg.OriginInFlight; n > 0 {
+		return n
+	}
+	if f.s.fills.Load() <= 1 {
+		return 3
+	}
+	return 2
 }
 
 // fetcherPeerRequests bounds an origin fetcher's requests to peers while it

@@ -481,3 +481,30 @@ func twoOriginFetchers(t *testing.T) (*plan, *peerView) {
 	require.Len(t, fetchers, 2)
 	return f, other
 }
+
+// An origin fetcher keeps 3 requests in flight to the origin while its fill
+// is the node's only one, 2 while the node fills other blobs too, and what
+// the config says where it says a number.
+func TestOriginRequestsGoByTheNodesFills(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	blob := descOf(randomBlob(41, testChunk))
+	f := s.newPlan(blob, testChunk, nil)
+	f.originRole, f.originShown = true, true
+	requests := func() int {
+		f.originInflight = 0
+		for f.useOrigin() {
+			f.originInflight++
+		}
+		return f.originInflight
+	}
+	require.Equal(t, 3, requests(), "the node's only fill")
+	other := s.newPlan(descOf(randomBlob(42, testChunk)), testChunk, nil)
+	require.Equal(t, 2, requests(), "another fill runs")
+	other.release()
+	other.release()
+	require.Equal(t, 3, requests(), "the other ended, and counts once")
+	s.cfg.OriginInFlight = 5
+	require.Equal(t, 5, requests(), "as configured")
+}

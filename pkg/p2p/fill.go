@@ -77,6 +77,7 @@ type plan struct {
 	originFailures int       // origin requests failed in a row without an answer
 	originHeard    time.Time // when the origin last sent bytes (or the download began)
 	originPause    time.Time
+	released       bool          // release ran: the fill no longer counts (Swarm.fills)
 	chunkTime      time.Duration // recent time to fetch one chunk (moving average)
 	originTime     time.Duration // recent time to fetch one chunk from the origin (moving average)
 	zone           zoneView
@@ -93,6 +94,7 @@ type plan struct {
 // newPlan starts the decisions for a blob of desc in chunks of chunkSize.
 func (s *Swarm) newPlan(desc content.Descriptor, chunkSize int64, want *atomic.Int64) *plan {
 	now := s.cfg.Now()
+	s.fills.Add(1)
 	return &plan{s: s, d: desc.Digest, desc: desc, chunkSize: chunkSize, chunks: chunksOf(desc.Size, chunkSize),
 		start: now, originHeard: now, want: want,
 		maxInFlight: max(2, min(s.cfg.MaxInFlight, int(maxInFlightBytes/chunkSize))),

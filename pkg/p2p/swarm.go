@@ -43,7 +43,7 @@ type BoundedOpener interface {
 type SwarmConfig struct {
 	MaxInFlight    int           // chunk requests in flight per blob, all sources together (default 8, and at most 128 MiB of chunks)
 	PerPeer        int           // requests in flight to one peer (default 2)
-	OriginInFlight int           // requests in flight to the origin (default 2)
+	OriginInFlight int           // requests in flight to the origin per fill (default: originRequests, 3 or 2 by the node's fills)
 	OriginFetchers int           // nodes that fetch one blob from the origin, each a share of its chunks (default 2)
 	MaxFollowed    int           // holders of a blob whose chunk states one download reads, and whom it asks for chunks (default 24; follow.go)
 	Refresh        time.Duration // the least time between two reads of one holder's chunk state; each read waits at the holder for news (default 50ms)
@@ -86,7 +86,6 @@ func (c SwarmConfig) withDefaults() SwarmConfig {
 	}
 	def(&c.MaxInFlight, 8)
 	def(&c.PerPeer, 2)
-	def(&c.OriginInFlight, 2)
 	def(&c.OriginFetchers, 2)
 	def(&c.MaxFollowed, 24)
 	if c.Refresh <= 0 {
@@ -134,6 +133,7 @@ type Swarm struct {
 
 	requestsTo sync.Map     // peer name → *atomic.Int32: this node's chunk requests in flight to it, over all fills
 	buffered   atomic.Int64 // bytes of the chunk buffers all fills' requests in flight need
+	fills      atomic.Int32 // fills running (originRequests)
 
 	mu        sync.Mutex
 	bans      map[string]time.Time
