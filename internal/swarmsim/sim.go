@@ -796,8 +796,9 @@ func (s *sim) transfer() {
 		}
 		was := f.got
 		f.got = min(f.size, f.got+f.rate*dt)
-		if u := f.upstream; u != nil && !bitSet(f.from.have, f.req.Chunk) {
+		if f.relaying() {
 			// A relay passes on what it has, but for the last piece.
+			u := f.upstream
 			if u.failed {
 				s.fail(f, errors.New("relayed chunk cut short: it failed at the relay"))
 				continue
@@ -876,12 +877,9 @@ func (s *sim) finish(f *flow) {
 // (relayPace).
 func (s *sim) share() {
 	n := len(s.nodes)
-	ls := s.links[:min(len(s.links), 2*n+1)]
-	for len(ls) < 2*n+1 {
-		ls = append(ls, link{})
-	}
-	for i := range ls {
-		ls[i].flows, ls[i].left = ls[i].flows[:0], 0
+	ls := s.links[:0]
+	for range 2*n + 1 {
+		ls = grown(ls)
 	}
 	ls[2*n].cap = s.cfg.OriginLink / s.cfg.HeaderOverhead
 	for i, nd := range s.nodes {
@@ -895,14 +893,9 @@ func (s *sim) share() {
 		if f.frozen || f.done {
 			continue
 		}
-		if pace, ok := s.relayPace(f); ok {
-			if len(ls) < cap(ls) {
-				ls = ls[:len(ls)+1] // reuses the link's flows slice of an earlier step
-			} else {
-				ls = append(ls, link{})
-			}
-			l := &ls[len(ls)-1]
-			l.cap, l.flows, l.left = pace, l.flows[:0], 0
+		if f.relaying() {
+			ls = grown(ls)
+			ls[len(ls)-1].cap = s.relayPace(f)
 			f.paceLink = len(ls) - 1
 		}
 	}
@@ -951,20 +944,36 @@ func (s *sim) share() {
 	s.heap, s.links = h, ls
 }
 
+// grown is ls one link longer, with no flows, reusing the flows slice of
+// the link an earlier step had there.
+func grown(ls []link) []link {
+	if len(ls) < cap(ls) {
+		ls = ls[:len(ls)+1]
+	} else {
+		ls = append(ls, link{})
+	}
+	l := &ls[len(ls)-1]
+	l.flows, l.left = l.flows[:0], 0
+	return ls
+}
+
+// relaying reports whether f is a relay: its sender is still receiving
+// the chunk.
+func (f *flow) relaying() bool {
+	return f.upstream != nil && !bitSet(f.from.have, f.req.Chunk)
+}
+
 // relayPace is the most relay f can send in this step, in bytes a second:
 // what its sender has of the chunk beyond f, and the pace the chunk comes
-// to the sender at. ok is false for a transfer from a holder of the chunk.
-func (s *sim) relayPace(f *flow) (pace float64, ok bool) {
+// to the sender at.
+func (s *sim) relayPace(f *flow) float64 {
 	u := f.upstream
-	if u == nil || f.from == nil || bitSet(f.from.have, f.req.Chunk) {
-		return 0, false
-	}
 	ahead := math.Max(0, u.got-p2p.PlanRelayPiece-f.got)
 	rate := 0.0
 	if !u.done && !u.frozen {
 		rate = math.Max(0, u.rate)
 	}
-	return ahead/s.step.Seconds() + rate, true
+	return ahead/s.step.Seconds() + rate
 }
 
 // ends are the indexes in s.links of f's uplink, downlink and pace (-1:

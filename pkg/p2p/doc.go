@@ -47,12 +47,14 @@
 // taken the role counts for Settle, then until its word says otherwise);
 // each fetches the lowest chunk of its share that no peer has or receives,
 // and once done helps the fetcher with the most left from the back of
-// that share. While it has origin work left, a fetcher keeps only a few
-// requests to peers. The origin is never banned: a slow answer is no
-// failure, others back off, and the fill gives up only on a permanent
-// error, or after repeated failures and half a minute without a byte. Peers still see the role for OriginLinger after
-// the fill ends, but not after a node yields it. A blob of one chunk up to
-// 1 MiB skips all this: a complete holder, else the origin.
+// that share. It keeps 3 requests in flight to the origin while the fill
+// is its node's only one, 2 beside others (originRequests), and while it
+// has origin work left only a few to peers. The origin is never banned: a
+// slow answer is no failure, others back off, and the fill gives up only
+// on a permanent error, or after repeated failures and half a minute
+// without a byte. Peers still see the role for OriginLinger after the fill
+// ends, but not after a node yields it. A blob of one chunk up to 1 MiB
+// skips all this: a complete holder, else the origin.
 //
 // Origin limits: OriginLimit caps what each origin (a registry, the hub,
 // the object store; Origin.Name) sends the whole cluster, OriginLimits
