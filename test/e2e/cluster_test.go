@@ -140,7 +140,8 @@ func newCluster(t *testing.T, ctx context.Context) *cluster {
 		require.NoError(t, c.node.ImportArchive(ctx, archive))
 	}
 
-	c.metricsPort, c.gossipPort, c.chunkPort = freePort(t), freePort(t), freePort(t)
+	ports := freePorts(t, 4)
+	c.metricsPort, c.gossipPort, c.chunkPort = ports[0], ports[1], ports[2]
 	values := map[string]any{
 		"image": map[string]any{"repository": imageRepo, "tag": c.tags[0], "pullPolicy": "Never"},
 		"containerd": map[string]any{
@@ -148,7 +149,7 @@ func newCluster(t *testing.T, ctx context.Context) *cluster {
 			"socket":     c.node.Containerd.Address,
 			"configPath": c.node.Containerd.HostsDir,
 		},
-		"mirror": map[string]any{"addr": "127.0.0.1:" + strconv.Itoa(freePort(t)), "registries": []string{c.registry.Addr}},
+		"mirror": map[string]any{"addr": "127.0.0.1:" + strconv.Itoa(ports[3]), "registries": []string{c.registry.Addr}},
 		"gossip": map[string]any{"port": c.gossipPort, "chunkPort": c.chunkPort},
 		"agent": map[string]any{
 			"metricsPort": c.metricsPort,
@@ -305,12 +306,32 @@ func (c *cluster) cacheBlobs(t *testing.T) map[string]int64 {
 	return out
 }
 
-func freePort(t *testing.T) int {
+// freePorts returns n distinct ports free on loopback for TCP and UDP (the
+// gossip port takes both). It holds each until all are chosen: a port closed
+// at once can come back from the next ask, as it once did on CI.
+func freePorts(t *testing.T, n int) []int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	var ports []int
+	var held []io.Closer
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for tries := 0; len(ports) < n; tries++ {
+		require.Less(t, tries, 10*n, "no %d free ports on loopback", n)
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		held = append(held, l)
+		port := l.Addr().(*net.TCPAddr).Port
+		u, err := net.ListenPacket("udp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		held = append(held, u)
+		ports = append(ports, port)
+	}
+	return ports
 }
 
 func apiPort(t *testing.T, host string) string {
