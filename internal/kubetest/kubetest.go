@@ -189,9 +189,11 @@ func Start(ctx context.Context, cfg Config) (_ *Env, err error) {
 // one), makes the admin's client and kubeconfig for it and starts it.
 func (e *Env) startAPIServerOnPort(ctx context.Context) (err error) {
 	if e.port = e.cfg.Port; e.port == 0 {
-		if e.port, err = freePort(e.bind); err != nil {
-			return err
+		ports, perr := freePorts(e.bind, 1)
+		if perr != nil {
+			return perr
 		}
+		e.port = ports[0]
 	}
 	e.Host = "https://" + net.JoinHostPort(e.bind, strconv.Itoa(e.port))
 	e.Config = &rest.Config{
@@ -341,14 +343,11 @@ func (e *Env) apiserverArgs() []string {
 }
 
 func (e *Env) startEtcd(ctx context.Context) error {
-	clientPort, err := freePort("127.0.0.1")
+	ports, err := freePorts("127.0.0.1", 2)
 	if err != nil {
 		return err
 	}
-	peerPort, err := freePort("127.0.0.1")
-	if err != nil {
-		return err
-	}
+	clientPort, peerPort := ports[0], ports[1]
 	e.etcdURL = "http://127.0.0.1:" + strconv.Itoa(clientPort)
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(peerPort)
 	args := []string{
@@ -553,14 +552,20 @@ func fnv32(s string) uint32 {
 	return h
 }
 
-// freePort returns a TCP port on addr that nothing listens on now.
-func freePort(addr string) (int, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
-	if err != nil {
-		return 0, fmt.Errorf("kubetest: finding a free port on %s: %w", addr, err)
+// freePorts returns n distinct TCP ports on addr that nothing listens on
+// now. Each is held until all are chosen: one closed at once can come back
+// from the next ask.
+func freePorts(addr string, n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
+		if err != nil {
+			return nil, fmt.Errorf("kubetest: finding a free port on %s: %w", addr, err)
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return ports, nil
 }
 
 // proc is a started process whose output goes to a log file.
