@@ -157,7 +157,7 @@ type node struct {
 	waiting            []read                // state reads waiting here for news
 	known              []stateKey            // per holder: the state it last read of it
 	incoming           map[int]*flow         // chunk → the first transfer of it here
-	uploads            int                   // chunk uploads being served
+	uploads            map[*flow]struct{}    // chunk uploads being served
 	uploadsTo          map[int]int           // requester → uploads
 	recent             map[int]time.Duration // chunks sent once as an origin fetcher, and when
 	repeating          bool                  // an origin fetcher's one repeat is being sent
@@ -278,7 +278,7 @@ func Run(cfg Config) (Result, error) {
 	for i := range cfg.Nodes {
 		n := &node{idx: i, name: fmt.Sprintf("node-%d", i), up: cfg.Link, down: cfg.Link,
 			have: make([]byte, bmap), sent: make([]byte, bmap), fetch: make([]byte, bmap),
-			known: make([]stateKey, cfg.Nodes), incoming: map[int]*flow{}, uploadsTo: map[int]int{}, recent: map[int]time.Duration{}}
+			known: make([]stateKey, cfg.Nodes), incoming: map[int]*flow{}, uploads: map[*flow]struct{}{}, uploadsTo: map[int]int{}, recent: map[int]time.Duration{}}
 		s.nodes = append(s.nodes, n)
 		s.byName[n.name] = n
 	}
@@ -660,12 +660,13 @@ func (s *sim) request(n *node, r p2p.PlanRequest) {
 		default:
 			err = fmt.Errorf("chunk %d: %w", r.Chunk, p2p.ErrNotHeld)
 		}
-		if err == nil && (h.uploads >= s.cfg.MaxUploads || h.uploadsTo[n.idx] >= (s.cfg.MaxUploads+1)/2) {
+		held := s.slotsHeld(h)
+		if err == nil && (held >= s.cfg.MaxUploads || len(h.uploads) >= 2*s.cfg.MaxUploads || h.uploadsTo[n.idx] >= (s.cfg.MaxUploads+1)/2) {
 			err = p2p.ErrPeerBusy
 		}
 		if err == nil && h.origin {
 			if at, ok := h.recent[r.Chunk]; ok && s.now-at < p2p.PlanResendAfter {
-				if h.uploads > s.cfg.MaxUploads/2 || h.repeating {
+				if held > s.cfg.MaxUploads/2 || h.repeating {
 					err = p2p.ErrChunkSent
 				} else {
 					h.repeating, f.repeat = true, true
@@ -686,7 +687,7 @@ func (s *sim) request(n *node, r p2p.PlanRequest) {
 			h.nsent++
 			h.changed = true
 		}
-		h.uploads++
+		h.uploads[f] = struct{}{}
 		h.uploadsTo[n.idx]++
 		f.began = s.now - lat
 		// Until its first byte, the server holds the slot and the
@@ -717,13 +718,24 @@ func (s *sim) begin(f *flow) {
 
 func (s *sim) release(f *flow) {
 	h := f.from
-	h.uploads--
+	delete(h.uploads, f)
 	if h.uploadsTo[f.to.idx]--; h.uploadsTo[f.to.idx] <= 0 {
 		delete(h.uploadsTo, f.to.idx)
 	}
 	if f.repeat {
 		h.repeating = false
 	}
+}
+
+// slotsHeld is how many of h's upload slots its uploads hold, by the
+// agent's rule (p2p.SlotsHeld), h's link standing for the pace the agent
+// measures.
+func (s *sim) slotsHeld(h *node) int {
+	ups := make([]p2p.Upload, 0, len(h.uploads))
+	for f := range h.uploads {
+		ups = append(ups, p2p.Upload{Sent: int64(f.got), Running: s.now - f.began})
+	}
+	return p2p.SlotsHeld(ups, h.up, s.cfg.MaxUploads)
 }
 
 func (s *sim) chunkLen(i int) int64 {

@@ -84,10 +84,13 @@ const maxStateWaitsPerPeer = 32
 type ChunkServer struct {
 	store       ChunkStore
 	swarm       *Swarm        // nil: no origin role told, no chunk relayed
-	slots       chan struct{} // chunk uploads at once; nil for no limit
-	perPeer     int           // chunk uploads at once to one peer address, with slots
+	slots       int // upload slots (SlotsHeld); 0 for no limit
+	perPeer     int // chunk uploads at once to one peer address, with slots
 	peersMu     sync.Mutex
-	peerSlots   map[string]int // peer address → upload slots it holds
+	uploads     map[*upload]struct{} // uploads in progress, with slots
+	peerSlots   map[string]int       // peer address → uploads it has in progress
+	sentBytes   atomic.Int64         // chunk bytes sent, for uplink
+	uplink      uplinkMeter
 	peerWaits   map[string]int // peer address → state requests waiting for news
 	resolutions *Resolutions   // nil: none served
 	tls         *tls.Config    // nil: plain HTTP
@@ -112,18 +115,15 @@ func WithUploadLimit(bytesPerSecond int64) ServerOption {
 	return func(s *ChunkServer) { s.upload = newLimiter(bytesPerSecond) }
 }
 
-// WithMaxUploads caps the chunk uploads served at once; a request beyond it
-// gets 503 at once and its client asks another peer. Fewer, faster uploads
-// pass each chunk on sooner. 0 means no limit. One peer address may hold
-// at most half of them, rounded up (see WithMaxUploadsPerPeer), so that a
-// peer that hogs them, slow or hostile, leaves the others theirs.
+// WithMaxUploads caps the chunk uploads served at once at n slots; a
+// request beyond it gets 503 at once and its client asks another peer.
+// Fewer, faster uploads pass each chunk on sooner. An upload whose reader
+// is slow lends its slot (SlotsHeld), up to 2n uploads in all. 0 means no
+// limit. One peer address may hold at most half of the slots, rounded up
+// (see WithMaxUploadsPerPeer), so that a peer that hogs them, slow or
+// hostile, leaves the others theirs.
 func WithMaxUploads(n int) ServerOption {
-	return func(s *ChunkServer) {
-		s.slots = nil
-		if n > 0 {
-			s.slots = make(chan struct{}, n)
-		}
-	}
+	return func(s *ChunkServer) { s.slots = max(0, n) }
 }
 
 // WithMaxUploadsPerPeer caps the upload slots (WithMaxUploads) one peer
@@ -193,8 +193,8 @@ func NewChunkServer(store ChunkStore, reg prometheus.Registerer, opts ...ServerO
 	for _, o := range opts {
 		o(s)
 	}
-	if s.slots != nil && s.perPeer == 0 {
-		s.perPeer = (cap(s.slots) + 1) / 2
+	if s.slots > 0 && s.perPeer == 0 {
+		s.perPeer = (s.slots + 1) / 2
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{s.m.servedBytes, s.m.requests} {
@@ -255,32 +255,50 @@ func peerOf(r *http.Request) string {
 	return host
 }
 
-// takeSlot takes an upload slot for peer: none while it holds its share
-// or all are taken. "" when it got one, else why not.
-func (s *ChunkServer) takeSlot(peer string) string {
+// takeSlot takes an upload slot for peer: none while it holds its share,
+// or all are held (SlotsHeld) or 2 × slots uploads run. The upload when it
+// got one (give it back with releaseSlot), else why not.
+func (s *ChunkServer) takeSlot(peer string) (*upload, string) {
 	s.peersMu.Lock()
 	defer s.peersMu.Unlock()
 	if s.peerSlots[peer] >= s.perPeer {
-		return "this peer holds its share of the upload slots"
+		return nil, "this peer holds its share of the upload slots"
 	}
-	select {
-	case s.slots <- struct{}{}:
-	default:
-		return "all upload slots busy"
+	if len(s.uploads) >= 2*s.slots || s.slotsHeld() >= s.slots {
+		return nil, "all upload slots busy"
 	}
-	if s.peerSlots == nil {
-		s.peerSlots = map[string]int{}
+	if s.uploads == nil {
+		s.uploads, s.peerSlots = map[*upload]struct{}{}, map[string]int{}
 	}
+	u := &upload{peer: peer, began: time.Now()}
+	s.uploads[u] = struct{}{}
 	s.peerSlots[peer]++
-	return ""
+	return u, ""
 }
 
-func (s *ChunkServer) releaseSlot(peer string) {
+// heldSlots is slotsHeld, under peersMu.
+func (s *ChunkServer) heldSlots() int {
 	s.peersMu.Lock()
 	defer s.peersMu.Unlock()
-	<-s.slots
-	if s.peerSlots[peer]--; s.peerSlots[peer] <= 0 {
-		delete(s.peerSlots, peer)
+	return s.slotsHeld()
+}
+
+// slotsHeld is SlotsHeld of the uploads in progress; peersMu is held.
+func (s *ChunkServer) slotsHeld() int {
+	now := time.Now()
+	ups := make([]Upload, 0, len(s.uploads))
+	for u := range s.uploads {
+		ups = append(ups, Upload{Sent: u.sent.Load(), Running: now.Sub(u.began)})
+	}
+	return SlotsHeld(ups, s.uplink.observe(now, s.sentBytes.Load()), s.slots)
+}
+
+func (s *ChunkServer) releaseSlot(u *upload) {
+	s.peersMu.Lock()
+	defer s.peersMu.Unlock()
+	delete(s.uploads, u)
+	if s.peerSlots[u.peer]--; s.peerSlots[u.peer] <= 0 {
+		delete(s.peerSlots, u.peer)
 	}
 }
 
@@ -350,14 +368,15 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, "chunk", http.StatusBadRequest, fmt.Errorf("chunk index %q", r.PathValue("index")))
 		return
 	}
-	if s.slots != nil {
-		peer := peerOf(r)
-		if busy := s.takeSlot(peer); busy != "" {
+	var up *upload // nil without slots
+	if s.slots > 0 {
+		var busy string
+		if up, busy = s.takeSlot(peerOf(r)); up == nil {
 			w.Header().Set(busyHeader, "server")
 			s.fail(w, "chunk", http.StatusServiceUnavailable, errors.New(busy))
 			return
 		}
-		defer s.releaseSlot(peer)
+		defer s.releaseSlot(up)
 	}
 	// A chunk not verified here yet is relayed if it is on its way (whole
 	// chunks only). It stops being on its way once verified and written:
@@ -387,7 +406,7 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	// and the rest is not left idle. Any other node sends a chunk to all
 	// who ask, and spreads it sooner.
 	if !s.sent.mark(d, i, s.originRole(d)) {
-		if s.slots == nil || len(s.slots) > cap(s.slots)/2 || !s.repeating.CompareAndSwap(false, true) {
+		if s.slots == 0 || s.heldSlots() > s.slots/2 || !s.repeating.CompareAndSwap(false, true) {
 			w.Header().Set(busyHeader, "chunk")
 			s.fail(w, "chunk", http.StatusServiceUnavailable, errors.New("chunk sent already; ask its receiver"))
 			return
@@ -396,7 +415,7 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 		s.sent.mark(d, i, false)
 	}
 	if live != nil {
-		s.relay(w, r, live, d, i)
+		s.relay(w, r, up, live, d, i)
 		return
 	}
 	code := http.StatusOK
@@ -423,7 +442,7 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(code)
 	s.m.requests.WithLabelValues("chunk", strconv.Itoa(code)).Inc()
-	err = s.send(r.Context(), n, func(_, k int64) (int64, error) {
+	err = s.send(r.Context(), up, n, func(_, k int64) (int64, error) {
 		// io.CopyN wraps f in an io.LimitedReader, which net/http hands to
 		// sendfile on a plain connection: the bytes go from the page cache
 		// to the socket.
@@ -455,13 +474,13 @@ const (
 // relay sends chunk i of d while it comes in: its bytes as soon as they
 // have come, the last relayPiece once the chunk is verified. If it fails here, the
 // response ends short, and the peer drops what it got.
-func (s *ChunkServer) relay(w http.ResponseWriter, r *http.Request, c *liveChunk, d digest.Digest, i int) {
+func (s *ChunkServer) relay(w http.ResponseWriter, r *http.Request, up *upload, c *liveChunk, d digest.Digest, i int) {
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set(relayHeader, "1")
 	w.Header().Set("Trailer", hashHeader)
 	w.WriteHeader(http.StatusOK)
 	s.m.requests.WithLabelValues("relay", "200").Inc()
-	err := s.send(r.Context(), int64(len(c.data())), func(off, k int64) (int64, error) {
+	err := s.send(r.Context(), up, int64(len(c.data())), func(off, k int64) (int64, error) {
 		end, sum, err := c.wait(r.Context(), off)
 		if err != nil {
 			return 0, err
@@ -481,12 +500,17 @@ func (s *ChunkServer) relay(w http.ResponseWriter, r *http.Request, c *liveChunk
 	}
 }
 
-// send sends n bytes with next, which sends up to k bytes from offset
-// off, at most a sendPiece at a time, paced by the upload limit.
-func (s *ChunkServer) send(ctx context.Context, n int64, next func(off, k int64) (int64, error)) error {
+// send sends n bytes of upload up (nil: no slot) with next, which sends
+// up to k bytes from offset off, at most a sendPiece at a time, paced by
+// the upload limit.
+func (s *ChunkServer) send(ctx context.Context, up *upload, n int64, next func(off, k int64) (int64, error)) error {
 	for off := int64(0); off < n; {
 		sent, err := next(off, min(n-off, sendPiece))
 		s.m.servedBytes.Add(float64(sent))
+		s.sentBytes.Add(sent)
+		if up != nil {
+			up.sent.Add(sent)
+		}
 		if err != nil {
 			return err
 		}

@@ -153,10 +153,10 @@ func TestChunkServerUploadSlots(t *testing.T) {
 	data := randomBlob(3, testChunk)
 	store := storeHolding(t, data)
 	srv, ts := serveStore(t, store, WithMaxUploads(1))
-	srv.slots <- struct{}{} // one upload in progress
+	up := mustTakeSlot(t, srv, "192.0.2.1") // one upload in progress
 	resp, _ := get(t, ts.URL+fmt.Sprintf(chunkPath, descOf(data).Digest, 0))
 	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
-	<-srv.slots
+	srv.releaseSlot(up)
 	resp, _ = get(t, ts.URL+fmt.Sprintf(chunkPath, descOf(data).Digest, 0))
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 }
@@ -167,22 +167,32 @@ func TestChunkServerUploadSlotsPerPeer(t *testing.T) {
 	t.Parallel()
 	data := randomBlob(5, testChunk)
 	srv, ts := serveStore(t, storeHolding(t, data), WithMaxUploads(4))
-	for range 2 {
-		require.Empty(t, srv.takeSlot("127.0.0.1"))
-	}
+	ours := mustTakeSlot(t, srv, "127.0.0.1")
+	mustTakeSlot(t, srv, "127.0.0.1")
 	url := ts.URL + fmt.Sprintf(chunkPath, descOf(data).Digest, 0)
 	resp, body := get(t, url)
 	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "the test's address holds its share")
 	require.Equal(t, "server", resp.Header.Get(busyHeader))
 	require.Contains(t, string(body), "its share of the upload slots")
-	require.Empty(t, srv.takeSlot("192.0.2.1"), "another peer gets a slot")
-	srv.releaseSlot("127.0.0.1")
+	mustTakeSlot(t, srv, "192.0.2.1") // another peer gets a slot
+	srv.releaseSlot(ours)
 	resp, _ = get(t, url)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	// The handler gives its slot back after the client has the whole body.
-	require.Eventually(t, func() bool { return srv.takeSlot("127.0.0.1") == "" }, 5*time.Second, time.Millisecond, "its share again")
-	require.Empty(t, srv.takeSlot("192.0.2.2"), "the last slot")
-	require.Equal(t, "all upload slots busy", srv.takeSlot("192.0.2.3"))
+	require.Eventually(t, func() bool { up, _ := srv.takeSlot("127.0.0.1"); return up != nil }, 5*time.Second, time.Millisecond, "its share again")
+	mustTakeSlot(t, srv, "192.0.2.2") // the last slot
+	_, busy := srv.takeSlot("192.0.2.3")
+	require.Equal(t, "all upload slots busy", busy)
+}
+
+// mustTakeSlot takes an upload slot of srv for peer, as a request would,
+// for an upload that sends fast: it never lends its slot (SlotsHeld).
+func mustTakeSlot(t *testing.T, srv *ChunkServer, peer string) *upload {
+	t.Helper()
+	up, busy := srv.takeSlot(peer)
+	require.NotNil(t, up, busy)
+	up.sent.Store(1 << 50)
+	return up
 }
 
 // maxPeerStateBytes bounds every state of a blob of n chunks: every chunk
@@ -449,11 +459,11 @@ func TestBusyAnswerKeepsTheConnection(t *testing.T) {
 		_, err := s.fetchChunk(context.Background(), addr, d, 0, time.Minute, newLiveChunk(testChunk))
 		return err
 	}
-	srv.slots <- struct{}{} // every upload slot taken
+	up := mustTakeSlot(t, srv, "192.0.2.1") // every upload slot taken
 	for range 5 {
 		require.ErrorIs(t, fetch(), errBusy)
 	}
-	<-srv.slots
+	srv.releaseSlot(up)
 	claim, err := s.fetchChunk(context.Background(), addr, d, 0, time.Minute, newLiveChunk(testChunk))
 	require.NoError(t, err)
 	sum := sha256.Sum256(data)
@@ -535,9 +545,9 @@ func TestOriginFetcherRepeatsWhenItsUploadHasRoom(t *testing.T) {
 	srv, ts := serveStore(t, storeHolding(t, data), WithSwarm(originSwarm(t, d)), WithMaxUploads(4))
 	// A handler gives back its slot and its repeat just after the client
 	// has the answer: each request starts once the last one's are back.
-	held := 0 // slots the test holds
+	var held []*upload // slots the test holds
 	status := func(i int) int {
-		require.Eventually(t, func() bool { return len(srv.slots) == held }, 5*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return srv.heldSlots() == len(held) }, 5*time.Second, time.Millisecond)
 		resp, _ := get(t, ts.URL+fmt.Sprintf(chunkPath, d, i))
 		return resp.StatusCode
 	}
@@ -548,13 +558,12 @@ func TestOriginFetcherRepeatsWhenItsUploadHasRoom(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, status(0), "one repeat at a time")
 	srv.repeating.Store(false)
 
-	srv.slots <- struct{}{} // two uploads in progress: with this one, three of four slots
-	srv.slots <- struct{}{}
-	held = 2
+	// Two uploads in progress: with this one, three of four slots.
+	held = []*upload{mustTakeSlot(t, srv, "192.0.2.1"), mustTakeSlot(t, srv, "192.0.2.2")}
 	require.Equal(t, http.StatusServiceUnavailable, status(0), "first copies keep the busy upload")
 	require.Equal(t, http.StatusOK, status(1), "a first copy goes out")
-	<-srv.slots
-	held = 1
+	srv.releaseSlot(held[1])
+	held = held[:1]
 	require.Equal(t, http.StatusOK, status(0), "with half the slots free again, a repeat")
 }
 

@@ -1,0 +1,81 @@
+package p2p
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/weightd/weightd/pkg/cache"
+)
+
+func TestSlotsHeld(t *testing.T) {
+	t.Parallel()
+	const uplink = 12e6 // bytes/s; a slot's share is 2e6, half of it 1e6
+	fast := Upload{Sent: 20e6, Running: 10 * time.Second}
+	slow := Upload{Sent: 9e6, Running: 10 * time.Second}
+	young := Upload{Sent: 0, Running: slotLendAfter / 2}
+	for _, tc := range []struct {
+		name    string
+		uploads []Upload
+		uplink  float64
+		want    int
+	}{
+		{"none", nil, uplink, 0},
+		{"fast ones hold theirs", []Upload{fast, fast, fast}, uplink, 3},
+		{"a slow one lends its slot", []Upload{fast, slow, fast}, uplink, 2},
+		{"a young one has not shown its pace", []Upload{young, young}, uplink, 2},
+		{"the uplink not measured yet", []Upload{slow, slow}, 0, 2},
+		{"at most a slot count lend", []Upload{slow, slow, slow, slow, slow, slow, slow, slow, slow}, uplink, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, SlotsHeld(tc.uploads, tc.uplink, 6))
+		})
+	}
+}
+
+func TestUplinkMeterFollowsThePeak(t *testing.T) {
+	t.Parallel()
+	var m uplinkMeter
+	at := time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC)
+	require.Zero(t, m.observe(at, 0), "one look is no pace")
+	require.Zero(t, m.observe(at.Add(time.Second), 5e6), "within a window, the pace so far")
+	require.InDelta(t, 5e6, m.observe(at.Add(2*time.Second), 10e6), 1)
+	require.InEpsilon(t, 5e6, m.observe(at.Add(4*time.Second), 12e6), 0.05, "a slower window keeps the peak")
+	require.InEpsilon(t, 2.5e6, m.observe(at.Add(4*time.Second+uplinkHalfLife), 12e6), 0.05, "which halves over a half-life idle")
+}
+
+// A reader that takes its chunk slowly lends its upload slot once it has
+// shown its pace: another request is served beside it.
+func TestSlowReaderLendsItsSlot(t *testing.T) {
+	t.Parallel()
+	const size = 32 << 20 // more than the sockets' buffers hold
+	data := randomBlob(11, size)
+	store := newTestStore(t, cache.WithChunkSize(size))
+	_, err := store.Fetch(context.Background(), descOf(data), memOrigin(data), nil)
+	require.NoError(t, err)
+	srv, ts := serveStore(t, store, WithMaxUploads(1), WithMaxUploadsPerPeer(2))
+	srv.peersMu.Lock()
+	srv.uplink = uplinkMeter{at: time.Now(), peak: 1 << 30} // as if it had sent at 1 GiB/s lately
+	srv.peersMu.Unlock()
+	url := ts.URL + fmt.Sprintf(chunkPath, descOf(data).Digest, 0)
+
+	slowClient := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(slowClient.CloseIdleConnections)
+	slow, err := slowClient.Get(url) // its body is not read until the end
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, slow.StatusCode)
+	defer slow.Body.Close()
+
+	require.Eventually(t, func() bool {
+		resp, body := get(t, url)
+		return resp.StatusCode == http.StatusOK && len(body) == size
+	}, 10*time.Second, 100*time.Millisecond, "a second upload beside the slow one")
+	n, err := io.Copy(io.Discard, slow.Body)
+	require.NoError(t, err)
+	require.EqualValues(t, size, n, "the slow reader gets its chunk whole")
+}
