@@ -83,9 +83,9 @@ const maxStateWaitsPerPeer = 32
 // anything but a validated digest.
 type ChunkServer struct {
 	store       ChunkStore
-	swarm       *Swarm        // nil: no origin role told, no chunk relayed
-	slots       int // upload slots (SlotsHeld); 0 for no limit
-	perPeer     int // chunk uploads at once to one peer address, with slots
+	swarm       *Swarm // nil: no origin role told, no chunk relayed
+	slots       int    // upload slots (SlotsHeld); 0 for no limit
+	perPeer     int    // chunk uploads at once to one peer address, with slots
 	peersMu     sync.Mutex
 	uploads     map[*upload]struct{} // uploads in progress, with slots
 	peerSlots   map[string]int       // peer address → uploads it has in progress
