@@ -104,6 +104,7 @@ type ChunkServer struct {
 type serverMetrics struct {
 	servedBytes prometheus.Counter
 	requests    *prometheus.CounterVec
+	lentSlots   prometheus.Counter
 }
 
 // ServerOption configures a ChunkServer.
@@ -189,6 +190,9 @@ func NewChunkServer(store ChunkStore, reg prometheus.Registerer, opts ...ServerO
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weightd_p2p_server_requests_total", Help: "Chunk server requests by route (state, chunk, relay: a chunk sent while it comes in, resolution) and status code.",
 		}, []string{"route", "code"}),
+		lentSlots: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "weightd_p2p_upload_slots_lent_total", Help: "Chunk uploads started beyond --max-uploads, on a slot lent by an upload whose reader is slow.",
+		}),
 	}}
 	for _, o := range opts {
 		o(s)
@@ -197,7 +201,7 @@ func NewChunkServer(store ChunkStore, reg prometheus.Registerer, opts ...ServerO
 		s.perPeer = (s.slots + 1) / 2
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{s.m.servedBytes, s.m.requests} {
+		for _, c := range []prometheus.Collector{s.m.servedBytes, s.m.requests, s.m.lentSlots} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("registering chunk server metrics: %w", err)
 			}
@@ -269,6 +273,9 @@ func (s *ChunkServer) takeSlot(peer string) (*upload, string) {
 	}
 	if s.uploads == nil {
 		s.uploads, s.peerSlots = map[*upload]struct{}{}, map[string]int{}
+	}
+	if len(s.uploads) >= s.slots {
+		s.m.lentSlots.Inc()
 	}
 	u := &upload{peer: peer, began: time.Now()}
 	s.uploads[u] = struct{}{}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/weightd/weightd/pkg/cache"
@@ -75,6 +76,7 @@ func TestSlowReaderLendsItsSlot(t *testing.T) {
 		resp, body := get(t, url)
 		return resp.StatusCode == http.StatusOK && len(body) == size
 	}, 10*time.Second, 100*time.Millisecond, "a second upload beside the slow one")
+	require.GreaterOrEqual(t, testutil.ToFloat64(srv.m.lentSlots), 1.0)
 	n, err := io.Copy(io.Discard, slow.Body)
 	require.NoError(t, err)
 	require.EqualValues(t, size, n, "the slow reader gets its chunk whole")
