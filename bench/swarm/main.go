@@ -36,7 +36,11 @@
 // --zone ("zones_on":true); both lines add, per zone, "zone_in_ratio",
 // the bytes the zone's hosts received from outside it (the origin and
 // the other zones' hosts, IP packets counted by iptables) per S, and
-// "zone_peer_ratio", those from the other zones' hosts alone. The agents
+// "zone_peer_ratio", those from the other zones' hosts alone. With -slow K
+// the first K agent hosts' links run at a quarter of B (a slow tail):
+// time_ratio, first_s, p50_s and last_s are then the other hosts', and
+// each line adds "slow_nodes" and "slow_time_ratio", the last slow host's
+// time over its own link's S/B. The agents
 // talk mutual TLS, as the chart sets them up; -tls=off has them share
 // over plain HTTP, for what TLS costs (agent_cpu_s: the CPU time all agents
 // used over the mode, the victim of churn left out). A fetch that
@@ -94,6 +98,7 @@ type options struct {
 	agentArgs string // more flags for every agent
 	tls       string // "on": peers talk mutual TLS (as the chart sets them up); "off": plain HTTP
 	zones     int    // 0: no zones; else the hosts are cut into this many zones (zones.go)
+	slow      int    // agent hosts whose links run at slowFactor of linkMbit
 	// originLimitMbit, when set, is the bench origin's limit for the
 	// whole cluster (--origin-limits), every other origin's a tenth of it
 	// (--origin-limit)
@@ -124,7 +129,13 @@ type result struct {
 	// over the mode (its bytes over last_s) as a share of it.
 	OriginLimitMbit  float64 `json:"origin_limit_mbit,omitempty"`
 	OriginLimitShare float64 `json:"origin_limit_share,omitempty"`
+	// With -slow: how many hosts are slow, and the last one's time over its own link's S/B.
+	SlowNodes     int     `json:"slow_nodes,omitempty"`
+	SlowTimeRatio float64 `json:"slow_time_ratio,omitempty"`
 }
+
+// slowFactor is a slow host's link (-slow) as a share of -link-mbit.
+const slowFactor = 4
 
 func main() {
 	var (
@@ -147,6 +158,7 @@ func main() {
 	flag.StringVar(&o.agentArgs, "agent-args", "", "more flags for every agent, space-separated (tuning experiments)")
 	flag.StringVar(&o.tls, "tls", "on", "on: the agents talk mutual TLS with a CA of the bench's, as the chart sets them up; off: plain HTTP (--peer-insecure), to measure what TLS costs")
 	flag.Float64Var(&o.originLimitMbit, "origin-limit-mbit", 0, "limit the origin to this many Mbit/s for the whole cluster, by its name (--origin-limits), every other origin to a tenth of it (--origin-limit); 0 for no limit")
+	flag.IntVar(&o.slow, "slow", 0, "run the first K agent hosts' links at a quarter of -link-mbit (a slow tail); time_ratio is then the others'")
 	flag.IntVar(&o.zones, "zones", 0, "cut the hosts into this many zones, run each mode without and with --zone, and count the bytes each zone receives from outside it (needs iptables); 0 for none")
 	flag.BoolVar(&quick, "quick", false, "a run of under a minute: 4 nodes, 64 MiB, 200 Mbit/s unless set otherwise")
 	flag.StringVar(&serveDir, "serve-origin", "", "internal: serve this directory as the origin (in the origin host)")
@@ -193,6 +205,8 @@ func (o options) validate() error {
 		return fmt.Errorf("-chunk-mib %d: want at least 1", o.chunkMiB)
 	case o.tls != "on" && o.tls != "off":
 		return fmt.Errorf("-tls %q: want on or off", o.tls)
+	case o.slow < 0 || o.slow >= o.nodes-1:
+		return fmt.Errorf("-slow %d: want 0 to -nodes - 2 (the churn victim, the last host, is not slow)", o.slow)
 	case o.zones != 0 && (o.zones < 2 || o.zones > o.nodes):
 		return fmt.Errorf("-zones %d: want 0, or 2 to -nodes", o.zones)
 	}
@@ -273,6 +287,11 @@ func run(ctx context.Context, o options) error {
 	}()
 	all := tb.Hosts()
 	b.hosts = all[1:]
+	for _, h := range b.hosts[:o.slow] {
+		if err := tb.SetLink(h, o.linkMbit/slowFactor); err != nil {
+			return err
+		}
+	}
 	log.Printf("testbed %s: origin and %d hosts at %d Mbit/s up in %v; blob of %d MiB, limit S/B = %.2fs",
 		tb.Name(), o.nodes, o.linkMbit, time.Since(start).Round(time.Millisecond), o.sizeMiB, b.limit.Seconds())
 
@@ -465,8 +484,12 @@ func (b *bench) runMode(ctx context.Context, mode string, zoned bool) (result, e
 	}
 
 	var secs []float64
+	slowLast := 0.0
 	for i, d := range took {
-		if i != victim {
+		switch {
+		case i < b.slow:
+			slowLast = max(slowLast, d.Seconds())
+		case i != victim:
 			secs = append(secs, d.Seconds())
 		}
 	}
@@ -482,6 +505,9 @@ func (b *bench) runMode(ctx context.Context, mode string, zoned bool) (result, e
 		OriginRatio: round(float64(after-before) / float64(b.size)),
 		TLS:         b.tls == "on",
 		AgentCPUS:   round(cpu1.AgentSeconds(cpu0, victim)),
+	}
+	if b.slow > 0 {
+		r.SlowNodes, r.SlowTimeRatio = b.slow, round(slowLast/limit/slowFactor)
 	}
 	if b.originLimitMbit > 0 {
 		r.OriginLimitMbit = b.originLimitMbit
