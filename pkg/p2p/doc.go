@@ -90,6 +90,10 @@
 // 10 s after a chunk's first send it sends one such repeat at a time while
 // half its upload slots are free, then to all who ask (a window that
 // opened again could be held by whoever asks the moment it closes).
+// A holder's upload slots are held by its uploads but those whose reader
+// has taken a second at under half a slot's share of the uplink: those
+// lend theirs (SlotsHeld), up to twice the slots in all, so that a slow
+// node's requests do not keep the holder's link idle.
 // Endgame: once every missing chunk is asked for and no more are left than
 // the fill's request limit, each may get one duplicate request to another
 // peer than the first; those still running when the blob is complete are
