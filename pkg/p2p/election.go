@@ -321,18 +321,13 @@ func (f *plan) nextFromOrigin(missing []int) int {
 	}
 	// Help the fetcher with the most left, but leave it what it may ask
 	// for before word of it reaches here, and word of this node's request
-	// reaches it: its requests again for each origin chunk time in
-	// stateLag (those in flight are taken already). Where the origin sends
-	// a chunk much sooner than that, helping would fetch chunks twice, and
-	// a lagging share costs little. Where it sends one slower, nothing is
-	// left: a fetcher on a slow link would take its last chunks many times
-	// as long as the helper, and every node waits for them; the helper and
-	// it then race for a chunk only when one of its requests ends within
-	// stateLag of the helper's.
+	// reaches it: its requests in flight, again for each origin chunk time
+	// in stateLag. Where the origin sends a chunk much sooner than that,
+	// helping would fetch chunks twice, and a lagging share costs little.
 	if f.originTime <= 0 {
 		return -1
 	}
-	leave := f.originRequests() * int(f.stateLag()/f.originTime)
+	leave := f.originRequests() * (1 + int(f.stateLag()/f.originTime))
 	behind := -1
 	for j, left := range untaken {
 		if j != share && len(left) > leave && (behind < 0 || len(left) > len(untaken[behind])) {
