@@ -37,10 +37,8 @@
 // the bytes the zone's hosts received from outside it (the origin and
 // the other zones' hosts, IP packets counted by iptables) per S, and
 // "zone_peer_ratio", those from the other zones' hosts alone. With -slow K
-// the first K agent hosts' links run at a quarter of B (a slow tail):
-// time_ratio, first_s, p50_s and last_s are then the other hosts', and
-// each line adds "slow_nodes" and "slow_time_ratio", the last slow host's
-// time over its own link's S/B. The agents
+// the first K hosts run at B/4; the times are the others', and
+// "slow_time_ratio" is the slow hosts' last over their own S/B. The agents
 // talk mutual TLS, as the chart sets them up; -tls=off has them share
 // over plain HTTP, for what TLS costs (agent_cpu_s: the CPU time all agents
 // used over the mode, the victim of churn left out). A fetch that

@@ -268,7 +268,7 @@ func (s *ChunkServer) takeSlot(peer string) (*upload, string) {
 	if s.peerSlots[peer] >= s.perPeer {
 		return nil, "this peer holds its share of the upload slots"
 	}
-	if len(s.uploads) >= 2*s.slots || s.slotsHeld() >= s.slots {
+	if len(s.uploads) >= 2*s.slots || s.slotsHeldLocked() >= s.slots {
 		return nil, "all upload slots busy"
 	}
 	if s.uploads == nil {
@@ -283,15 +283,15 @@ func (s *ChunkServer) takeSlot(peer string) (*upload, string) {
 	return u, ""
 }
 
-// heldSlots is slotsHeld, under peersMu.
-func (s *ChunkServer) heldSlots() int {
+// slotsHeld is SlotsHeld of the uploads in progress.
+func (s *ChunkServer) slotsHeld() int {
 	s.peersMu.Lock()
 	defer s.peersMu.Unlock()
-	return s.slotsHeld()
+	return s.slotsHeldLocked()
 }
 
-// slotsHeld is SlotsHeld of the uploads in progress; peersMu is held.
-func (s *ChunkServer) slotsHeld() int {
+// slotsHeldLocked is SlotsHeld of the uploads in progress; peersMu is held.
+func (s *ChunkServer) slotsHeldLocked() int {
 	now := time.Now()
 	ups := make([]Upload, 0, len(s.uploads))
 	for u := range s.uploads {
@@ -413,7 +413,7 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	// and the rest is not left idle. Any other node sends a chunk to all
 	// who ask, and spreads it sooner.
 	if !s.sent.mark(d, i, s.originRole(d)) {
-		if s.slots == 0 || s.heldSlots() > s.slots/2 || !s.repeating.CompareAndSwap(false, true) {
+		if s.slots == 0 || s.slotsHeld() > s.slots/2 || !s.repeating.CompareAndSwap(false, true) {
 			w.Header().Set(busyHeader, "chunk")
 			s.fail(w, "chunk", http.StatusServiceUnavailable, errors.New("chunk sent already; ask its receiver"))
 			return

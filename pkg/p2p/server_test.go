@@ -547,7 +547,7 @@ func TestOriginFetcherRepeatsWhenItsUploadHasRoom(t *testing.T) {
 	// has the answer: each request starts once the last one's are back.
 	var held []*upload // slots the test holds
 	status := func(i int) int {
-		require.Eventually(t, func() bool { return srv.heldSlots() == len(held) }, 5*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return srv.slotsHeld() == len(held) }, 5*time.Second, time.Millisecond)
 		resp, _ := get(t, ts.URL+fmt.Sprintf(chunkPath, d, i))
 		return resp.StatusCode
 	}
