@@ -307,7 +307,8 @@ func Run(cfg Config) (Result, error) {
 			n.liar = true
 		}
 	}
-	for _, n := range s.nodes {
+	for i, n := range s.nodes {
+		sc.Rand = rand.NewPCG(cfg.Seed, 2+uint64(i)) // each node its own stream: a seed repeats the run
 		sw, err := p2p.NewSwarm(simDir{s: s, n: n}, nil, sc, nil, nil)
 		if err != nil {
 			return Result{}, err

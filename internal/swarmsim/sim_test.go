@@ -30,6 +30,24 @@ func TestSmallClusterFillsTheBlob(t *testing.T) {
 	}
 }
 
+// A seed repeats its run, faults and all, so that two builds compared on
+// the same seeds differ by what changed, not by chance; another seed
+// gives another run.
+func TestSeedRepeatsTheRun(t *testing.T) {
+	t.Parallel()
+	run := func(seed uint64) Result {
+		cfg := Config{Nodes: 30, Size: 64 << 20, ChunkSize: 2 << 20, Link: 1e9 / 8, Seed: seed,
+			SlowFraction: 0.1, KillFraction: 0.1, LateFraction: 0.1, Liars: 1}
+		r, err := Run(cfg)
+		require.NoError(t, err)
+		r.SchedCPUPerNode = 0 // the machine's time, not the simulation's
+		return r
+	}
+	first := run(1)
+	require.Equal(t, first, run(1))
+	require.NotEqual(t, first, run(2))
+}
+
 // bench/gossip's figures at 100 members.
 const measured100P50Ms, measured100P99Ms = 352, 689
 

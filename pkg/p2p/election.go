@@ -58,7 +58,8 @@ func (f *plan) decideOrigin() {
 		return
 	}
 	fetchers, unknown, names := []string(nil), 0, []string{f.s.dir.LocalName()}
-	for name, pv := range f.peers {
+	for _, pv := range f.peers.all() {
+		name := pv.name
 		if f.s.Banned(name) {
 			continue
 		}
@@ -108,14 +109,14 @@ func (f *plan) decideOrigin() {
 	// Rank among every holder gossip names, not only the followed ones,
 	// so that all nodes agree on who comes first.
 	for _, name := range f.holders {
-		if f.peers[name] == nil && !f.s.Banned(name) {
+		if f.peers.get(name) == nil && !f.s.Banned(name) {
 			names = append(names, name)
 		}
 	}
 	order := f.electionOrder(names)
 	rank := slices.Index(order, f.s.dir.LocalName())
 	members := f.s.dir.Members()
-	alone := len(members) == 0 && len(f.peers) == 0
+	alone := len(members) == 0 && f.peers.len() == 0
 	turn := f.s.cfg.Settle * time.Duration(1+max(0, rank-(f.s.cfg.OriginFetchers-1)))
 	// None can rank above a node among the first of all live members.
 	first := slices.Index(f.electionOrder(f.withMembers(members)), f.s.dir.LocalName()) < f.s.cfg.OriginFetchers
@@ -137,7 +138,7 @@ func (f *plan) decideOrigin() {
 		}
 		f.originShown, f.rivals = false, nil
 		for _, name := range order[:rank] {
-			if f.peers[name] != nil {
+			if f.peers.get(name) != nil {
 				f.rivals = append(f.rivals, name)
 			}
 		}
@@ -219,7 +220,7 @@ func (f *plan) rivalsHeard(now time.Time) bool {
 		return true
 	}
 	f.rivals = slices.DeleteFunc(f.rivals, func(name string) bool {
-		return f.peers[name] == nil || f.s.Banned(name) || f.heardSince(name, f.originSince)
+		return f.peers.get(name) == nil || f.s.Banned(name) || f.heardSince(name, f.originSince)
 	})
 	return len(f.rivals) == 0
 }
@@ -229,7 +230,7 @@ func (f *plan) rivalsHeard(now time.Time) bool {
 // not answer, killed but not yet out of the membership, fetches nothing
 // for the cluster).
 func (f *plan) heardSince(peer string, t time.Time) bool {
-	if pv := f.peers[peer]; pv != nil {
+	if pv := f.peers.get(peer); pv != nil {
 		return !pv.heardAt.Before(t)
 	}
 	at, absent := f.absent[peer]
@@ -247,7 +248,8 @@ func (f *plan) heardSince(peer string, t time.Time) bool {
 func (f *plan) originShare() (share int, fetchers []string) {
 	local := f.s.dir.LocalName()
 	fetching, candidates := []string{local}, []string{local}
-	for name, pv := range f.peers {
+	for _, pv := range f.peers.all() {
+		name := pv.name
 		if f.s.Banned(name) {
 			continue
 		}
@@ -296,7 +298,7 @@ func (f *plan) nextFromOrigin(missing []int) int {
 	// It helps only fetchers it follows: it sees what they have and fetch.
 	followed := make([]bool, len(fetchers))
 	for j, name := range fetchers {
-		pv := f.peers[name]
+		pv := f.peers.get(name)
 		followed[j] = pv != nil && pv.known && pv.state.Origin
 	}
 	untaken := make([][]int, len(fetchers)) // each share's chunks no node has or fetches
@@ -306,7 +308,7 @@ func (f *plan) nextFromOrigin(missing []int) int {
 			continue
 		}
 		taken := false
-		for _, pv := range f.peers {
+		for _, pv := range f.peers.all() {
 			if pv.known && (pv.state.Has(i) || pv.state.IsFetching(i)) && !f.s.Banned(pv.name) {
 				taken = true
 				break

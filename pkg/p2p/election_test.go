@@ -145,7 +145,7 @@ func TestFirstRankedMemberTakesTheOriginRoleAtOnce(t *testing.T) {
 	for i := range 8 {
 		d := descOf(randomBlob(uint64(30+i), testChunk)).Digest
 		rank := slices.Index(rendezvous(d, names), "me")
-		f := &plan{s: s, d: d, start: time.Now(), peers: map[string]*peerView{}, maxInFlight: 8}
+		f := &plan{s: s, d: d, start: time.Now(), maxInFlight: 8}
 		f.decideOrigin()
 		require.Equal(t, rank < s.cfg.OriginFetchers, f.originRole, "rank %d of %d", rank, len(names))
 		require.Equal(t, f.originRole, f.useOrigin(), "rank %d: no node can rank above it, nothing to wait for", rank)
@@ -212,7 +212,7 @@ func TestOriginFetcherBoundsItsPeerRequests(t *testing.T) {
 	require.NoError(t, err)
 	other := &peerView{name: "other", known: true, inflight: fetcherPeerRequests,
 		state: PeerState{ChunkState: cache.ChunkState{Size: 4 * testChunk, ChunkSize: testChunk, Have: []byte{0b0001}}}}
-	f := &plan{s: s, inflight: map[int]int{}, peers: map[string]*peerView{"other": other}}
+	f := &plan{s: s, inflight: map[int]int{}, peers: peersOf(other)}
 	missing := []int{0, 1, 2, 3}
 
 	require.True(t, f.mayAskPeers(fetcherPeerRequests, missing), "not an origin fetcher")
@@ -236,13 +236,13 @@ func TestOriginRoleOutlivesAnEarlierFillsLinger(t *testing.T) {
 	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{OriginLinger: time.Minute, Now: func() time.Time { return now }}, nil, nil)
 	require.NoError(t, err)
 	d := descOf(randomBlob(40, testChunk)).Digest
-	first := &plan{s: s, d: d, start: now, peers: map[string]*peerView{}, maxInFlight: 8}
+	first := &plan{s: s, d: d, start: now, maxInFlight: 8}
 	first.decideOrigin()
 	require.True(t, first.originRole, "alone, it fetches from the origin")
 	first.release() // failed: the download is retried
 	now = now.Add(59 * time.Second)
 	require.True(t, s.FetchesFromOrigin(d), "lingering")
-	retry := &plan{s: s, d: d, start: now, peers: map[string]*peerView{}, maxInFlight: 8}
+	retry := &plan{s: s, d: d, start: now, maxInFlight: 8}
 	retry.decideOrigin()
 	require.True(t, retry.originRole)
 	now = now.Add(time.Hour)
@@ -273,12 +273,12 @@ func TestYieldedOriginRoleIsNotSeen(t *testing.T) {
 	fetcher := func(name string) *peerView {
 		return &peerView{name: name, known: true, state: PeerState{ChunkState: cache.ChunkState{Size: 8 * testChunk, ChunkSize: testChunk, Have: []byte{0}}, Origin: true}}
 	}
-	f := &plan{s: s, d: d, start: now, peers: map[string]*peerView{}, maxInFlight: 8}
+	f := &plan{s: s, d: d, start: now, maxInFlight: 8}
 	f.decideOrigin()
 	require.True(t, f.originRole, "alone, it fetches from the origin")
 	require.True(t, s.FetchesFromOrigin(d))
 
-	f.peers = map[string]*peerView{"a": fetcher("a"), "b": fetcher("b")}
+	f.peers = peersOf(fetcher("a"), fetcher("b"))
 	f.decideOrigin()
 	require.False(t, f.originRole, "two fetchers rank above it: it yields")
 	require.False(t, s.FetchesFromOrigin(d), "peers no longer see it fetch")
@@ -319,7 +319,7 @@ func TestOriginTurnByRank(t *testing.T) {
 		{4, 0, false}, {4, time.Hour, true},
 	} {
 		now = start.Add(c.elapsed)
-		f := &plan{s: s, d: ranked[c.rank], start: start, peers: map[string]*peerView{}, maxInFlight: 8}
+		f := &plan{s: s, d: ranked[c.rank], start: start, maxInFlight: 8}
 		f.decideOrigin()
 		require.Equal(t, c.takes, f.originRole, "rank %d after %v", c.rank, c.elapsed)
 		f.release()
@@ -339,7 +339,7 @@ func TestOriginRoleByTurnWaitsForWordFromAbove(t *testing.T) {
 	s, desc := swarmAt(t, names, &now), blobRanked(names, 2, 300)
 	// answer delivers peer's state, read from sent on.
 	answer := func(f *plan, peer string, sent time.Time, origin bool) {
-		pv := f.peers[peer]
+		pv := f.peers.get(peer)
 		pv.reading, pv.readAt = true, sent
 		f.updateState(stateResult{peer: peer, state: PeerState{
 			ChunkState: cache.ChunkState{Size: desc.Size, ChunkSize: testChunk, Have: []byte{0}}, Origin: origin}})
@@ -347,9 +347,9 @@ func TestOriginRoleByTurnWaitsForWordFromAbove(t *testing.T) {
 	newPlan := func() *plan {
 		start := now.Add(time.Hour) // past the last plan's linger
 		f := &plan{s: s, desc: desc, d: desc.Digest, chunkSize: testChunk, chunks: 8, start: start,
-			peers: map[string]*peerView{}, absent: map[string]time.Time{}, maxInFlight: 8}
+			absent: map[string]time.Time{}, maxInFlight: 8}
 		for _, n := range names[1:] {
-			f.peers[n] = &peerView{name: n, chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{}}
+			f.peers.add(&peerView{name: n, chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{}})
 			answer(f, n, start, false) // neither fetches yet
 		}
 		now = start.Add(2 * s.cfg.Settle) // its turn, ranked third
@@ -385,7 +385,7 @@ func TestOriginRoleByTurnWaitsForWordFromAbove(t *testing.T) {
 
 	f = newPlan()
 	now = now.Add(s.cfg.Settle / 2)
-	pv := f.peers["a"]
+	pv := f.peers.get("a")
 	pv.reading, pv.readAt = true, f.originSince
 	f.updateState(stateResult{peer: "a", err: errors.New("connection refused")})
 	answer(f, "b", f.originSince, false)
@@ -412,10 +412,10 @@ func TestFirstMembersCountEachOtherUntilWordSaysOtherwise(t *testing.T) {
 	s, desc := swarmAt(t, names, &now), blobRanked(names, 0, 400)
 	other := rendezvous(desc.Digest, names)[1]
 	f := &plan{s: s, desc: desc, d: desc.Digest, chunkSize: testChunk, chunks: 8, start: start,
-		peers:  map[string]*peerView{other: {name: other, chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{}}},
+		peers:  peersOf(&peerView{name: other, chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{}}),
 		absent: map[string]time.Time{}, maxInFlight: 8}
 	answer := func(sent time.Time) {
-		pv := f.peers[other]
+		pv := f.peers.get(other)
 		pv.reading, pv.readAt = true, sent
 		f.updateState(stateResult{peer: other, state: PeerState{
 			ChunkState: cache.ChunkState{Size: desc.Size, ChunkSize: testChunk, Have: []byte{0}}}})
@@ -436,7 +436,7 @@ func TestFirstMembersCountEachOtherUntilWordSaysOtherwise(t *testing.T) {
 	answer(start.Add(s.cfg.Settle))
 	require.Equal(t, []string{"me"}, fetchers(), "it said it does not fetch, after Settle")
 
-	f.peers[other].heardAt = start // its word lost
+	f.peers.get(other).heardAt = start // its word lost
 	now = start.Add(s.cfg.Settle + stateWait)
 	require.Equal(t, []string{"me"}, fetchers(), "no word for a state read's wait")
 }
@@ -476,7 +476,7 @@ func twoOriginFetchers(t *testing.T) (*plan, *peerView) {
 	other := &peerView{name: "other", known: true,
 		state: PeerState{ChunkState: cache.ChunkState{Size: 8 * testChunk, ChunkSize: testChunk, Have: []byte{0}}, Origin: true}}
 	f := &plan{s: s, d: descOf(randomBlob(40, testChunk)).Digest, inflight: map[int]int{},
-		peers: map[string]*peerView{"other": other}, originRole: true}
+		peers: peersOf(other), originRole: true}
 	_, fetchers := f.originShare()
 	require.Len(t, fetchers, 2)
 	return f, other

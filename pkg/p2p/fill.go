@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,7 +62,7 @@ type plan struct {
 	want           *atomic.Int64 // the byte a reader waits on (-1 none): its chunks go first
 	maxInFlight    int           // requests in flight, bounded by the chunk buffers they need
 	buffered       int64         // bytes of chunk buffers booked for the requests in flight (Swarm.bufferRoom)
-	peers          map[string]*peerView
+	peers          peerSet
 	absent         map[string]time.Time // members that had none of the blob when asked, and when
 	probedAt       time.Time            // when the first-ranked members were last looked for
 	inflight       map[int]int          // chunk → requests in flight
@@ -98,7 +97,7 @@ func (s *Swarm) newPlan(desc content.Descriptor, chunkSize int64, want *atomic.I
 	return &plan{s: s, d: desc.Digest, desc: desc, chunkSize: chunkSize, chunks: chunksOf(desc.Size, chunkSize),
 		start: now, originHeard: now, want: want,
 		maxInFlight: max(2, min(s.cfg.MaxInFlight, int(maxInFlightBytes/chunkSize))),
-		peers:       map[string]*peerView{}, absent: map[string]time.Time{}, inflight: map[int]int{}, asked: map[int]string{}}
+		absent:      map[string]time.Time{}, inflight: map[int]int{}, asked: map[int]string{}}
 }
 
 // request is one of plan's decisions: ask peer for chunk, or the origin
@@ -188,11 +187,12 @@ func (f *plan) refresh(missing []int) []*peerView {
 		}
 	}
 	var reads []*peerView
-	for name, pv := range f.peers {
+	for _, pv := range f.peers.all() {
+		name := pv.name
 		if _, alive := f.s.dir.Peer(name); alive {
 			pv.lastAlive = now
 		} else if now.Sub(pv.lastAlive) > peerGrace && pv.inflight == 0 && !pv.reading {
-			delete(f.peers, name) // left the cluster
+			f.peers.remove(name) // left the cluster
 			continue
 		}
 		if pv.reading || f.s.Banned(name) || (pv.known && pv.state.Complete) || now.Sub(pv.readAt) < f.s.cfg.Refresh {
@@ -241,25 +241,25 @@ func (f *plan) rankEvery(now time.Time) time.Duration {
 // addPeer starts to follow peer's state of the blob, unless it is this
 // node, already followed, unknown or recently found absent.
 func (f *plan) addPeer(name string, now time.Time) {
-	if name == f.s.dir.LocalName() || f.peers[name] != nil || now.Sub(f.absent[name]) < f.rankEvery(now) {
+	if name == f.s.dir.LocalName() || f.peers.get(name) != nil || now.Sub(f.absent[name]) < f.rankEvery(now) {
 		return
 	}
 	peer, ok := f.s.dir.Peer(name)
 	if !ok || peer.Meta.ChunkAddr == "" {
 		return
 	}
-	f.peers[name] = &peerView{name: name, addr: peer.Meta.ChunkAddr, zone: peer.Meta.Zone, lastAlive: now,
-		chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{}}
+	f.peers.add(&peerView{name: name, addr: peer.Meta.ChunkAddr, zone: peer.Meta.Zone, lastAlive: now,
+		chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{}})
 }
 
 func (f *plan) updateState(r stateResult) {
-	pv := f.peers[r.peer]
+	pv := f.peers.get(r.peer)
 	if pv == nil {
 		return
 	}
 	pv.reading, pv.heardAt = false, pv.readAt
 	if errors.Is(r.err, errNotHeld) && pv.inflight == 0 {
-		delete(f.peers, r.peer)
+		f.peers.remove(r.peer)
 		f.absent[r.peer] = f.s.cfg.Now()
 		return
 	}
@@ -299,7 +299,7 @@ func (f *plan) updateState(r stateResult) {
 func (f *plan) schedule(missing []int) []request {
 	var reqs []request
 	total := f.inflightTotal()
-	rand.Shuffle(len(missing), func(i, j int) { missing[i], missing[j] = missing[j], missing[i] })
+	f.s.rand.Shuffle(len(missing), func(i, j int) { missing[i], missing[j] = missing[j], missing[i] })
 	// Two requests always: a download never waits on others' buffers.
 	for total < f.maxInFlight && (total < 2 || f.s.bufferRoom(f.chunkSize)) {
 		// The origin first: its fetchers are the swarm's only way in, and
@@ -353,7 +353,7 @@ func (f *plan) book(i int, pv *peerView) request {
 // inflightTotal is the requests in flight, to peers and the origin.
 func (f *plan) inflightTotal() int {
 	total := f.originInflight
-	for _, pv := range f.peers {
+	for _, pv := range f.peers.all() {
 		total += pv.inflight
 	}
 	return total
@@ -467,14 +467,14 @@ func (f *plan) handle(r chunkResult) error {
 	source := sourceOf(r.peer)
 	if r.peer == "" {
 		f.originInflight--
-	} else if pv := f.peers[r.peer]; pv != nil {
+	} else if pv := f.peers.get(r.peer); pv != nil {
 		pv.inflight--
 	}
 	if r.err == nil {
 		f.s.m.latency.WithLabelValues(source).Observe(r.took.Seconds())
 		f.chunkTime = (3*f.chunkTime + r.took) / 4
 		f.s.log.Debug("chunk fetched", "digest", f.d, "chunk", r.chunk, "from", cmp.Or(r.peer, "origin"), "took", r.took, "inflight", f.inflightTotal())
-		if pv := f.peers[r.peer]; pv != nil {
+		if pv := f.peers.get(r.peer); pv != nil {
 			pv.failures = 0
 			if pv.zone != f.s.cfg.Zone {
 				f.s.m.crossZone.Add(float64(r.bytes))
@@ -495,7 +495,7 @@ func (f *plan) handle(r chunkResult) error {
 	if r.peer == "" {
 		return f.originFailed(r)
 	}
-	pv := f.peers[r.peer]
+	pv := f.peers.get(r.peer)
 	switch {
 	case errors.Is(r.err, errChunkBusy):
 		if pv != nil {

@@ -1,7 +1,6 @@
 package p2p
 
 import (
-	"math/rand/v2"
 	"slices"
 	"time"
 )
@@ -66,7 +65,7 @@ func (f *plan) follow(now time.Time, missing []int) {
 		return
 	}
 	switch {
-	case len(f.peers) < limit:
+	case f.peers.len() < limit:
 		f.rotatedAt = now // rotation counts from when the places are full
 	case now.Sub(f.rotatedAt) >= rotateEvery:
 		f.rotatedAt = now
@@ -76,7 +75,7 @@ func (f *plan) follow(now time.Time, missing []int) {
 	// a few tries per free place in each pass, and a holder drawn that
 	// cannot be followed (found absent or dropped lately, gone, this node)
 	// costs a try.
-	if complete <= limit-len(f.peers) {
+	if complete <= limit-f.peers.len() {
 		for _, name := range f.holders[:complete] {
 			f.addPeer(name, now)
 		}
@@ -87,8 +86,8 @@ func (f *plan) follow(now time.Time, missing []int) {
 		if pass == 0 {
 			pool = complete
 		}
-		for tries := 4 * (limit - len(f.peers)); pool > 0 && tries > 0 && len(f.peers) < limit; tries-- {
-			name := f.holders[rand.IntN(pool)]
+		for tries := 4 * (limit - f.peers.len()); pool > 0 && tries > 0 && f.peers.len() < limit; tries-- {
+			name := f.holders[f.s.rand.IntN(pool)]
 			if (sameZone && f.zoneOf(name) != f.s.cfg.Zone) || (slices.Contains(f.settledOn, name) && f.dropsFetchers()) {
 				continue
 			}
@@ -104,7 +103,7 @@ func (f *plan) follow(now time.Time, missing []int) {
 func (f *plan) dropLeastUseful(missing []int, now time.Time) {
 	var least *peerView
 	leastUse := 0
-	for _, pv := range f.peers {
+	for pv := range f.peers.from(f.s.rand) {
 		if !pv.known || pv.inflight > 0 || (f.settledOn == nil && (pv.state.Origin || slices.Contains(f.leading, pv.name))) {
 			continue
 		}
@@ -125,14 +124,14 @@ func (f *plan) dropLeastUseful(missing []int, now time.Time) {
 
 // unfollow stops following name, and leaves it for a while (rankEvery).
 func (f *plan) unfollow(name string, now time.Time) {
-	delete(f.peers, name)
+	f.peers.remove(name)
 	f.absent[name] = now
 }
 
 // settle records that the origin role is settled on fetchers, and draws
 // whether this download keeps following them (dropsFetchers).
 func (f *plan) settle(fetchers []string) {
-	f.settledOn, f.fetcherDraw = fetchers, rand.Float64()
+	f.settledOn, f.fetcherDraw = fetchers, f.s.rand.Float64()
 }
 
 // dropsFetchers reports whether the download stops following the origin
@@ -152,7 +151,7 @@ func (f *plan) unfollowFetchers(now time.Time) {
 		return
 	}
 	for _, name := range f.settledOn {
-		if pv := f.peers[name]; pv != nil && pv.inflight == 0 {
+		if pv := f.peers.get(name); pv != nil && pv.inflight == 0 {
 			f.unfollow(name, now)
 		}
 	}

@@ -45,7 +45,7 @@ func TestFollowBoundsTheHoldersRead(t *testing.T) {
 	f := s.newPlan(descOf(randomBlob(1, 4*testChunk)), testChunk, nil)
 	f.d = d
 	reads := f.refresh([]int{0, 1, 2, 3})
-	require.Len(t, f.peers, 10)
+	require.Equal(t, 10, f.peers.len())
 	require.Len(t, reads, 10, "one state read per followed holder")
 	names := []string{"me"}
 	for _, h := range dir.holders {
@@ -53,11 +53,11 @@ func TestFollowBoundsTheHoldersRead(t *testing.T) {
 	}
 	for _, name := range f.electionOrder(names)[:s.cfg.OriginFetchers+1] {
 		if name != "me" {
-			require.Contains(t, f.peers, name, "the first in election order are followed")
+			require.Contains(t, f.peers.byName, name, "the first in election order are followed")
 		}
 	}
 	for _, h := range dir.holders[:3] {
-		require.Contains(t, f.peers, h.Peer, "complete holders are followed first")
+		require.Contains(t, f.peers.byName, h.Peer, "complete holders are followed first")
 	}
 	// Many downloads draw different holders: no holder is everyone's.
 	drawn := map[string]bool{}
@@ -65,7 +65,7 @@ func TestFollowBoundsTheHoldersRead(t *testing.T) {
 		g := s.newPlan(descOf(randomBlob(1, 4*testChunk)), testChunk, nil)
 		g.d = d
 		g.refresh([]int{0})
-		for name := range g.peers {
+		for name := range g.peers.byName {
 			drawn[name] = true
 		}
 	}
@@ -85,11 +85,11 @@ func TestFollowRotatesTheLeastUseful(t *testing.T) {
 	f := s.newPlan(descOf(randomBlob(2, 4*testChunk)), testChunk, nil)
 	missing := []int{0, 1, 2, 3}
 	f.refresh(missing)
-	require.Len(t, f.peers, 8)
+	require.Equal(t, 8, f.peers.len())
 	// Every follower has all the missing chunks but one, which has one
 	// (useless: none), and one that is an origin fetcher with nothing yet.
 	var useless, fetcher string
-	for name, pv := range f.peers {
+	for name, pv := range f.peers.byName {
 		pv.known, pv.reading = true, false
 		pv.state = PeerState{ChunkState: stateWith(4, 0, 1, 2, 3)}
 		if slices.Contains(f.leading, name) {
@@ -105,19 +105,19 @@ func TestFollowRotatesTheLeastUseful(t *testing.T) {
 	require.NotEmpty(t, useless)
 	now = now.Add(time.Second)
 	f.refresh(missing)
-	require.Contains(t, f.peers, useless, "not before rotateEvery")
+	require.Contains(t, f.peers.byName, useless, "not before rotateEvery")
 	now = now.Add(rotateEvery)
 	f.refresh(missing)
-	require.NotContains(t, f.peers, useless, "the least useful is dropped")
-	require.Contains(t, f.peers, fetcher, "an origin fetcher is kept")
-	require.Len(t, f.peers, 8, "another takes its place")
+	require.NotContains(t, f.peers.byName, useless, "the least useful is dropped")
+	require.Contains(t, f.peers.byName, fetcher, "an origin fetcher is kept")
+	require.Equal(t, 8, f.peers.len(), "another takes its place")
 	now = now.Add(s.cfg.Refresh)
-	delete(f.peers, f.peers[fetcher].name)
-	for len(f.peers) < 8 {
+	f.peers.remove(f.peers.get(fetcher).name)
+	for f.peers.len() < 8 {
 		f.follow(now, missing) // draws until full, never the dropped one
 		now = now.Add(s.cfg.Refresh)
 	}
-	require.NotContains(t, f.peers, useless, "not followed again at once")
+	require.NotContains(t, f.peers.byName, useless, "not followed again at once")
 }
 
 // The origin role goes by rank among every holder gossip names, not only
@@ -141,7 +141,7 @@ func TestOriginRankAmongAllHolders(t *testing.T) {
 			break
 		}
 	}
-	f := &plan{s: s, d: d, start: start, peers: map[string]*peerView{}, maxInFlight: 8, holders: names[1:]}
+	f := &plan{s: s, d: d, start: start, maxInFlight: 8, holders: names[1:]}
 	now = start.Add(2 * time.Second)
 	f.decideOrigin()
 	require.False(t, f.originRole, "nine holders rank above it")
@@ -177,7 +177,7 @@ func TestSettledOriginRoleFreesTheFetchers(t *testing.T) {
 	missing := []int{0, 1, 2, 3}
 	f.refresh(missing)
 	fetchers := slices.DeleteFunc(slices.Clone(f.leading), func(n string) bool { return n == "me" })[:2]
-	for name, pv := range f.peers {
+	for name, pv := range f.peers.byName {
 		pv.known, pv.reading = true, false
 		pv.state = PeerState{ChunkState: stateWith(4, 0, 1, 2, 3)}
 		if slices.Contains(fetchers, name) {
@@ -192,7 +192,7 @@ func TestSettledOriginRoleFreesTheFetchers(t *testing.T) {
 		f.refresh(missing)
 	}
 	for _, name := range fetchers {
-		require.NotContains(t, f.peers, name, "a settled node drops fetchers that have least of what it misses")
+		require.NotContains(t, f.peers.byName, name, "a settled node drops fetchers that have least of what it misses")
 	}
 
 	delete(dir.peers, fetchers[0]) // it left the cluster
@@ -200,7 +200,7 @@ func TestSettledOriginRoleFreesTheFetchers(t *testing.T) {
 	require.Nil(t, f.settledOn, "the election is open again")
 	now = now.Add(s.cfg.Refresh)
 	f.refresh(missing)
-	require.Contains(t, f.peers, fetchers[1], "the first in election order are followed again")
+	require.Contains(t, f.peers.byName, fetchers[1], "the first in election order are followed again")
 }
 
 // Once settled among many holders, a download keeps following the origin

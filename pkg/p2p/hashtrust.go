@@ -28,7 +28,7 @@ func (f *plan) trustedHash(i int, from string, own []byte) []byte {
 // fetcherHash is the hash of chunk i that an origin fetcher other than
 // from advertises, or nil.
 func (f *plan) fetcherHash(i int, from string) []byte {
-	for _, pv := range f.peers {
+	for _, pv := range f.peers.all() {
 		if pv.state.Origin && pv.known && pv.name != from {
 			if h := pv.state.Hash(i); h != nil {
 				return h
@@ -41,7 +41,7 @@ func (f *plan) fetcherHash(i int, from string) []byte {
 // followsFetcher reports whether this download follows an origin fetcher
 // other than from.
 func (f *plan) followsFetcher(from string) bool {
-	for _, pv := range f.peers {
+	for _, pv := range f.peers.all() {
 		if pv.state.Origin && pv.known && pv.name != from && !f.s.Banned(pv.name) {
 			return true
 		}
@@ -97,7 +97,7 @@ func (f *fill) answerHashes() {
 	now := f.s.cfg.Now()
 	waiting := f.hashWaits[:0]
 	for _, q := range f.hashWaits {
-		pv := f.peers[q.from]
+		pv := f.peers.get(q.from)
 		claim := q.claim
 		if claim == nil && pv != nil {
 			claim = pv.state.Hash(q.chunk)

@@ -87,7 +87,7 @@ func TestRelayedChunkWaitsForTheFetchersHash(t *testing.T) {
 	st := cache.ChunkState{Size: 3 * testChunk, ChunkSize: testChunk, Have: []byte{0}, Hashes: make([]byte, 3*32)}
 	fetcher := &peerView{name: "fetcher", known: true, state: PeerState{ChunkState: st, Origin: true, Fetching: []byte{0b1}}}
 	relay := &peerView{name: "relay", known: true, state: PeerState{ChunkState: st}}
-	f := &fill{plan: &plan{s: s, peers: map[string]*peerView{"fetcher": fetcher, "relay": relay}}}
+	f := &fill{plan: &plan{s: s, peers: peersOf(fetcher, relay)}}
 	answer := func(reply chan []byte) []byte {
 		select {
 		case h := <-reply:
@@ -114,6 +114,6 @@ func TestRelayedChunkWaitsForTheFetchersHash(t *testing.T) {
 	require.Equal(t, hash(1), answer(lied), "the fetcher's, not the relay's")
 	require.Equal(t, 1.0, testutil.ToFloat64(s.m.mismatches))
 
-	delete(f.peers, "fetcher") // a blob a peer holds whole, say
+	f.peers.remove("fetcher") // a blob a peer holds whole, say
 	require.Equal(t, hash(2), answer(ask(1, hash(2))), "no fetcher to hear from: the relay's word")
 }

@@ -228,7 +228,8 @@ func (f *fill) paceOrigin() {
 		return
 	}
 	fetchers := []string{}
-	for name, pv := range f.peers {
+	for _, pv := range f.peers.all() {
+		name := pv.name
 		if pv.known && pv.state.Origin && !f.s.Banned(name) {
 			fetchers = append(fetchers, name)
 		}

@@ -39,33 +39,31 @@ func TestSlowPeerIsNotBannedAsFailing(t *testing.T) {
 	_, err = s.fetchChunk(context.Background(), stallingPeer(t, n, 64<<10), d, 0, 300*time.Millisecond, newLiveChunk(n))
 	require.ErrorIs(t, err, errSlow)
 
-	f := &plan{s: s, d: d, inflight: map[int]int{}, peers: map[string]*peerView{
-		"slow": {name: "slow"}, "dead": {name: "dead"},
-	}}
+	f := &plan{s: s, d: d, inflight: map[int]int{}, peers: peersOf(&peerView{name: "slow"}, &peerView{name: "dead"})}
 	for range 3 {
 		for name, e := range map[string]error{"slow": err, "dead": errors.New("connection refused")} {
 			f.inflight[0]++
-			f.peers[name].inflight++
+			f.peers.get(name).inflight++
 			require.NoError(t, f.handle(chunkResult{chunk: 0, peer: name, err: e}))
 		}
 	}
 	require.False(t, s.Banned("slow"))
-	require.True(t, f.peers["slow"].busyTill.After(time.Now()), "a slow peer is asked less for a while")
+	require.True(t, f.peers.get("slow").busyTill.After(time.Now()), "a slow peer is asked less for a while")
 	require.True(t, s.Banned("dead"))
 
 	// A relay's chunk that fails on its way to it is not the relay's
 	// fault; a relay that cannot be reached is failing.
-	f.peers["relay"] = &peerView{name: "relay", chunkBusy: map[int]time.Time{}}
-	f.peers["gone"] = &peerView{name: "gone", chunkBusy: map[int]time.Time{}}
+	f.peers.add(&peerView{name: "relay", chunkBusy: map[int]time.Time{}})
+	f.peers.add(&peerView{name: "gone", chunkBusy: map[int]time.Time{}})
 	for range 3 {
 		for name, e := range map[string]error{"relay": fmt.Errorf("%w: %w", errRelayCut, io.ErrUnexpectedEOF), "gone": errors.New("connection refused")} {
 			f.inflight[0]++
-			f.peers[name].inflight++
+			f.peers.get(name).inflight++
 			require.NoError(t, f.handle(chunkResult{chunk: 0, peer: name, relay: true, err: e}))
 		}
 	}
 	require.False(t, s.Banned("relay"))
-	require.True(t, f.peers["relay"].chunkBusy[0].After(time.Now()), "asked for another chunk meanwhile")
+	require.True(t, f.peers.get("relay").chunkBusy[0].After(time.Now()), "asked for another chunk meanwhile")
 	require.True(t, s.Banned("gone"))
 }
 

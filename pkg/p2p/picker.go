@@ -93,7 +93,7 @@ func (f *plan) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 		if pick.zone != f.s.cfg.Zone {
 			// This node brings the chunk into its zone (mayCrossZone),
 			// whose other nodes wait for it: before any other.
-			score -= 2 * (len(f.peers) + 1)
+			score -= 2 * (f.peers.len() + 1)
 		}
 		if best < 0 || score < bestScore || (inOrder && score == bestScore && i < best) {
 			best, bestScore, bestPeer = i, score, pick
@@ -113,7 +113,7 @@ func (f *plan) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 // this node's zone is asked only as mayCrossZone allows.
 func (f *plan) supplierOf(i int, endgame bool, now time.Time) (pick *peerView, count int) {
 	inZone := false
-	for _, pv := range f.peers {
+	for pv := range f.peers.from(f.s.rand) {
 		if !pv.known || (!pv.state.Has(i) && !pv.state.IsFetching(i)) {
 			continue
 		}

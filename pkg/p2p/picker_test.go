@@ -21,7 +21,7 @@ func TestPerPeerRequestsAcrossFills(t *testing.T) {
 	require.NoError(t, err)
 	holder := &peerView{name: "holder", known: true,
 		state: PeerState{ChunkState: cache.ChunkState{Size: 4 * testChunk, ChunkSize: testChunk, Have: []byte{0b1111}}}}
-	layer2 := &plan{s: s, inflight: map[int]int{}, asked: map[int]string{}, peers: map[string]*peerView{"holder": holder}}
+	layer2 := &plan{s: s, inflight: map[int]int{}, asked: map[int]string{}, peers: peersOf(holder)}
 	now := time.Now()
 	pick, _ := layer2.supplierOf(0, false, now)
 	require.NotNil(t, pick, "the holder is free")
@@ -47,7 +47,7 @@ func TestOriginFetcherIsAskedForSentChunksLast(t *testing.T) {
 	now := time.Now()
 	fetcher := &peerView{name: "fetcher", known: true, state: state(0b011, 0b001, true), sentSeen: map[int]time.Time{0: now}}
 	other := &peerView{name: "other", known: true, state: state(0b001, 0, false)}
-	f := &plan{s: s, inflight: map[int]int{}, peers: map[string]*peerView{"fetcher": fetcher, "other": other}}
+	f := &plan{s: s, inflight: map[int]int{}, peers: peersOf(fetcher, other)}
 
 	chunk, peer := f.pickFromPeers([]int{0, 1}, false)
 	require.Equal(t, 1, chunk, "the unsent chunk")
@@ -61,7 +61,7 @@ func TestOriginFetcherIsAskedForSentChunksLast(t *testing.T) {
 	require.Equal(t, 0, chunk)
 	require.Same(t, fetcher, peer, "no other holder is free: the fetcher, which sends a repeat when its upload has room")
 
-	delete(f.peers, "other")
+	f.peers.remove("other")
 	chunk, _ = f.pickFromPeers([]int{0}, false)
 	require.Equal(t, -1, chunk, "its receiver passes chunk 0 on soon")
 	fetcher.sentSeen[0] = now.Add(-f.holdoff())
@@ -85,7 +85,7 @@ func TestWholeBlobHolderIsAskedLast(t *testing.T) {
 	filling := &peerView{name: "filling", known: true, state: state(0b001, false)}
 	receiving := &peerView{name: "receiving", known: true, state: state(0, false)}
 	receiving.state.Fetching = []byte{0b010}
-	f := &plan{s: s, inflight: map[int]int{}, peers: map[string]*peerView{"whole": whole, "filling": filling, "receiving": receiving}}
+	f := &plan{s: s, inflight: map[int]int{}, peers: peersOf(whole, filling, receiving)}
 	now := time.Now()
 	for i, want := range []*peerView{filling, receiving, whole} {
 		pick, count := f.supplierOf(i, false, now)
@@ -111,7 +111,7 @@ func TestEquallyRareChunksInOrderForAReader(t *testing.T) {
 		state: PeerState{ChunkState: cache.ChunkState{Size: 64 * testChunk, ChunkSize: testChunk, Have: bytes.Repeat([]byte{0xff}, 8), Complete: true}}}
 	want := new(atomic.Int64)
 	want.Store(-1)
-	f := &plan{s: s, chunkSize: testChunk, want: want, inflight: map[int]int{}, peers: map[string]*peerView{"holder": holder}}
+	f := &plan{s: s, chunkSize: testChunk, want: want, inflight: map[int]int{}, peers: peersOf(holder)}
 	missing := func() []int {
 		m := make([]int, 0, 60)
 		for i := 4; i < 64; i++ {
@@ -151,8 +151,8 @@ func TestChunkBuffersBoundAllDownloads(t *testing.T) {
 		desc := descOf(randomBlob(uint64(200+i), testChunk))
 		desc.Size = chunks * chunk
 		f := s.newPlan(desc, chunk, nil)
-		f.peers["holder"] = &peerView{name: "holder", known: true, chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{},
-			state: PeerState{ChunkState: cache.ChunkState{Size: desc.Size, ChunkSize: chunk, Have: have}}}
+		f.peers.add(&peerView{name: "holder", known: true, chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{},
+			state: PeerState{ChunkState: cache.ChunkState{Size: desc.Size, ChunkSize: chunk, Have: have}}})
 		missing := make([]int, chunks)
 		for i := range missing {
 			missing[i] = i
@@ -176,4 +176,12 @@ func TestChunkBuffersBoundAllDownloads(t *testing.T) {
 		f.release()
 	}
 	require.Zero(t, s.buffered.Load())
+}
+
+// peersOf is a peer set of pvs, followed in that order.
+func peersOf(pvs ...*peerView) (s peerSet) {
+	for _, pv := range pvs {
+		s.add(pv)
+	}
+	return s
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"sync"
@@ -53,7 +54,12 @@ type SwarmConfig struct {
 	// Now is the clock of the swarm's decisions (election, picking, backoff,
 	// bans), so that they can be driven in tests and simulations; nil is
 	// time.Now. Network timeouts keep the real clock.
-	Now           func() time.Time
+	Now func() time.Time
+	// Rand is the source of the swarm's random choices (the order of
+	// chunks equally rare, which holders to follow, which of equal
+	// suppliers to ask), so that a simulation's seed repeats its run;
+	// nil is the runtime's.
+	Rand          rand.Source
 	MinRate       int64 // the slowest acceptable transfer, bytes/s: request timeouts scale with it (default 256 KiB/s; a transfer that stalls for 5 s ends sooner)
 	DownloadLimit int64 // bytes/s for all chunk downloads together; 0 means no limit
 	// OriginLimit is bytes/s each origin may send the whole cluster, the
@@ -130,6 +136,7 @@ type Swarm struct {
 	download *rate.Limiter
 	log      *slog.Logger
 	m        *swarmMetrics
+	rand     *rand.Rand // from SwarmConfig.Rand
 
 	requestsTo sync.Map     // peer name → *atomic.Int32: this node's chunk requests in flight to it, over all fills
 	buffered   atomic.Int64 // bytes of the chunk buffers all fills' requests in flight need
@@ -176,7 +183,7 @@ func NewSwarm(dir Directory, client *http.Client, cfg SwarmConfig, log *slog.Log
 	}
 	cfg = cfg.withDefaults()
 	s := &Swarm{dir: dir, client: client, cfg: cfg, download: newLimiter(cfg.DownloadLimit),
-		log: log, bans: map[string]time.Time{}, origin: map[digest.Digest]originHold{}, origins: map[string]*originPart{}}
+		log: log, rand: newRand(cfg.Rand), bans: map[string]time.Time{}, origin: map[digest.Digest]originHold{}, origins: map[string]*originPart{}}
 	s.m = &swarmMetrics{
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weightd_p2p_received_bytes_total", Help: "Verified chunk bytes received, by source (peer or origin).",

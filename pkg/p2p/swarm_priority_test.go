@@ -23,7 +23,7 @@ func TestOriginIsNotDroppedForBeingSlow(t *testing.T) {
 	t.Parallel()
 	s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
 	require.NoError(t, err)
-	f := &plan{s: s, inflight: map[int]int{}, peers: map[string]*peerView{}, originHeard: time.Now()}
+	f := &plan{s: s, inflight: map[int]int{}, originHeard: time.Now()}
 	slow := fmt.Errorf("%w: 100 of 2097152 bytes in time: %w", errSlow, context.DeadlineExceeded)
 	for range 3 * originGiveUp {
 		f.inflight[0]++
@@ -90,7 +90,7 @@ func TestWantedChunksGoFirst(t *testing.T) {
 		state: PeerState{ChunkState: cache.ChunkState{Size: 16 * testChunk, ChunkSize: testChunk, Have: []byte{0xff, 0xff}}}}
 	want := new(atomic.Int64)
 	want.Store(-1)
-	f := &plan{s: s, want: want, maxInFlight: 4, inflight: map[int]int{}, peers: map[string]*peerView{"holder": holder}}
+	f := &plan{s: s, want: want, maxInFlight: 4, inflight: map[int]int{}, peers: peersOf(holder)}
 	missing := []int{12, 3, 9, 6, 7, 1}
 
 	chunk, _ := f.pickWanted(missing, testChunk)

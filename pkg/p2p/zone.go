@@ -42,7 +42,7 @@ func (f *plan) zoneOf(name string) string {
 	if name == f.s.dir.LocalName() {
 		return f.s.cfg.Zone
 	}
-	if pv := f.peers[name]; pv != nil {
+	if pv := f.peers.get(name); pv != nil {
 		return pv.zone
 	}
 	p, _ := f.s.dir.Peer(name)
@@ -119,7 +119,8 @@ func (f *plan) mayCrossZone(i int, inZone, endgame bool, now time.Time) bool {
 func (f *plan) zoneEntry(i int, now time.Time) string {
 	if f.zone.entries == nil || now.Sub(f.zone.entriesAt) >= f.s.cfg.Refresh/2 {
 		names := []string{f.s.dir.LocalName()}
-		for name, pv := range f.peers {
+		for _, pv := range f.peers.all() {
+			name := pv.name
 			if pv.known && !pv.state.Complete && pv.zone == f.s.cfg.Zone && !f.s.Banned(name) {
 				names = append(names, name)
 			}

@@ -129,10 +129,10 @@ func TestSupplierPrefersItsZone(t *testing.T) {
 		}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			f := &plan{s: s, d: d, inflight: map[int]int{}, asked: map[int]string{}, peers: map[string]*peerView{}}
+			f := &plan{s: s, d: d, inflight: map[int]int{}, asked: map[int]string{}}
 			for _, pv := range tc.peers {
 				pv.known = true
-				f.peers[pv.name] = pv
+				f.peers.add(pv)
 			}
 			if tc.busy != "" {
 				s.requestCounter(tc.busy).Store(int32(s.cfg.PerPeer))
@@ -173,7 +173,7 @@ func TestOriginRoleSpreadsOverZones(t *testing.T) {
 		if (rank < s.cfg.OriginFetchers) != (slices.Index(rendezvous(d, names), "me") < s.cfg.OriginFetchers) {
 			differs++
 		}
-		f := &plan{s: s, d: d, start: time.Now(), peers: map[string]*peerView{}, maxInFlight: 8}
+		f := &plan{s: s, d: d, start: time.Now(), maxInFlight: 8}
 		f.decideOrigin()
 		require.Equal(t, rank < s.cfg.OriginFetchers, f.originRole, "blob %d: rank %d", i, rank)
 	}
@@ -189,12 +189,12 @@ func TestZoneEntryFetchesItsCrossingFirst(t *testing.T) {
 	state := func(have byte) PeerState {
 		return PeerState{ChunkState: cache.ChunkState{Size: 2 * testChunk, ChunkSize: testChunk, Have: []byte{have}}}
 	}
-	f := &plan{s: s, d: digest.FromString("blob"), inflight: map[int]int{}, asked: map[int]string{}, peers: map[string]*peerView{
-		"near": {name: "near", zone: "a", known: true, state: state(0b01)},
-		"far1": {name: "far1", zone: "b", known: true, state: state(0b10)},
-		"far2": {name: "far2", zone: "b", known: true, state: state(0b10)},
-		"far3": {name: "far3", zone: "b", known: true, state: state(0b10)},
-	}}
+	f := &plan{s: s, d: digest.FromString("blob"), inflight: map[int]int{}, asked: map[int]string{}, peers: peersOf(
+		&peerView{name: "near", zone: "a", known: true, state: state(0b01)},
+		&peerView{name: "far1", zone: "b", known: true, state: state(0b10)},
+		&peerView{name: "far2", zone: "b", known: true, state: state(0b10)},
+		&peerView{name: "far3", zone: "b", known: true, state: state(0b10)},
+	)}
 	require.Equal(t, "me", f.zoneEntry(1, time.Now()), "this node brings chunk 1 into zone a")
 	chunk, peer := f.pickFromPeers([]int{0, 1}, false)
 	require.Equal(t, 1, chunk, "the chunk only zone b has, though three hold it and one chunk 0")
@@ -207,9 +207,9 @@ func TestCrossZoneBytesAreCounted(t *testing.T) {
 	t.Parallel()
 	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{Zone: "a"}, nil, nil)
 	require.NoError(t, err)
-	f := &plan{s: s, inflight: map[int]int{0: 1, 1: 1, 2: 1}, peers: map[string]*peerView{
-		"near": {name: "near", zone: "a", inflight: 1}, "far": {name: "far", zone: "b", inflight: 1},
-	}}
+	f := &plan{s: s, inflight: map[int]int{0: 1, 1: 1, 2: 1}, peers: peersOf(
+		&peerView{name: "near", zone: "a", inflight: 1}, &peerView{name: "far", zone: "b", inflight: 1},
+	)}
 	f.originInflight = 1
 	require.NoError(t, f.handle(chunkResult{chunk: 0, peer: "near", bytes: 100}))
 	require.NoError(t, f.handle(chunkResult{chunk: 1, peer: "far", bytes: 10}))
