@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"slices"
 	"time"
 
@@ -322,17 +323,15 @@ func (f *plan) nextFromOrigin(missing []int) int {
 		return slices.Min(untaken[share])
 	}
 	// Help the fetcher with the most left, but leave it what it may ask
-	// for before word of it reaches here, and word of this node's request
-	// reaches it: its requests in flight, again for each origin chunk time
-	// in stateLag. Where the origin sends a chunk much sooner than that,
-	// helping would fetch chunks twice, and a lagging share costs little.
+	// for before word of this node's request reaches it (leaveTo). Where
+	// the origin sends a chunk much sooner than a state lag, helping
+	// would fetch chunks twice, and a lagging share costs little.
 	if f.originTime <= 0 {
 		return -1
 	}
-	leave := f.originRequests() * (1 + int(f.stateLag()/f.originTime))
 	behind := -1
 	for j, left := range untaken {
-		if j != share && len(left) > leave && (behind < 0 || len(left) > len(untaken[behind])) {
+		if j != share && len(left) > f.leaveTo(fetchers[j]) && (behind < 0 || len(left) > len(untaken[behind])) {
 			behind = j
 		}
 	}
@@ -340,6 +339,25 @@ func (f *plan) nextFromOrigin(missing []int) int {
 		return -1
 	}
 	return slices.Max(untaken[behind])
+}
+
+// farSlower is how many times longer than this node's origin requests a
+// helped fetcher's chunks must take it for the helper to leave it only
+// what it starts within a state lag.
+const farSlower = 4
+
+// leaveTo is how many of fetcher's untaken chunks a helper leaves it: its
+// requests in flight, again for each origin chunk time in stateLag, as
+// many as it may start before word of the helper's request reaches it.
+// One far slower (a slow downlink) starts its next requests many seconds
+// apart, and would take what it is left at its pace while every node
+// waits: it is left what it starts within a state lag, most often none.
+func (f *plan) leaveTo(fetcher string) int {
+	n := f.originRequests()
+	if pv := f.peers.get(fetcher); pv != nil && pv.chunkTime > farSlower*f.originTime {
+		return int(math.Round(float64(n) * f.stateLag().Seconds() / pv.chunkTime.Seconds()))
+	}
+	return n * (1 + int(f.stateLag()/f.originTime))
 }
 
 // stateLag bounds how long word of a request takes from one origin

@@ -185,6 +185,41 @@ func TestOriginFetchersMeetFromOppositeEnds(t *testing.T) {
 	require.Equal(t, -1, f.nextFromOrigin(slices.Clone(theirs)), "the other's next two chunks are left to it")
 }
 
+// A helper leaves a fetcher its requests in flight again, but one far
+// slower (a slow downlink: its chunks take it ten times the helper's origin
+// chunk time) would take those at its pace while every node waits: it is
+// left what it starts within a state lag, none here. The pace is what the
+// fetcher's states show, from a chunk seen coming to it to seen held.
+func TestHelperLeavesAFarSlowerFetcherNothing(t *testing.T) {
+	t.Parallel()
+	f, other := twoOriginFetchers(t)
+	f.s.cfg.OriginInFlight = 2
+	f.originTime = time.Second
+	share, _ := f.originShare()
+	var theirs []int
+	for i := range 8 {
+		if i%2 != share {
+			theirs = append(theirs, i)
+		}
+	}
+	f.inflight[theirs[3]] = 1
+	paced := func(took time.Duration) {
+		start := time.Now()
+		other.state.Fetching, other.state.Have = setBit(nil, theirs[0], true), []byte{0}
+		fetcherPace(other, theirs[0], start)
+		other.state.Have = setBit(other.state.Have, theirs[0], true)
+		fetcherPace(other, theirs[0], start.Add(took))
+		other.state.Fetching = setBit(nil, theirs[1], true)
+	}
+
+	paced(3 * time.Second)
+	require.Equal(t, 3*time.Second, other.chunkTime)
+	require.Equal(t, -1, f.nextFromOrigin(slices.Clone(theirs)), "at about its pace: its next two chunks are left to it")
+	paced(30 * time.Second)
+	require.Equal(t, (3*3*time.Second+30*time.Second)/4, other.chunkTime, "a moving average")
+	require.Equal(t, theirs[2], f.nextFromOrigin(slices.Clone(theirs)), "far slower: helped to its last chunk")
+}
+
 // A peer whose state read fails claims nothing: neither the origin role
 // nor chunks on their way to it hold back the chunks it named. A fetcher
 // killed mid-transfer is still a member for seconds, and then kept for

@@ -30,6 +30,11 @@ type peerView struct {
 	busyTill  time.Time
 	chunkBusy map[int]time.Time // chunks it is sending to someone else now
 	sentSeen  map[int]time.Time // when we first saw it had sent a chunk we miss
+	// An origin fetcher's pace, as its states show it (fetcherPace):
+	// when each chunk was first seen on its way to it, and how long
+	// receiving a chunk takes it (moving average).
+	fetchSeen map[int]time.Time
+	chunkTime time.Duration
 }
 
 type chunkResult struct {
@@ -289,6 +294,29 @@ func (f *plan) updateState(r stateResult) {
 		if _, seen := pv.sentSeen[i]; !seen && pv.state.WasSent(i) {
 			pv.sentSeen[i] = now
 		}
+		if pv.state.Origin {
+			fetcherPace(pv, i, now)
+		}
+	}
+}
+
+// fetcherPace times chunk i's way to origin fetcher pv, from the state
+// that first shows it coming to the one that shows it held.
+func fetcherPace(pv *peerView, i int, now time.Time) {
+	at, seen := pv.fetchSeen[i]
+	switch {
+	case !seen && pv.state.IsFetching(i) && !pv.state.Has(i):
+		if pv.fetchSeen == nil {
+			pv.fetchSeen = map[int]time.Time{}
+		}
+		pv.fetchSeen[i] = now
+	case seen && pv.state.Has(i):
+		took := now.Sub(at)
+		if pv.chunkTime > 0 {
+			took = (3*pv.chunkTime + took) / 4
+		}
+		pv.chunkTime = took
+		delete(pv.fetchSeen, i)
 	}
 }
 
