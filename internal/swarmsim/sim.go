@@ -8,9 +8,11 @@
 // The network is fluid: every transfer is a flow from one node's uplink (or
 // the origin's) to another's downlink, the links' capacity shared max-min
 // fair among their flows, recomputed every Step (half of Refresh, the
-// fill loop's tick). A relayed chunk's bytes go no further than the
-// relay has received, less one relay piece, until the relay has the
-// chunk whole. Links carry payload at 1/HeaderOverhead of their rate.
+// fill loop's tick). Requests, their answers and state reads take their
+// round trips between steps, and a node's fill loop runs at each answer
+// it gets, as the agent's does (withinStep). A relayed chunk's bytes go
+// no further than the relay has received, less one relay piece, until
+// the relay has the chunk whole. Links carry payload at 1/HeaderOverhead of their rate.
 // State reads are long-polls as the chunk server answers them: at once
 // when the holder's state differs from the one the reader knows, else at
 // its next news or after a second; their bytes are counted and taken out
@@ -203,7 +205,8 @@ type flow struct {
 	failed   bool
 	repeat   bool // an origin fetcher's repeat
 	frozen   bool
-	paceLink int // its own link in sim.links, capped at a relay's pace; -1: none
+	late     time.Duration // how far into the step it began: its first step moves it for the rest
+	paceLink int           // its own link in sim.links, capped at a relay's pace; -1: none
 }
 
 type event struct {
@@ -233,6 +236,8 @@ type sim struct {
 	desc       content.Descriptor
 	chunks     int
 	now        time.Duration
+	stepAt     time.Duration // the start of the step under way
+	woken      []*node       // nodes a result or state came to since their loop last ran
 	epoch      time.Time
 	nodes      []*node
 	byName     map[string]*node
@@ -337,6 +342,7 @@ func Run(cfg Config) (Result, error) {
 
 	deadline := time.Duration(20*limit*float64(time.Second)) + time.Minute
 	for s.now = 0; s.now < deadline; s.now += s.step {
+		s.stepAt = s.now
 		for len(s.queue) > 0 && s.queue[0].at <= s.now {
 			heap.Pop(&s.queue).(event).do()
 		}
@@ -349,14 +355,56 @@ func Run(cfg Config) (Result, error) {
 		// A fill's loop runs at each result or state it gets, and at its
 		// tick, Refresh/2.
 		for _, n := range s.nodes {
-			if n.started && !n.seed && !n.dead && n.done == 0 && (n.woke || s.now-n.ran >= cfg.Swarm.Refresh/2) {
-				n.woke, n.ran = false, s.now
-				s.plan(n)
+			if n.woke || s.now-n.ran >= cfg.Swarm.Refresh/2 {
+				s.runLoop(n)
 			}
 			n.refreshKey(s.desc.Digest)
 		}
+		s.woken = s.woken[:0]
+		s.withinStep()
 	}
 	return s.result(limit)
+}
+
+// withinStep carries out the events that come before the next step at
+// their own times (answers to requests and state reads, transfers that
+// begin), and runs the loop of each node they wake at once, as the agent's
+// fill loop runs at each result or state it gets: a refused request is
+// asked elsewhere a round trip later, not a step later. Bytes still move
+// a step at a time (transfer); a transfer that begins within the step
+// moves for the rest of it.
+func (s *sim) withinStep() {
+	next := s.stepAt + s.step
+	for len(s.queue) > 0 && s.queue[0].at < next {
+		e := heap.Pop(&s.queue).(event)
+		s.now = max(s.now, e.at)
+		e.do()
+		for len(s.woken) > 0 {
+			n := s.woken[0]
+			s.woken = s.woken[1:]
+			if n.woke {
+				s.runLoop(n)
+			}
+		}
+	}
+	s.now = s.stepAt
+}
+
+// wake says a result or state came to n: its loop runs.
+func (s *sim) wake(n *node) {
+	if !n.woke {
+		n.woke = true
+		s.woken = append(s.woken, n)
+	}
+}
+
+// runLoop runs n's fill loop once, if it is filling.
+func (s *sim) runLoop(n *node) {
+	n.woke = false
+	if n.started && !n.seed && !n.dead && n.done == 0 {
+		n.ran = s.now
+		s.plan(n)
+	}
 }
 
 func frac(n int, f float64) int { return int(math.Round(float64(n) * f)) }
@@ -569,7 +617,7 @@ func (s *sim) stateRead(n, h *node, st *p2p.PeerState, err error) {
 	if st != nil {
 		ps = *st
 	}
-	n.woke = true
+	s.wake(n)
 	t0 := threadCPU()
 	n.plan.StateRead(h.name, ps, err)
 	n.cpu += threadCPU() - t0
@@ -705,6 +753,7 @@ func (s *sim) begin(f *flow) {
 		return // a peer's transfer failed already, when its receiver died
 	}
 	f.frozen = false
+	f.late = s.now - s.stepAt
 	if f.from == nil {
 		s.flows = append(s.flows, f)
 	}
@@ -778,7 +827,7 @@ func (s *sim) done(n *node, r p2p.PlanRequest, took time.Duration, err error) {
 	if errors.Is(err, content.ErrDigestMismatch) {
 		n.ban = true
 	}
-	n.woke = true
+	s.wake(n)
 	t0 := threadCPU()
 	if e := n.plan.Done(r, took, err); e != nil {
 		panic(fmt.Sprintf("swarmsim: %s gave up: %v", n.name, e)) // only a permanent origin error does, and the origin never fails
@@ -808,7 +857,8 @@ func (s *sim) transfer() {
 			continue
 		}
 		was := f.got
-		f.got = min(f.size, f.got+f.rate*dt)
+		f.got = min(f.size, f.got+f.rate*(dt-f.late.Seconds()))
+		f.late = 0
 		if f.relaying() {
 			// A relay passes on what it has, but for the last piece.
 			u := f.upstream
