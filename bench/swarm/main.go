@@ -37,11 +37,13 @@
 // the bytes the zone's hosts received from outside it (the origin and
 // the other zones' hosts, IP packets counted by iptables) per S, and
 // "zone_peer_ratio", those from the other zones' hosts alone. With -slow K
-// the first K hosts run at B/4; the times are the others', and
-// "slow_time_ratio" is the slow hosts' last over their own S/B. The agents
-// talk mutual TLS, as the chart sets them up; -tls=off has them share
-// over plain HTTP, for what TLS costs (agent_cpu_s: the CPU time all agents
-// used over the mode, the victim of churn left out). A fetch that
+// the first K hosts run at B/4 and the times are the others'; each line
+// adds "slow_nodes" (K) and "slow_time_ratio" (the slowest of the K over
+// its own S/B).
+//
+// The agents talk mutual TLS, as the chart sets them up; -tls=off has them
+// share over plain HTTP, for what TLS costs (agent_cpu_s: the CPU time all
+// agents used over the mode, the victim of churn left out). A fetch that
 // fails makes the bench exit non-zero. Everything (namespaces, processes,
 // the temporary directory) is removed at the end and on SIGINT or SIGTERM;
 // a second signal exits at once, and the next run removes what is left.

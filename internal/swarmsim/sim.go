@@ -12,7 +12,8 @@
 // round trips between steps, and a node's fill loop runs at each answer
 // it gets, as the agent's does (withinStep). A relayed chunk's bytes go
 // no further than the relay has received, less one relay piece, until
-// the relay has the chunk whole. Links carry payload at 1/HeaderOverhead of their rate.
+// the relay has the chunk whole. Links carry payload at 1/HeaderOverhead
+// of their rate.
 // State reads are long-polls as the chunk server answers them: at once
 // when the holder's state differs from the one the reader knows, else at
 // its next news or after a second; their bytes are counted and taken out
