@@ -4,8 +4,13 @@
 // process with the tracer detached. -files and -file-bytes set the shape
 // (a model load is a few large files); -untraced points the tracer at
 // another directory, so the workload is what every other process on a node
-// pays. Runs alternate (without, with), the first pair warms the
-// page cache and is discarded, and the best of each counts. The workload is
+// pays. Runs alternate (without, with, floor), the first round warms the
+// page cache and is discarded, and the best of each counts.
+//
+// The floor is the same workload with programs that return at once
+// attached to the tracer's raw_syscalls tracepoints: what the hooks alone
+// cost, which no program on them can go below (floor_ratio). The tracer's
+// own work is ratio over floor_ratio. The workload is
 // a child process (this binary with -work), as the tracer ignores its own
 // process; it times itself, so process start-up is not counted. The tracer
 // runs in this process, as in the agent, with its aggregation live.
@@ -13,7 +18,7 @@
 // It needs root (loading BPF); elsewhere it says so and exits 0 without a
 // figure. The last line is one JSON object:
 //
-//	{"bench":"tracer-overhead","files":10000,"file_bytes":4096,"traced":true,"ratio":with_s/without_s,...}
+//	{"bench":"tracer-overhead","files":10000,"file_bytes":4096,"traced":true,"ratio":with_s/without_s,"floor_ratio":floor_s/without_s,...}
 package main
 
 import (
@@ -30,6 +35,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/weightd/weightd/pkg/loadtrace"
@@ -43,6 +51,8 @@ type result struct {
 	Ratio    float64 `json:"ratio"`
 	WithS    float64 `json:"with_s"`
 	WithoutS float64 `json:"without_s"`
+	Floor    float64 `json:"floor_ratio"`
+	FloorS   float64 `json:"floor_s"`
 	Runs     int     `json:"runs"`
 	Dropped  float64 `json:"dropped_events"`
 }
@@ -86,7 +96,7 @@ func main() {
 		}
 	}
 
-	var with, without []float64
+	var with, without, floor []float64
 	var dropped float64
 	for i := range *runs + 1 {
 		w, err := child(snap, *files)
@@ -101,14 +111,20 @@ func main() {
 		if err != nil {
 			log.Fatal(err)
 		}
+		f, err := hooksOnly(func() (float64, error) { return child(snap, *files) })
+		if err != nil {
+			log.Fatal(err)
+		}
 		if i == 0 {
 			continue // warm-up
 		}
-		without, with = append(without, w), append(with, t)
+		without, with, floor = append(without, w), append(with, t), append(floor, f)
 		dropped += d
 	}
-	res := result{Bench: "tracer-overhead", Files: *files, Bytes: *fileBytes, Traced: !*untraced, WithS: best(with), WithoutS: best(without), Runs: *runs, Dropped: dropped}
+	res := result{Bench: "tracer-overhead", Files: *files, Bytes: *fileBytes, Traced: !*untraced,
+		WithS: best(with), WithoutS: best(without), FloorS: best(floor), Runs: *runs, Dropped: dropped}
 	res.Ratio = res.WithS / res.WithoutS
+	res.Floor = res.FloorS / res.WithoutS
 	b, err := json.Marshal(res)
 	if err != nil {
 		log.Fatal(err)
@@ -193,6 +209,29 @@ func traced(models string, f func() (float64, error)) (float64, float64, error) 
 		return 0, 0, err
 	}
 	return s, dropped(reg), nil
+}
+
+// hooksOnly runs f with programs that return at once attached where the
+// tracer hooks every syscall (raw_syscalls sys_enter and sys_exit), and
+// returns f's seconds.
+func hooksOnly(f func() (float64, error)) (float64, error) {
+	for _, tp := range []string{"sys_enter", "sys_exit"} {
+		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+			Type:         ebpf.RawTracepoint,
+			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+			License:      "GPL",
+		})
+		if err != nil {
+			return 0, fmt.Errorf("loading an empty program: %w", err)
+		}
+		defer prog.Close()
+		l, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: tp, Program: prog})
+		if err != nil {
+			return 0, fmt.Errorf("attaching an empty program to %s: %w", tp, err)
+		}
+		defer l.Close()
+	}
+	return f()
 }
 
 func attached(reg *prometheus.Registry) bool { return gauge(reg, "weightd_loadtrace_available") == 1 }
