@@ -50,6 +50,9 @@ type line struct {
 	RefusedPerNodeS     float64 `json:"refused_per_node_s"`
 	StateReadsPerNodeS  float64 `json:"state_reads_per_node_s"`
 	GossipBytesPerNodeS float64 `json:"gossip_bytes_per_node_s"`
+	Zones               int     `json:"zones,omitempty"`
+	ZonesUntold         bool    `json:"zones_untold,omitempty"`
+	ZoneInRatio         float64 `json:"zone_in_ratio,omitempty"`
 	Finished            int     `json:"finished"`
 	Killed              int     `json:"killed"`
 	BannedLiar          int     `json:"banned_liar"`
@@ -78,6 +81,8 @@ func main() {
 	maxUploads := flag.Int("max-uploads", 0, "a chunk server's uploads at once (default 6, the agent's)")
 	seeders := flag.Int("seeders", 0, "nodes that hold the blob from the start (a node that pulled it before); the others fill it")
 	streamMBs := flag.Float64("stream-mb-s", 0, "a reader on each filling node takes the blob in order at this many MB/s (the registry mirror's stream to containerd); a node's time is its reader's. 0: none")
+	zones := flag.Int("zones", 0, "zones the nodes lie in, each node told its own (0: none); zone_in_ratio is the most that reached one zone from outside it, over S")
+	untold := flag.Bool("zones-untold", false, "with -zones, the nodes are not told their zones (the same cluster without zone-aware choice)")
 	seed := flag.Uint64("seed", 1, "random seed")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the runs to this file")
 	flag.Parse()
@@ -94,7 +99,7 @@ func main() {
 	for _, n := range ints(*nodes) {
 		for _, mib := range ints(*sizes) {
 			cfg := swarmsim.Config{Nodes: n, Size: int64(mib) << 20, ChunkSize: *chunkMiB << 20,
-				Link: *linkMbit * 1e6 / 8, OriginLink: *originMbit * 1e6 / 8, Seed: *seed, Step: *step, Seeders: *seeders, StreamRate: *streamMBs * 1e6,
+				Link: *linkMbit * 1e6 / 8, OriginLink: *originMbit * 1e6 / 8, Seed: *seed, Step: *step, Seeders: *seeders, StreamRate: *streamMBs * 1e6, Zones: *zones, ZonesUntold: *untold,
 				Swarm: p2p.SwarmConfig{Refresh: *refresh, MaxInFlight: *maxInFlight, OriginInFlight: *originInFlight, OriginFetchers: *originFetchers, PerPeer: *perPeer, MaxFollowed: *maxFollowed}, MaxUploads: *maxUploads}
 			if *faults {
 				cfg.SlowFraction, cfg.KillFraction, cfg.LateFraction, cfg.Liars = 0.1, 0.05, 0.1, 1
@@ -120,7 +125,7 @@ func main() {
 				Faults: *faults, Seeders: r.Seeders, StreamMBs: *streamMBs, RefreshMs: max(*refresh, 50*time.Millisecond).Milliseconds(),
 				TimeRatioP50: r.TimeRatioP50, TimeRatioP99: r.TimeRatioP99, SlowTimeRatioP50: r.SlowTimeRatioP50, FastTimeRatioP99: r.FastTimeRatioP99, TimeRatioMax: r.TimeRatioMax,
 				OriginRatio: r.OriginRatio, SeedRatio: r.SeedRatio, OriginDoneRatio: r.OriginDoneRatio, RelayedBytesPerNode: r.RelayedBytesPerNode, SchedCPUSPerNode: r.SchedCPUPerNode,
-				StateBytesPerNodeS: r.StateBytesPerNodeS, RefusedPerNodeS: r.RefusedPerNodeS, StateReadsPerNodeS: r.StateReadsPerNodeS, GossipBytesPerNodeS: r.GossipBytesPerNodeS,
+				StateBytesPerNodeS: r.StateBytesPerNodeS, RefusedPerNodeS: r.RefusedPerNodeS, StateReadsPerNodeS: r.StateReadsPerNodeS, GossipBytesPerNodeS: r.GossipBytesPerNodeS, Zones: *zones, ZonesUntold: *untold, ZoneInRatio: r.ZoneInRatio,
 				Finished: r.Finished, Killed: r.Killed, BannedLiar: r.BannedLiar, Fetchers: r.Fetchers, SlowFetchers: r.SlowFetchers, KilledFetchers: r.KilledFetchers, LyingFetchers: r.LyingFetchers, RunS: time.Since(start).Seconds()}
 			if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
 				log.Print(err)

@@ -60,6 +60,8 @@ type Config struct {
 	LateWindow     float64       // default 0.5
 	Liars          int           // nodes whose chunks never match
 	Seeders        int           // nodes that hold the whole blob from the start (pulled before; no faults), known to all as complete holders
+	Zones          int           // zones the nodes lie in, node i in zone i mod Zones, each told its zone (SwarmConfig.Zone); 0 or 1: none
+	ZonesUntold    bool          // the nodes are not told their zones: the same cluster without zone-aware choice
 	StreamRate     float64       // a reader on each filling node takes the blob in order at most at this many bytes/s, as the registry mirror streams it to containerd, and says which byte it waits on (Planner.Want); a node is done when its reader is. 0: no reader
 	MaxUploads     int           // a chunk server's uploads at once (default 6, the agent's)
 	Step           time.Duration // the network's time step (default the fill loop's tick, Refresh/2, at most 25 ms)
@@ -85,6 +87,7 @@ type Result struct {
 	StateBytesPerNodeS               float64 // state-read bytes (both ways) per node per second of its fill
 	StateReadsPerNodeS               float64
 	GossipBytesPerNodeS              float64 // membership gossip over the run, from a model of memberlist (gossip.go)
+	ZoneInRatio                      float64 // with Config.Zones: the most bytes that reached one zone from outside it (the origin and other zones), over S
 	SimulatedS                       float64
 	BannedLiar                       int // nodes that banned a liar
 	// Origin fetchers: nodes that got a tenth of the blob or more from
@@ -140,6 +143,7 @@ var errRefused = errors.New("connection refused")
 type node struct {
 	idx                int
 	name               string
+	zone, told         string // the zone it lies in ("" without Config.Zones), and the one it is told
 	swarm              *p2p.Swarm
 	plan               *p2p.Planner
 	up, down           float64
@@ -245,9 +249,10 @@ type sim struct {
 	flows      []*flow
 	queue      events
 	seq        int
-	origin     float64       // bytes the origin sent
-	originLast time.Duration // when it last sent a byte
-	members    []p2p.Peer    // visible members, twice over: node i's others are a window of it
+	origin     float64            // bytes the origin sent
+	zoneIn     map[string]float64 // bytes that reached each zone from outside it
+	originLast time.Duration      // when it last sent a byte
+	members    []p2p.Peer         // visible members, twice over: node i's others are a window of it
 	place      map[string]int
 	step       time.Duration
 	events     int    // gossip events: holders' announcements, completions, deaths
@@ -270,7 +275,7 @@ func Run(cfg Config) (Result, error) {
 	if cfg.Nodes < 1 || cfg.Size < cfg.ChunkSize || cfg.Seeders < 0 || cfg.Seeders >= cfg.Nodes {
 		return Result{}, fmt.Errorf("swarmsim: %d nodes (%d seeders), a blob of %d bytes in chunks of %d", cfg.Nodes, cfg.Seeders, cfg.Size, cfg.ChunkSize)
 	}
-	s := &sim{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 1)), byName: map[string]*node{},
+	s := &sim{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 1)), byName: map[string]*node{}, zoneIn: map[string]float64{},
 		epoch: time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC), step: cfg.Step}
 	s.desc = content.Descriptor{Digest: digest.FromString("swarmsim " + strconv.FormatUint(cfg.Seed, 10)), Size: cfg.Size}
 	s.chunks = int((cfg.Size + cfg.ChunkSize - 1) / cfg.ChunkSize)
@@ -285,6 +290,12 @@ func Run(cfg Config) (Result, error) {
 		n := &node{idx: i, name: fmt.Sprintf("node-%d", i), up: cfg.Link, down: cfg.Link,
 			have: make([]byte, bmap), sent: make([]byte, bmap), fetch: make([]byte, bmap),
 			known: make([]stateKey, cfg.Nodes), incoming: map[int]*flow{}, uploads: map[*flow]struct{}{}, uploadsTo: map[int]int{}, recent: map[int]time.Duration{}}
+		if cfg.Zones > 1 {
+			n.zone = fmt.Sprintf("zone-%d", i%cfg.Zones)
+			if !cfg.ZonesUntold {
+				n.told = n.zone
+			}
+		}
 		s.nodes = append(s.nodes, n)
 		s.byName[n.name] = n
 	}
@@ -315,6 +326,7 @@ func Run(cfg Config) (Result, error) {
 	}
 	for i, n := range s.nodes {
 		sc.Rand = rand.NewPCG(cfg.Seed, 2+uint64(i)) // each node its own stream: a seed repeats the run
+		sc.Zone = n.told
 		sw, err := p2p.NewSwarm(simDir{s: s, n: n}, nil, sc, nil, nil)
 		if err != nil {
 			return Result{}, err
@@ -511,7 +523,7 @@ func (s *sim) rebuildMembers() {
 	for _, n := range s.nodes {
 		if n.visible {
 			s.place[n.name] = len(live)
-			live = append(live, p2p.Peer{Name: n.name, Meta: p2p.NodeMeta{ChunkAddr: n.name}})
+			live = append(live, n.peer())
 		}
 	}
 	s.members = append(live, live...)
@@ -538,7 +550,12 @@ func (d simDir) Peer(name string) (p2p.Peer, bool) {
 	if n == nil || !n.visible {
 		return p2p.Peer{}, false
 	}
-	return p2p.Peer{Name: name, Meta: p2p.NodeMeta{ChunkAddr: name}}, true
+	return n.peer(), true
+}
+
+// peer is n as membership tells it.
+func (n *node) peer() p2p.Peer {
+	return p2p.Peer{Name: n.name, Meta: p2p.NodeMeta{ChunkAddr: n.name, Zone: n.told}}
 }
 
 func (d simDir) Holders(digest.Digest) []p2p.Holder { return d.n.holders }
@@ -874,6 +891,9 @@ func (s *sim) transfer() {
 			s.originLast = s.now
 			f.to.fromOrigin += f.got - was
 		}
+		if f.from == nil || f.from.zone != f.to.zone {
+			s.zoneIn[f.to.zone] += f.got - was
+		}
 		if f.got >= f.size {
 			finished = append(finished, f)
 		}
@@ -1148,6 +1168,11 @@ func (s *sim) result(limit float64) (Result, error) {
 	r.RefusedPerNodeS = refused / fillS
 	r.StateReadsPerNodeS = stateReads / fillS
 	r.GossipBytesPerNodeS = gossipBytes(r.Nodes, s.events, r.SimulatedS)
+	if s.cfg.Zones > 1 {
+		for _, b := range s.zoneIn {
+			r.ZoneInRatio = max(r.ZoneInRatio, b/float64(s.cfg.Size))
+		}
+	}
 	return r, nil
 }
 

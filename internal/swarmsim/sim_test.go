@@ -30,6 +30,24 @@ func TestSmallClusterFillsTheBlob(t *testing.T) {
 	}
 }
 
+// Zones: told their zones, nodes bring a little over one copy of the blob
+// into each zone (1.15 here); not told, each zone takes several copies
+// from outside it.
+func TestZonesBringAboutOneCopyEach(t *testing.T) {
+	t.Parallel()
+	run := func(untold bool) Result {
+		cfg := Config{Nodes: 20, Size: 64 << 20, ChunkSize: 2 << 20, Seed: 3, Zones: 2, ZonesUntold: untold}
+		r, err := Run(cfg)
+		require.NoError(t, err)
+		require.Equal(t, cfg.Nodes, r.Finished)
+		return r
+	}
+	told, untold := run(false), run(true)
+	assert.GreaterOrEqual(t, told.ZoneInRatio, 1-1e-9, "each zone needs one copy from outside")
+	assert.LessOrEqual(t, told.ZoneInRatio, 1.25)
+	assert.Greater(t, untold.ZoneInRatio, 3.0)
+}
+
 // A seed repeats its run, faults and all, so that two builds compared on
 // the same seeds differ by what changed, not by chance; another seed
 // gives another run.
