@@ -5,15 +5,15 @@
 // (a model load is a few large files); -untraced points the tracer at
 // another directory, so the workload is what every other process on a node
 // pays. Runs alternate (without, with, floor), the first round warms the
-// page cache and is discarded, and the best of each counts.
+// page cache and is discarded, and the best of each counts. The workload
+// is a child process (this binary with -work), as the tracer ignores its
+// own process; it times itself, so process start-up is not counted. The
+// tracer runs in this process, as in the agent, with its aggregation live.
 //
 // The floor is the same workload with programs that return at once
 // attached to the tracer's raw_syscalls tracepoints: what the hooks alone
 // cost, which no program on them can go below (floor_ratio). The tracer's
-// own work is ratio over floor_ratio. The workload is
-// a child process (this binary with -work), as the tracer ignores its own
-// process; it times itself, so process start-up is not counted. The tracer
-// runs in this process, as in the agent, with its aggregation live.
+// own work is ratio over floor_ratio.
 //
 // It needs root (loading BPF); elsewhere it says so and exits 0 without a
 // figure. The last line is one JSON object:
