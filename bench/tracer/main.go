@@ -215,16 +215,16 @@ func traced(models string, f func() (float64, error)) (float64, float64, error) 
 // tracer hooks every syscall (raw_syscalls sys_enter and sys_exit), and
 // returns f's seconds.
 func hooksOnly(f func() (float64, error)) (float64, error) {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:         ebpf.RawTracepoint,
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+		License:      "GPL",
+	})
+	if err != nil {
+		return 0, fmt.Errorf("loading an empty program: %w", err)
+	}
+	defer prog.Close()
 	for _, tp := range []string{"sys_enter", "sys_exit"} {
-		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-			Type:         ebpf.RawTracepoint,
-			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
-			License:      "GPL",
-		})
-		if err != nil {
-			return 0, fmt.Errorf("loading an empty program: %w", err)
-		}
-		defer prog.Close()
 		l, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: tp, Program: prog})
 		if err != nil {
 			return 0, fmt.Errorf("attaching an empty program to %s: %w", tp, err)
