@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -71,7 +72,7 @@ type plan struct {
 	absent         map[string]time.Time // members that had none of the blob when asked, and when
 	probedAt       time.Time            // when the first-ranked members were last looked for
 	inflight       map[int]int          // chunk → requests in flight
-	asked          map[int]string       // chunk → the peer first asked for it (endgame duplicates go elsewhere)
+	asked          map[int][]string     // chunk → the peers it is in flight from (endgame duplicates go elsewhere)
 	originRole     bool
 	originSince    time.Time // when this node took the origin role
 	originAtOnce   bool      // it took the role without waiting: alone, or among the first of all members
@@ -102,7 +103,7 @@ func (s *Swarm) newPlan(desc content.Descriptor, chunkSize int64, want *atomic.I
 	return &plan{s: s, d: desc.Digest, desc: desc, chunkSize: chunkSize, chunks: chunksOf(desc.Size, chunkSize),
 		start: now, originHeard: now, want: want,
 		maxInFlight: max(2, min(s.cfg.MaxInFlight, int(maxInFlightBytes/chunkSize))),
-		absent:      map[string]time.Time{}, inflight: map[int]int{}, asked: map[int]string{}}
+		absent:      map[string]time.Time{}, inflight: map[int]int{}, asked: map[int][]string{}}
 }
 
 // request is one of plan's decisions: ask peer for chunk, or the origin
@@ -371,11 +372,22 @@ func (f *plan) book(i int, pv *peerView) request {
 		return request{chunk: i}
 	}
 	pv.inflight++
-	if f.inflight[i] == 1 {
-		f.asked[i] = pv.name
-	}
+	f.asked[i] = append(f.asked[i], pv.name)
 	f.s.requestCounter(pv.name).Add(1)
 	return request{chunk: i, peer: pv}
+}
+
+// unask takes one request for chunk i to peer off asked.
+func (f *plan) unask(i int, peer string) {
+	peers := f.asked[i]
+	if k := slices.Index(peers, peer); k >= 0 {
+		peers = slices.Delete(peers, k, k+1)
+	}
+	if len(peers) == 0 {
+		delete(f.asked, i)
+		return
+	}
+	f.asked[i] = peers
 }
 
 // inflightTotal is the requests in flight, to peers and the origin.
@@ -495,8 +507,11 @@ func (f *plan) handle(r chunkResult) error {
 	source := sourceOf(r.peer)
 	if r.peer == "" {
 		f.originInflight--
-	} else if pv := f.peers.get(r.peer); pv != nil {
-		pv.inflight--
+	} else {
+		f.unask(r.chunk, r.peer)
+		if pv := f.peers.get(r.peer); pv != nil {
+			pv.inflight--
+		}
 	}
 	if r.err == nil {
 		f.s.m.latency.WithLabelValues(source).Observe(r.took.Seconds())

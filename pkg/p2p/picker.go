@@ -1,6 +1,7 @@
 package p2p
 
 import (
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -123,7 +124,7 @@ func (f *plan) supplierOf(i int, endgame bool, now time.Time) (pick *peerView, c
 		}
 		inZone = inZone || pv.zone == f.s.cfg.Zone
 		if f.s.inflightTo(pv.name) >= f.s.cfg.PerPeer || now.Before(pv.busyTill) || now.Before(pv.chunkBusy[i]) ||
-			(endgame && f.asked[i] == pv.name) {
+			(endgame && slices.Contains(f.asked[i], pv.name)) {
 			continue
 		}
 		if pick == nil || f.nearer(pv, pick, i, endgame) {

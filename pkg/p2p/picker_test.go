@@ -21,7 +21,7 @@ func TestPerPeerRequestsAcrossFills(t *testing.T) {
 	require.NoError(t, err)
 	holder := &peerView{name: "holder", known: true,
 		state: PeerState{ChunkState: cache.ChunkState{Size: 4 * testChunk, ChunkSize: testChunk, Have: []byte{0b1111}}}}
-	layer2 := &plan{s: s, inflight: map[int]int{}, asked: map[int]string{}, peers: peersOf(holder)}
+	layer2 := &plan{s: s, inflight: map[int]int{}, asked: map[int][]string{}, peers: peersOf(holder)}
 	now := time.Now()
 	pick, _ := layer2.supplierOf(0, false, now)
 	require.NotNil(t, pick, "the holder is free")
@@ -184,4 +184,30 @@ func peersOf(pvs ...*peerView) (s peerSet) {
 		s.add(pv)
 	}
 	return s
+}
+
+// An endgame duplicate goes to a peer other than those its chunk is in
+// flight from: when the first request fails and the duplicate is the one
+// left, the next duplicate must not go to the duplicate's peer (seen in the
+// simulation: a node's original and duplicate both read one slow relay,
+// and nothing else was asked for 45 s).
+func TestEndgameDuplicateAvoidsThePeersInFlight(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	holder := func(name string) *peerView {
+		return &peerView{name: name, known: true,
+			state: PeerState{ChunkState: cache.ChunkState{Size: 2 * testChunk, ChunkSize: testChunk, Have: []byte{0b01}}}}
+	}
+	a, b, c := holder("a"), holder("b"), holder("c")
+	c.state.Sent = []byte{0b01} // b is nearer (supplyRank): c passed chunk 0 on already
+	f := &plan{s: s, maxInFlight: 8, inflight: map[int]int{}, asked: map[int][]string{}, peers: peersOf(a, b, c)}
+	f.book(0, a)
+	f.book(0, b) // the endgame duplicate
+	require.NoError(t, f.handle(chunkResult{chunk: 0, peer: "a", err: errNotHeld}))
+	for range 20 { // the peers are walked from a random start
+		_, peer := f.pickFromPeers([]int{0}, true)
+		require.NotNil(t, peer)
+		require.Equal(t, "c", peer.name, "chunk 0 is in flight from b already")
+	}
 }

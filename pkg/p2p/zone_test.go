@@ -129,7 +129,7 @@ func TestSupplierPrefersItsZone(t *testing.T) {
 		}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			f := &plan{s: s, d: d, inflight: map[int]int{}, asked: map[int]string{}}
+			f := &plan{s: s, d: d, inflight: map[int]int{}, asked: map[int][]string{}}
 			for _, pv := range tc.peers {
 				pv.known = true
 				f.peers.add(pv)
@@ -189,7 +189,7 @@ func TestZoneEntryFetchesItsCrossingFirst(t *testing.T) {
 	state := func(have byte) PeerState {
 		return PeerState{ChunkState: cache.ChunkState{Size: 2 * testChunk, ChunkSize: testChunk, Have: []byte{have}}}
 	}
-	f := &plan{s: s, d: digest.FromString("blob"), inflight: map[int]int{}, asked: map[int]string{}, peers: peersOf(
+	f := &plan{s: s, d: digest.FromString("blob"), inflight: map[int]int{}, asked: map[int][]string{}, peers: peersOf(
 		&peerView{name: "near", zone: "a", known: true, state: state(0b01)},
 		&peerView{name: "far1", zone: "b", known: true, state: state(0b10)},
 		&peerView{name: "far2", zone: "b", known: true, state: state(0b10)},
