@@ -56,6 +56,7 @@ type line struct {
 	Finished            int     `json:"finished"`
 	Killed              int     `json:"killed"`
 	BannedLiar          int     `json:"banned_liar"`
+	BannedHonest        int     `json:"banned_honest"`
 	Fetchers            int     `json:"origin_fetchers"`
 	SlowFetchers        int     `json:"slow_fetchers"`
 	KilledFetchers      int     `json:"killed_fetchers"`
@@ -126,7 +127,7 @@ func main() {
 				TimeRatioP50: r.TimeRatioP50, TimeRatioP99: r.TimeRatioP99, SlowTimeRatioP50: r.SlowTimeRatioP50, FastTimeRatioP99: r.FastTimeRatioP99, TimeRatioMax: r.TimeRatioMax,
 				OriginRatio: r.OriginRatio, SeedRatio: r.SeedRatio, OriginDoneRatio: r.OriginDoneRatio, RelayedBytesPerNode: r.RelayedBytesPerNode, SchedCPUSPerNode: r.SchedCPUPerNode,
 				StateBytesPerNodeS: r.StateBytesPerNodeS, RefusedPerNodeS: r.RefusedPerNodeS, StateReadsPerNodeS: r.StateReadsPerNodeS, GossipBytesPerNodeS: r.GossipBytesPerNodeS, Zones: *zones, ZonesUntold: *untold, ZoneInRatio: r.ZoneInRatio,
-				Finished: r.Finished, Killed: r.Killed, BannedLiar: r.BannedLiar, Fetchers: r.Fetchers, SlowFetchers: r.SlowFetchers, KilledFetchers: r.KilledFetchers, LyingFetchers: r.LyingFetchers, RunS: time.Since(start).Seconds()}
+				Finished: r.Finished, Killed: r.Killed, BannedLiar: r.BannedLiar, BannedHonest: r.BannedHonest, Fetchers: r.Fetchers, SlowFetchers: r.SlowFetchers, KilledFetchers: r.KilledFetchers, LyingFetchers: r.LyingFetchers, RunS: time.Since(start).Seconds()}
 			if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
 				log.Print(err)
 				return

@@ -90,6 +90,7 @@ type Result struct {
 	ZoneInRatio                      float64 // with Config.Zones: the most bytes that reached one zone from outside it (the origin and other zones), over S
 	SimulatedS                       float64
 	BannedLiar                       int // nodes that banned a liar
+	BannedHonest                     int // bans of live peers that never lied, held at the end: false alarms
 	// Origin fetchers: nodes that got a tenth of the blob or more from
 	// the origin, and how many of them were slow, killed or lying.
 	Fetchers, SlowFetchers, KilledFetchers, LyingFetchers int
@@ -881,7 +882,7 @@ func (s *sim) transfer() {
 			// A relay passes on what it has, but for the last piece.
 			u := f.upstream
 			if u.failed {
-				s.fail(f, errors.New("relayed chunk cut short: it failed at the relay"))
+				s.fail(f, p2p.ErrRelayCut)
 				continue
 			}
 			f.got = max(was, min(f.got, u.got-p2p.PlanRelayPiece))
@@ -1103,6 +1104,11 @@ func (s *sim) result(limit float64) (Result, error) {
 		cpu += n.cpu.Seconds()
 		if n.ban {
 			r.BannedLiar++
+		}
+		for _, h := range s.nodes {
+			if !n.dead && !h.dead && !h.liar && n.swarm.Banned(h.name) {
+				r.BannedHonest++
+			}
 		}
 		if n.fromOrigin >= float64(s.cfg.Size)/10 {
 			r.Fetchers++

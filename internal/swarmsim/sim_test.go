@@ -119,3 +119,21 @@ func TestRelayLeavesItsUnusedShareToOthers(t *testing.T) {
 	assert.InDelta(t, link/2, relay.rate, 1)
 	assert.InDelta(t, link/2, direct.rate, 1)
 }
+
+// A relay whose upstream failed (the liar's chunk, a killed sender) cuts
+// its readers short through no fault of its own: they ask again, and ban
+// none of the honest nodes that stay up.
+func TestNoHonestPeerIsBanned(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		nodes int
+		seed  uint64
+	}{{20, 6}, {30, 1}, {30, 4}} {
+		cfg := Config{Nodes: c.nodes, Size: 64 << 20, ChunkSize: 2 << 20, Link: 1e9 / 8, Seed: c.seed,
+			SlowFraction: 0.1, KillFraction: 0.1, LateFraction: 0.1, Liars: 1}
+		r, err := Run(cfg)
+		require.NoError(t, err)
+		assert.Positive(t, r.BannedLiar, "%d nodes, seed %d", c.nodes, c.seed)
+		assert.Zero(t, r.BannedHonest, "%d nodes, seed %d", c.nodes, c.seed)
+	}
+}

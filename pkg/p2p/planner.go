@@ -45,11 +45,13 @@ const (
 // Errors a simulated request may end with, as the real ones do: the
 // peer's upload slots are all taken; it is an origin fetcher that sent the
 // chunk already and leaves it to the receiver to pass on; it holds none
-// of the blob (a state read's answer too).
+// of the blob (a state read's answer too); it relayed a chunk that failed
+// on its way to it.
 var (
 	ErrPeerBusy  = errBusy
 	ErrChunkSent = errChunkBusy
 	ErrNotHeld   = errNotHeld
+	ErrRelayCut  = errRelayCut
 )
 
 // Planner starts the decisions of filling the blob desc, in chunks of
