@@ -897,6 +897,8 @@ func (s *sim) transfer() {
 		}
 		if f.got >= f.size {
 			finished = append(finished, f)
+		} else if f.req.SlowEnds && p2p.CopyTooSlow(int64(f.got), s.now-f.began, f.to.down) {
+			s.fail(f, p2p.ErrSlow) // the receiver's link stands for the downlink the agent measures
 		}
 	}
 	for _, f := range finished {

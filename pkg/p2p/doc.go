@@ -135,7 +135,10 @@
 // Stall watchdog: a request to a peer has a deadline of a few seconds plus
 // the chunk at MinRate, and a transfer ends sooner once no byte has come
 // for five seconds; one that brought bytes too slowly marks its peer slow,
-// not failing. A request to the origin has no deadline, only the stall:
+// not failing. A copy from a peer that two seconds on comes at under a
+// sixteenth of this node's measured downlink is given up the same way, and
+// asked elsewhere (CopyTooSlow), twice per chunk at most and never an
+// origin fetcher's. A request to the origin has no deadline, only the stall:
 // cutting a busy origin's slow transfer would cost its bytes again.
 // DownloadLimit paces all transfers together, streams from the origin
 // outside the swarm included (Paced).

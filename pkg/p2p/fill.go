@@ -73,6 +73,7 @@ type plan struct {
 	probedAt       time.Time            // when the first-ranked members were last looked for
 	inflight       map[int]int          // chunk → requests in flight
 	asked          map[int][]string     // chunk → the peers it is in flight from (endgame duplicates go elsewhere)
+	givenUp        map[int]int          // chunk → its copies given up as too slow (mayGiveUp)
 	originRole     bool
 	originSince    time.Time // when this node took the origin role
 	originAtOnce   bool      // it took the role without waiting: alone, or among the first of all members
@@ -109,8 +110,9 @@ func (s *Swarm) newPlan(desc content.Descriptor, chunkSize int64, want *atomic.I
 // request is one of plan's decisions: ask peer for chunk, or the origin
 // when peer is nil.
 type request struct {
-	chunk int
-	peer  *peerView
+	chunk    int
+	peer     *peerView
+	slowEnds bool // give the copy up if it comes too slowly (CopyTooSlow)
 }
 
 // fill is one blob's download through the swarm: its plan's requests and
@@ -374,8 +376,21 @@ func (f *plan) book(i int, pv *peerView) request {
 	pv.inflight++
 	f.asked[i] = append(f.asked[i], pv.name)
 	f.s.requestCounter(pv.name).Add(1)
-	return request{chunk: i, peer: pv}
+	return request{chunk: i, peer: pv, slowEnds: f.mayGiveUp(i, pv)}
 }
+
+// mayGiveUp reports whether a copy of chunk i from pv that comes too
+// slowly is given up (CopyTooSlow): not an origin fetcher's, which the
+// origin paces, and only maxGiveUps times per chunk. The copies asked for
+// after them are waited for however slowly they come, so that a chunk
+// whose every source is slow (one slow holder of a blob, no origin
+// fetcher) still comes.
+func (f *plan) mayGiveUp(i int, pv *peerView) bool {
+	return !pv.state.Origin && f.givenUp[i] < maxGiveUps
+}
+
+// maxGiveUps is how many copies of one chunk may be given up as too slow.
+const maxGiveUps = 2
 
 // unask takes one request for chunk i to peer off asked.
 func (f *plan) unask(i int, peer string) {
@@ -405,15 +420,16 @@ func (f *fill) launch(ctx context.Context, reqs []request) {
 		if r.peer == nil {
 			f.launchOrigin(ctx, r.chunk)
 		} else {
-			f.launchPeer(ctx, r.chunk, r.peer)
+			f.launchPeer(ctx, r.chunk, r.peer, r.slowEnds)
 		}
 	}
 }
 
 // launchPeer asks pv for chunk i. A peer that is still receiving the
 // chunk relays it as it comes, and gives its hash after the last byte:
-// which hash the chunk must have is settled then (askHash).
-func (f *fill) launchPeer(ctx context.Context, i int, pv *peerView) {
+// which hash the chunk must have is settled then (askHash). With
+// slowEnds, a copy that comes too slowly is given up (CopyTooSlow).
+func (f *fill) launchPeer(ctx context.Context, i int, pv *peerView, slowEnds bool) {
 	relay := !pv.state.Has(i)
 	var want []byte
 	if !relay {
@@ -427,7 +443,7 @@ func (f *fill) launchPeer(ctx context.Context, i int, pv *peerView) {
 		defer f.wg.Done()
 		start := f.s.cfg.Now()
 		c := f.s.live.chunk(f.d, i, n)
-		claim, err := f.s.fetchChunk(ctx, addr, f.d, i, timeout, c)
+		claim, err := f.s.fetchChunk(ctx, addr, f.d, i, timeout, slowEnds, c)
 		if err == nil && want == nil {
 			want, err = f.askHash(ctx, i, name, claim)
 		}
@@ -553,6 +569,10 @@ func (f *plan) handle(r chunkResult) error {
 		// while, but a popular peer (the origin fetcher above all) is
 		// not banned for being popular.
 		f.s.log.Debug("peer too slow for a chunk", "peer", r.peer, "digest", f.d, "chunk", r.chunk, "err", r.err)
+		if f.givenUp == nil {
+			f.givenUp = map[int]int{}
+		}
+		f.givenUp[r.chunk]++
 		if pv != nil {
 			pv.busyTill = f.s.cfg.Now().Add(slowBackoff)
 		}

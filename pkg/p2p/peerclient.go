@@ -184,10 +184,12 @@ func drain(body io.Reader) {
 // fetchChunk downloads chunk i of d from a peer into c, within timeout,
 // and returns the peer's hash of it, its claim: in a header, or in a
 // trailer for a relayed chunk (one the peer was still receiving); nil from
-// an agent that sends none.
-func (s *Swarm) fetchChunk(ctx context.Context, addr string, d digest.Digest, i int, timeout time.Duration, c *liveChunk) (claim []byte, err error) {
+// an agent that sends none. With slowEnds, a copy that comes too slowly
+// ends with errSlow (CopyTooSlow).
+func (s *Swarm) fetchChunk(ctx context.Context, addr string, d digest.Digest, i int, timeout time.Duration, slowEnds bool, c *liveChunk) (claim []byte, err error) {
 	ctx, watch := watchTransfer(ctx, timeout)
 	defer watch.stop()
+	watch.since, watch.slowEnds = s.cfg.Now(), slowEnds
 	resp, err := s.get(ctx, s.peerURL(addr, fmt.Sprintf(chunkPath, d, i)))
 	if err != nil {
 		return nil, err
@@ -271,6 +273,8 @@ type transferWatch struct {
 	timer        *time.Timer
 	cancel       context.CancelCauseFunc
 	stopDeadline context.CancelFunc
+	since        time.Time // when the request went out, for slowEnds
+	slowEnds     bool      // a copy that comes too slowly ends (CopyTooSlow)
 }
 
 // watchTransfer returns a context for one transfer that ends after timeout
@@ -321,6 +325,44 @@ func (s *Swarm) readInto(ctx context.Context, watch *transferWatch, r io.Reader,
 		}
 		off += k
 		c.progress(off)
+		s.received.Add(k)
+		if watch.slowEnds {
+			now := s.cfg.Now()
+			if run := now.Sub(watch.since); CopyTooSlow(off, run, s.downlinkPace(now)) {
+				return fmt.Errorf("%w: %d of %d bytes in %s, under 1/%d of this node's downlink", errSlow, off, n, run.Round(time.Millisecond), slowCopyShare)
+			}
+		}
 	}
 	return nil
+}
+
+// downlinkPace is the pace this node has received chunks at lately, in
+// bytes per second (paceMeter); 0 until it has been measured.
+func (s *Swarm) downlinkPace(now time.Time) float64 {
+	s.downMu.Lock()
+	defer s.downMu.Unlock()
+	return s.downlink.observe(now, s.received.Load())
+}
+
+// A copy too slow to wait for: a chunk asked of a peer that, two seconds
+// on, has come at under a sixteenth of this node's downlink.
+const (
+	slowCopyAfter = 2 * time.Second
+	slowCopyShare = 16
+)
+
+// CopyTooSlow reports whether a chunk that a peer has sent got bytes of in
+// the running time since it was asked comes too slowly to wait for,
+// downlink being this node's download pace in bytes per second (0: not
+// measured yet, and no copy is too slow). Such a copy comes from a slow or
+// busy sender, or relays one that does, and would hold this node, and
+// every peer relaying from it, for many chunks' time: it is given up
+// (errSlow) and asked of another holder. Under load a sixteenth of the
+// downlink is no normal share: a node has eight requests in flight at most,
+// a server twelve uploads. The plan says which copies may be given up
+// (heldElsewhere): not an origin fetcher's, which the origin paces, nor
+// one no other peer holds whole. The simulation applies the same rule,
+// its receiver's link standing for the downlink the agent measures.
+func CopyTooSlow(got int64, running time.Duration, downlink float64) bool {
+	return downlink > 0 && running >= slowCopyAfter && float64(got) < downlink/slowCopyShare*running.Seconds()
 }

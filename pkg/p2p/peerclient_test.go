@@ -36,7 +36,7 @@ func TestSlowPeerIsNotBannedAsFailing(t *testing.T) {
 	s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
 	require.NoError(t, err)
 	d := descOf(randomBlob(16, n)).Digest
-	_, err = s.fetchChunk(context.Background(), stallingPeer(t, n, 64<<10), d, 0, 300*time.Millisecond, newLiveChunk(n))
+	_, err = s.fetchChunk(context.Background(), stallingPeer(t, n, 64<<10), d, 0, 300*time.Millisecond, false, newLiveChunk(n))
 	require.ErrorIs(t, err, errSlow)
 
 	f := &plan{s: s, d: d, inflight: map[int]int{}, peers: peersOf(&peerView{name: "slow"}, &peerView{name: "dead"})}
@@ -67,6 +67,56 @@ func TestSlowPeerIsNotBannedAsFailing(t *testing.T) {
 	require.True(t, s.Banned("gone"))
 }
 
+// tricklingPeer serves any chunk as n bytes long, a piece every tick.
+func tricklingPeer(t *testing.T, n, piece int, tick time.Duration) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", fmt.Sprint(n))
+		for sent := 0; sent < n; sent += piece {
+			if _, err := w.Write(make([]byte, min(piece, n-sent))); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			select {
+			case <-time.After(tick):
+			case <-r.Context().Done():
+				return
+			}
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
+}
+
+// A copy that comes at under a sixteenth of this node's downlink is given
+// up once it has had slowCopyAfter to show its pace, as slow (the peer is
+// asked less for a while, not banned); an origin fetcher's copy (slowEnds
+// false) is waited for. The clock runs 20 times as fast as the trickle.
+func TestTooSlowCopyIsGivenUp(t *testing.T) {
+	t.Parallel()
+	const n, piece, tick = 1 << 20, 64 << 10, 25 * time.Millisecond
+	for _, slowEnds := range []bool{true, false} {
+		t.Run(fmt.Sprint("slowEnds=", slowEnds), func(t *testing.T) {
+			t.Parallel()
+			start := time.Now()
+			fast := func() time.Time { return start.Add(20 * time.Since(start)) }
+			s, err := NewSwarm(nil, nil, SwarmConfig{Now: fast}, nil, nil)
+			require.NoError(t, err)
+			// As if it had received at 1 GiB/s lately: the trickle, 2.6 MB/s
+			// at the clock's pace 131 KB/s, is far under a sixteenth of it.
+			s.downlink = paceMeter{at: fast(), peak: 1 << 30}
+			d := descOf(randomBlob(19, n)).Digest
+			_, err = s.fetchChunk(context.Background(), tricklingPeer(t, n, piece, tick), d, 0, time.Hour, slowEnds, newLiveChunk(n))
+			if !slowEnds {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, errSlow)
+			require.NotErrorIs(t, err, errStalled)
+		})
+	}
+}
+
 // A transfer ends once no byte has come for stallTimeout, long before its
 // deadline: as slow when some bytes came, as failed when none did.
 func TestStalledTransferEndsEarly(t *testing.T) {
@@ -78,7 +128,7 @@ func TestStalledTransferEndsEarly(t *testing.T) {
 			s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
 			require.NoError(t, err)
 			d := descOf(randomBlob(17, n)).Digest
-			_, err = s.fetchChunk(context.Background(), stallingPeer(t, n, sent), d, 0, time.Hour, newLiveChunk(n))
+			_, err = s.fetchChunk(context.Background(), stallingPeer(t, n, sent), d, 0, time.Hour, false, newLiveChunk(n))
 			require.ErrorIs(t, err, errStalled)
 			require.Equal(t, sent > 0, errors.Is(err, errSlow), "%v", err)
 		})

@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"bytes"
+	"fmt"
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"
@@ -210,4 +211,26 @@ func TestEndgameDuplicateAvoidsThePeersInFlight(t *testing.T) {
 		require.NotNil(t, peer)
 		require.Equal(t, "c", peer.name, "chunk 0 is in flight from b already")
 	}
+}
+
+// A copy that comes too slowly may be given up maxGiveUps times per chunk,
+// and never an origin fetcher's: the origin paces it. The next copy is
+// waited for, so a chunk whose every source is slow still comes.
+func TestSlowCopyIsGivenUpAFewTimesPerChunk(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	peer := func(name string, origin bool) *peerView {
+		return &peerView{name: name, known: true, state: PeerState{Origin: origin,
+			ChunkState: cache.ChunkState{Size: 2 * testChunk, ChunkSize: testChunk, Have: []byte{0b11}}}}
+	}
+	holder, fetcher := peer("holder", false), peer("fetcher", true)
+	f := &plan{s: s, maxInFlight: 8, inflight: map[int]int{}, asked: map[int][]string{}, peers: peersOf(holder, fetcher)}
+	require.False(t, f.book(0, fetcher).slowEnds, "the origin paces a fetcher's copy")
+	for range maxGiveUps {
+		require.True(t, f.book(0, holder).slowEnds)
+		require.NoError(t, f.handle(chunkResult{chunk: 0, peer: "holder", err: fmt.Errorf("%w: too slow", errSlow)}))
+	}
+	require.False(t, f.book(0, holder).slowEnds, "chunk 0 was given up enough")
+	require.True(t, f.book(1, holder).slowEnds)
 }

@@ -25,9 +25,10 @@ type Planner struct {
 // or from the origin when Peer is "". Relay says Peer is still receiving
 // the chunk: it relays the bytes as they come.
 type PlanRequest struct {
-	Chunk int
-	Peer  string
-	Relay bool
+	Chunk    int
+	Peer     string
+	Relay    bool
+	SlowEnds bool // the copy is given up if it comes too slowly (CopyTooSlow)
 }
 
 // The chunk server as a simulation models it: a state read waits for news
@@ -46,12 +47,13 @@ const (
 // peer's upload slots are all taken; it is an origin fetcher that sent the
 // chunk already and leaves it to the receiver to pass on; it holds none
 // of the blob (a state read's answer too); it relayed a chunk that failed
-// on its way to it.
+// on its way to it; the copy came too slowly (CopyTooSlow).
 var (
 	ErrPeerBusy  = errBusy
 	ErrChunkSent = errChunkBusy
 	ErrNotHeld   = errNotHeld
 	ErrRelayCut  = errRelayCut
+	ErrSlow      = errSlow
 )
 
 // Planner starts the decisions of filling the blob desc, in chunks of
@@ -81,7 +83,7 @@ func (p *Planner) Step(missing []int) (reads []string, reqs []PlanRequest) {
 			reqs = append(reqs, PlanRequest{Chunk: r.chunk})
 			continue
 		}
-		reqs = append(reqs, PlanRequest{Chunk: r.chunk, Peer: r.peer.name, Relay: !r.peer.state.Has(r.chunk)})
+		reqs = append(reqs, PlanRequest{Chunk: r.chunk, Peer: r.peer.name, Relay: !r.peer.state.Has(r.chunk), SlowEnds: r.slowEnds})
 	}
 	return reads, reqs
 }

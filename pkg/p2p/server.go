@@ -90,7 +90,7 @@ type ChunkServer struct {
 	uploads     map[*upload]struct{} // uploads in progress, with slots
 	peerSlots   map[string]int       // peer address → uploads it has in progress
 	sentBytes   atomic.Int64         // chunk bytes sent, for uplink
-	uplink      uplinkMeter
+	uplink      paceMeter
 	peerWaits   map[string]int // peer address → state requests waiting for news
 	resolutions *Resolutions   // nil: none served
 	tls         *tls.Config    // nil: plain HTTP

@@ -141,6 +141,10 @@ type Swarm struct {
 	requestsTo sync.Map     // peer name → *atomic.Int32: this node's chunk requests in flight to it, over all fills
 	buffered   atomic.Int64 // bytes of the chunk buffers all fills' requests in flight need
 	fills      atomic.Int32 // fills running (originRequests)
+	received   atomic.Int64 // chunk bytes received, from peers and origins, for downlink
+
+	downMu   sync.Mutex
+	downlink paceMeter
 
 	mu        sync.Mutex
 	bans      map[string]time.Time
@@ -334,7 +338,7 @@ func (s *Swarm) fillSmall(ctx context.Context, p *cache.Partial, origin Origin) 
 			continue
 		}
 		c := newLiveChunk(n)
-		_, err := s.fetchChunk(ctx, peer.Meta.ChunkAddr, d, 0, timeout, c)
+		_, err := s.fetchChunk(ctx, peer.Meta.ChunkAddr, d, 0, timeout, false, c)
 		if err == nil {
 			err = p.WritePeerChunk(0, c.data(), want)
 		}

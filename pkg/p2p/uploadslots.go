@@ -45,22 +45,24 @@ type upload struct {
 	sent  atomic.Int64
 }
 
-// uplinkMeter estimates a server's upload pace: the fastest it has sent
-// over a meterWindow lately, halving each uplinkHalfLife so that a link
-// that became slower (a limit, a busy host) is followed.
-type uplinkMeter struct {
+// paceMeter estimates a link's pace, a server's upload or a swarm's
+// download: the fastest it has carried over a meterWindow lately, halving
+// each paceHalfLife so that a link that became slower (a limit, a busy
+// host) is followed. It is not safe for concurrent use.
+type paceMeter struct {
 	at    time.Time
-	total int64 // bytes sent by at
+	total int64 // bytes carried by at
 	peak  float64
 }
 
 const (
-	meterWindow    = 2 * time.Second
-	uplinkHalfLife = time.Minute
+	meterWindow  = 2 * time.Second
+	paceHalfLife = time.Minute
 )
 
-// observe records that total bytes were sent by now, and returns the pace.
-func (m *uplinkMeter) observe(now time.Time, total int64) float64 {
+// observe records that total bytes were carried by now, and returns the
+// pace.
+func (m *paceMeter) observe(now time.Time, total int64) float64 {
 	if m.at.IsZero() {
 		m.at, m.total = now, total
 		return 0
@@ -69,7 +71,7 @@ func (m *uplinkMeter) observe(now time.Time, total int64) float64 {
 	if dt < meterWindow {
 		return m.peak
 	}
-	m.peak *= math.Exp2(-dt.Seconds() / uplinkHalfLife.Seconds())
+	m.peak *= math.Exp2(-dt.Seconds() / paceHalfLife.Seconds())
 	m.peak = max(m.peak, float64(total-m.total)/dt.Seconds())
 	m.at, m.total = now, total
 	return m.peak

@@ -39,15 +39,15 @@ func TestSlotsHeld(t *testing.T) {
 	}
 }
 
-func TestUplinkMeterFollowsThePeak(t *testing.T) {
+func TestPaceMeterFollowsThePeak(t *testing.T) {
 	t.Parallel()
-	var m uplinkMeter
+	var m paceMeter
 	at := time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC)
 	require.Zero(t, m.observe(at, 0), "one look is no pace")
 	require.Zero(t, m.observe(at.Add(time.Second), 5e6), "within a window, the pace so far")
 	require.InDelta(t, 5e6, m.observe(at.Add(2*time.Second), 10e6), 1)
 	require.InEpsilon(t, 5e6, m.observe(at.Add(4*time.Second), 12e6), 0.05, "a slower window keeps the peak")
-	require.InEpsilon(t, 2.5e6, m.observe(at.Add(4*time.Second+uplinkHalfLife), 12e6), 0.05, "which halves over a half-life idle")
+	require.InEpsilon(t, 2.5e6, m.observe(at.Add(4*time.Second+paceHalfLife), 12e6), 0.05, "which halves over a half-life idle")
 }
 
 // A reader that takes its chunk slowly lends its upload slot once it has
@@ -61,7 +61,7 @@ func TestSlowReaderLendsItsSlot(t *testing.T) {
 	require.NoError(t, err)
 	srv, ts := serveStore(t, store, WithMaxUploads(1), WithMaxUploadsPerPeer(2))
 	srv.peersMu.Lock()
-	srv.uplink = uplinkMeter{at: time.Now(), peak: 1 << 30} // as if it had sent at 1 GiB/s lately
+	srv.uplink = paceMeter{at: time.Now(), peak: 1 << 30} // as if it had sent at 1 GiB/s lately
 	srv.peersMu.Unlock()
 	url := ts.URL + fmt.Sprintf(chunkPath, descOf(data).Digest, 0)
 
