@@ -360,9 +360,9 @@ const (
 // (errSlow) and asked of another holder. Under load a sixteenth of the
 // downlink is no normal share: a node has eight requests in flight at most,
 // a server twelve uploads. The plan says which copies may be given up
-// (heldElsewhere): not an origin fetcher's, which the origin paces, nor
-// one no other peer holds whole. The simulation applies the same rule,
-// its receiver's link standing for the downlink the agent measures.
+// (mayGiveUp): not an origin fetcher's, which the origin paces, and at
+// most maxGiveUps per chunk. The simulation applies the same rule, its
+// receiver's link standing for the downlink the agent measures.
 func CopyTooSlow(got int64, running time.Duration, downlink float64) bool {
 	return downlink > 0 && running >= slowCopyAfter && float64(got) < downlink/slowCopyShare*running.Seconds()
 }
