@@ -317,10 +317,15 @@ func (f *plan) nextFromOrigin(missing []int) int {
 		}
 		if !taken {
 			untaken[j] = append(untaken[j], i)
+		} else {
+			delete(f.leftSince, i)
 		}
 	}
 	if len(untaken[share]) > 0 {
 		return slices.Min(untaken[share])
+	}
+	if i := f.unfetched(untaken, share, fetchers); i >= 0 {
+		return i
 	}
 	// Help the fetcher with the most left, but leave it what it may ask
 	// for before word of this node's request reaches it (leaveTo). Where
@@ -339,6 +344,34 @@ func (f *plan) nextFromOrigin(missing []int) int {
 		return -1
 	}
 	return slices.Max(untaken[behind])
+}
+
+// unfetched is the highest chunk of another fetcher's share that this
+// node, its own share done, left to that fetcher, and that word from it sent
+// a state lag and two chunk times later shows it neither has nor fetches; or
+// -1. Fetchers that see different sets of fetchers (a ban, a slow gossip)
+// split the chunks differently, and a chunk each thinks the other's would
+// wait until the sets agree.
+func (f *plan) unfetched(untaken [][]int, share int, fetchers []string) int {
+	now, found := f.s.cfg.Now(), -1
+	if f.leftSince == nil {
+		f.leftSince = map[int]time.Time{}
+	}
+	for j, left := range untaken {
+		if j == share || len(left) == 0 {
+			continue // only a followed fetcher's share has untaken chunks
+		}
+		wait := f.stateLag() + 2*max(f.peers.get(fetchers[j]).chunkTime, f.originTime)
+		for _, i := range left {
+			since, seen := f.leftSince[i]
+			if !seen {
+				f.leftSince[i] = now
+			} else if i > found && f.heardSince(fetchers[j], since.Add(wait)) {
+				found = i
+			}
+		}
+	}
+	return found
 }
 
 // farSlower is how many times longer than this node's origin requests a

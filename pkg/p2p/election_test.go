@@ -543,3 +543,36 @@ func TestOriginRequestsGoByTheNodesFills(t *testing.T) {
 	s.cfg.OriginInFlight = 5
 	require.Equal(t, 5, requests(), "as configured")
 }
+
+// Origin fetchers that see different sets of fetchers (a ban, a slow
+// gossip) split the chunks differently: a chunk this node's split gives the
+// other, and the other's split gives someone else, is fetched by none. A
+// helper leaves the other its next chunks, but once word from it sent well
+// after that shows it neither has nor fetches them, it takes them.
+func TestHelperTakesChunksTheOwnerDoesNotFetch(t *testing.T) {
+	t.Parallel()
+	f, other := twoOriginFetchers(t)
+	now := time.Unix(1000, 0)
+	f.s.cfg.Now = func() time.Time { return now }
+	f.s.cfg.OriginInFlight = 2
+	f.originTime = time.Second
+	share, _ := f.originShare()
+	var theirs []int
+	for i := range 8 {
+		if i%2 != share {
+			theirs = append(theirs, i)
+		}
+	}
+	left := theirs[2:] // fewer than leaveTo: left to the other
+	other.heardAt = now
+	require.Equal(t, -1, f.nextFromOrigin(slices.Clone(left)), "its next chunks are left to it")
+
+	now = now.Add(f.stateLag() + 2*f.originTime)
+	require.Equal(t, -1, f.nextFromOrigin(slices.Clone(left)), "no word from it since")
+	other.heardAt = now
+	require.Equal(t, left[1], f.nextFromOrigin(slices.Clone(left)), "it said it fetches neither: from the back")
+
+	f.inflight[left[1]] = 1
+	other.state.Fetching = setBit(nil, left[0], true)
+	require.Equal(t, -1, f.nextFromOrigin(slices.Clone(left)), "it fetches the other one")
+}

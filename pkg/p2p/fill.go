@@ -74,6 +74,7 @@ type plan struct {
 	inflight       map[int]int          // chunk → requests in flight
 	asked          map[int][]string     // chunk → the peers it is in flight from (endgame duplicates go elsewhere)
 	givenUp        map[int]int          // chunk → its copies given up as too slow (mayGiveUp)
+	leftSince      map[int]time.Time    // chunk → when this origin fetcher, its share done, first left it to another's share (unfetched)
 	originRole     bool
 	originSince    time.Time // when this node took the origin role
 	originAtOnce   bool      // it took the role without waiting: alone, or among the first of all members
