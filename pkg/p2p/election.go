@@ -23,11 +23,7 @@ func rendezvous(d digest.Digest, names []string) []string {
 	}
 	all := make([]scored, len(names))
 	for i, n := range names {
-		h := fnv.New64a()
-		h.Write([]byte(d))
-		h.Write([]byte{0})
-		h.Write([]byte(n))
-		all[i] = scored{n, mix64(h.Sum64())}
+		all[i] = scored{n, rendezvousHash(d, n)}
 	}
 	slices.SortFunc(all, func(a, b scored) int { return cmp.Compare(b.score, a.score) })
 	out := make([]string, len(all))
@@ -35,6 +31,15 @@ func rendezvous(d digest.Digest, names []string) []string {
 		out[i] = s.name
 	}
 	return out
+}
+
+// rendezvousHash is name's score for d in rendezvous order.
+func rendezvousHash(d digest.Digest, name string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(d))
+	h.Write([]byte{0})
+	h.Write([]byte(name))
+	return mix64(h.Sum64())
 }
 
 // mix64 is MurmurHash3's 64-bit finalizer. FNV-1a alone carries a name's

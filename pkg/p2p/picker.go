@@ -113,7 +113,7 @@ func (f *plan) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 // time, when its upload has room, and refuses the others. A peer outside
 // this node's zone is asked only as mayCrossZone allows.
 func (f *plan) supplierOf(i int, endgame bool, now time.Time) (pick *peerView, count int) {
-	inZone := false
+	inZone, zoneHas := false, false
 	for pv := range f.peers.from(f.s.rand) {
 		if !pv.known || (!pv.state.Has(i) && !pv.state.IsFetching(i)) {
 			continue
@@ -122,7 +122,10 @@ func (f *plan) supplierOf(i int, endgame bool, now time.Time) (pick *peerView, c
 		if f.s.Banned(pv.name) {
 			continue
 		}
-		inZone = inZone || pv.zone == f.s.cfg.Zone
+		if pv.zone == f.s.cfg.Zone {
+			inZone = true
+			zoneHas = zoneHas || pv.state.Has(i)
+		}
 		if f.s.inflightTo(pv.name) >= f.s.cfg.PerPeer || now.Before(pv.busyTill) || now.Before(pv.chunkBusy[i]) ||
 			(endgame && slices.Contains(f.asked[i], pv.name)) {
 			continue
@@ -131,7 +134,7 @@ func (f *plan) supplierOf(i int, endgame bool, now time.Time) (pick *peerView, c
 			pick = pv
 		}
 	}
-	if pick != nil && pick.zone != f.s.cfg.Zone && !f.mayCrossZone(i, inZone, endgame, now) {
+	if pick != nil && pick.zone != f.s.cfg.Zone && !f.mayCrossZone(i, inZone, zoneHas, endgame, now) {
 		return nil, count
 	}
 	return pick, count
@@ -158,5 +161,8 @@ func (f *plan) holdoff() time.Duration {
 	if f.chunkTime == 0 {
 		return 500 * time.Millisecond
 	}
-	return min(f.chunkTime*3/2, 5*time.Second)
+	return min(f.chunkTime*3/2, maxHoldoff)
 }
+
+// maxHoldoff bounds holdoff.
+const maxHoldoff = 5 * time.Second

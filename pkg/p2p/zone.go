@@ -78,54 +78,110 @@ func (f *plan) nearer(a, b *peerView, i int, endgame bool) bool {
 
 // zoneView is what one fill keeps for its zone decisions.
 type zoneView struct {
-	crossSince map[int]time.Time // when a chunk was first seen outside the zone only
-	entries    []string          // the zone's nodes filling the blob, in rendezvous order
-	entriesAt  time.Time
+	crossSince map[int]time.Time // when a chunk was last seen outside the zone only
+	names      []string          // the zone's nodes that fill the blob, this one first
+	hashes     []uint64          // the names' hashes with the blob, for zoneRank
+	ranks      map[int]int       // chunk → this node's rank for it among names
+	namesAt    time.Time
 }
 
+// zoneSpares is how many of a chunk's first nodes in its zone's order may
+// fetch it from outside the zone once they gave up copies from inside it
+// as too slow (mayCrossZone).
+const zoneSpares = 3
+
 // mayCrossZone reports whether this node may fetch chunk i from outside
-// its zone, inZone telling whether a peer of its zone has or receives it:
-// never then (that copy is near, also for an endgame duplicate: every node
-// of the zone would send one across), else for the endgame, the zone's
-// entry for the chunk, or anyone once the chunk has waited two holdoffs
-// for an entry that, seeing other holders than this node does, may not
-// know it is one.
-func (f *plan) mayCrossZone(i int, inZone, endgame bool, now time.Time) bool {
-	if inZone {
-		return false
-	}
-	if endgame {
-		return true
-	}
-	if f.zoneEntry(i, now) == f.s.dir.LocalName() {
-		return true
-	}
+// its zone: inZone tells whether a peer of its zone has or receives it,
+// zoneHas whether one has it. Each chunk crosses into a zone through one
+// node, its entry (zoneRank 0), and spreads inside it:
+//   - while a zone peer has or receives the chunk, that copy is near, and
+//     no node crosses, also for an endgame duplicate (every node of the
+//     zone would send one across); but a zone whose only copy comes from a
+//     slow or failing node would wait on it, so a chunk's first zoneSpares
+//     nodes may cross when they gave up copies of it as too slow, or when
+//     the zone's copy has only been on its way for 2×(rank+1) holdoffs;
+//   - the last chunks cross at once, and the entry;
+//   - the others cross once the chunk has been outside the zone only for
+//     a holdoff per node ranked above them: the entry may be gone, or see
+//     other nodes of the zone than they do, and the next one crosses
+//     before a crowd does.
+func (f *plan) mayCrossZone(i int, inZone, zoneHas, endgame bool, now time.Time) bool {
 	if f.zone.crossSince == nil {
 		f.zone.crossSince = map[int]time.Time{}
 	}
-	since, ok := f.zone.crossSince[i]
-	if !ok {
+	rank := f.zoneRank(i, now)
+	coming := inZone && !zoneHas && rank < zoneSpares
+	if inZone && !coming && (f.givenUp[i] == 0 || rank >= zoneSpares) {
+		delete(f.zone.crossSince, i)
+		return false
+	}
+	if endgame || (rank == 0 && !coming) {
+		return true
+	}
+	since, seen := f.zone.crossSince[i]
+	if !seen {
 		f.zone.crossSince[i] = now
 		return false
 	}
-	return now.Sub(since) >= 2*f.holdoff()
+	holdoff := f.holdoff()
+	if f.chunkTime == 0 {
+		holdoff = maxHoldoff // no chunk has come yet: how long one takes is unknown
+	}
+	wait := time.Duration(rank) * holdoff
+	if coming {
+		wait = time.Duration(2*(rank+1)) * holdoff
+	}
+	return now.Sub(since) >= wait
 }
 
-// zoneEntry is the node of this zone that fetches chunk i from outside
-// it: the chunks are dealt round the zone's nodes that still fill the
-// blob, in rendezvous order, so each crosses into the zone once and the
-// zone's downlinks share the crossing. The deal is redone at most twice
-// per Refresh, when the states it rests on may have changed.
-func (f *plan) zoneEntry(i int, now time.Time) string {
-	if f.zone.entries == nil || now.Sub(f.zone.entriesAt) >= f.s.cfg.Refresh/2 {
-		names := []string{f.s.dir.LocalName()}
-		for _, pv := range f.peers.all() {
-			name := pv.name
-			if pv.known && !pv.state.Complete && pv.zone == f.s.cfg.Zone && !f.s.Banned(name) {
-				names = append(names, name)
+// zoneRank is this node's place among the zone's nodes that fill the blob
+// in chunk i's rendezvous order: 0 makes it the chunk's entry. Every node
+// of the zone hears about the same holders, so they agree on the order,
+// and the zone's downlinks share the crossings.
+func (f *plan) zoneRank(i int, now time.Time) int {
+	if f.zone.names == nil || now.Sub(f.zone.namesAt) >= f.s.cfg.Refresh {
+		f.zoneNames(now)
+	}
+	if r, ok := f.zone.ranks[i]; ok {
+		return r
+	}
+	key := mix64(uint64(i) + 0x9e3779b97f4a7c15)
+	mine, r := mix64(f.zone.hashes[0]^key), 0
+	for _, h := range f.zone.hashes[1:] {
+		if mix64(h^key) > mine {
+			r++
+		}
+	}
+	f.zone.ranks[i] = r
+	return r
+}
+
+// zoneNames gathers the zone's nodes that fill the blob: the holders
+// gossip names that are not complete, or, in the fill's first Settle,
+// before gossip names them, the zone's members (one that does not want
+// the blob costs a chunk at most a Settle's wait).
+func (f *plan) zoneNames(now time.Time) {
+	local := f.s.dir.LocalName()
+	names := []string{local}
+	if now.Sub(f.start) < f.s.cfg.Settle {
+		for _, m := range f.s.dir.Members() {
+			if m.Meta.Zone == f.s.cfg.Zone && !f.s.Banned(m.Name) {
+				names = append(names, m.Name)
 			}
 		}
-		f.zone.entries, f.zone.entriesAt = rendezvous(f.d, names), now
+	} else {
+		for _, h := range f.s.dir.Holders(f.d) {
+			if !h.Complete && f.zoneOf(h.Peer) == f.s.cfg.Zone && !f.s.Banned(h.Peer) {
+				names = append(names, h.Peer)
+			}
+		}
 	}
-	return f.zone.entries[i%len(f.zone.entries)]
+	f.zone.namesAt = now
+	if slices.Equal(names, f.zone.names) {
+		return
+	}
+	f.zone.names, f.zone.hashes, f.zone.ranks = names, f.zone.hashes[:0], map[int]int{}
+	for _, n := range names {
+		f.zone.hashes = append(f.zone.hashes, rendezvousHash(f.d, n))
+	}
 }

@@ -57,14 +57,26 @@ func TestZoneOrder(t *testing.T) {
 	}
 }
 
+// zoneMates is a cluster, seen from "me" in zone a, whose gossip names
+// the given holders of every blob, each filling it, in the zones given.
+func zoneMates(zones map[string]string) gossipDir {
+	dir := gossipDir{staticDir: staticDir{local: "me", peers: map[string]Peer{}}}
+	for name, z := range zones {
+		dir.peers[name] = Peer{Name: name, Meta: NodeMeta{ChunkAddr: "127.0.0.1:1", Zone: z}}
+		dir.holders = append(dir.holders, Holder{Peer: name})
+	}
+	return dir
+}
+
 // A node asks peers of its zone first, whatever they can offer; a chunk
 // that only peers outside its zone have crosses into it through one node,
-// the zone's entry for that chunk, and the others wait for that copy, up
-// to two holdoffs (the entry may not know it is one), but for the last
-// chunks; an endgame duplicate never crosses while its zone has a copy.
+// the zone's entry for that chunk, and the others wait for that copy, a
+// holdoff per node ranked above them (the entry may not know it is one),
+// but for the last chunks; an endgame duplicate never crosses while its
+// zone has a copy.
 func TestSupplierPrefersItsZone(t *testing.T) {
 	t.Parallel()
-	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{Zone: "a"}, nil, nil)
+	s, err := NewSwarm(zoneMates(map[string]string{"mate": "a", "far": "b"}), nil, SwarmConfig{Zone: "a"}, nil, nil)
 	require.NoError(t, err)
 	d := digest.FromString("blob")
 	const chunks = 8
@@ -72,16 +84,18 @@ func TestSupplierPrefersItsZone(t *testing.T) {
 		return PeerState{ChunkState: cache.ChunkState{Size: chunks * testChunk, ChunkSize: testChunk, Have: []byte{have}},
 			Fetching: []byte{fetching}, Sent: []byte{sent}, Origin: origin}
 	}
-	// mate is a node of zone a that fills the blob too: the zone's chunks
-	// are dealt between it and me.
+	// mate is a node of zone a that fills the blob too: each chunk enters
+	// the zone through one of them.
 	mateChunk, myChunk := -1, -1
+	ranks := &plan{s: s, d: d}
 	for i := range chunks {
-		if rendezvous(d, []string{"me", "mate"})[i%2] == "me" {
+		if ranks.zoneRank(i, time.Now()) == 0 {
 			myChunk = i
 		} else {
 			mateChunk = i
 		}
 	}
+	require.True(t, mateChunk >= 0 && myChunk >= 0, "chunks enter through both")
 	now := time.Now()
 	for name, tc := range map[string]struct {
 		chunk   int
@@ -152,6 +166,103 @@ func TestSupplierPrefersItsZone(t *testing.T) {
 	}
 }
 
+// The nodes of a zone agree on each chunk's order among them, from the
+// holders gossip names (in the fill's first Settle, the zone's members);
+// the entry crosses at once, the k-th after it once the chunk has been
+// outside the zone only for k holdoffs (the longest holdoff before a chunk
+// has come). A zone copy holds every node back, but for the chunk's first
+// zoneSpares nodes when they gave up copies of it as too slow, or the
+// zone's copy has only been on its way for 2×(rank+1) holdoffs.
+func TestZoneCrossingsGoByRank(t *testing.T) {
+	t.Parallel()
+	mates := map[string]string{"far": "b", "gone": "a"}
+	for i := range 6 {
+		mates[fmt.Sprintf("mate-%d", i)] = "a"
+	}
+	dir := zoneMates(mates)
+	dir.holders = slices.DeleteFunc(dir.holders, func(h Holder) bool { return h.Peer == "gone" })
+	s, err := NewSwarm(dir, nil, SwarmConfig{Zone: "a"}, nil, nil)
+	require.NoError(t, err)
+	d := digest.FromString("blob")
+	now := time.Now()
+
+	// Every node of zone a ranks itself alike: each chunk has one entry.
+	zoneA := []string{"me", "mate-0", "mate-1", "mate-2", "mate-3", "mate-4", "mate-5"}
+	rankOf := func(name string, i int, start time.Time) int {
+		others := map[string]string{}
+		for n, z := range mates {
+			if n != name {
+				others[n] = z
+			}
+		}
+		if name != "me" {
+			others["me"] = "a"
+		}
+		view := zoneMates(others)
+		view.local = name
+		view.holders = slices.DeleteFunc(view.holders, func(h Holder) bool { return h.Peer == "gone" })
+		vs, err := NewSwarm(view, nil, SwarmConfig{Zone: "a"}, nil, nil)
+		require.NoError(t, err)
+		return (&plan{s: vs, d: d, start: start}).zoneRank(i, now)
+	}
+	for i := range 16 {
+		var ranks []int
+		for _, n := range zoneA {
+			ranks = append(ranks, rankOf(n, i, time.Time{}))
+		}
+		slices.Sort(ranks)
+		require.Equal(t, []int{0, 1, 2, 3, 4, 5, 6}, ranks, "chunk %d", i)
+	}
+	differs := false
+	for i := range 16 {
+		differs = differs || rankOf("me", i, now) != rankOf("me", i, time.Time{})
+	}
+	require.True(t, differs, "in the first Settle the members count, a member that fills nothing too")
+
+	chunk := -1
+	for i := range 64 {
+		if rankOf("me", i, time.Time{}) == 2 {
+			chunk = i
+			break
+		}
+	}
+	require.GreaterOrEqual(t, chunk, 0)
+	f := &plan{s: s, d: d, givenUp: map[int]int{}}
+	require.False(t, f.mayCrossZone(chunk, false, false, false, now), "first seen outside only")
+	require.False(t, f.mayCrossZone(chunk, false, false, false, now.Add(2*maxHoldoff-time.Millisecond)), "third: no chunk has come yet")
+	require.True(t, f.mayCrossZone(chunk, false, false, false, now.Add(2*maxHoldoff)), "two holdoffs on")
+
+	f.chunkTime = time.Second
+	require.False(t, f.mayCrossZone(chunk, true, true, false, now), "a zone copy")
+	require.False(t, f.mayCrossZone(chunk, false, false, false, now), "outside only again: the wait starts over")
+	require.True(t, f.mayCrossZone(chunk, false, false, false, now.Add(2*f.holdoff())))
+
+	for i := range 64 {
+		if rankOf("me", i, time.Time{}) == 1 {
+			require.False(t, f.mayCrossZone(i, false, false, false, now))
+			require.True(t, f.mayCrossZone(i, false, false, false, now.Add(f.holdoff())), "second: one holdoff on")
+			break
+		}
+	}
+
+	f.zone.crossSince = nil
+	require.False(t, f.mayCrossZone(chunk, true, false, false, now), "the zone's copy on its way: the wait starts")
+	require.False(t, f.mayCrossZone(chunk, true, false, false, now.Add(6*f.holdoff()-time.Millisecond)))
+	require.True(t, f.mayCrossZone(chunk, true, false, false, now.Add(6*f.holdoff())), "among the first three, it crosses after 2×(rank+1) holdoffs")
+	require.False(t, f.mayCrossZone(chunk, true, true, false, now.Add(time.Hour)), "a zone peer has it")
+	f.givenUp[chunk] = 1
+	require.False(t, f.mayCrossZone(chunk, true, true, false, now), "a zone peer has it, but its copy was given up as too slow")
+	require.True(t, f.mayCrossZone(chunk, true, true, false, now.Add(2*f.holdoff())), "a holdoff per node ranked above")
+	for i := range 64 {
+		if rankOf("me", i, time.Time{}) >= zoneSpares {
+			f.givenUp[i] = 1
+			require.False(t, f.mayCrossZone(i, true, true, false, now))
+			require.False(t, f.mayCrossZone(i, true, false, false, now.Add(time.Hour)), "later in the order, it waits for the zone's copy")
+			break
+		}
+	}
+}
+
 // With zones, the members that take the origin role at once are the first
 // of the zone-aware order: one per zone before a second in any.
 func TestOriginRoleSpreadsOverZones(t *testing.T) {
@@ -195,7 +306,7 @@ func TestZoneEntryFetchesItsCrossingFirst(t *testing.T) {
 		&peerView{name: "far2", zone: "b", known: true, state: state(0b10)},
 		&peerView{name: "far3", zone: "b", known: true, state: state(0b10)},
 	)}
-	require.Equal(t, "me", f.zoneEntry(1, time.Now()), "this node brings chunk 1 into zone a")
+	require.Zero(t, f.zoneRank(1, time.Now()), "this node brings chunk 1 into zone a")
 	chunk, peer := f.pickFromPeers([]int{0, 1}, false)
 	require.Equal(t, 1, chunk, "the chunk only zone b has, though three hold it and one chunk 0")
 	require.Equal(t, "b", peer.zone)
