@@ -105,12 +105,16 @@
 // in as many zones as there are. A supplier in this node's zone beats any
 // outside it, whatever its class. A chunk that only nodes outside the zone
 // have or receive crosses into it through one node, the zone's entry for
-// it: chunk i goes to the (i mod n)th of the n nodes of the zone that fill
-// the blob, in rendezvous order, and asks for such chunks before any
-// other, as its zone waits on them. The others wait for that copy, up to two
-// holdoffs (views differ: the entry may not know it is one), and the last
-// chunks (endgame) cross at once, but for duplicates of chunks the zone
-// has. A blob so enters each zone about once.
+// it: the first for the chunk, by rendezvous hashing, of the zone's nodes
+// that gossip names as filling the blob (in the fill's first Settle, of
+// the zone's members); it asks for such chunks before any other, as its
+// zone waits on them. The k-th node in the chunk's order crosses after k
+// holdoffs of the chunk outside the zone only (views differ: the entry
+// may be gone, or not know it is one); the chunk's first three cross past
+// a zone copy that they gave up as too slow or that has only been on its
+// way for long; the last chunks (endgame) cross at once, but for
+// duplicates of chunks the zone has. A blob so enters each zone about
+// once.
 //
 // Relays: a node receiving a chunk says so in its state, and its chunk
 // server passes the chunk on while it arrives, piece by piece, holding back
