@@ -195,13 +195,7 @@ func TestHelperLeavesAFarSlowerFetcherNothing(t *testing.T) {
 	f, other := twoOriginFetchers(t)
 	f.s.cfg.OriginInFlight = 2
 	f.originTime = time.Second
-	share, _ := f.originShare()
-	var theirs []int
-	for i := range 8 {
-		if i%2 != share {
-			theirs = append(theirs, i)
-		}
-	}
+	theirs := otherShare(f)
 	f.inflight[theirs[3]] = 1
 	paced := func(took time.Duration) {
 		start := time.Now()
@@ -505,6 +499,19 @@ func swarmAt(t *testing.T, names []string, now *time.Time) *Swarm {
 
 // twoOriginFetchers is the plan of an origin fetcher of a blob of 8 chunks,
 // and the view of the other fetcher, which has none yet.
+// otherShare is the chunks of twoOriginFetchers' blob that f leaves to the
+// other fetcher.
+func otherShare(f *plan) []int {
+	share, _ := f.originShare()
+	var theirs []int
+	for i := range 8 {
+		if i%2 != share {
+			theirs = append(theirs, i)
+		}
+	}
+	return theirs
+}
+
 func twoOriginFetchers(t *testing.T) (*plan, *peerView) {
 	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{}, nil, nil)
 	require.NoError(t, err)
@@ -556,13 +563,7 @@ func TestHelperTakesChunksTheOwnerDoesNotFetch(t *testing.T) {
 	f.s.cfg.Now = func() time.Time { return now }
 	f.s.cfg.OriginInFlight = 2
 	f.originTime = time.Second
-	share, _ := f.originShare()
-	var theirs []int
-	for i := range 8 {
-		if i%2 != share {
-			theirs = append(theirs, i)
-		}
-	}
+	theirs := otherShare(f)
 	left := theirs[2:] // fewer than leaveTo: left to the other
 	other.heardAt = now
 	require.Equal(t, -1, f.nextFromOrigin(slices.Clone(left)), "its next chunks are left to it")
