@@ -353,8 +353,8 @@ func (f *plan) nextFromOrigin(missing []int) int {
 
 // unfetched is the highest chunk of another fetcher's share that this
 // node, its own share done, left to that fetcher, and that word from it sent
-// a state lag and two chunk times later shows it neither has nor fetches; or
-// -1. Fetchers that see different sets of fetchers (a ban, a slow gossip)
+// leftWait later, or a state lag and a chunk time per chunk left and two
+// more if that is longer, shows it neither has nor fetches; or -1. Fetchers that see different sets of fetchers (a ban, a slow gossip)
 // split the chunks differently, and a chunk each thinks the other's would
 // wait until the sets agree.
 func (f *plan) unfetched(untaken [][]int, share int, fetchers []string) int {
@@ -366,7 +366,7 @@ func (f *plan) unfetched(untaken [][]int, share int, fetchers []string) int {
 		if j == share || len(left) == 0 {
 			continue // only a followed fetcher's share has untaken chunks
 		}
-		wait := f.stateLag() + 2*max(f.peers.get(fetchers[j]).chunkTime, f.originTime)
+		wait := max(leftWait, f.stateLag()+time.Duration(2+len(left))*max(f.peers.get(fetchers[j]).chunkTime, f.originTime))
 		for _, i := range left {
 			since, seen := f.leftSince[i]
 			if !seen {
@@ -378,6 +378,13 @@ func (f *plan) unfetched(untaken [][]int, share int, fetchers []string) int {
 	}
 	return found
 }
+
+// leftWait is the least time unfetched gives a fetcher to start a chunk it
+// was left. Its next chunks wait on its requests in flight, an origin's
+// answers and its backoff: under load, a fetcher left a chunk had not
+// started it after four of its chunk times, and taking it was a second
+// copy from the origin. A hole in the split waited minutes.
+const leftWait = 5 * time.Second
 
 // farSlower is how many times longer than this node's origin requests a
 // helped fetcher's chunks must take it for the helper to leave it only

@@ -554,8 +554,8 @@ func TestOriginRequestsGoByTheNodesFills(t *testing.T) {
 // Origin fetchers that see different sets of fetchers (a ban, a slow
 // gossip) split the chunks differently: a chunk this node's split gives the
 // other, and the other's split gives someone else, is fetched by none. A
-// helper leaves the other its next chunks, but once word from it sent well
-// after that shows it neither has nor fetches them, it takes them.
+// helper leaves the other its next chunks, but once word from it sent
+// leftWait after that shows it neither has nor fetches them, it takes them.
 func TestHelperTakesChunksTheOwnerDoesNotFetch(t *testing.T) {
 	t.Parallel()
 	f, other := twoOriginFetchers(t)
@@ -568,8 +568,10 @@ func TestHelperTakesChunksTheOwnerDoesNotFetch(t *testing.T) {
 	other.heardAt = now
 	require.Equal(t, -1, f.nextFromOrigin(slices.Clone(left)), "its next chunks are left to it")
 
-	now = now.Add(f.stateLag() + 2*f.originTime)
+	now = now.Add(leftWait)
 	require.Equal(t, -1, f.nextFromOrigin(slices.Clone(left)), "no word from it since")
+	other.heardAt = now.Add(-time.Millisecond)
+	require.Equal(t, -1, f.nextFromOrigin(slices.Clone(left)), "its word was sent before leftWait was up")
 	other.heardAt = now
 	require.Equal(t, left[1], f.nextFromOrigin(slices.Clone(left)), "it said it fetches neither: from the back")
 
