@@ -352,11 +352,12 @@ func (f *plan) nextFromOrigin(missing []int) int {
 }
 
 // unfetched is the highest chunk of another fetcher's share that this
-// node, its own share done, left to that fetcher, and that word from it sent
-// leftWait later, or a state lag and a chunk time per chunk left and two
-// more if that is longer, shows it neither has nor fetches; or -1. Fetchers that see different sets of fetchers (a ban, a slow gossip)
-// split the chunks differently, and a chunk each thinks the other's would
-// wait until the sets agree.
+// node, its own share done, left to that fetcher, and that word from it
+// shows it neither has nor fetches, word sent leftWait after the chunk was
+// left (or a state lag and a chunk time per chunk left and two more, if
+// longer); or -1. Fetchers that see different sets of fetchers (a ban, a
+// slow gossip) split the chunks differently, and a chunk each thinks the
+// other's would wait until the sets agree.
 func (f *plan) unfetched(untaken [][]int, share int, fetchers []string) int {
 	now, found := f.s.cfg.Now(), -1
 	if f.leftSince == nil {

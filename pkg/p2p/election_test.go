@@ -497,8 +497,6 @@ func swarmAt(t *testing.T, names []string, now *time.Time) *Swarm {
 	return s
 }
 
-// twoOriginFetchers is the plan of an origin fetcher of a blob of 8 chunks,
-// and the view of the other fetcher, which has none yet.
 // otherShare is the chunks of twoOriginFetchers' blob that f leaves to the
 // other fetcher.
 func otherShare(f *plan) []int {
@@ -512,6 +510,8 @@ func otherShare(f *plan) []int {
 	return theirs
 }
 
+// twoOriginFetchers is the plan of an origin fetcher of a blob of 8 chunks,
+// and the view of the other fetcher, which has none yet.
 func twoOriginFetchers(t *testing.T) (*plan, *peerView) {
 	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{}, nil, nil)
 	require.NoError(t, err)

@@ -92,7 +92,8 @@ type plan struct {
 	leading     []string  // the first holders in election order (follow)
 	settledOn   []string  // the origin fetchers seen, once the role is settled for this node (settled)
 	fetcherDraw float64   // whether it keeps following them (dropsFetchers)
-	holders     []string  // the holders gossip named at the last follow
+	holders     []string  // the holders gossip named at the last follow, the complete ones first
+	completes   int       // how many of holders are complete
 	followedAt  time.Time // when holders were last looked at
 	leadersAt   time.Time
 	rotatedAt   time.Time

@@ -27,6 +27,18 @@ const rotateEvery = 2 * time.Second
 // always follows: the origin fetchers and the next in line.
 func (f *plan) leaders() int { return f.s.cfg.OriginFetchers + 1 }
 
+// hearHolders keeps the holders gossip names, which Holders lists complete
+// first.
+func (f *plan) hearHolders(holders []Holder) {
+	f.holders, f.completes = f.holders[:0], 0
+	for _, h := range holders {
+		f.holders = append(f.holders, h.Peer)
+		if h.Complete {
+			f.completes++
+		}
+	}
+}
+
 // follow starts to follow holders of the blob that gossip names, within
 // MaxFollowed, at most once per Refresh: the first in election order
 // always, then others at random (complete ones first, then of this node's
@@ -38,14 +50,8 @@ func (f *plan) follow(now time.Time, missing []int) {
 	}
 	f.followedAt = now
 	holders := f.s.dir.Holders(f.d)
-	f.holders = f.holders[:0]
-	complete := 0 // Holders lists the complete first
-	for _, h := range holders {
-		f.holders = append(f.holders, h.Peer)
-		if h.Complete {
-			complete++
-		}
-	}
+	f.hearHolders(holders)
+	complete := f.completes
 	if now.Sub(f.leadersAt) >= f.rankEvery(now) {
 		f.leadersAt = now
 		order := f.electionOrder(append([]string{f.s.dir.LocalName()}, f.holders...))

@@ -86,8 +86,8 @@ type zoneView struct {
 }
 
 // zoneSpares is how many of a chunk's first nodes in its zone's order may
-// fetch it from outside the zone once they gave up copies from inside it
-// as too slow (mayCrossZone).
+// fetch it from outside the zone past a zone copy that is slow: one they
+// gave up, or one only on its way for long (mayCrossZone).
 const zoneSpares = 3
 
 // mayCrossZone reports whether this node may fetch chunk i from outside
@@ -157,9 +157,9 @@ func (f *plan) zoneRank(i int, now time.Time) int {
 }
 
 // zoneNames gathers the zone's nodes that fill the blob: the holders
-// gossip names that are not complete, or, in the fill's first Settle,
-// before gossip names them, the zone's members (one that does not want
-// the blob costs a chunk at most a Settle's wait).
+// gossip named at the last follow that are not complete, or, in the fill's
+// first Settle, before gossip names them, the zone's members (one that
+// does not want the blob costs a chunk at most a Settle's wait).
 func (f *plan) zoneNames(now time.Time) {
 	local := f.s.dir.LocalName()
 	names := []string{local}
@@ -170,9 +170,9 @@ func (f *plan) zoneNames(now time.Time) {
 			}
 		}
 	} else {
-		for _, h := range f.s.dir.Holders(f.d) {
-			if !h.Complete && f.zoneOf(h.Peer) == f.s.cfg.Zone && !f.s.Banned(h.Peer) {
-				names = append(names, h.Peer)
+		for _, name := range f.holders[f.completes:] {
+			if f.zoneOf(name) == f.s.cfg.Zone && !f.s.Banned(name) {
+				names = append(names, name)
 			}
 		}
 	}

@@ -88,6 +88,7 @@ func TestSupplierPrefersItsZone(t *testing.T) {
 	// the zone through one of them.
 	mateChunk, myChunk := -1, -1
 	ranks := &plan{s: s, d: d}
+	ranks.hearHolders(s.dir.Holders(d))
 	for i := range chunks {
 		if ranks.zoneRank(i, time.Now()) == 0 {
 			myChunk = i
@@ -144,6 +145,7 @@ func TestSupplierPrefersItsZone(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			f := &plan{s: s, d: d, inflight: map[int]int{}, asked: map[int][]string{}}
+			f.hearHolders(s.dir.Holders(d))
 			for _, pv := range tc.peers {
 				pv.known = true
 				f.peers.add(pv)
@@ -203,7 +205,9 @@ func TestZoneCrossingsGoByRank(t *testing.T) {
 		view.holders = slices.DeleteFunc(view.holders, func(h Holder) bool { return h.Peer == "gone" })
 		vs, err := NewSwarm(view, nil, SwarmConfig{Zone: "a"}, nil, nil)
 		require.NoError(t, err)
-		return (&plan{s: vs, d: d, start: start}).zoneRank(i, now)
+		f := &plan{s: vs, d: d, start: start}
+		f.hearHolders(view.Holders(d))
+		return f.zoneRank(i, now)
 	}
 	for i := range 16 {
 		var ranks []int
@@ -228,6 +232,7 @@ func TestZoneCrossingsGoByRank(t *testing.T) {
 	}
 	require.GreaterOrEqual(t, chunk, 0)
 	f := &plan{s: s, d: d, givenUp: map[int]int{}}
+	f.hearHolders(dir.Holders(d))
 	require.False(t, f.mayCrossZone(chunk, false, false, false, now), "first seen outside only")
 	require.False(t, f.mayCrossZone(chunk, false, false, false, now.Add(2*maxHoldoff-time.Millisecond)), "third: no chunk has come yet")
 	require.True(t, f.mayCrossZone(chunk, false, false, false, now.Add(2*maxHoldoff)), "two holdoffs on")
