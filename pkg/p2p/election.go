@@ -131,7 +131,7 @@ func (f *plan) decideOrigin() {
 	}
 	// Until every holder's chunk state has been read, one of them may
 	// already be the origin fetcher; wait for it, within reason.
-	if unknown > 0 && f.s.cfg.Now().Sub(f.start) < turn+5*f.s.cfg.Settle {
+	if unknown > 0 && f.s.cfg.Now().Sub(f.start) < turn+f.holdersWait() {
 		return
 	}
 	if alone || f.s.cfg.Now().Sub(f.start) >= turn {
@@ -265,21 +265,16 @@ func (f *plan) originShare() (share int, fetchers []string) {
 		}
 	}
 	// Right after taking the role, the nodes that took it within Settle
-	// of it (the first in rendezvous order) may not have said so yet:
-	// each counts for Settle, and then until word from it sent after
-	// that says otherwise, within a state read's wait. Word, not time
-	// alone: on a busy node state answers lag by more than Settle, and a
-	// fetcher dropped from the split before its word arrives has its
-	// chunks fetched twice.
-	if waited := f.s.cfg.Now().Sub(f.originSince); waited < f.s.cfg.Settle+stateWait {
+	// of it (the first in rendezvous order) may not have said so yet
+	// (mayTakeOrigin).
+	if waited := f.s.cfg.Now().Sub(f.originSince); waited < f.holdersWait()+stateWait {
 		if f.originAtOnce {
 			// It did not wait to learn who wants the blob: the other
 			// first members may, and not be followed yet.
 			candidates = slices.DeleteFunc(f.withMembers(f.s.dir.Members()), f.s.Banned)
 		}
 		for _, name := range f.electionOrder(candidates)[:min(len(candidates), f.s.cfg.OriginFetchers)] {
-			if !slices.Contains(fetching, name) &&
-				(waited < f.s.cfg.Settle || !f.heardSince(name, f.originSince.Add(f.s.cfg.Settle))) {
+			if !slices.Contains(fetching, name) && f.mayTakeOrigin(name, waited) {
 				fetching = append(fetching, name)
 			}
 		}
@@ -287,6 +282,32 @@ func (f *plan) originShare() (share int, fetchers []string) {
 	order := rendezvous(f.d, fetching)
 	return slices.Index(order, local), order
 }
+
+// mayTakeOrigin reports whether name, ranked among the first candidates
+// and not seen fetching, may still take the origin role, waited after
+// this node took it: it counts for Settle, and then until word from it
+// sent after that says otherwise, within a state read's wait. Word, not
+// time alone: on a busy node state answers lag by more than Settle, and a
+// fetcher dropped from the split before its word arrives has its chunks
+// fetched twice. Word that it fills the blob but has not taken the role
+// yet is no such word while it may wait on the holders it has not heard
+// (decideOrigin's holdersWait).
+func (f *plan) mayTakeOrigin(name string, waited time.Duration) bool {
+	settle := f.s.cfg.Settle
+	if waited < settle {
+		return true
+	}
+	if !f.heardSince(name, f.originSince.Add(settle)) {
+		return waited < settle+stateWait
+	}
+	pv := f.peers.get(name)
+	return pv != nil && pv.known && !pv.silent && !pv.state.Complete && waited < f.holdersWait()+stateWait
+}
+
+// holdersWait is how long decideOrigin waits, past a node's turn, to read
+// the state of every holder gossip names: one of them may fetch the blob
+// already, or hold it whole.
+func (f *plan) holdersWait() time.Duration { return 5 * f.s.cfg.Settle }
 
 // nextFromOrigin is the chunk this node fetches next from the origin, or
 // -1: the lowest missing chunk of its origin share that it has not in
@@ -398,9 +419,12 @@ const farSlower = 4
 // One far slower (a slow downlink) starts its next requests many seconds
 // apart, and would take what it is left at its pace while every node
 // waits: it is left what it starts within a state lag, most often none.
+// States time no chunk finer than a state lag (a chunk quicker than that
+// is mostly seen held at once, and left untimed), so a fetcher is judged
+// far slower only beyond it.
 func (f *plan) leaveTo(fetcher string) int {
 	n := f.originRequests()
-	if pv := f.peers.get(fetcher); pv != nil && pv.chunkTime > farSlower*f.originTime {
+	if pv := f.peers.get(fetcher); pv != nil && pv.chunkTime > max(farSlower*f.originTime, f.stateLag()) {
 		return int(math.Round(float64(n) * f.stateLag().Seconds() / pv.chunkTime.Seconds()))
 	}
 	return n * (1 + int(f.stateLag()/f.originTime))

@@ -212,6 +212,15 @@ func TestHelperLeavesAFarSlowerFetcherNothing(t *testing.T) {
 	paced(30 * time.Second)
 	require.Equal(t, (3*3*time.Second+30*time.Second)/4, other.chunkTime, "a moving average")
 	require.Equal(t, theirs[2], f.nextFromOrigin(slices.Clone(theirs)), "far slower: helped to its last chunk")
+
+	// States time no chunk finer than a state lag: over a fast origin, a
+	// fetcher seen to take 80 ms a chunk may take 2 ms, as fast as this one.
+	f.originTime, other.chunkTime, f.s.cfg.OriginInFlight = 2*time.Millisecond, 0, 1
+	paced(80 * time.Millisecond)
+	require.Less(t, 80*time.Millisecond, f.stateLag())
+	other.state.Have, other.state.Fetching = []byte{0}, nil
+	delete(f.inflight, theirs[3])
+	require.Equal(t, -1, f.nextFromOrigin(slices.Clone(theirs)), "no finer than a state lag: not known far slower")
 }
 
 // A peer whose state read fails claims nothing: neither the origin role
@@ -433,6 +442,9 @@ func TestOriginRoleByTurnWaitsForWordFromAbove(t *testing.T) {
 // answers a state read sent after that: a busy node's answers lag by more
 // than Settle, and dropping a fetcher from the split early fetches its
 // chunks twice. Without an answer it is dropped after a state read's wait.
+// An answer that it fills the blob but has not taken the role does not
+// drop it while it may wait on holders it has not heard; one that it holds
+// none, or an error, does.
 func TestFirstMembersCountEachOtherUntilWordSaysOtherwise(t *testing.T) {
 	t.Parallel()
 	names := []string{"me", "a", "b"}
@@ -443,31 +455,40 @@ func TestFirstMembersCountEachOtherUntilWordSaysOtherwise(t *testing.T) {
 	f := &plan{s: s, desc: desc, d: desc.Digest, chunkSize: testChunk, chunks: 8, start: start,
 		peers:  peersOf(&peerView{name: other, chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{}}),
 		absent: map[string]time.Time{}, maxInFlight: 8}
-	answer := func(sent time.Time) {
+	answer := func(sent time.Time, err error) {
 		pv := f.peers.get(other)
 		pv.reading, pv.readAt = true, sent
-		f.updateState(stateResult{peer: other, state: PeerState{
+		f.updateState(stateResult{peer: other, err: err, state: PeerState{
 			ChunkState: cache.ChunkState{Size: desc.Size, ChunkSize: testChunk, Have: []byte{0}}}})
 	}
 	fetchers := func() []string {
 		_, names := f.originShare()
 		return names
 	}
-	answer(start)
+	answer(start, nil)
 	f.decideOrigin()
 	require.True(t, f.originRole)
 	require.True(t, f.useOrigin(), "first of all members: at once")
 	require.Len(t, fetchers(), 2, "within Settle it counts, though it says it does not fetch")
 	now = start.Add(s.cfg.Settle)
 	require.Len(t, fetchers(), 2, "no word since Settle")
-	answer(start.Add(s.cfg.Settle - time.Millisecond))
+	answer(start.Add(s.cfg.Settle-time.Millisecond), nil)
 	require.Len(t, fetchers(), 2, "word from a read sent before Settle ended")
-	answer(start.Add(s.cfg.Settle))
-	require.Equal(t, []string{"me"}, fetchers(), "it said it does not fetch, after Settle")
 
 	f.peers.get(other).heardAt = start // its word lost
 	now = start.Add(s.cfg.Settle + stateWait)
 	require.Equal(t, []string{"me"}, fetchers(), "no word for a state read's wait")
+
+	answer(start.Add(s.cfg.Settle), nil)
+	require.Len(t, fetchers(), 2, "it fills the blob, and may wait on holders it has not heard")
+	now = start.Add(f.holdersWait() + stateWait)
+	require.Equal(t, []string{"me"}, fetchers(), "it did not take the role while it may have waited")
+
+	now = start.Add(s.cfg.Settle + stateWait)
+	answer(start.Add(s.cfg.Settle), errors.New("connection refused"))
+	require.Equal(t, []string{"me"}, fetchers(), "it did not answer, after Settle")
+	answer(start.Add(s.cfg.Settle), errNotHeld)
+	require.Equal(t, []string{"me"}, fetchers(), "it holds none, after Settle")
 }
 
 // clusterOf is a cluster of names, the first of them the local node.
@@ -578,4 +599,18 @@ func TestHelperTakesChunksTheOwnerDoesNotFetch(t *testing.T) {
 	f.inflight[left[1]] = 1
 	other.state.Fetching = setBit(nil, left[0], true)
 	require.Equal(t, -1, f.nextFromOrigin(slices.Clone(left)), "it fetches the other one")
+}
+
+// One origin request stalled (the agent's CPU quota throttled it) moves
+// the origin pace four times its average at most, and a real slowdown
+// still shows within a few requests.
+func TestOriginPaceBoundsAStall(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, 500*time.Microsecond, originPace(0, 2*time.Millisecond), "the first request")
+	pace := originPace(2*time.Millisecond, 200*time.Millisecond)
+	require.Equal(t, (3*2+8)*time.Millisecond/4, pace, "a stall counts four times the average")
+	for range 6 {
+		pace = originPace(pace, 200*time.Millisecond)
+	}
+	require.Greater(t, pace, 50*time.Millisecond, "a slower origin shows")
 }

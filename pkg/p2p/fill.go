@@ -26,6 +26,7 @@ type peerView struct {
 	reading   bool      // a state request is in flight
 	readAt    time.Time
 	heardAt   time.Time // when the last read answered (with a state or an error) was sent
+	silent    bool      // the last read answered with an error, not a state
 	inflight  int
 	failures  int
 	busyTill  time.Time
@@ -267,7 +268,7 @@ func (f *plan) updateState(r stateResult) {
 	if pv == nil {
 		return
 	}
-	pv.reading, pv.heardAt = false, pv.readAt
+	pv.reading, pv.heardAt, pv.silent = false, pv.readAt, r.err != nil
 	if errors.Is(r.err, errNotHeld) && pv.inflight == 0 {
 		f.peers.remove(r.peer)
 		f.absent[r.peer] = f.s.cfg.Now()
@@ -323,6 +324,18 @@ func fetcherPace(pv *peerView, i int, now time.Time) {
 		pv.chunkTime = took
 		delete(pv.fetchSeen, i)
 	}
+}
+
+// originPace folds an origin request's time into avg, a moving average in
+// which one request counts for at most four times avg: a process stalled
+// by its CPU quota times one request at a hundred times the others, and
+// helping origin fetchers (leaveTo) then took the chunks a fetcher far
+// faster than that was about to ask for.
+func originPace(avg, took time.Duration) time.Duration {
+	if avg > 0 {
+		took = min(took, 4*avg)
+	}
+	return (3*avg + took) / 4
 }
 
 // schedule decides requests until the limits are reached, and books each
@@ -543,7 +556,7 @@ func (f *plan) handle(r chunkResult) error {
 		}
 		if r.peer == "" {
 			f.originFailures, f.originHeard = 0, f.s.cfg.Now()
-			f.originTime = (3*f.originTime + r.took) / 4
+			f.originTime = originPace(f.originTime, r.took)
 		}
 		return nil
 	}
