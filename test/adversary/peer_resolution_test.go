@@ -57,15 +57,6 @@ func weightdBinary(t *testing.T) string {
 	return weightdBin
 }
 
-// freeAddr is a loopback address with a port nothing listens on now.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // startPeerAgent runs `weightd agent` named name on loopback gossip,
 // joining through join, resolving hf:// references on hub, and waits until
 // it is ready.

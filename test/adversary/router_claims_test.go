@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"net"
 	"strconv"
 	"testing"
 	"time"
@@ -166,15 +165,5 @@ func gossipEvents(t *testing.T, reg *prometheus.Registry) float64 {
 			}
 		}
 	}
-	return n
-}
-
-// freePort is a loopback port nothing listens on now.
-func freePort(t *testing.T) int {
-	t.Helper()
-	_, port, err := net.SplitHostPort(freeAddr(t))
-	require.NoError(t, err)
-	n, err := strconv.Atoi(port)
-	require.NoError(t, err)
 	return n
 }
