@@ -163,15 +163,16 @@ func (l *logRecorder) mark() int {
 	return len(l.records)
 }
 
-// foundDead reports whether memberlist logged, after mark, that its probes
-// found node dead (suspected, then marked failed) rather than seeing it
-// leave. Suspicions before mark are left out: a starved node's late acks
-// can have it suspected while it runs.
+// foundDead reports whether memberlist logged, after mark, that its
+// probes found node dead (its suspicion timed out: "Marking … as failed")
+// rather than seeing it leave. A suspicion alone is no such finding: a
+// probe in flight as the node leaves goes unanswered, and on a loaded
+// machine it times out before the leave is read, which then settles it.
 func (l *logRecorder) foundDead(node string, mark int) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return slices.ContainsFunc(l.records[mark:], func(r string) bool {
-		return strings.Contains(r, "Suspect "+node+" has failed") || strings.Contains(r, "Marking "+node+" as failed")
+		return strings.Contains(r, "Marking "+node+" as failed")
 	})
 }
 
