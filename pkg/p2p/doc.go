@@ -44,7 +44,9 @@
 //
 // Origin shares: the fetchers split the chunks: chunk i is share i mod the
 // number of fetchers, in rendezvous order (a first member that may have
-// taken the role counts for Settle, then until its word says otherwise);
+// taken the role counts for Settle, then until its word says otherwise:
+// that it holds none, or, once it can no longer be waiting on holders'
+// states, that it fills the blob but does not fetch);
 // each fetches the lowest chunk of its share that no peer has or receives,
 // and once done helps the fetcher with the most left from the back of
 // that share. It keeps 3 requests in flight to the origin while the fill
