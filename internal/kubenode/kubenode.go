@@ -21,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/weightd/weightd/internal/freeport"
 	"github.com/weightd/weightd/internal/kubetest"
 	"github.com/weightd/weightd/internal/services"
 )
@@ -213,7 +214,7 @@ func (n *Node) StartKubelet(ctx context.Context) error {
 	if err := makeCgroups(n.cgroupRoot()); err != nil {
 		return err
 	}
-	port, err := freePort()
+	port, err := freeport.Port("127.0.0.1")
 	if err != nil {
 		return err
 	}
@@ -426,15 +427,6 @@ func (n *Node) LogTail() string {
 		b = b[len(b)-8192:]
 	}
 	return string(b)
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func fnv32(s string) uint32 {

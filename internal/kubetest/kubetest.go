@@ -26,6 +26,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/weightd/weightd/internal/freeport"
 )
 
 // Config says how to start an Env. The zero Config is a fine default: an
@@ -189,7 +191,7 @@ func Start(ctx context.Context, cfg Config) (_ *Env, err error) {
 // one), makes the admin's client and kubeconfig for it and starts it.
 func (e *Env) startAPIServerOnPort(ctx context.Context) (err error) {
 	if e.port = e.cfg.Port; e.port == 0 {
-		ports, perr := freePorts(e.bind, 1)
+		ports, perr := freeport.Ports(e.bind, 1)
 		if perr != nil {
 			return perr
 		}
@@ -343,7 +345,7 @@ func (e *Env) apiserverArgs() []string {
 }
 
 func (e *Env) startEtcd(ctx context.Context) error {
-	ports, err := freePorts("127.0.0.1", 2)
+	ports, err := freeport.Ports("127.0.0.1", 2)
 	if err != nil {
 		return err
 	}
@@ -550,22 +552,6 @@ func fnv32(s string) uint32 {
 		h *= 16777619
 	}
 	return h
-}
-
-// freePorts returns n distinct TCP ports on addr that nothing listens on
-// now. Each is held until all are chosen: one closed at once can come back
-// from the next ask.
-func freePorts(addr string, n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
-		if err != nil {
-			return nil, fmt.Errorf("kubetest: finding a free port on %s: %w", addr, err)
-		}
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 // proc is a started process whose output goes to a log file.

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/weightd/weightd/internal/freeport"
 )
 
 // RegistryBinary is Debian's docker-registry (distribution 2.8).
@@ -119,7 +121,7 @@ func (r *Registry) Start(ctx context.Context) error {
 	}
 	var last error
 	for range 3 { // the free port may be taken between probe and bind
-		port, err := freePort()
+		port, err := freeport.Port("127.0.0.1")
 		if err != nil {
 			return err
 		}

@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
+	"github.com/weightd/weightd/internal/freeport"
 	"github.com/weightd/weightd/internal/hubtest"
 	"github.com/weightd/weightd/internal/imagebuild"
 	"github.com/weightd/weightd/internal/kubenode"
@@ -140,7 +141,8 @@ func newCluster(t *testing.T, ctx context.Context) *cluster {
 		require.NoError(t, c.node.ImportArchive(ctx, archive))
 	}
 
-	ports := freePorts(t, 4)
+	ports, err := freeport.Ports("127.0.0.1", 4)
+	require.NoError(t, err)
 	c.metricsPort, c.gossipPort, c.chunkPort = ports[0], ports[1], ports[2]
 	values := map[string]any{
 		"image": map[string]any{"repository": imageRepo, "tag": c.tags[0], "pullPolicy": "Never"},
@@ -304,34 +306,6 @@ func (c *cluster) cacheBlobs(t *testing.T) map[string]int64 {
 	})
 	require.NoError(t, err)
 	return out
-}
-
-// freePorts returns n distinct ports free on loopback for TCP and UDP (the
-// gossip port takes both). It holds each until all are chosen: a port closed
-// at once can come back from the next ask, as it once did on CI.
-func freePorts(t *testing.T, n int) []int {
-	t.Helper()
-	var ports []int
-	var held []io.Closer
-	defer func() {
-		for _, c := range held {
-			c.Close()
-		}
-	}()
-	for tries := 0; len(ports) < n; tries++ {
-		require.Less(t, tries, 10*n, "no %d free ports on loopback", n)
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		held = append(held, l)
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		if err != nil {
-			continue
-		}
-		held = append(held, u)
-		ports = append(ports, port)
-	}
-	return ports
 }
 
 func apiPort(t *testing.T, host string) string {
