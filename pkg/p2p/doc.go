@@ -139,12 +139,14 @@
 // blob is checked again.
 //
 // Stall watchdog: a request to a peer has a deadline of a few seconds plus
-// the chunk at MinRate, and a transfer ends sooner once no byte has come
-// for five seconds; one that brought bytes too slowly marks its peer slow,
-// not failing. A copy from a peer that two seconds on comes at under a
-// sixteenth of this node's measured downlink is given up the same way, and
-// asked elsewhere (CopyTooSlow), twice per chunk at most and never an
-// origin fetcher's. A request to the origin has no deadline, only the stall:
+// the chunk at MinRate for each blob the node fills at once, and a
+// transfer ends sooner once no byte has come for five seconds; one that
+// brought bytes too slowly marks its peer slow, not failing. A copy from a
+// peer that two seconds on comes at under a sixteenth of this node's
+// measured downlink is given up the same way, and asked elsewhere
+// (CopyTooSlow), twice per chunk at most, never an origin fetcher's, and
+// not while the node fills several blobs, whose copies share its downlink.
+// A request to the origin has no deadline, only the stall:
 // cutting a busy origin's slow transfer would cost its bytes again.
 // DownloadLimit paces all transfers together, streams from the origin
 // outside the swarm included (Paced).

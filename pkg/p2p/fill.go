@@ -399,9 +399,12 @@ func (f *plan) book(i int, pv *peerView) request {
 // origin paces, and only maxGiveUps times per chunk. The copies asked for
 // after them are waited for however slowly they come, so that a chunk
 // whose every source is slow (one slow holder of a blob, no origin
-// fetcher) still comes.
+// fetcher) still comes. None while the node fills other blobs too: its
+// downlink is shared among all their copies, slow copies are the norm,
+// and one given up throws its bytes away to fetch them again over the
+// same full link (docs/swarm-tuning.md).
 func (f *plan) mayGiveUp(i int, pv *peerView) bool {
-	return !pv.state.Origin && f.givenUp[i] < maxGiveUps
+	return !pv.state.Origin && f.givenUp[i] < maxGiveUps && f.s.fills.Load() <= 1
 }
 
 // maxGiveUps is how many copies of one chunk may be given up as too slow.

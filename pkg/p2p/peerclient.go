@@ -26,9 +26,13 @@ var (
 )
 
 // requestTimeout bounds one request for n bytes: n at the slowest
-// acceptable rate, and a few seconds to start.
+// acceptable rate for each of the node's fills, which share its downlink,
+// and a few seconds to start. A deadline for one fill ended copies of an
+// image's layers that were nearly whole, and their bytes came again over
+// a full link (docs/swarm-tuning.md).
 func (s *Swarm) requestTimeout(n int64) time.Duration {
-	return 5*time.Second + time.Duration(n*int64(time.Second)/s.cfg.MinRate)
+	fills := max(1, int64(s.fills.Load()))
+	return 5*time.Second + time.Duration(n*fills*int64(time.Second)/s.cfg.MinRate)
 }
 
 // stateWait is how long a state request may wait for news at the peer.
@@ -358,10 +362,10 @@ const (
 // busy sender, or relays one that does, and would hold this node, and
 // every peer relaying from it, for many chunks' time: it is given up
 // (errSlow) and asked of another holder. Under load a sixteenth of the
-// downlink is no normal share: a node has eight requests in flight at most,
-// a server twelve uploads. The plan says which copies may be given up
-// (mayGiveUp): not an origin fetcher's, which the origin paces, and at
-// most maxGiveUps per chunk. The simulation applies the same rule, its
+// downlink is no normal share: one fill has eight requests in flight at
+// most, a server twelve uploads. The plan says which copies may be given
+// up (mayGiveUp): not an origin fetcher's, which the origin paces, at most
+// maxGiveUps per chunk, and none while the node fills several blobs. The simulation applies the same rule, its
 // receiver's link standing for the downlink the agent measures.
 func CopyTooSlow(got int64, running time.Duration, downlink float64) bool {
 	return downlink > 0 && running >= slowCopyAfter && float64(got) < downlink/slowCopyShare*running.Seconds()

@@ -117,6 +117,22 @@ func TestTooSlowCopyIsGivenUp(t *testing.T) {
 	}
 }
 
+// A request's deadline gives each of the node's fills the slowest
+// acceptable rate: with four blobs filling at once, a copy comes at a
+// quarter of the pace it would alone, and a deadline for one fill ended
+// copies that were nearly whole.
+func TestRequestDeadlineGrowsWithTheFills(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(nil, nil, SwarmConfig{MinRate: 1 << 20}, nil, nil)
+	require.NoError(t, err)
+	s.fills.Store(1)
+	require.Equal(t, 5*time.Second+2*time.Second, s.requestTimeout(2<<20))
+	s.fills.Store(4)
+	require.Equal(t, 5*time.Second+8*time.Second, s.requestTimeout(2<<20))
+	s.fills.Store(0) // a small blob fetched outside any fill
+	require.Equal(t, 5*time.Second+2*time.Second, s.requestTimeout(2<<20))
+}
+
 // A transfer ends once no byte has come for stallTimeout, long before its
 // deadline: as slow when some bytes came, as failed when none did.
 func TestStalledTransferEndsEarly(t *testing.T) {

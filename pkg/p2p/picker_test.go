@@ -234,3 +234,20 @@ func TestSlowCopyIsGivenUpAFewTimesPerChunk(t *testing.T) {
 	require.False(t, f.book(0, holder).slowEnds, "chunk 0 was given up enough")
 	require.True(t, f.book(1, holder).slowEnds)
 }
+
+// While a node fills several blobs at once (an image's layers), no copy is
+// given up as slow: its downlink is shared among all their copies, so slow
+// copies are the norm, and one given up throws its bytes away to fetch them
+// again over the same full link. With the other fills done, the rule is back.
+func TestNoCopyIsGivenUpWhileSeveralBlobsFill(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	holder := &peerView{name: "holder", known: true, state: PeerState{
+		ChunkState: cache.ChunkState{Size: 2 * testChunk, ChunkSize: testChunk, Have: []byte{0b11}}}}
+	f := &plan{s: s, maxInFlight: 8, inflight: map[int]int{}, asked: map[int][]string{}, peers: peersOf(holder)}
+	s.fills.Store(4)
+	require.False(t, f.book(0, holder).slowEnds, "four fills at once")
+	s.fills.Store(1)
+	require.True(t, f.book(1, holder).slowEnds, "this fill alone")
+}

@@ -60,7 +60,7 @@ type SwarmConfig struct {
 	// suppliers to ask), so that a simulation's seed repeats its run;
 	// nil is the runtime's.
 	Rand          rand.Source
-	MinRate       int64 // the slowest acceptable transfer, bytes/s: request timeouts scale with it (default 256 KiB/s; a transfer that stalls for 5 s ends sooner)
+	MinRate       int64 // the slowest acceptable transfer of one fill, bytes/s: request timeouts scale with it and with the fills running (default 256 KiB/s; a transfer that stalls for 5 s ends sooner)
 	DownloadLimit int64 // bytes/s for all chunk downloads together; 0 means no limit
 	// OriginLimit is bytes/s each origin may send the whole cluster, the
 	// same on every node; each paces its reads of an origin at its part of
