@@ -365,8 +365,9 @@ const (
 // downlink is no normal share: one fill has eight requests in flight at
 // most, a server twelve uploads. The plan says which copies may be given
 // up (mayGiveUp): not an origin fetcher's, which the origin paces, at most
-// maxGiveUps per chunk, and none while the node fills several blobs. The simulation applies the same rule, its
-// receiver's link standing for the downlink the agent measures.
+// maxGiveUps per chunk, and none while the node fills several blobs. The
+// simulation applies the same rule, its receiver's link standing for the
+// downlink the agent measures.
 func CopyTooSlow(got int64, running time.Duration, downlink float64) bool {
 	return downlink > 0 && running >= slowCopyAfter && float64(got) < downlink/slowCopyShare*running.Seconds()
 }
