@@ -139,7 +139,8 @@
 // blob is checked again.
 //
 // Stall watchdog: a request to a peer has a deadline of a few seconds plus
-// the chunk at MinRate for each blob the node fills at once, and a
+// the chunk at MinRate for each blob the node fills at once (four times
+// that for a relayed copy, which comes at its upstream's pace), and a
 // transfer ends sooner once no byte has come for five seconds; one that
 // brought bytes too slowly marks its peer slow, not failing. A copy from a
 // peer that two seconds on comes at under a sixteenth of this node's

@@ -454,7 +454,7 @@ func (f *fill) launchPeer(ctx context.Context, i int, pv *peerView, slowEnds boo
 		want = f.trustedHash(i, pv.name, pv.state.Hash(i))
 	}
 	n := f.p.ChunkLen(i)
-	timeout := f.timeout(i)
+	timeout := f.s.requestTimeout(n, relay)
 	toPeer := f.s.requestCounter(pv.name)
 	f.wg.Add(1)
 	go func(name, addr string) {
@@ -490,9 +490,6 @@ func (f *fill) launchOrigin(ctx context.Context, i int) {
 		f.report(ctx, chunkResult{chunk: i, err: err, bytes: n, took: f.s.cfg.Now().Sub(start)})
 	}()
 }
-
-// timeout bounds one request for chunk i.
-func (f *fill) timeout(i int) time.Duration { return f.s.requestTimeout(f.p.ChunkLen(i)) }
 
 // settle ends the transfer of chunk i into c: its relays complete if it
 // was written, and end short if not.

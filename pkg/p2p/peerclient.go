@@ -29,11 +29,24 @@ var (
 // acceptable rate for each of the node's fills, which share its downlink,
 // and a few seconds to start. A deadline for one fill ended copies of an
 // image's layers that were nearly whole, and their bytes came again over
-// a full link (docs/swarm-tuning.md).
-func (s *Swarm) requestTimeout(n int64) time.Duration {
+// a full link (docs/swarm-tuning.md). A relayed copy (relay: the peer is
+// still receiving the chunk) gets relayDeadlines times that.
+func (s *Swarm) requestTimeout(n int64, relay bool) time.Duration {
 	fills := max(1, int64(s.fills.Load()))
-	return 5*time.Second + time.Duration(n*fills*int64(time.Second)/s.cfg.MinRate)
+	d := 5*time.Second + time.Duration(n*fills*int64(time.Second)/s.cfg.MinRate)
+	if relay {
+		d *= relayDeadlines
+	}
+	return d
 }
+
+// relayDeadlines is how many whole-chunk deadlines a relayed copy has. A
+// relay passes bytes on as they reach it, at its upstream's pace and at
+// last the origin's, which a busy origin divides among every fetcher's
+// requests: ended at one deadline with most of the chunk in hand, the
+// copy was asked again of another relay of the same upstream, no faster.
+// The bound stays, so that a peer cannot hold a request by trickling.
+const relayDeadlines = 4
 
 // stateWait is how long a state request may wait for news at the peer.
 const stateWait = time.Second

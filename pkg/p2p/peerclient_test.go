@@ -126,11 +126,26 @@ func TestRequestDeadlineGrowsWithTheFills(t *testing.T) {
 	s, err := NewSwarm(nil, nil, SwarmConfig{MinRate: 1 << 20}, nil, nil)
 	require.NoError(t, err)
 	s.fills.Store(1)
-	require.Equal(t, 5*time.Second+2*time.Second, s.requestTimeout(2<<20))
+	require.Equal(t, 5*time.Second+2*time.Second, s.requestTimeout(2<<20, false))
 	s.fills.Store(4)
-	require.Equal(t, 5*time.Second+8*time.Second, s.requestTimeout(2<<20))
+	require.Equal(t, 5*time.Second+8*time.Second, s.requestTimeout(2<<20, false))
 	s.fills.Store(0) // a small blob fetched outside any fill
-	require.Equal(t, 5*time.Second+2*time.Second, s.requestTimeout(2<<20))
+	require.Equal(t, 5*time.Second+2*time.Second, s.requestTimeout(2<<20, false))
+}
+
+// A relayed copy comes at its relay's upstream pace, down to the origin's
+// pace for a chunk still on its way from there: its deadline is
+// relayDeadlines times a whole chunk's, and still bounded, so that a peer
+// cannot hold a request by trickling bytes.
+func TestRelayedCopyHasALongerDeadline(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(nil, nil, SwarmConfig{MinRate: 1 << 20}, nil, nil)
+	require.NoError(t, err)
+	s.fills.Store(2)
+	whole := s.requestTimeout(2<<20, false)
+	require.Equal(t, 5*time.Second+4*time.Second, whole)
+	require.Equal(t, relayDeadlines*whole, s.requestTimeout(2<<20, true))
+	require.Greater(t, relayDeadlines, 1)
 }
 
 // A transfer ends once no byte has come for stallTimeout, long before its

@@ -328,7 +328,7 @@ func (s *Swarm) fillSmall(ctx context.Context, p *cache.Partial, origin Origin) 
 		return fmt.Errorf("%w: digest %s", content.ErrInvalid, d)
 	}
 	n := p.ChunkLen(0)
-	timeout := s.requestTimeout(n)
+	timeout := s.requestTimeout(n, false)
 	for _, h := range s.dir.Holders(d) {
 		if !h.Complete || h.Peer == s.dir.LocalName() || s.Banned(h.Peer) {
 			continue
