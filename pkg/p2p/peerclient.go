@@ -40,12 +40,10 @@ func (s *Swarm) requestTimeout(n int64, relay bool) time.Duration {
 	return d
 }
 
-// relayDeadlines is how many whole-chunk deadlines a relayed copy has. A
-// relay passes bytes on as they reach it, at its upstream's pace and at
-// last the origin's, which a busy origin divides among every fetcher's
-// requests: ended at one deadline with most of the chunk in hand, the
-// copy was asked again of another relay of the same upstream, no faster.
-// The bound stays, so that a peer cannot hold a request by trickling.
+// relayDeadlines is how many whole-chunk deadlines a relayed copy has: it
+// comes at its upstream's pace, at last a busy origin's, and another relay
+// of the same upstream would be no faster. Bounded still, so that a peer
+// cannot hold a request by trickling bytes.
 const relayDeadlines = 4
 
 // stateWait is how long a state request may wait for news at the peer.
