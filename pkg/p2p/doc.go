@@ -99,7 +99,8 @@
 // Endgame: once every missing chunk is asked for and no more are left than
 // the fill's request limit, each may get one duplicate request to another
 // peer than the first; those still running when the blob is complete are
-// cancelled.
+// cancelled. None while the node fills other blobs too, whose chunks share
+// its downlink.
 //
 // Zones: each node tells its zone (NodeMeta.Zone; "" without one, all
 // such nodes one zone). The election's order puts each zone's first node

@@ -54,9 +54,14 @@ func (f *plan) pickWanted(missing []int, chunkSize int64) (int, *peerView) {
 // best such peer (supplyRank, then the least loaded); -1 if none. Of
 // chunks equally rare, a blob a reader streams takes the first: those only
 // one node holds whole then come from it about in order, and the reader's
-// prefix follows the fill rather than waiting for its end.
+// prefix follows the fill rather than waiting for its end. No endgame
+// while the node fills other blobs too: its downlink carries their chunks,
+// and a duplicate would take its bytes from them.
 func (f *plan) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 	if endgame {
+		if f.s.fills.Load() > 1 {
+			return -1, nil
+		}
 		for _, i := range missing {
 			if f.inflight[i] == 0 {
 				return -1, nil // not the endgame yet: some chunk is not even asked for

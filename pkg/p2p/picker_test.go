@@ -251,3 +251,26 @@ func TestNoCopyIsGivenUpWhileSeveralBlobsFill(t *testing.T) {
 	s.fills.Store(1)
 	require.True(t, f.book(1, holder).slowEnds, "this fill alone")
 }
+
+// While a node fills several blobs at once, no endgame duplicate is asked:
+// the node's downlink carries the other fills' chunks, and a duplicate
+// takes its bytes from them. The last fill running has its endgame.
+func TestNoEndgameWhileSeveralBlobsFill(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	holder := func(name string) *peerView {
+		return &peerView{name: name, known: true,
+			state: PeerState{ChunkState: cache.ChunkState{Size: testChunk, ChunkSize: testChunk, Have: []byte{0b1}}}}
+	}
+	a, b := holder("a"), holder("b")
+	f := &plan{s: s, maxInFlight: 8, inflight: map[int]int{}, asked: map[int][]string{}, peers: peersOf(a, b)}
+	f.book(0, a)
+	s.fills.Store(4)
+	chunk, _ := f.pickFromPeers([]int{0}, true)
+	require.Equal(t, -1, chunk, "four fills at once")
+	s.fills.Store(1)
+	chunk, peer := f.pickFromPeers([]int{0}, true)
+	require.Equal(t, 0, chunk, "this fill alone")
+	require.Equal(t, "b", peer.name)
+}
