@@ -196,11 +196,7 @@ func TestEndgameDuplicateAvoidsThePeersInFlight(t *testing.T) {
 	t.Parallel()
 	s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
 	require.NoError(t, err)
-	holder := func(name string) *peerView {
-		return &peerView{name: name, known: true,
-			state: PeerState{ChunkState: cache.ChunkState{Size: 2 * testChunk, ChunkSize: testChunk, Have: []byte{0b01}}}}
-	}
-	a, b, c := holder("a"), holder("b"), holder("c")
+	a, b, c := chunkHolder("a", 2, 0b01), chunkHolder("b", 2, 0b01), chunkHolder("c", 2, 0b01)
 	c.state.Sent = []byte{0b01} // b is nearer (supplyRank): c passed chunk 0 on already
 	f := &plan{s: s, maxInFlight: 8, inflight: map[int]int{}, asked: map[int][]string{}, peers: peersOf(a, b, c)}
 	f.book(0, a)
@@ -259,11 +255,7 @@ func TestNoEndgameWhileSeveralBlobsFill(t *testing.T) {
 	t.Parallel()
 	s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
 	require.NoError(t, err)
-	holder := func(name string) *peerView {
-		return &peerView{name: name, known: true,
-			state: PeerState{ChunkState: cache.ChunkState{Size: testChunk, ChunkSize: testChunk, Have: []byte{0b1}}}}
-	}
-	a, b := holder("a"), holder("b")
+	a, b := chunkHolder("a", 1, 0b1), chunkHolder("b", 1, 0b1)
 	f := &plan{s: s, maxInFlight: 8, inflight: map[int]int{}, asked: map[int][]string{}, peers: peersOf(a, b)}
 	f.book(0, a)
 	s.fills.Store(4)
@@ -273,4 +265,11 @@ func TestNoEndgameWhileSeveralBlobsFill(t *testing.T) {
 	chunk, peer := f.pickFromPeers([]int{0}, true)
 	require.Equal(t, 0, chunk, "this fill alone")
 	require.Equal(t, "b", peer.name)
+}
+
+// chunkHolder is a known peer of a blob of chunks chunks of testChunk
+// bytes, holding those whose bits are set in have.
+func chunkHolder(name string, chunks int64, have byte) *peerView {
+	return &peerView{name: name, known: true,
+		state: PeerState{ChunkState: cache.ChunkState{Size: chunks * testChunk, ChunkSize: testChunk, Have: []byte{have}}}}
 }
