@@ -452,7 +452,7 @@ func (f *plan) originRequests() int {
 	if n := f.s.cfg.OriginInFlight; n > 0 {
 		return n
 	}
-	if f.s.fills.Load() <= 1 {
+	if !f.s.severalFills() {
 		return 3
 	}
 	return 2

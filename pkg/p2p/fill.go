@@ -404,7 +404,7 @@ func (f *plan) book(i int, pv *peerView) request {
 // and one given up throws its bytes away to fetch them again over the
 // same full link (docs/swarm-tuning.md).
 func (f *plan) mayGiveUp(i int, pv *peerView) bool {
-	return !pv.state.Origin && f.givenUp[i] < maxGiveUps && f.s.fills.Load() <= 1
+	return !pv.state.Origin && f.givenUp[i] < maxGiveUps && !f.s.severalFills()
 }
 
 // maxGiveUps is how many copies of one chunk may be given up as too slow.

@@ -27,10 +27,8 @@ var (
 
 // requestTimeout bounds one request for n bytes: n at the slowest
 // acceptable rate for each of the node's fills, which share its downlink,
-// and a few seconds to start. A deadline for one fill ended copies of an
-// image's layers that were nearly whole, and their bytes came again over
-// a full link (docs/swarm-tuning.md). A relayed copy (relay: the peer is
-// still receiving the chunk) gets relayDeadlines times that.
+// and a few seconds to start. A relayed copy (relay: the peer is still
+// receiving the chunk) gets relayDeadlines times that.
 func (s *Swarm) requestTimeout(n int64, relay bool) time.Duration {
 	fills := max(1, int64(s.fills.Load()))
 	d := 5*time.Second + time.Duration(n*fills*int64(time.Second)/s.cfg.MinRate)

@@ -59,7 +59,7 @@ func (f *plan) pickWanted(missing []int, chunkSize int64) (int, *peerView) {
 // and a duplicate would take its bytes from them.
 func (f *plan) pickFromPeers(missing []int, endgame bool) (int, *peerView) {
 	if endgame {
-		if f.s.fills.Load() > 1 {
+		if f.s.severalFills() {
 			return -1, nil
 		}
 		for _, i := range missing {

@@ -239,8 +239,7 @@ func TestNoCopyIsGivenUpWhileSeveralBlobsFill(t *testing.T) {
 	t.Parallel()
 	s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
 	require.NoError(t, err)
-	holder := &peerView{name: "holder", known: true, state: PeerState{
-		ChunkState: cache.ChunkState{Size: 2 * testChunk, ChunkSize: testChunk, Have: []byte{0b11}}}}
+	holder := chunkHolder("holder", 2, 0b11)
 	f := &plan{s: s, maxInFlight: 8, inflight: map[int]int{}, asked: map[int][]string{}, peers: peersOf(holder)}
 	s.fills.Store(4)
 	require.False(t, f.book(0, holder).slowEnds, "four fills at once")

@@ -115,6 +115,10 @@ func (c SwarmConfig) withDefaults() SwarmConfig {
 	return c
 }
 
+// severalFills reports whether the node fills several blobs at once (an
+// image's layers), whose chunks share its downlink.
+func (s *Swarm) severalFills() bool { return s.fills.Load() > 1 }
+
 // bufferRoom reports whether the chunk buffers of all fills leave room
 // for n more bytes. Fills that check at once may pass it together by a
 // chunk each.
@@ -140,7 +144,7 @@ type Swarm struct {
 
 	requestsTo sync.Map     // peer name → *atomic.Int32: this node's chunk requests in flight to it, over all fills
 	buffered   atomic.Int64 // bytes of the chunk buffers all fills' requests in flight need
-	fills      atomic.Int32 // fills running (originRequests)
+	fills      atomic.Int32 // fills running (severalFills, requestTimeout)
 	received   atomic.Int64 // chunk bytes received, from peers and origins, for downlink
 
 	downMu   sync.Mutex
