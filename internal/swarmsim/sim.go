@@ -743,6 +743,9 @@ func (s *sim) request(n *node, r p2p.PlanRequest) {
 				h.recent[r.Chunk] = s.now
 			}
 		}
+		if err == nil && !h.origin && h.nhave == s.chunks && p2p.SendsOnce(s.sending(h, r.Chunk), held+1, s.cfg.MaxUploads, h.up) {
+			err = p2p.ErrChunkSent
+		}
 		if errors.Is(err, p2p.ErrPeerBusy) {
 			n.refused++
 		}
@@ -805,6 +808,17 @@ func (s *sim) slotsHeld(h *node) int {
 		ups = append(ups, p2p.Upload{Sent: int64(f.got), Running: s.now - f.began})
 	}
 	return p2p.SlotsHeld(ups, h.up, s.cfg.MaxUploads)
+}
+
+// sending is h's uploads of chunk i in progress.
+func (s *sim) sending(h *node, i int) []p2p.Upload {
+	var ups []p2p.Upload
+	for f := range h.uploads {
+		if f.req.Chunk == i {
+			ups = append(ups, p2p.Upload{Sent: int64(f.got), Running: s.now - f.began})
+		}
+	}
+	return ups
 }
 
 func (s *sim) chunkLen(i int) int64 {

@@ -262,7 +262,7 @@ func peerOf(r *http.Request) string {
 // takeSlot takes an upload slot for peer: none while it holds its share,
 // or all are held (SlotsHeld) or 2 × slots uploads run. The upload when it
 // got one (give it back with releaseSlot), else why not.
-func (s *ChunkServer) takeSlot(peer string) (*upload, string) {
+func (s *ChunkServer) takeSlot(peer string, chunk chunkKey) (*upload, string) {
 	s.peersMu.Lock()
 	defer s.peersMu.Unlock()
 	if s.peerSlots[peer] >= s.perPeer {
@@ -277,10 +277,55 @@ func (s *ChunkServer) takeSlot(peer string) (*upload, string) {
 	if len(s.uploads) >= s.slots {
 		s.m.lentSlots.Inc()
 	}
-	u := &upload{peer: peer, began: time.Now()}
+	u := &upload{peer: peer, chunk: chunk, began: time.Now()}
 	s.uploads[u] = struct{}{}
 	s.peerSlots[peer]++
 	return u, ""
+}
+
+// sendsOnce reports whether up's chunk is one that this server, holding
+// its blob whole, sends once while it moves (SendsOnce). Only sends to
+// members count: a member relays the chunk as it comes, and a client
+// that is none could otherwise keep chunks from everyone by asking for
+// them and reading slowly.
+func (s *ChunkServer) sendsOnce(up *upload) bool {
+	m, ok := s.store.(chunkMapper)
+	if !ok || s.swarm == nil || s.swarm.dir == nil {
+		return false
+	}
+	if _, complete, err := m.ChunkMap(up.chunk.d, nil); err != nil || !complete {
+		return false
+	}
+	type send struct {
+		Upload
+		peer string
+	}
+	s.peersMu.Lock()
+	now := time.Now()
+	var sends []send
+	for u := range s.uploads {
+		if u != up && u.chunk == up.chunk {
+			sends = append(sends, send{Upload{Sent: u.sent.Load(), Running: now.Sub(u.began)}, u.peer})
+		}
+	}
+	held, uplink := s.slotsHeldLocked(), s.uplink.observe(now, s.sentBytes.Load())
+	s.peersMu.Unlock()
+	if len(sends) == 0 {
+		return false
+	}
+	members := map[string]bool{}
+	for _, p := range s.swarm.dir.Members() {
+		if host, _, err := net.SplitHostPort(p.Meta.ChunkAddr); err == nil {
+			members[host] = true
+		}
+	}
+	var sending []Upload
+	for _, u := range sends {
+		if members[u.peer] {
+			sending = append(sending, u.Upload)
+		}
+	}
+	return SendsOnce(sending, held, s.slots, uplink)
 }
 
 // slotsHeld is SlotsHeld of the uploads in progress.
@@ -378,7 +423,7 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	var up *upload // nil without slots
 	if s.slots > 0 {
 		var busy string
-		if up, busy = s.takeSlot(peerOf(r)); up == nil {
+		if up, busy = s.takeSlot(peerOf(r), chunkKey{d, i}); up == nil {
 			w.Header().Set(busyHeader, "server")
 			s.fail(w, "chunk", http.StatusServiceUnavailable, errors.New(busy))
 			return
@@ -423,6 +468,11 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	}
 	if live != nil {
 		s.relay(w, r, up, live, d, i)
+		return
+	}
+	if up != nil && s.sendsOnce(up) {
+		w.Header().Set(busyHeader, "chunk")
+		s.fail(w, "chunk", http.StatusServiceUnavailable, errors.New("chunk on its way to another peer; ask its receiver"))
 		return
 	}
 	code := http.StatusOK

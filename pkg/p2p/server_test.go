@@ -179,9 +179,9 @@ func TestChunkServerUploadSlotsPerPeer(t *testing.T) {
 	resp, _ = get(t, url)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	// The handler gives its slot back after the client has the whole body.
-	require.Eventually(t, func() bool { up, _ := srv.takeSlot("127.0.0.1"); return up != nil }, 5*time.Second, time.Millisecond, "its share again")
+	require.Eventually(t, func() bool { up, _ := srv.takeSlot("127.0.0.1", chunkKey{}); return up != nil }, 5*time.Second, time.Millisecond, "its share again")
 	mustTakeSlot(t, srv, "192.0.2.2") // the last slot
-	_, busy := srv.takeSlot("192.0.2.3")
+	_, busy := srv.takeSlot("192.0.2.3", chunkKey{})
 	require.Equal(t, "all upload slots busy", busy)
 }
 
@@ -189,7 +189,7 @@ func TestChunkServerUploadSlotsPerPeer(t *testing.T) {
 // for an upload that sends fast: it never lends its slot (SlotsHeld).
 func mustTakeSlot(t *testing.T, srv *ChunkServer, peer string) *upload {
 	t.Helper()
-	up, busy := srv.takeSlot(peer)
+	up, busy := srv.takeSlot(peer, chunkKey{})
 	require.NotNil(t, up, busy)
 	up.sent.Store(1 << 50)
 	return up
@@ -650,5 +650,61 @@ func TestChunkServerRelaysChunksOnTheirWay(t *testing.T) {
 			c.settle(nil)
 			require.ErrorIs(t, (<-done).err, errRelayCut)
 		}
+	}
+}
+
+// A holder of the whole blob is the only source of the chunks no one else
+// has yet: while it sends a chunk to a member at a fair pace, and its
+// upload is busy, it refuses that chunk to the others, who get it from
+// the receiver as it comes. A slow reader's send, once its slot is lent,
+// does not keep the chunk from anyone, nor does a send to a client that
+// is no member, which would not relay it.
+func TestWholeHolderSendsAChunkOnceWhileItMoves(t *testing.T) {
+	t.Parallel()
+	const size = 32 << 20 // more than the sockets' buffers hold
+	data := randomBlob(12, 2*size)
+	store := newTestStore(t, cache.WithChunkSize(size))
+	_, err := store.Fetch(context.Background(), descOf(data), memOrigin(data), nil)
+	require.NoError(t, err)
+	url := func(ts *httptest.Server, i int) string { return ts.URL + fmt.Sprintf(chunkPath, descOf(data).Digest, i) }
+	for _, member := range []bool{true, false} {
+		dir := staticDir{local: "holder", peers: map[string]Peer{}}
+		if member {
+			dir.peers["reader"] = Peer{Name: "reader", Meta: NodeMeta{ChunkAddr: "127.0.0.1:7947"}}
+		}
+		sw, err := NewSwarm(dir, nil, SwarmConfig{}, nil, nil)
+		require.NoError(t, err)
+		srv, ts := serveStore(t, store, WithSwarm(sw), WithMaxUploads(2), WithMaxUploadsPerPeer(3))
+		srv.peersMu.Lock()
+		srv.uplink = paceMeter{at: time.Now(), peak: 1 << 30} // as if it had sent at 1 GiB/s lately
+		srv.peersMu.Unlock()
+
+		firstClient := &http.Client{Transport: &http.Transport{}}
+		t.Cleanup(firstClient.CloseIdleConnections)
+		first, err := firstClient.Get(url(ts, 0)) // read only at the end: a slow reader, once a second has gone
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, first.StatusCode)
+
+		again, body := get(t, url(ts, 0))
+		if !member {
+			require.Equal(t, http.StatusOK, again.StatusCode, "a send to a client that is no member keeps the chunk from no one")
+			require.Len(t, body, size)
+			first.Body.Close()
+			continue
+		}
+		require.Equal(t, http.StatusServiceUnavailable, again.StatusCode, "chunk 0 is on its way to a member")
+		require.Equal(t, "chunk", again.Header.Get(busyHeader))
+		other, body := get(t, url(ts, 1))
+		require.Equal(t, http.StatusOK, other.StatusCode, "another chunk goes out")
+		require.Len(t, body, size)
+
+		require.Eventually(t, func() bool {
+			resp, body := get(t, url(ts, 0))
+			return resp.StatusCode == http.StatusOK && len(body) == size
+		}, 10*time.Second, 100*time.Millisecond, "the first reader's send lent its slot: chunk 0 goes out again")
+		n, err := io.Copy(io.Discard, first.Body)
+		require.NoError(t, err)
+		require.EqualValues(t, size, n)
+		first.Body.Close()
 	}
 }

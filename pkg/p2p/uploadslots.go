@@ -28,19 +28,51 @@ func SlotsHeld(uploads []Upload, uplink float64, slots int) int {
 	if uplink <= 0 || slots <= 0 {
 		return len(uploads)
 	}
-	floor := uplink / float64(2*slots)
 	lent := 0
 	for _, u := range uploads {
-		if u.Running >= slotLendAfter && float64(u.Sent) < floor*u.Running.Seconds() {
+		if u.lends(uplink, slots) {
 			lent++
 		}
 	}
 	return len(uploads) - min(lent, slots)
 }
 
+// lends reports whether u has run slotLendAfter at under half a slot's
+// share of uplink, over slots slots (SlotsHeld).
+func (u Upload) lends(uplink float64, slots int) bool {
+	if uplink <= 0 || slots <= 0 {
+		return false
+	}
+	floor := uplink / float64(2*slots)
+	return u.Running >= slotLendAfter && float64(u.Sent) < floor*u.Running.Seconds()
+}
+
+// SendsOnce reports whether a server that holds a whole blob, with slots
+// upload slots of which held are held and uplink its upload's pace,
+// refuses a chunk that sending, its uploads of that chunk in progress,
+// already carry: one of them moves at a fair pace (it does not lend its
+// slot), and the upload is busy. Such a holder is the only source of the
+// chunks no one else has yet (one that pulled the image first, say): a
+// second copy would take its upload from them, while the chunk's receiver
+// relays it to the others as it comes. A slow reader's send keeps the
+// chunk from no one once it lends its slot, and an idle upload sends
+// repeats. The simulation applies the same rule to its servers.
+func SendsOnce(sending []Upload, held, slots int, uplink float64) bool {
+	if slots <= 0 || held <= slots/2 {
+		return false
+	}
+	for _, u := range sending {
+		if !u.lends(uplink, slots) {
+			return true
+		}
+	}
+	return false
+}
+
 // upload is one of a ChunkServer's uploads holding or lending a slot.
 type upload struct {
 	peer  string
+	chunk chunkKey // what it sends
 	began time.Time
 	sent  atomic.Int64
 }
