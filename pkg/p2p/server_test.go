@@ -666,7 +666,9 @@ func TestWholeHolderSendsAChunkOnceWhileItMoves(t *testing.T) {
 	store := newTestStore(t, cache.WithChunkSize(size))
 	_, err := store.Fetch(context.Background(), descOf(data), memOrigin(data), nil)
 	require.NoError(t, err)
-	url := func(ts *httptest.Server, i int) string { return ts.URL + fmt.Sprintf(chunkPath, descOf(data).Digest, i) }
+	url := func(ts *httptest.Server, i int) string {
+		return ts.URL + fmt.Sprintf(chunkPath, descOf(data).Digest, i)
+	}
 	for _, member := range []bool{true, false} {
 		dir := staticDir{local: "holder", peers: map[string]Peer{}}
 		if member {
