@@ -92,6 +92,10 @@
 // 10 s after a chunk's first send it sends one such repeat at a time while
 // half its upload slots are free, then to all who ask (a window that
 // opened again could be held by whoever asks the moment it closes).
+// A holder of the whole blob, while over half its upload slots are held,
+// refuses a chunk it is sending to a member whose send moves at a fair
+// pace (SendsOnce): that member relays it, and the holder's upload goes to
+// the chunks only it has.
 // A holder's upload slots are held by its uploads but those whose reader
 // has taken a second at under half a slot's share of the uplink: those
 // lend theirs (SlotsHeld), up to twice the slots in all, so that a slow
