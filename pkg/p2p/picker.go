@@ -131,8 +131,11 @@ func (f *plan) supplierOf(i int, endgame bool, now time.Time) (pick *peerView, c
 			inZone = true
 			zoneHas = zoneHas || pv.state.Has(i)
 		}
-		if f.s.inflightTo(pv.name) >= f.s.cfg.PerPeer || now.Before(pv.busyTill) || now.Before(pv.chunkBusy[i]) ||
-			(endgame && slices.Contains(f.asked[i], pv.name)) {
+		if now.Before(pv.busyTill) || now.Before(pv.chunkBusy[i]) || (endgame && slices.Contains(f.asked[i], pv.name)) {
+			continue
+		}
+		if f.s.inflightTo(pv.name) >= f.s.cfg.PerPeer {
+			f.capped = true
 			continue
 		}
 		if pick == nil || f.nearer(pv, pick, i, endgame) {

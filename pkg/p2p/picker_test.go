@@ -272,3 +272,52 @@ func chunkHolder(name string, chunks int64, have byte) *peerView {
 	return &peerView{name: name, known: true,
 		state: PeerState{ChunkState: cache.ChunkState{Size: chunks * testChunk, ChunkSize: testChunk, Have: []byte{have}}}}
 }
+
+// A node's requests to one peer, over all its fills, are PerPeer at most:
+// the fill whose request ends would ask again at once and keep the slot.
+// A fill two requests ahead of one that wanted chunks the peers hold, but
+// found their slots taken, leaves it the next slot, so that the layers of
+// an image come about together and none is left to finish alone.
+func TestAFillBehindGetsTheNextPeerSlot(t *testing.T) {
+	t.Parallel()
+	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{PerPeer: 2}, nil, nil)
+	require.NoError(t, err)
+	const chunks = 64
+	have := make([]byte, chunks/8)
+	for i := range have {
+		have[i] = 0xff
+	}
+	missing := func() []int {
+		m := make([]int, chunks)
+		for i := range m {
+			m[i] = i
+		}
+		return m
+	}
+	fill := func(seed uint64) *plan {
+		desc := descOf(randomBlob(seed, testChunk))
+		desc.Size = chunks * testChunk
+		f := s.newPlan(desc, testChunk, nil)
+		for _, name := range []string{"a", "b"} {
+			f.peers.add(&peerView{name: name, known: true, chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{},
+				state: PeerState{ChunkState: cache.ChunkState{Size: desc.Size, ChunkSize: testChunk, Have: have}}})
+		}
+		return f
+	}
+	ahead, behind := fill(300), fill(301)
+	defer ahead.release()
+	defer behind.release()
+	reqs := ahead.schedule(missing())
+	require.Len(t, reqs, 4, "two peers, two requests each")
+	require.Empty(t, behind.schedule(missing()), "every slot is taken")
+
+	end := func(r request) {
+		s.requestCounter(r.peer.name).Add(-1)
+		require.NoError(t, ahead.handle(chunkResult{chunk: r.chunk, peer: r.peer.name}))
+	}
+	end(reqs[0])
+	require.Empty(t, ahead.schedule(missing()), "the fill ahead leaves the slot")
+	require.Len(t, behind.schedule(missing()), 1, "to the fill behind")
+	end(reqs[1])
+	require.Len(t, ahead.schedule(missing()), 1, "one ahead, not two: its turn again")
+}
