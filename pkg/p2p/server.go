@@ -293,9 +293,6 @@ func (s *ChunkServer) sendsOnce(up *upload) bool {
 	if !ok || s.swarm == nil || s.swarm.dir == nil {
 		return false
 	}
-	if _, complete, err := m.ChunkMap(up.chunk.d, nil); err != nil || !complete {
-		return false
-	}
 	type send struct {
 		Upload
 		peer string
@@ -311,6 +308,9 @@ func (s *ChunkServer) sendsOnce(up *upload) bool {
 	held, uplink := s.slotsHeldLocked(), s.uplink.observe(now, s.sentBytes.Load())
 	s.peersMu.Unlock()
 	if len(sends) == 0 {
+		return false
+	}
+	if _, complete, err := m.ChunkMap(up.chunk.d, nil); err != nil || !complete {
 		return false
 	}
 	members := map[string]bool{}
