@@ -194,9 +194,6 @@ func (f *plan) release() {
 	}
 	f.released = true
 	f.s.fills.Add(-1)
-	f.s.loadsMu.Lock()
-	delete(f.s.loads, f)
-	f.s.loadsMu.Unlock()
 	f.s.buffered.Add(-f.buffered) // requests that will not be handled
 	f.buffered = 0
 	if f.originRole && f.originShown {

@@ -82,7 +82,6 @@ type plan struct {
 	originShown    bool      // peers see it fetch from the origin (Swarm.setOrigin): at once, or once its rivals are heard
 	rivals         []string  // the followed peers ranked above it when it took the role at its turn, not heard from since
 	originInflight int
-	capped         bool // a peer held a chunk this schedule wanted, but had PerPeer of this node's requests
 	originFailures int       // origin requests failed in a row without an answer
 	originHeard    time.Time // when the origin last sent bytes (or the download began)
 	originPause    time.Time
@@ -346,9 +345,6 @@ func originPace(avg, took time.Duration) time.Duration {
 func (f *plan) schedule(missing []int) []request {
 	var reqs []request
 	total := f.inflightTotal()
-	peers, starved := total-f.originInflight, false
-	f.capped = false
-	defer func() { f.publishLoad(fillLoad{peers: peers, starved: starved}) }()
 	f.s.rand.Shuffle(len(missing), func(i, j int) { missing[i], missing[j] = missing[j], missing[i] })
 	// Two requests always: a download never waits on others' buffers.
 	for total < f.maxInFlight && (total < 2 || f.s.bufferRoom(f.chunkSize)) {
@@ -361,7 +357,7 @@ func (f *plan) schedule(missing []int) []request {
 				continue
 			}
 		}
-		if !f.mayAskPeers(total, missing) || f.yields(peers) {
+		if !f.mayAskPeers(total, missing) {
 			break
 		}
 		chunk, peer := f.pickWanted(missing, f.chunkSize)
@@ -372,52 +368,12 @@ func (f *plan) schedule(missing []int) []request {
 			chunk, peer = f.pickFromPeers(missing, true)
 		}
 		if chunk < 0 {
-			starved = f.capped
 			break
 		}
 		reqs = append(reqs, f.book(chunk, peer))
 		total++
-		peers++
 	}
 	return reqs
-}
-
-// fillLoad is what a fill's last schedule left of its peer requests: how
-// many are in flight, and whether it wanted more that peers held but
-// found each of those peers with PerPeer of this node's requests.
-type fillLoad struct {
-	peers   int
-	starved bool
-}
-
-// publishLoad tells the node's other fills this one's load (yields).
-func (f *plan) publishLoad(l fillLoad) {
-	f.s.loadsMu.Lock()
-	defer f.s.loadsMu.Unlock()
-	if f.released {
-		return
-	}
-	if f.s.loads == nil {
-		f.s.loads = map[*plan]fillLoad{}
-	}
-	f.s.loads[f] = l
-}
-
-// yields reports whether this fill, with peers requests to peers in
-// flight, leaves the next peer slot to another fill of the node: one two
-// requests behind that was starved of slots. The fill whose request ends
-// runs first and would take the slot again, and a layer that fell behind
-// would stay behind, to finish alone at the end with the node's downlink
-// half idle (docs/swarm-tuning.md).
-func (f *plan) yields(peers int) bool {
-	f.s.loadsMu.Lock()
-	defer f.s.loadsMu.Unlock()
-	for g, l := range f.s.loads {
-		if g != f && l.starved && l.peers+2 <= peers {
-			return true
-		}
-	}
-	return false
 }
 
 // book counts a request for chunk i to pv (nil: the origin) in flight.

@@ -131,11 +131,8 @@ func (f *plan) supplierOf(i int, endgame bool, now time.Time) (pick *peerView, c
 			inZone = true
 			zoneHas = zoneHas || pv.state.Has(i)
 		}
-		if now.Before(pv.busyTill) || now.Before(pv.chunkBusy[i]) || (endgame && slices.Contains(f.asked[i], pv.name)) {
-			continue
-		}
-		if f.s.inflightTo(pv.name) >= f.s.cfg.PerPeer {
-			f.capped = true
+		if f.s.inflightTo(pv.name) >= f.s.cfg.PerPeer || now.Before(pv.busyTill) || now.Before(pv.chunkBusy[i]) ||
+			(endgame && slices.Contains(f.asked[i], pv.name)) {
 			continue
 		}
 		if pick == nil || f.nearer(pv, pick, i, endgame) {

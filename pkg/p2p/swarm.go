@@ -145,8 +145,6 @@ type Swarm struct {
 	requestsTo sync.Map     // peer name → *atomic.Int32: this node's chunk requests in flight to it, over all fills
 	buffered   atomic.Int64 // bytes of the chunk buffers all fills' requests in flight need
 	fills      atomic.Int32 // fills running (severalFills, requestTimeout)
-	loadsMu    sync.Mutex
-	loads      map[*plan]fillLoad // each fill's peer requests, as its last schedule left them (plan.yields)
 	received   atomic.Int64 // chunk bytes received, from peers and origins, for downlink
 
 	downMu   sync.Mutex
