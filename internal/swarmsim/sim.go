@@ -743,7 +743,9 @@ func (s *sim) request(n *node, r p2p.PlanRequest) {
 				h.recent[r.Chunk] = s.now
 			}
 		}
-		if err == nil && !h.origin && h.nhave == s.chunks && p2p.SendsOnce(s.sending(h, r.Chunk), held+1, s.cfg.MaxUploads, h.up) {
+		// The asker's upload counts among those held, as in the agent,
+		// where it has its slot by then.
+		if err == nil && !h.origin && h.nhave == s.chunks && p2p.SendsOnce(s.uploadsOf(h, r.Chunk), held+1, s.cfg.MaxUploads, h.up) {
 			err = p2p.ErrChunkSent
 		}
 		if errors.Is(err, p2p.ErrPeerBusy) {
@@ -803,18 +805,14 @@ func (s *sim) release(f *flow) {
 // agent's rule (p2p.SlotsHeld), h's link standing for the pace the agent
 // measures.
 func (s *sim) slotsHeld(h *node) int {
-	ups := make([]p2p.Upload, 0, len(h.uploads))
-	for f := range h.uploads {
-		ups = append(ups, p2p.Upload{Sent: int64(f.got), Running: s.now - f.began})
-	}
-	return p2p.SlotsHeld(ups, h.up, s.cfg.MaxUploads)
+	return p2p.SlotsHeld(s.uploadsOf(h, -1), h.up, s.cfg.MaxUploads)
 }
 
-// sending is h's uploads of chunk i in progress.
-func (s *sim) sending(h *node, i int) []p2p.Upload {
-	var ups []p2p.Upload
+// uploadsOf is h's uploads in progress: of chunk i, or of any (i < 0).
+func (s *sim) uploadsOf(h *node, i int) []p2p.Upload {
+	ups := make([]p2p.Upload, 0, len(h.uploads))
 	for f := range h.uploads {
-		if f.req.Chunk == i {
+		if i < 0 || f.req.Chunk == i {
 			ups = append(ups, p2p.Upload{Sent: int64(f.got), Running: s.now - f.began})
 		}
 	}

@@ -293,21 +293,17 @@ func (s *ChunkServer) sendsOnce(up *upload) bool {
 	if !ok || s.swarm == nil || s.swarm.dir == nil {
 		return false
 	}
-	type send struct {
-		Upload
-		peer string
-	}
 	s.peersMu.Lock()
-	now := time.Now()
-	var sends []send
+	var same []*upload
 	for u := range s.uploads {
 		if u != up && u.chunk == up.chunk {
-			sends = append(sends, send{Upload{Sent: u.sent.Load(), Running: now.Sub(u.began)}, u.peer})
+			same = append(same, u)
 		}
 	}
+	now := time.Now()
 	held, uplink := s.slotsHeldLocked(), s.uplink.observe(now, s.sentBytes.Load())
 	s.peersMu.Unlock()
-	if len(sends) == 0 {
+	if len(same) == 0 {
 		return false
 	}
 	if _, complete, err := m.ChunkMap(up.chunk.d, nil); err != nil || !complete {
@@ -320,9 +316,9 @@ func (s *ChunkServer) sendsOnce(up *upload) bool {
 		}
 	}
 	var sending []Upload
-	for _, u := range sends {
+	for _, u := range same {
 		if members[u.peer] {
-			sending = append(sending, u.Upload)
+			sending = append(sending, Upload{Sent: u.sent.Load(), Running: now.Sub(u.began)})
 		}
 	}
 	return SendsOnce(sending, held, s.slots, uplink)
@@ -429,6 +425,11 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		defer s.releaseSlot(up)
+		if s.sendsOnce(up) {
+			w.Header().Set(busyHeader, "chunk")
+			s.fail(w, "chunk", http.StatusServiceUnavailable, errors.New("chunk on its way to another peer; ask its receiver"))
+			return
+		}
 	}
 	// A chunk not verified here yet is relayed if it is on its way (whole
 	// chunks only). It stops being on its way once verified and written:
@@ -468,11 +469,6 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	}
 	if live != nil {
 		s.relay(w, r, up, live, d, i)
-		return
-	}
-	if up != nil && s.sendsOnce(up) {
-		w.Header().Set(busyHeader, "chunk")
-		s.fail(w, "chunk", http.StatusServiceUnavailable, errors.New("chunk on its way to another peer; ask its receiver"))
 		return
 	}
 	code := http.StatusOK
