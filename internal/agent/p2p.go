@@ -39,7 +39,7 @@ type P2PConfig struct {
 	OriginLimit    bytesize.Size            `help:"Most bytes per second each origin sends the whole cluster, the same on every node: the nodes fetching from it each take a part (by the blobs and fetchers they see); 0 for no limit." default:"0" env:"WEIGHTD_ORIGIN_LIMIT"`
 	OriginLimits   map[string]bytesize.Size `help:"Per-origin overrides of --origin-limit, origin=bytes/s, comma-separated: an OCI registry by its host (with its port), hf for the model hub, s3 for the object store, an http(s) origin by its host; 0 for no limit." mapsep:"," env:"WEIGHTD_ORIGIN_LIMITS"`
 	OriginFetchers int                      `help:"Nodes that fetch one blob from its origin for the whole cluster, each a share of its chunks." default:"2" env:"WEIGHTD_ORIGIN_FETCHERS"`
-	MaxUploads     int                      `help:"Chunk uploads served at once; more requests are sent to other peers. An upload to a slow reader lends its slot, up to twice as many in all. A download asks as many chunks of peers at once." default:"6" env:"WEIGHTD_MAX_UPLOADS"`
+	MaxUploads     int                      `help:"Chunk uploads served at once; more requests are sent to other peers. An upload to a slow reader lends its slot, up to twice as many in all." default:"6" env:"WEIGHTD_MAX_UPLOADS"`
 	MaxPeerUploads int                      `help:"Chunk uploads served at once to one peer address, so that slow or hostile clients cannot hold them all; 0 for half of --max-uploads, rounded up." default:"0" env:"WEIGHTD_MAX_PEER_UPLOADS"`
 	UploadTCP      string                   `help:"TCP congestion control of uploads to peers (cubic shares switch ports among many flows; BBRv1 floods them); empty for the node's default." default:"cubic" env:"WEIGHTD_UPLOAD_TCP"`
 	FastGossip     bool                     `help:"Short gossip intervals, for small clusters on one LAN and tests." env:"WEIGHTD_FAST_GOSSIP"`
@@ -131,9 +131,7 @@ func newPeering(cfg P2PConfig, version string, log *slog.Logger, reg prometheus.
 		ln.Close()
 		return nil, err
 	}
-	// A fill asks as many chunks at once as a peer's server sends: the
-	// peers run the same DaemonSet, so this node's slots are theirs.
-	swarmCfg := p2p.SwarmConfig{MaxInFlight: cfg.MaxUploads, OriginFetchers: cfg.OriginFetchers, DownloadLimit: int64(cfg.DownloadLimit),
+	swarmCfg := p2p.SwarmConfig{OriginFetchers: cfg.OriginFetchers, DownloadLimit: int64(cfg.DownloadLimit),
 		OriginLimit: int64(cfg.OriginLimit), OriginLimits: originLimits(cfg.OriginLimits), Zone: cfg.Zone}
 	if p.identity != nil {
 		swarmCfg.TLS = p.identity.ClientConfig()

@@ -135,48 +135,29 @@ func TestEquallyRareChunksInOrderForAReader(t *testing.T) {
 	}
 }
 
-// planWithHolder is s's plan for a blob of chunks chunks of chunk bytes,
-// with one peer that holds it whole, and the chunks it misses: all.
-func planWithHolder(s *Swarm, seed uint64, chunk int64, chunks int) (*plan, []int) {
-	desc := descOf(randomBlob(seed, testChunk))
-	desc.Size = int64(chunks) * chunk
-	have := make([]byte, (chunks+7)/8)
-	for i := range have {
-		have[i] = 0xff
-	}
-	f := s.newPlan(desc, chunk, nil)
-	f.peers.add(&peerView{name: "holder", known: true, chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{},
-		state: PeerState{ChunkState: cache.ChunkState{Size: desc.Size, ChunkSize: chunk, Have: have}}})
-	missing := make([]int, chunks)
-	for i := range missing {
-		missing[i] = i
-	}
-	return f, missing
-}
-
-// A fill asks as many chunks at once as the agent's chunk server sends
-// (--max-uploads, 6), not more: fresh chunks come as relays at the pace
-// they leave the origin, and more requests were refused by full servers.
-func TestFillAsksAsManyChunksAsAServerSends(t *testing.T) {
-	t.Parallel()
-	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{PerPeer: 1000}, nil, nil)
-	require.NoError(t, err)
-	f, missing := planWithHolder(s, 300, 2<<20, 64)
-	require.Len(t, f.schedule(missing), 6)
-	f.release()
-}
-
 // The chunk buffers of a node's downloads together stay within
 // bufferBytes: a download alone keeps MaxInFlight chunks in flight, one
 // that starts when the others hold every buffer keeps two, and buffers
 // given back (a fill's end) go to those that wait.
 func TestChunkBuffersBoundAllDownloads(t *testing.T) {
 	t.Parallel()
-	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{PerPeer: 1000, MaxInFlight: 8}, nil, nil)
+	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{PerPeer: 1000}, nil, nil)
 	require.NoError(t, err)
 	const chunk, chunks = 16 << 20, 64
+	have := make([]byte, chunks/8)
+	for i := range have {
+		have[i] = 0xff
+	}
 	fill := func(i int) (*plan, []request) {
-		f, missing := planWithHolder(s, uint64(200+i), chunk, chunks)
+		desc := descOf(randomBlob(uint64(200+i), testChunk))
+		desc.Size = chunks * chunk
+		f := s.newPlan(desc, chunk, nil)
+		f.peers.add(&peerView{name: "holder", known: true, chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{},
+			state: PeerState{ChunkState: cache.ChunkState{Size: desc.Size, ChunkSize: chunk, Have: have}}})
+		missing := make([]int, chunks)
+		for i := range missing {
+			missing[i] = i
+		}
 		return f, f.schedule(missing)
 	}
 	var fills []*plan

@@ -42,7 +42,7 @@ type BoundedOpener interface {
 // SwarmConfig tunes the swarm downloader. The zero value of a field means
 // its default.
 type SwarmConfig struct {
-	MaxInFlight    int           // chunk requests in flight per blob, all sources together (default 6, as many as a chunk server's upload slots, and at most 128 MiB of chunks)
+	MaxInFlight    int           // chunk requests in flight per blob, all sources together (default 8, and at most 128 MiB of chunks)
 	PerPeer        int           // requests in flight to one peer (default 2)
 	OriginInFlight int           // requests in flight to the origin per fill (default: originRequests, 3 or 2 by the node's fills)
 	OriginFetchers int           // nodes that fetch one blob from the origin, each a share of its chunks (default 2)
@@ -84,21 +84,13 @@ type SwarmConfig struct {
 	TLS *tls.Config
 }
 
-// defaultMaxInFlight is a fill's requests in flight: as many as a chunk
-// server's upload slots (the agent's --max-uploads, 6) and as the origin
-// fetchers of a blob bring in at once (2 × 3). Fresh chunks reach a node
-// as relays at the pace they leave the origin, a sixth of a link each, so
-// six fill its downlink; more were refused by full servers, over 100
-// times a second a node, and left links idler (docs/swarm-tuning.md).
-const defaultMaxInFlight = 6
-
 func (c SwarmConfig) withDefaults() SwarmConfig {
 	def := func(v *int, d int) {
 		if *v <= 0 {
 			*v = d
 		}
 	}
-	def(&c.MaxInFlight, defaultMaxInFlight)
+	def(&c.MaxInFlight, 8)
 	def(&c.PerPeer, 2)
 	def(&c.OriginFetchers, 2)
 	def(&c.MaxFollowed, 24)
@@ -307,7 +299,8 @@ func (r *pacedReader) Read(b []byte) (int, error) {
 // maxInFlightBytes bounds the chunk buffers one download holds, and
 // bufferBytes those of all of a node's downloads together, so memory stays
 // flat whatever the chunk size and however many blobs are fetched at
-// once. A download alone keeps MaxInFlight 16 MiB chunks in flight
+// once. A download alone keeps MaxInFlight 16 MiB chunks in flight: with
+// fewer, its requests wait on busy uploaders and its link idles
 // (docs/swarm-tuning.md).
 const (
 	maxInFlightBytes = 128 << 20
