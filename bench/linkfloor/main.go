@@ -45,6 +45,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/weightd/weightd/internal/benchnet"
@@ -63,6 +64,7 @@ type result struct {
 	LinkMbit    int     `json:"link_mbit"`
 	Flows       int     `json:"flows"`
 	Seconds     float64 `json:"seconds"`
+	Congestion  string  `json:"congestion_control"`
 	OneWayMbit  float64 `json:"one_way_goodput_mbit"`
 	OneWayFloor float64 `json:"one_way_floor"`
 	DuplexMbit  float64 `json:"duplex_goodput_mbit"`
@@ -80,12 +82,14 @@ func main() {
 		window          time.Duration
 		quick           bool
 		sink, source    string
+		congestion      string
 	)
 	flag.IntVar(&linkMbit, "link-mbit", 100, "both hosts' links, each direction, in Mbit/s")
 	flag.IntVar(&flows, "flows", 6, "TCP connections each way (6: a chunk server's upload slots, about a filling node's downloads)")
 	flag.IntVar(&runs, "runs", 3, "measurements of each, one after the other; the figures are their means")
 	flag.DurationVar(&window, "seconds", 20*time.Second, "how long each sink counts")
 	flag.BoolVar(&quick, "quick", false, "3 s windows")
+	flag.StringVar(&congestion, "congestion", "", "the sources' TCP congestion control (cubic, bbr, reno: what the kernel offers); empty: the hosts' default, which a new network namespace takes from the machine's")
 	flag.StringVar(&sink, "sink", "", "internal: count the bytes of -flows connections to this address over -seconds, and print them")
 	flag.StringVar(&source, "source", "", "internal: send zeros on -flows connections to this address for -seconds and the warm-up")
 	flag.Parse()
@@ -97,7 +101,7 @@ func main() {
 	case sink != "":
 		err = runSink(sink, flows, window)
 	case source != "":
-		err = runSource(source, flows, warmup+window+time.Second)
+		err = runSource(source, flows, congestion, warmup+window+time.Second)
 	default:
 		if quick {
 			window, runs = 3*time.Second, 1
@@ -105,7 +109,8 @@ func main() {
 		if linkMbit < 1 || flows < 1 || runs < 1 || window <= 0 {
 			log.Fatalf("-link-mbit %d, -flows %d, -runs %d, -seconds %v: want each positive", linkMbit, flows, runs, window)
 		}
-		err = benchnet.RunInterruptible(func(ctx context.Context) error { return run(ctx, linkMbit, flows, runs, window) })
+		m := measurer{flows: flows, window: window, congestion: congestion}
+		err = benchnet.RunInterruptible(func(ctx context.Context) error { return run(ctx, m, linkMbit, runs) })
 	}
 	if err != nil {
 		log.Print(err)
@@ -113,9 +118,9 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, linkMbit, flows, runs int, window time.Duration) error {
-	exe, err := os.Executable()
-	if err != nil {
+func run(ctx context.Context, m measurer, linkMbit, runs int) error {
+	var err error
+	if m.exe, err = os.Executable(); err != nil {
 		return err
 	}
 	tb, err := testbed.New(ctx, testbed.Config{Name: fmt.Sprintf("floor-%d", os.Getpid()), Hosts: 2, LinkMbit: linkMbit})
@@ -128,8 +133,14 @@ func run(ctx context.Context, linkMbit, flows, runs int, window time.Duration) e
 		}
 	}()
 	h := tb.Hosts()
-	m := measurer{exe: exe, flows: flows, window: window}
-	r := result{Bench: "link-floor", LinkMbit: linkMbit, Flows: flows, Seconds: window.Seconds()}
+	if m.congestion == "" {
+		out, err := h[0].Command(ctx, "cat", "/proc/sys/net/ipv4/tcp_congestion_control").Output()
+		if err != nil {
+			return fmt.Errorf("reading the hosts' TCP congestion control: %w", err)
+		}
+		m.congestion = strings.TrimSpace(string(out))
+	}
+	r := result{Bench: "link-floor", LinkMbit: linkMbit, Flows: m.flows, Seconds: m.window.Seconds(), Congestion: m.congestion}
 	var oneWay, duplex float64
 	for i := range runs {
 		one, err := m.transfer(ctx, [][2]*testbed.Host{{h[0], h[1]}})
@@ -144,7 +155,7 @@ func run(ctx context.Context, linkMbit, flows, runs int, window time.Duration) e
 		oneWay, duplex = oneWay+one[0]/float64(runs), duplex+mean/float64(runs)
 		r.OneWayFloors = append(r.OneWayFloors, round(float64(linkMbit)/one[0]))
 		r.DuplexFloors = append(r.DuplexFloors, round(float64(linkMbit)/mean))
-		log.Printf("run %d: %d Mbit/s, %d flows: one way %.2f Mbit/s, both ways %.2f and %.2f Mbit/s", i+1, linkMbit, flows, one[0], both[0], both[1])
+		log.Printf("run %d: %d Mbit/s, %d flows, %s: one way %.2f Mbit/s, both ways %.2f and %.2f Mbit/s", i+1, linkMbit, m.flows, m.congestion, one[0], both[0], both[1])
 	}
 	r.OneWayMbit, r.OneWayFloor = round(oneWay), round(float64(linkMbit)/oneWay)
 	r.DuplexMbit, r.DuplexFloor = round(duplex), round(float64(linkMbit)/duplex)
@@ -153,9 +164,10 @@ func run(ctx context.Context, linkMbit, flows, runs int, window time.Duration) e
 
 // measurer runs sources and sinks in the test bed's hosts.
 type measurer struct {
-	exe    string
-	flows  int
-	window time.Duration
+	exe        string
+	flows      int
+	window     time.Duration
+	congestion string // the sources' TCP congestion control
 }
 
 // transfer runs, at once, a transfer from each pair's first host to its
@@ -177,7 +189,7 @@ func (m measurer) transfer(ctx context.Context, pairs [][2]*testbed.Host) ([]flo
 	sources := make([]*exec.Cmd, len(pairs))
 	for i, p := range pairs {
 		addr := netip.AddrPortFrom(p[1].Addr, port).String()
-		sources[i] = p[0].Command(ctx, m.exe, "-source", addr, "-flows", strconv.Itoa(m.flows), "-seconds", m.window.String())
+		sources[i] = p[0].Command(ctx, m.exe, "-source", addr, "-flows", strconv.Itoa(m.flows), "-seconds", m.window.String(), "-congestion", m.congestion)
 		sources[i].Stderr = os.Stderr
 		if err := sources[i].Start(); err != nil {
 			return nil, err
@@ -248,14 +260,15 @@ func runSink(addr string, flows int, window time.Duration) error {
 	return nil
 }
 
-// runSource sends zeros to addr on flows connections for d.
-func runSource(addr string, flows int, d time.Duration) error {
+// runSource sends zeros to addr on flows connections for d, each under the
+// TCP congestion control congestion.
+func runSource(addr string, flows int, congestion string, d time.Duration) error {
 	deadline := time.Now().Add(d)
 	buf := make([]byte, 1<<20)
 	var wg sync.WaitGroup
 	errs := make([]error, flows)
 	for i := range flows {
-		c, err := dial(addr)
+		c, err := dial(addr, congestion)
 		if err != nil {
 			return err
 		}
@@ -281,11 +294,24 @@ func runSource(addr string, flows int, d time.Duration) error {
 	return errors.Join(errs...)
 }
 
-// dial connects to addr, retrying for a few seconds while its sink, started
-// just before, is not listening yet.
-func dial(addr string) (net.Conn, error) {
+// dial connects to addr under the TCP congestion control congestion,
+// retrying for a few seconds while its sink, started just before, is not
+// listening yet.
+func dial(addr, congestion string) (net.Conn, error) {
+	d := net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, c syscall.RawConn) error {
+		var err error
+		if cerr := c.Control(func(fd uintptr) {
+			err = syscall.SetsockoptString(int(fd), syscall.IPPROTO_TCP, syscall.TCP_CONGESTION, congestion)
+		}); cerr != nil {
+			return cerr
+		}
+		if err != nil {
+			return fmt.Errorf("TCP congestion control %q: %w", congestion, err)
+		}
+		return nil
+	}}
 	for try := 0; ; try++ {
-		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		c, err := d.Dial("tcp", addr)
 		if err == nil || try == 50 {
 			return c, err
 		}
