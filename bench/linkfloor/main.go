@@ -45,7 +45,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/weightd/weightd/internal/benchnet"
@@ -89,7 +88,7 @@ func main() {
 	flag.IntVar(&runs, "runs", 3, "measurements of each, one after the other; the figures are their means")
 	flag.DurationVar(&window, "seconds", 20*time.Second, "how long each sink counts")
 	flag.BoolVar(&quick, "quick", false, "3 s windows")
-	flag.StringVar(&congestion, "congestion", "", "the sources' TCP congestion control (cubic, bbr, reno: what the kernel offers); empty: the hosts' default, which a new network namespace takes from the machine's")
+	flag.StringVar(&congestion, "congestion", "", "the hosts' TCP congestion control (cubic, bbr, reno: what the kernel offers); empty: what a new network namespace takes, the machine's default")
 	flag.StringVar(&sink, "sink", "", "internal: count the bytes of -flows connections to this address over -seconds, and print them")
 	flag.StringVar(&source, "source", "", "internal: send zeros on -flows connections to this address for -seconds and the warm-up")
 	flag.Parse()
@@ -101,7 +100,7 @@ func main() {
 	case sink != "":
 		err = runSink(sink, flows, window)
 	case source != "":
-		err = runSource(source, flows, congestion, warmup+window+time.Second)
+		err = runSource(source, flows, warmup+window+time.Second)
 	default:
 		if quick {
 			window, runs = 3*time.Second, 1
@@ -109,8 +108,8 @@ func main() {
 		if linkMbit < 1 || flows < 1 || runs < 1 || window <= 0 {
 			log.Fatalf("-link-mbit %d, -flows %d, -runs %d, -seconds %v: want each positive", linkMbit, flows, runs, window)
 		}
-		m := measurer{flows: flows, window: window, congestion: congestion}
-		err = benchnet.RunInterruptible(func(ctx context.Context) error { return run(ctx, m, linkMbit, runs) })
+		m := measurer{flows: flows, window: window}
+		err = benchnet.RunInterruptible(func(ctx context.Context) error { return run(ctx, m, linkMbit, runs, congestion) })
 	}
 	if err != nil {
 		log.Print(err)
@@ -118,12 +117,12 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, m measurer, linkMbit, runs int) error {
+func run(ctx context.Context, m measurer, linkMbit, runs int, congestion string) error {
 	var err error
 	if m.exe, err = os.Executable(); err != nil {
 		return err
 	}
-	tb, err := testbed.New(ctx, testbed.Config{Name: fmt.Sprintf("floor-%d", os.Getpid()), Hosts: 2, LinkMbit: linkMbit})
+	tb, err := testbed.New(ctx, testbed.Config{Name: fmt.Sprintf("floor-%d", os.Getpid()), Hosts: 2, LinkMbit: linkMbit, Congestion: congestion})
 	if err != nil {
 		return err
 	}
@@ -133,14 +132,7 @@ func run(ctx context.Context, m measurer, linkMbit, runs int) error {
 		}
 	}()
 	h := tb.Hosts()
-	if m.congestion == "" {
-		out, err := h[0].Command(ctx, "cat", "/proc/sys/net/ipv4/tcp_congestion_control").Output()
-		if err != nil {
-			return fmt.Errorf("reading the hosts' TCP congestion control: %w", err)
-		}
-		m.congestion = strings.TrimSpace(string(out))
-	}
-	r := result{Bench: "link-floor", LinkMbit: linkMbit, Flows: m.flows, Seconds: m.window.Seconds(), Congestion: m.congestion}
+	r := result{Bench: "link-floor", LinkMbit: linkMbit, Flows: m.flows, Seconds: m.window.Seconds(), Congestion: tb.Congestion()}
 	var oneWay, duplex float64
 	for i := range runs {
 		one, err := m.transfer(ctx, [][2]*testbed.Host{{h[0], h[1]}})
@@ -155,7 +147,7 @@ func run(ctx context.Context, m measurer, linkMbit, runs int) error {
 		oneWay, duplex = oneWay+one[0]/float64(runs), duplex+mean/float64(runs)
 		r.OneWayFloors = append(r.OneWayFloors, round(float64(linkMbit)/one[0]))
 		r.DuplexFloors = append(r.DuplexFloors, round(float64(linkMbit)/mean))
-		log.Printf("run %d: %d Mbit/s, %d flows, %s: one way %.2f Mbit/s, both ways %.2f and %.2f Mbit/s", i+1, linkMbit, m.flows, m.congestion, one[0], both[0], both[1])
+		log.Printf("run %d: %d Mbit/s, %d flows, %s: one way %.2f Mbit/s, both ways %.2f and %.2f Mbit/s", i+1, linkMbit, m.flows, r.Congestion, one[0], both[0], both[1])
 	}
 	r.OneWayMbit, r.OneWayFloor = round(oneWay), round(float64(linkMbit)/oneWay)
 	r.DuplexMbit, r.DuplexFloor = round(duplex), round(float64(linkMbit)/duplex)
@@ -164,10 +156,9 @@ func run(ctx context.Context, m measurer, linkMbit, runs int) error {
 
 // measurer runs sources and sinks in the test bed's hosts.
 type measurer struct {
-	exe        string
-	flows      int
-	window     time.Duration
-	congestion string // the sources' TCP congestion control
+	exe    string
+	flows  int
+	window time.Duration
 }
 
 // transfer runs, at once, a transfer from each pair's first host to its
@@ -189,7 +180,7 @@ func (m measurer) transfer(ctx context.Context, pairs [][2]*testbed.Host) ([]flo
 	sources := make([]*exec.Cmd, len(pairs))
 	for i, p := range pairs {
 		addr := netip.AddrPortFrom(p[1].Addr, port).String()
-		sources[i] = p[0].Command(ctx, m.exe, "-source", addr, "-flows", strconv.Itoa(m.flows), "-seconds", m.window.String(), "-congestion", m.congestion)
+		sources[i] = p[0].Command(ctx, m.exe, "-source", addr, "-flows", strconv.Itoa(m.flows), "-seconds", m.window.String())
 		sources[i].Stderr = os.Stderr
 		if err := sources[i].Start(); err != nil {
 			return nil, err
@@ -260,15 +251,14 @@ func runSink(addr string, flows int, window time.Duration) error {
 	return nil
 }
 
-// runSource sends zeros to addr on flows connections for d, each under the
-// TCP congestion control congestion.
-func runSource(addr string, flows int, congestion string, d time.Duration) error {
+// runSource sends zeros to addr on flows connections for d.
+func runSource(addr string, flows int, d time.Duration) error {
 	deadline := time.Now().Add(d)
 	buf := make([]byte, 1<<20)
 	var wg sync.WaitGroup
 	errs := make([]error, flows)
 	for i := range flows {
-		c, err := dial(addr, congestion)
+		c, err := dial(addr)
 		if err != nil {
 			return err
 		}
@@ -294,24 +284,11 @@ func runSource(addr string, flows int, congestion string, d time.Duration) error
 	return errors.Join(errs...)
 }
 
-// dial connects to addr under the TCP congestion control congestion,
-// retrying for a few seconds while its sink, started just before, is not
-// listening yet.
-func dial(addr, congestion string) (net.Conn, error) {
-	d := net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, c syscall.RawConn) error {
-		var err error
-		if cerr := c.Control(func(fd uintptr) {
-			err = syscall.SetsockoptString(int(fd), syscall.IPPROTO_TCP, syscall.TCP_CONGESTION, congestion)
-		}); cerr != nil {
-			return cerr
-		}
-		if err != nil {
-			return fmt.Errorf("TCP congestion control %q: %w", congestion, err)
-		}
-		return nil
-	}}
+// dial connects to addr, retrying for a few seconds while its sink, started
+// just before, is not listening yet.
+func dial(addr string) (net.Conn, error) {
 	for try := 0; ; try++ {
-		c, err := d.Dial("tcp", addr)
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 		if err == nil || try == 50 {
 			return c, err
 		}

@@ -41,9 +41,12 @@
 //	 "time_ratio":last_s/limit_s,"origin_ratio":registry_blob_bytes/S,
 //	 "registry_bytes_by_client":{"containerd":…,"weightd":…,"other":…},
 //	 "registry_by_node":{"h1":{"containerd":{"blob_gets":…,"blob_bytes":…},…},…},
-//	 "node_s":{"h1":…,…},"nomirror_last_s":…,"speedup_vs_nomirror":…,"cpu_busy":…}
+//	 "node_s":{"h1":…,…},"nomirror_last_s":…,"speedup_vs_nomirror":…,"cpu_busy":…,
+//	 "congestion_control":…}
 //
 // S counts what a pull transfers (manifest, config, compressed layers);
+// congestion_control is the hosts' TCP congestion control (-congestion;
+// by default what a new network namespace takes, the machine's default);
 // cpu_busy is the machine's busy share of its CPUs over the mode, and
 // agent_cpu_s (where agents run) the CPU seconds, user and system, the
 // agents used over it together, a killed one left out (as bench/swarm's).
@@ -86,15 +89,16 @@ var clients = []string{"ctr", "cri"}
 
 // options are the bench's flags.
 type options struct {
-	nodes     int
-	sizeMiB   int64
-	layers    int
-	linkMbit  int
-	chunkMiB  int
-	modes     []string
-	client    string
-	weightd   string
-	agentArgs string // more flags for every agent
+	nodes      int
+	sizeMiB    int64
+	layers     int
+	linkMbit   int
+	chunkMiB   int
+	modes      []string
+	client     string
+	weightd    string
+	agentArgs  string // more flags for every agent
+	congestion string // the hosts' TCP congestion control; "": the machine's default
 }
 
 // result is one line of output.
@@ -121,6 +125,7 @@ type result struct {
 	KilledNodeS           *float64                               `json:"killed_node_s,omitempty"`
 	KilledNodeRatio       *float64                               `json:"killed_node_ratio,omitempty"`
 	CPUBusy               float64                                `json:"cpu_busy"`
+	Congestion            string                                 `json:"congestion_control"`
 	AgentCPUS             *float64                               `json:"agent_cpu_s,omitempty"`
 	SmallBlobMS           *float64                               `json:"small_blob_ms,omitempty"`
 	SmallManifestMS       *float64                               `json:"small_manifest_ms,omitempty"`
@@ -145,6 +150,7 @@ func main() {
 	flag.StringVar(&o.client, "client", "ctr", "how a node pulls: ctr (ctr content fetch in the node) or cri (the CRI's PullImage: the daemon pulls and unpacks)")
 	flag.StringVar(&o.weightd, "weightd", "", "weightd binary (default: go build ./cmd/weightd into the temporary directory)")
 	flag.StringVar(&o.agentArgs, "agent-args", "", "more flags for every agent, space-separated (tuning experiments)")
+	flag.StringVar(&o.congestion, "congestion", "", "the hosts' TCP congestion control (cubic, bbr, reno: what the kernel offers); empty: what a new network namespace takes, the machine's default (bench/linkfloor)")
 	flag.BoolVar(&quick, "quick", false, "a short run: 4 nodes, 64 MiB, 200 Mbit/s unless set otherwise")
 	flag.StringVar(&serveRegistry, "serve-registry", "", "internal: run the registry with its storage in this directory (in the registry host)")
 	flag.StringVar(&listen, "listen", "", "internal: the registry's address")
@@ -258,7 +264,7 @@ func run(ctx context.Context, o options) error {
 	}
 
 	start := time.Now()
-	tb, err := testbed.New(ctx, testbed.Config{Name: fmt.Sprintf("mswarm-%d", os.Getpid()), Hosts: o.nodes + 1, LinkMbit: o.linkMbit})
+	tb, err := testbed.New(ctx, testbed.Config{Name: fmt.Sprintf("mswarm-%d", os.Getpid()), Hosts: o.nodes + 1, LinkMbit: o.linkMbit, Congestion: o.congestion})
 	if err != nil {
 		return err
 	}
@@ -268,7 +274,7 @@ func run(ctx context.Context, o options) error {
 		}
 	}()
 	all := tb.Hosts()
-	b.hosts = all[1:]
+	b.hosts, b.congestion = all[1:], tb.Congestion()
 	log.Printf("testbed %s: registry and %d nodes at %d Mbit/s up in %v",
 		tb.Name(), o.nodes, o.linkMbit, time.Since(start).Round(time.Millisecond))
 
@@ -417,7 +423,7 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 		return result{}, err
 	}
 	r := b.result(mode, nodes, took, over, after.Sub(before))
-	r.CPUBusy = round(busy)
+	r.CPUBusy, r.Congestion = round(busy), b.congestion
 	if agents != nil {
 		r.AgentCPUS = ptr(round(cpu1.AgentSeconds(cpu0, victim)))
 	}

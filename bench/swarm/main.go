@@ -24,8 +24,10 @@
 //	{"bench":"swarm","mode":"simultaneous","nodes":N,"size_bytes":S,"link_mbit":B,
 //	 "limit_s":S*8/(B*1e6),"first_s":…,"p50_s":…,"last_s":…,"time_ratio":last_s/limit_s,
 //	 "origin_ratio":origin_bytes/S,"naive_last_s":…,"speedup_vs_naive":naive_last_s/last_s,
-//	 "tls":true,"agent_cpu_s":…}
+//	 "tls":true,"congestion_control":…,"agent_cpu_s":…}
 //
+// congestion_control is the hosts' TCP congestion control (-congestion; by
+// default what a new network namespace takes, the machine's default).
 // naive_last_s and speedup_vs_naive are null with -naive=false. With
 // -origin-limit-mbit L the agents limit the origin, by its name, to L
 // Mbit/s for the whole cluster (--origin-limits; every other origin to a
@@ -88,17 +90,18 @@ var modes = []string{"simultaneous", "staggered", "churn"}
 
 // options are the bench's flags.
 type options struct {
-	nodes     int
-	sizeMiB   int64
-	linkMbit  int
-	chunkMiB  int
-	modes     []string
-	naive     bool
-	weightd   string
-	agentArgs string // more flags for every agent
-	tls       string // "on": peers talk mutual TLS (as the chart sets them up); "off": plain HTTP
-	zones     int    // 0: no zones; else the hosts are cut into this many zones (zones.go)
-	slow      int    // agent hosts whose links run at slowFactor of linkMbit
+	nodes      int
+	sizeMiB    int64
+	linkMbit   int
+	chunkMiB   int
+	modes      []string
+	naive      bool
+	weightd    string
+	agentArgs  string // more flags for every agent
+	tls        string // "on": peers talk mutual TLS (as the chart sets them up); "off": plain HTTP
+	congestion string // the hosts' TCP congestion control; "": the machine's default
+	zones      int    // 0: no zones; else the hosts are cut into this many zones (zones.go)
+	slow       int    // agent hosts whose links run at slowFactor of linkMbit
 	// originLimitMbit, when set, is the bench origin's limit for the
 	// whole cluster (--origin-limits), every other origin's a tenth of it
 	// (--origin-limit)
@@ -121,6 +124,7 @@ type result struct {
 	NaiveLastS     *float64  `json:"naive_last_s"`
 	SpeedupVsNaive *float64  `json:"speedup_vs_naive"`
 	TLS            bool      `json:"tls"`
+	Congestion     string    `json:"congestion_control"`
 	AgentCPUS      float64   `json:"agent_cpu_s"`
 	ZonesOn        *bool     `json:"zones_on,omitempty"`
 	ZoneInRatio    []float64 `json:"zone_in_ratio,omitempty"`
@@ -156,6 +160,7 @@ func main() {
 	flag.BoolVar(&o.naive, "naive", true, "measure the naive baseline (every host downloads from the origin)")
 	flag.StringVar(&o.weightd, "weightd", "", "weightd binary (default: go build ./cmd/weightd into the temporary directory)")
 	flag.StringVar(&o.agentArgs, "agent-args", "", "more flags for every agent, space-separated (tuning experiments)")
+	flag.StringVar(&o.congestion, "congestion", "", "the hosts' TCP congestion control (cubic, bbr, reno: what the kernel offers); empty: what a new network namespace takes, the machine's default (bench/linkfloor)")
 	flag.StringVar(&o.tls, "tls", "on", "on: the agents talk mutual TLS with a CA of the bench's, as the chart sets them up; off: plain HTTP (--peer-insecure), to measure what TLS costs")
 	flag.Float64Var(&o.originLimitMbit, "origin-limit-mbit", 0, "limit the origin to this many Mbit/s for the whole cluster, by its name (--origin-limits), every other origin to a tenth of it (--origin-limit); 0 for no limit")
 	flag.IntVar(&o.slow, "slow", 0, "run the first K agent hosts' links at a quarter of -link-mbit (a slow tail); time_ratio is then the others'")
@@ -276,7 +281,7 @@ func run(ctx context.Context, o options) error {
 	b.file = m.Files[0]
 
 	start := time.Now()
-	tb, err := testbed.New(ctx, testbed.Config{Name: fmt.Sprintf("swarm-%d", os.Getpid()), Hosts: o.nodes + 1, LinkMbit: o.linkMbit})
+	tb, err := testbed.New(ctx, testbed.Config{Name: fmt.Sprintf("swarm-%d", os.Getpid()), Hosts: o.nodes + 1, LinkMbit: o.linkMbit, Congestion: o.congestion})
 	if err != nil {
 		return err
 	}
@@ -286,7 +291,7 @@ func run(ctx context.Context, o options) error {
 		}
 	}()
 	all := tb.Hosts()
-	b.hosts = all[1:]
+	b.hosts, b.congestion = all[1:], tb.Congestion()
 	for _, h := range b.hosts[:o.slow] {
 		if err := tb.SetLink(h, o.linkMbit/slowFactor); err != nil {
 			return err
@@ -504,6 +509,7 @@ func (b *bench) runMode(ctx context.Context, mode string, zoned bool) (result, e
 		TimeRatio:   round(secs[len(secs)-1] / limit),
 		OriginRatio: round(float64(after-before) / float64(b.size)),
 		TLS:         b.tls == "on",
+		Congestion:  b.congestion,
 		AgentCPUS:   round(cpu1.AgentSeconds(cpu0, victim)),
 	}
 	if b.slow > 0 {

@@ -37,9 +37,11 @@
 package testbed
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -82,17 +84,23 @@ type Config struct {
 	// (see the package doc). It takes the subnet's last address, so the
 	// testbed holds at most MaxHosts-1 hosts.
 	LinkRoot bool
+	// Congestion is every host's TCP congestion control
+	// (net.ipv4.tcp_congestion_control in its namespace), one the kernel
+	// offers. Empty keeps what a new namespace takes: the machine's
+	// default, which need not be Linux's (cubic).
+	Congestion string
 }
 
 // Testbed is a set of hosts on one bridge. Its methods are safe for
 // concurrent use.
 type Testbed struct {
-	name     string
-	subnet   netip.Prefix
-	bridgeNS string
-	hosts    []*Host
-	tools    tools
-	rootAddr netip.Addr // the creating namespace's address; invalid without LinkRoot
+	name       string
+	subnet     netip.Prefix
+	bridgeNS   string
+	hosts      []*Host
+	tools      tools
+	rootAddr   netip.Addr // the creating namespace's address; invalid without LinkRoot
+	congestion string     // the hosts' TCP congestion control
 
 	mu       sync.Mutex
 	shaped   map[*Host]bool // hosts whose links carry a tbf qdisc
@@ -117,6 +125,9 @@ type Host struct {
 
 var validName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
 
+// validCongestion is the shape of a kernel congestion control's name.
+var validCongestion = regexp.MustCompile(`^[a-z0-9_]{1,15}$`)
+
 // autoNames counts the testbeds named by this process.
 var autoNames struct {
 	sync.Mutex
@@ -133,6 +144,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%d hosts and LinkRoot: want at most %d (the link takes an address)", c.Hosts, MaxHosts-1)
 	case c.LinkMbit < 0:
 		return fmt.Errorf("link of %d Mbit/s: want 0 (unshaped) or more", c.LinkMbit)
+	case c.Congestion != "" && !validCongestion.MatchString(c.Congestion):
+		return fmt.Errorf("congestion control %q: want 1 to 15 of a-z, 0-9 and '_'", c.Congestion)
 	}
 	return nil
 }
@@ -227,7 +240,7 @@ func New(ctx context.Context, cfg Config) (*Testbed, error) {
 		a[3] = MaxHosts
 		t.rootAddr = netip.AddrFrom4(a)
 	}
-	if err := t.build(ctx, cfg.LinkMbit); err != nil {
+	if err := t.build(ctx, cfg.LinkMbit, cfg.Congestion); err != nil {
 		if cerr := t.Close(); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("cleaning up: %w", cerr))
 		}
@@ -237,7 +250,7 @@ func New(ctx context.Context, cfg Config) (*Testbed, error) {
 }
 
 // build creates the bridge and the hosts.
-func (t *Testbed) build(ctx context.Context, mbit int) error {
+func (t *Testbed) build(ctx context.Context, mbit int, congestion string) error {
 	br := t.bridgeNS
 	steps := [][]string{
 		{"netns", "add", br},
@@ -287,6 +300,31 @@ func (t *Testbed) build(ctx context.Context, mbit int) error {
 			}
 		}
 	}
+	return t.setCongestion(ctx, congestion)
+}
+
+const congestionSysctl = "/proc/sys/net/ipv4/tcp_congestion_control"
+
+// setCongestion sets every host's TCP congestion control to name, unless
+// it is empty, and records the one the hosts run.
+func (t *Testbed) setCongestion(ctx context.Context, name string) error {
+	if name != "" {
+		for _, h := range t.hosts {
+			var stderr bytes.Buffer
+			cmd := h.Command(ctx, "tee", congestionSysctl)
+			cmd.Stdin, cmd.Stdout, cmd.Stderr = strings.NewReader(name+"\n"), io.Discard, &stderr
+			if err := cmd.Run(); err != nil {
+				avail, _ := os.ReadFile("/proc/sys/net/ipv4/tcp_available_congestion_control")
+				return fmt.Errorf("setting %s's TCP congestion control to %q (available: %s): %w: %s",
+					h.Name, name, bytes.TrimSpace(avail), err, bytes.TrimSpace(stderr.Bytes()))
+			}
+		}
+	}
+	out, err := t.hosts[0].Command(ctx, "cat", congestionSysctl).Output()
+	if err != nil {
+		return fmt.Errorf("reading %s's TCP congestion control: %w", t.hosts[0].Name, err)
+	}
+	t.congestion = strings.TrimSpace(string(out))
 	return nil
 }
 
@@ -295,6 +333,9 @@ func (t *Testbed) Name() string { return t.name }
 
 // Subnet returns the testbed's /24, in which every host has its address.
 func (t *Testbed) Subnet() netip.Prefix { return t.subnet }
+
+// Congestion returns the TCP congestion control the hosts run (Config).
+func (t *Testbed) Congestion() string { return t.congestion }
 
 // RootAddr returns the address of the creating process's namespace on the
 // testbed's subnet, the hosts' default gateway; the zero Addr (invalid)

@@ -439,3 +439,36 @@ func TestLinkRoot(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// Every host runs the congestion control the testbed was given, and the
+// testbed says which one its hosts run, given or not; one the kernel does
+// not offer is an error.
+func TestCongestionControl(t *testing.T) {
+	Require(t)
+	machine, err := os.ReadFile("/proc/sys/net/ipv4/tcp_congestion_control")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := NewT(t, Config{Hosts: 1}).Congestion(); got != strings.TrimSpace(string(machine)) {
+		t.Errorf("default: the testbed says %q, the machine runs %q", got, machine)
+	}
+	tb := NewT(t, Config{Hosts: 2, Congestion: "reno"})
+	if got := tb.Congestion(); got != "reno" {
+		t.Errorf("Congestion() = %q, want reno", got)
+	}
+	for _, h := range tb.Hosts() {
+		out, err := h.Command(t.Context(), "cat", "/proc/sys/net/ipv4/tcp_congestion_control").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.TrimSpace(string(out)); got != "reno" {
+			t.Errorf("%s runs %q, want reno", h.Name, got)
+		}
+	}
+	if _, err := New(t.Context(), Config{Hosts: 1, Congestion: "nosuch"}); err == nil || !strings.Contains(err.Error(), "nosuch") {
+		t.Errorf("an unknown congestion control: %v, want an error naming it", err)
+	}
+	if _, err := New(t.Context(), Config{Hosts: 1, Congestion: "../x"}); err == nil {
+		t.Error("a congestion control name with a slash: no error")
+	}
+}
