@@ -137,3 +137,18 @@ func TestNoHonestPeerIsBanned(t *testing.T) {
 		assert.Zero(t, r.BannedHonest, "%d nodes, seed %d", c.nodes, c.seed)
 	}
 }
+
+// An origin fetcher on a slow link (a quarter of the others') is helped by
+// the other once that one's share is done: the origin is done long before
+// the slow one alone would have sent its half (2 × S/B), and it still sends
+// one copy. The simulation's clock makes the state lag exact, which the
+// agents' own test (p2p's TestOriginFetcherHelpsASlowerOne) cannot.
+func TestASlowOriginFetcherIsHelped(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Nodes: 4, Size: 64 << 20, ChunkSize: 1 << 20, SlowFraction: 0.25, Seed: 1}
+	r, err := Run(cfg)
+	require.NoError(t, err)
+	require.Equal(t, 1, r.SlowFetchers, "seed %d makes the slow node an origin fetcher", cfg.Seed)
+	assert.LessOrEqual(t, r.OriginRatio, 1.05, "the origin sends about one copy")
+	assert.Less(t, r.OriginDoneRatio, 1.5, "the slow fetcher's share alone would take the origin to 2 × S/B")
+}

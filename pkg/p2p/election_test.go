@@ -38,7 +38,9 @@ func (o slowOrigin) OpenBoundedRange(ctx context.Context, off, n int64) (io.Read
 // fetcher's, and the origin still sends one copy. Where the two meet, a
 // chunk each started before word of the other's came goes twice: on a
 // loaded machine, whose state reads lag, up to three. Eighty chunks keep
-// that within the bound, as a blob's hundreds of chunks do.
+// that within the bound, as a blob's hundreds of chunks do. On the
+// simulation's clock, whose lag is exact: internal/swarmsim's
+// TestASlowOriginFetcherIsHelped.
 func TestOriginFetcherHelpsASlowerOne(t *testing.T) {
 	t.Parallel()
 	nodes := startSwarmCluster(t, 4, nil)
