@@ -18,10 +18,12 @@
 // warm-up. One way: h0 sends to h1. Duplex: each sends to the other at the
 // same time, and the goodput is the mean of the two directions. Each is
 // measured -runs times, alternately; the goodputs are the runs' means.
-// One JSON line on stdout (logs go to stderr):
+// The hosts run the TCP congestion control -congestion names, by default
+// what a new network namespace takes (the machine's default), and the
+// line says which. One JSON line on stdout (logs go to stderr):
 //
 //	{"bench":"link-floor","link_mbit":B,"flows":K,"seconds":D,
-//	 "one_way_goodput_mbit":…,"one_way_floor":B/goodput,
+//	 "congestion_control":…,"one_way_goodput_mbit":…,"one_way_floor":B/goodput,
 //	 "duplex_goodput_mbit":…,"duplex_floor":B/goodput,
 //	 "one_way_floor_by_run":[…],"duplex_floor_by_run":[…]}
 //
@@ -117,6 +119,8 @@ func main() {
 	}
 }
 
+// run builds the two hosts, measures one way and both ways runs times, and
+// prints the line.
 func run(ctx context.Context, m measurer, linkMbit, runs int, congestion string) error {
 	var err error
 	if m.exe, err = os.Executable(); err != nil {
