@@ -36,16 +36,24 @@ func TestSmallBlobInOneRequest(t *testing.T) {
 		require.Equal(t, http.StatusOK, resp.StatusCode)
 		require.Equal(t, b, body)
 	}
+	cached := func(b []byte) bool {
+		_, err := tm.store.Stat(digest.FromBytes(b))
+		return err == nil
+	}
 	for _, c := range []struct {
-		what string
-		repo string
-		blob []byte
-		want upstreamCalls // more calls than before
+		what   string
+		repo   string
+		blob   []byte
+		cached bool          // wait for the cache to hold the blob: it is written after the response
+		want   upstreamCalls // more calls than before
 	}{
-		{"a config, its size unknown", "app", img.config, upstreamCalls{start: 1}},
-		{"the config again: public, from the cache", "app", img.config, upstreamCalls{}},
-		{"a long layer, its size unknown", "app", img.layers[1], upstreamCalls{start: 1, opens: 1}},
+		{"a config, its size unknown", "app", img.config, false, upstreamCalls{start: 1}},
+		{"the config again: public, from the cache", "app", img.config, true, upstreamCalls{}},
+		{"a long layer, its size unknown", "app", img.layers[1], false, upstreamCalls{start: 1, opens: 1}},
 	} {
+		if c.cached {
+			require.Eventually(t, func() bool { return cached(c.blob) }, 10*time.Second, 10*time.Millisecond, "%s: the blob is kept in the cache", c.what)
+		}
 		before := up.calls()
 		get(c.repo, c.blob)
 		after := up.calls()
@@ -70,10 +78,7 @@ func TestSmallBlobInOneRequest(t *testing.T) {
 		after := up.calls()
 		assert.Equal(t, c.want, upstreamCalls{after.size - before.size, after.start - before.start, after.opens - before.opens}, c.what)
 	}
-	require.Eventually(t, func() bool {
-		_, err := tm.store.Stat(digest.FromBytes(img.layers[0]))
-		return err == nil
-	}, 10*time.Second, 10*time.Millisecond, "the small layer is kept in the cache")
+	require.Eventually(t, func() bool { return cached(img.layers[0]) }, 10*time.Second, 10*time.Millisecond, "the small layer is kept in the cache")
 }
 
 // The request that brings a small blob asks with the client's own
