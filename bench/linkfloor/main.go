@@ -1,15 +1,8 @@
 // Command linkfloor measures the limit of the network-namespace test bed
 // that bench/swarm and bench/mirrorswarm run on: the TCP goodput of one of
-// its shaped links, one way, and both ways at once.
-//
-// A swarm node's link carries its downloads and its uploads together: the
-// bytes it receives share its downlink with the ACKs of the bytes it sends,
-// and its uplink carries the ACKs of what it receives among its uploads.
-// The header floor (1.046 × S/B, what one flow one way reaches) is
-// therefore not what a node of a swarm can reach; the duplex floor is. Both
-// are printed as the time ratio T/(S/B) of a transfer at the measured
-// goodput, B/goodput, so that a swarm's time_ratio compares with them
-// directly.
+// its shaped links, one way, and both ways at once. A swarm node's link
+// carries both ways at once, so the duplex floor is what its time_ratio
+// compares with; each floor is printed as B/goodput, a time ratio.
 //
 // Two hosts of internal/testbed (root and iproute2), both links shaped to
 // B. This program runs itself in each host as the traffic's source and
@@ -70,8 +63,7 @@ type result struct {
 	OneWayFloor float64 `json:"one_way_floor"`
 	DuplexMbit  float64 `json:"duplex_goodput_mbit"`
 	DuplexFloor float64 `json:"duplex_floor"`
-	// Each run's, in order: TCP both ways settles differently from run
-	// to run, where one way does not.
+	// Each run's, in order.
 	OneWayFloors []float64 `json:"one_way_floor_by_run"`
 	DuplexFloors []float64 `json:"duplex_floor_by_run"`
 }
