@@ -42,9 +42,13 @@
 //	 "registry_bytes_by_client":{"containerd":…,"weightd":…,"other":…},
 //	 "registry_by_node":{"h1":{"containerd":{"blob_gets":…,"blob_bytes":…},…},…},
 //	 "node_s":{"h1":…,…},"nomirror_last_s":…,"speedup_vs_nomirror":…,"cpu_busy":…,
-//	 "congestion_control":…}
+//	 "congestion_control":…,"held_last_s":…,"held_time_ratio":…}
 //
 // S counts what a pull transfers (manifest, config, compressed layers);
+// held_last_s is when the last node's content store first held S bytes
+// (sampled every 100 ms; containerd's pulls only): a CRI pull, which
+// unpacks each layer after its parent's, then still unpacks the layers
+// not yet unpacked, and held_time_ratio leaves that out;
 // congestion_control is the hosts' TCP congestion control (-congestion;
 // by default what a new network namespace takes, the machine's default);
 // cpu_busy is the machine's busy share of its CPUs over the mode, and
@@ -130,6 +134,8 @@ type result struct {
 	SmallBlobMS           *float64                               `json:"small_blob_ms,omitempty"`
 	SmallManifestMS       *float64                               `json:"small_manifest_ms,omitempty"`
 	RTTMS                 *float64                               `json:"rtt_ms,omitempty"`
+	HeldLastS             *float64                               `json:"held_last_s,omitempty"`
+	HeldTimeRatio         *float64                               `json:"held_time_ratio,omitempty"`
 }
 
 func main() {
@@ -356,9 +362,9 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 		return result{}, err
 	}
 	var (
-		took    []time.Duration
+		res     pulls
 		over    []int // the nodes the figures are over
-		lone    time.Duration
+		lone    pulls
 		victim  = -1
 		errPull error
 		small   probeResult
@@ -369,34 +375,31 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 	}
 	switch mode {
 	case "nomirror":
-		took, errPull = b.pullAll(ctx, nodes, all, nil)
+		res, errPull = b.pullAll(ctx, nodes, all, nil)
 		over = all
 	case "simultaneous":
 		probed := make(chan probeResult, 1)
 		go func() { probed <- b.probeSmallBlob(ctx, nodes[0]) }()
-		took, errPull = b.pullAll(ctx, nodes, all, nil)
+		res, errPull = b.pullAll(ctx, nodes, all, nil)
 		over = all
 		small = <-probed
 	case "agents":
-		took, errPull = b.fetchAll(ctx, agents, all)
+		res, errPull = b.fetchAll(ctx, agents, all)
 		over = all
 	case "rolling", "agents-rolling":
-		pull := func(which []int) ([]time.Duration, error) { return b.pullAll(ctx, nodes, which, nil) }
+		pull := func(which []int) (pulls, error) { return b.pullAll(ctx, nodes, which, nil) }
 		if mode == "agents-rolling" {
-			pull = func(which []int) ([]time.Duration, error) { return b.fetchAll(ctx, agents, which) }
+			pull = func(which []int) (pulls, error) { return b.fetchAll(ctx, agents, which) }
 		}
-		took, errPull = pull(all[:1])
+		lone, errPull = pull(all[:1])
 		if errPull == nil {
-			lone = took[0]
-			log.Printf("%s: %s pulled alone in %.2fs", mode, nodes[0].host.Name, lone.Seconds())
-			if took, errPull = pull(all[1:]); errPull == nil {
-				took[0] = lone
-			}
+			log.Printf("%s: %s pulled alone in %.2fs", mode, nodes[0].host.Name, lone.took[0].Seconds())
+			res, errPull = pull(all[1:])
 		}
 		over = all[1:]
 	case "killed":
 		victim = len(nodes) - 1
-		took, errPull = b.pullAll(ctx, nodes, all, &killer{node: nodes[victim], agent: agents.List[victim], at: b.size / 2})
+		res, errPull = b.pullAll(ctx, nodes, all, &killer{node: nodes[victim], agent: agents.List[victim], at: b.size / 2})
 		over = all
 	}
 	if errPull != nil {
@@ -404,6 +407,10 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 			errPull = fmt.Errorf("%w (not done after %v)", errPull, b.deadline)
 		}
 		return result{}, errPull
+	}
+	took := res.took
+	if lone.took != nil {
+		took[0] = lone.took[0]
 	}
 	cpu1, err := benchnet.SampleCPU(list, victim)
 	if err != nil {
@@ -423,6 +430,13 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 		return result{}, err
 	}
 	r := b.result(mode, nodes, took, over, after.Sub(before))
+	if res.held != nil {
+		var last time.Duration
+		for _, i := range over {
+			last = max(last, res.held[i])
+		}
+		r.HeldLastS, r.HeldTimeRatio = ptr(round(last.Seconds())), ptr(round(last.Seconds()/b.limit.Seconds()))
+	}
 	r.CPUBusy, r.Congestion = round(busy), b.congestion
 	if agents != nil {
 		r.AgentCPUS = ptr(round(cpu1.AgentSeconds(cpu0, victim)))
@@ -437,7 +451,7 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 	case "nomirror":
 		b.nomirror = ptr(r.LastS)
 	case "rolling", "agents-rolling":
-		r.FirstNodeS = ptr(round(lone.Seconds()))
+		r.FirstNodeS = ptr(round(lone.took[0].Seconds()))
 	case "killed":
 		r.KilledNodeS = ptr(round(took[victim].Seconds()))
 		if b.nomirror != nil {

@@ -19,20 +19,36 @@ type killer struct {
 	at    int64
 }
 
+// pulls are the times of the nodes' pulls, at each node's index (zero for
+// the nodes that did not pull).
+type pulls struct {
+	took []time.Duration // from the pull's start to its end
+	// held runs to when the node's content store first held every byte
+	// of the image: a CRI pull then still unpacks what it has not yet.
+	held []time.Duration
+}
+
 // pullAll has the nodes of index which pull the image at the same moment,
-// and returns each one's time at its index (zero for the others). With k,
-// it kills k's agent on the way (an error if its node finishes first). The
-// first failure cancels the other pulls and is returned.
-func (b *bench) pullAll(ctx context.Context, nodes []*node, which []int, k *killer) ([]time.Duration, error) {
+// and returns their times. With k, it kills k's agent on the way (an error
+// if its node finishes first). The first failure cancels the other pulls
+// and is returned.
+func (b *bench) pullAll(ctx context.Context, nodes []*node, which []int, k *killer) (pulls, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	took := make([]time.Duration, len(nodes))
+	p := pulls{took: make([]time.Duration, len(nodes)), held: make([]time.Duration, len(nodes))}
 	var (
 		wg     sync.WaitGroup
 		killed atomic.Bool
 		done   = make(chan struct{}) // closed once every pull has ended
 		start  = make(chan struct{})
+		t0     time.Time
 	)
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		<-start
+		b.watchHeld(ctx, done, nodes, which, t0, p.held)
+	}()
 	if k != nil {
 		go func() {
 			tick := time.NewTicker(100 * time.Millisecond)
@@ -66,24 +82,53 @@ func (b *bench) pullAll(ctx context.Context, nodes []*node, which []int, k *kill
 			case k != nil && nodes[i] == k.node && !killed.Load():
 				cancel(fmt.Errorf("%s finished its pull before it held half the image: nothing to kill", nodes[i].host.Name))
 			default:
-				took[i] = d
+				p.took[i] = d
 			}
 		})
 	}
+	t0 = time.Now()
 	close(start)
 	wg.Wait()
 	close(done)
+	<-sampled
 	if err := context.Cause(ctx); err != nil {
-		return nil, err
+		return pulls{}, err
 	}
-	return took, nil
+	for _, i := range which {
+		if p.held[i] == 0 || p.held[i] > p.took[i] {
+			p.held[i] = p.took[i] // whole between two looks, or committed at the end
+		}
+	}
+	return p, nil
+}
+
+// watchHeld looks, every 100 ms until done, at the content stores of the
+// nodes of index which, and notes in held when each first holds the
+// image's bytes, counted from t0.
+func (b *bench) watchHeld(ctx context.Context, done <-chan struct{}, nodes []*node, which []int, t0 time.Time, held []time.Duration) {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		for _, i := range which {
+			if held[i] == 0 && nodes[i].contentBytes() >= b.size {
+				held[i] = time.Since(t0)
+			}
+		}
+	}
 }
 
 // fetchAll asks the agents of index which for the image through their
 // API at the same moment (the swarm alone, containerd left out) and
-// returns each one's time at its index (zero for the others). The first
+// returns their times (no held: no content store takes part). The first
 // failure cancels the others and is returned.
-func (b *bench) fetchAll(ctx context.Context, agents *benchnet.Agents, which []int) ([]time.Duration, error) {
+func (b *bench) fetchAll(ctx context.Context, agents *benchnet.Agents, which []int) (pulls, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	took := make([]time.Duration, len(agents.List))
@@ -104,7 +149,7 @@ func (b *bench) fetchAll(ctx context.Context, agents *benchnet.Agents, which []i
 	close(start)
 	wg.Wait()
 	if err := context.Cause(ctx); err != nil {
-		return nil, err
+		return pulls{}, err
 	}
-	return took, nil
+	return pulls{took: took}, nil
 }
