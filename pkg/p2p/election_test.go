@@ -7,6 +7,7 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -618,4 +619,37 @@ func TestOriginPaceBoundsAStall(t *testing.T) {
 		pace = originPace(pace, 200*time.Millisecond)
 	}
 	require.Greater(t, pace, 50*time.Millisecond, "a slower origin shows")
+}
+
+// While a reader waits on the blob in order (the registry mirror's stream
+// to containerd), a fetcher ahead of the other takes the other's next
+// chunks from the front, past those left to it, where they come before its
+// own next one: the shares interleave, and the prefix the reader follows
+// moves at the slower fetcher's pace. With no reader, its own share first.
+func TestFetcherAheadHelpsTheReadersPrefix(t *testing.T) {
+	t.Parallel()
+	f, other := twoOriginFetchers(t)
+	f.s.cfg.OriginInFlight = 2 // the other's requests in flight: what a helper leaves it
+	f.originTime = time.Second
+	f.want = new(atomic.Int64)
+	f.want.Store(0)
+	share, _ := f.originShare()
+	var mine []int
+	for i := range 8 {
+		if i%2 == share {
+			mine = append(mine, i)
+		}
+	}
+	theirs := otherShare(f)
+	all := []int{0, 1, 2, 3, 4, 5, 6, 7}
+
+	require.Equal(t, mine[0], f.nextFromOrigin(slices.Clone(all)), "level with the other: its own share")
+	ahead := append(slices.Clone(theirs), mine[3])
+	require.Equal(t, theirs[2], f.nextFromOrigin(slices.Clone(ahead)), "ahead: the other's first chunk past the two left to it")
+	other.state.Fetching = setBit(setBit(nil, theirs[0], true), theirs[1], true)
+	require.Equal(t, mine[3], f.nextFromOrigin(slices.Clone(ahead)), "the other fetches its next two: none past them comes first")
+
+	other.state.Fetching = nil
+	f.want.Store(-1)
+	require.Equal(t, mine[3], f.nextFromOrigin(slices.Clone(ahead)), "no reader: its own share first")
 }
