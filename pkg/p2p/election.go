@@ -380,10 +380,9 @@ func (f *plan) nextFromOrigin(missing []int) int {
 // registry mirror's stream to containerd), the earliest untaken chunk of
 // another fetcher's share that comes before this node's own next one, past
 // those left to that fetcher (leaveTo); or -1. The shares interleave, so
-// the prefix the reader follows moves at the slower fetcher's pace: with
-// one fetcher's origin flows a third as fast, a node held 33–60% of a
-// layer in order when it held 75% of its chunks, and containerd read the
-// rest after the fill's end (docs/swarm-tuning.md).
+// the prefix the reader follows moves at the slower fetcher's pace, and
+// the reader is left most of the blob to read after the fill's end
+// (docs/swarm-tuning.md).
 func (f *plan) helpThePrefix(untaken [][]int, share int, fetchers []string) int {
 	if f.want == nil || f.want.Load() < 0 || f.originTime <= 0 {
 		return -1
