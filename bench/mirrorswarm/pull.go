@@ -50,27 +50,18 @@ func (b *bench) pullAll(ctx context.Context, nodes []*node, which []int, k *kill
 		b.watchHeld(ctx, done, nodes, which, t0, p.held)
 	}()
 	if k != nil {
-		go func() {
-			tick := time.NewTicker(100 * time.Millisecond)
-			defer tick.Stop()
-			for {
-				select {
-				case <-done:
-					return
-				case <-ctx.Done():
-					return
-				case <-tick.C:
-				}
-				if held := k.node.contentBytes(); held >= k.at {
-					log.Printf("killing the agent in %s (SIGKILL): its containerd holds %d of %d bytes", k.node.host.Name, held, b.size)
-					killed.Store(true)
-					if err := k.agent.Kill(); err != nil {
-						cancel(fmt.Errorf("killing the agent in %s: %w", k.node.host.Name, err))
-					}
-					return
-				}
+		go poll(ctx, done, func() bool {
+			held := k.node.contentBytes()
+			if held < k.at {
+				return false
 			}
-		}()
+			log.Printf("killing the agent in %s (SIGKILL): its containerd holds %d of %d bytes", k.node.host.Name, held, b.size)
+			killed.Store(true)
+			if err := k.agent.Kill(); err != nil {
+				cancel(fmt.Errorf("killing the agent in %s: %w", k.node.host.Name, err))
+			}
+			return true
+		})
 	}
 	for _, i := range which {
 		wg.Go(func() {
@@ -106,6 +97,19 @@ func (b *bench) pullAll(ctx context.Context, nodes []*node, which []int, k *kill
 // nodes of index which, and notes in held when each first holds the
 // image's bytes, counted from t0.
 func (b *bench) watchHeld(ctx context.Context, done <-chan struct{}, nodes []*node, which []int, t0 time.Time, held []time.Duration) {
+	poll(ctx, done, func() bool {
+		for _, i := range which {
+			if held[i] == 0 && nodes[i].contentBytes() >= b.size {
+				held[i] = time.Since(t0)
+			}
+		}
+		return false
+	})
+}
+
+// poll calls look every 100 ms until it returns true, done is closed or
+// ctx ends.
+func poll(ctx context.Context, done <-chan struct{}, look func() bool) {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -116,10 +120,8 @@ func (b *bench) watchHeld(ctx context.Context, done <-chan struct{}, nodes []*no
 			return
 		case <-tick.C:
 		}
-		for _, i := range which {
-			if held[i] == 0 && nodes[i].contentBytes() >= b.size {
-				held[i] = time.Since(t0)
-			}
+		if look() {
+			return
 		}
 	}
 }
