@@ -44,10 +44,6 @@ type ChunkState struct {
 	Complete  bool   `json:"complete"`
 	Have      []byte `json:"have"`   // bitmap, bit i (LSB first) = chunk i present
 	Hashes    []byte `json:"hashes"` // sha256 of chunk i at [32i, 32i+32)
-	// Verified is set for a download in flight whose bytes have hashed
-	// to the blob's digest: they are final, and only the commit (its
-	// fsyncs) is left.
-	Verified bool `json:"verified,omitempty"`
 }
 
 // Has reports whether chunk i is present.
@@ -71,7 +67,7 @@ func (s *Store) ChunkState(d digest.Digest) (ChunkState, error) {
 	}
 	if p := s.inFlight(d); p != nil {
 		have, hashes := p.state()
-		return ChunkState{Size: p.desc.Size, ChunkSize: p.cs, Have: have, Hashes: hashes, Verified: p.verified.Load()}, nil
+		return ChunkState{Size: p.desc.Size, ChunkSize: p.cs, Have: have, Hashes: hashes}, nil
 	}
 	info, err := s.Stat(d)
 	if err != nil {

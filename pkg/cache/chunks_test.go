@@ -249,39 +249,3 @@ func TestProgressCountsPeerChunks(t *testing.T) {
 	require.Equal(t, int64(4*cs), done.Load())
 	require.Equal(t, int64(2*cs), peers.Load())
 }
-
-// A download in flight says, in its chunk state, once its bytes have
-// hashed to the blob's digest: the store's commit, with its fsyncs, comes
-// after, and a reader need not wait for it (the registry mirror's last
-// chunk). A chunk taken back unsays it.
-func TestChunkStateSaysVerifiedBeforeTheCommit(t *testing.T) {
-	t.Parallel()
-	s := openStore(t, t.TempDir())
-	const cs = 64 << 10
-	data := randomBytes(81, 3*cs+17)
-	d := descOf(data).Digest
-	_, err := s.Fetch(context.Background(), descOf(data), fillerFunc(func(ctx context.Context, p *Partial) error {
-		for i := range p.Chunks() {
-			sum := sha256.Sum256(chunkOf(data, cs, i))
-			if err := p.WriteChunk(i, chunkOf(data, cs, i), sum[:]); err != nil {
-				return err
-			}
-		}
-		st, err := s.ChunkState(d)
-		require.NoError(t, err)
-		require.False(t, st.Verified, "every chunk present, the whole blob not yet hashed")
-		require.NoError(t, p.Verify())
-		st, err = s.ChunkState(d)
-		require.NoError(t, err)
-		require.False(t, st.Complete, "not committed yet")
-		require.True(t, st.Verified, "the whole blob hashed to its digest")
-
-		p.Invalidate(1)
-		st, err = s.ChunkState(d)
-		require.NoError(t, err)
-		require.False(t, st.Verified, "a chunk taken back")
-		sum := sha256.Sum256(chunkOf(data, cs, 1))
-		return p.WriteChunk(1, chunkOf(data, cs, 1), sum[:])
-	}), nil)
-	require.NoError(t, err)
-}

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -80,9 +79,8 @@ type Partial struct {
 	peers   int64                 // of present, the bytes peers sent since it was opened
 	writing map[int]chan struct{} // chunk → closed when its one writer is done
 
-	hashMu   sync.Mutex  // serialises advancing the whole-blob hash
-	whole    hashState   // covers [0, st.Hashed); guarded by hashMu
-	verified atomic.Bool // every chunk present and the whole blob hashed to its digest (Verify)
+	hashMu sync.Mutex // serialises advancing the whole-blob hash
+	whole  hashState  // covers [0, st.Hashed); guarded by hashMu
 
 	cpMu   sync.Mutex
 	lastCP time.Time
@@ -245,7 +243,6 @@ func (p *Partial) Invalidate(i int) {
 	if i < 0 || i >= p.n || !p.st.has(i) {
 		return
 	}
-	p.verified.Store(false)
 	p.st.clear(i)
 	p.present -= p.ChunkLen(i)
 	p.peers = min(p.peers, p.present) // which sender it was is not kept
@@ -328,7 +325,6 @@ func (p *Partial) Verify() error {
 	if got := digest.NewDigest(digest.SHA256, p.whole); got != p.desc.Digest {
 		return fmt.Errorf("%w: got %s", content.ErrDigestMismatch, got)
 	}
-	p.verified.Store(true)
 	return nil
 }
 

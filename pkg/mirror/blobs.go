@@ -432,17 +432,16 @@ func (m *Mirror) stream(w http.ResponseWriter, r *http.Request, dl *download, st
 
 // nextChunk says whether the chunk holding byte pos of the download in
 // flight is present and may be sent: not when it holds the response's last
-// byte, which waits for the whole blob to hash to its digest (the store's
-// Verified, or a blob of one chunk whose hash is its digest). It need not
-// wait for the commit's fsyncs, which a node's write load stretches to
-// seconds.
+// byte, which waits for the whole blob to be verified, unless that chunk is
+// the whole blob and hashed to its digest (a config or small layer need not
+// wait for the commit's fsyncs).
 func (m *Mirror) nextChunk(d digest.Digest, pos, end int64) (int, bool) {
 	st, err := m.store.ChunkState(d)
 	if err != nil || st.Complete || st.ChunkSize <= 0 {
 		return 0, false
 	}
 	i := int(pos / st.ChunkSize)
-	if !st.Has(i) || (int64(i+1)*st.ChunkSize >= end && !st.Verified && !wholeBlobVerified(d, st)) {
+	if !st.Has(i) || (int64(i+1)*st.ChunkSize >= end && !wholeBlobVerified(d, st)) {
 		return 0, false
 	}
 	return i, true
