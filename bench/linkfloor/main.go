@@ -1,8 +1,7 @@
 // Command linkfloor measures the limit of the network-namespace test bed
 // that bench/swarm and bench/mirrorswarm run on: the TCP goodput of one of
-// its shaped links, one way, and both ways at once. A swarm node's link
-// carries both ways at once, so the duplex floor is what its time_ratio
-// compares with; each floor is printed as B/goodput, a time ratio.
+// its shaped links one way and both ways at once (as a swarm node's
+// carries), each printed as B/goodput, a time ratio.
 //
 // Two hosts of internal/testbed (root and iproute2), both links shaped to
 // B. This program runs itself in each host as the traffic's source and

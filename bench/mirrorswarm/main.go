@@ -46,9 +46,7 @@
 //
 // S counts what a pull transfers (manifest, config, compressed layers);
 // held_last_s is when the last node's content store first held S bytes
-// (sampled every 100 ms; containerd's pulls only): a CRI pull, which
-// unpacks each layer after its parent's, then still unpacks the layers
-// not yet unpacked, and held_time_ratio leaves that out;
+// (containerd's pulls only), before a CRI pull's last unpacks;
 // congestion_control is the hosts' TCP congestion control (-congestion;
 // by default what a new network namespace takes, the machine's default);
 // cpu_busy is the machine's busy share of its CPUs over the mode, and
