@@ -35,6 +35,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/weightd/weightd/internal/benchfig"
 	"github.com/weightd/weightd/internal/loratest"
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/warmpool"
@@ -95,10 +96,10 @@ func main() {
 		ideal := belady(trace, *servers**slots)
 		res := result{
 			Bench: "adapter-hit", Trace: tr.name, Eviction: warmpool.EvictLFU,
-			HitRatio:       round(ratio(hits[warmpool.EvictLFU])),
-			LRUHitRatio:    round(ratio(hits[warmpool.EvictLRU])),
-			BeladyHitRatio: round(ratio(ideal)),
-			RatioOfIdeal:   round(float64(hits[warmpool.EvictLFU]) / float64(max(1, ideal))),
+			HitRatio:       benchfig.Round(ratio(hits[warmpool.EvictLFU]), 4),
+			LRUHitRatio:    benchfig.Round(ratio(hits[warmpool.EvictLRU]), 4),
+			BeladyHitRatio: benchfig.Round(ratio(ideal), 4),
+			RatioOfIdeal:   benchfig.Round(float64(hits[warmpool.EvictLFU])/float64(max(1, ideal)), 4),
 			Requests:       len(trace), Adapters: *adapters, Servers: *servers, SlotsPerServer: *slots, ZipfS: *s, ShiftEvery: tr.every, Seed: *seed,
 		}
 		b, err := json.Marshal(res)
@@ -237,5 +238,3 @@ func replay(ctx context.Context, trace []int, adapters, servers, slots int, poli
 func allOf[T any](xs []T, ok func(T) bool) bool {
 	return !slices.ContainsFunc(xs, func(x T) bool { return !ok(x) })
 }
-
-func round(x float64) float64 { return math.Round(x*10000) / 10000 }

@@ -38,6 +38,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/weightd/weightd/internal/benchfig"
 	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/internal/loratest"
 	"github.com/weightd/weightd/pkg/api"
@@ -213,8 +214,8 @@ func run(ctx context.Context, n, adapters int) (result, error) {
 			return err
 		}
 		res = result{
-			Bench: "adapter-swap", N: n, P50ms: round(quantile(times, 0.50)), P99ms: round(quantile(times, 0.99)),
-			MaxMs: round(times[len(times)-1]), QueueP50ms: round(quantile(queued, 0.50)), QueueP99ms: round(quantile(queued, 0.99)),
+			Bench: "adapter-swap", N: n, P50ms: benchfig.Round(quantile(times, 0.50), 3), P99ms: benchfig.Round(quantile(times, 0.99), 3),
+			MaxMs: benchfig.Round(times[len(times)-1], 3), QueueP50ms: benchfig.Round(quantile(queued, 0.50), 3), QueueP99ms: benchfig.Round(quantile(queued, 0.99), 3),
 			Adapters: adapters, Slots: adapters - 1,
 		}
 		if peak := srv.Peak(); peak > adapters-1 {
@@ -256,5 +257,3 @@ func quantile(xs []float64, q float64) float64 {
 	i := int(math.Ceil(q*float64(len(xs)))) - 1
 	return xs[max(0, min(i, len(xs)-1))]
 }
-
-func round(x float64) float64 { return math.Round(x*1000) / 1000 }

@@ -30,7 +30,6 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"math"
 	"net"
 	"net/http"
 	"os"
@@ -42,6 +41,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/weightd/weightd/internal/benchfig"
 	"github.com/weightd/weightd/internal/services"
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/prefetch"
@@ -149,7 +149,7 @@ func run(ctx context.Context, work, bin, agentLog, profile string, agentArgs []s
 		}
 		log.Printf("round %d: ctr images pull %.2f s (%s)", r+1, took.Seconds(), meter.since(cpu, nil))
 		best.ctr = minPositive(best.ctr, took)
-		ctrRounds = append(ctrRounds, round(took.Seconds()))
+		ctrRounds = append(ctrRounds, benchfig.Round(took.Seconds(), 3))
 		if err := removeImage(ctx, ctrd, img.Ref); err != nil {
 			return err
 		}
@@ -181,7 +181,7 @@ func run(ctx context.Context, work, bin, agentLog, profile string, agentArgs []s
 		agentCPU = cpuOf(a.cmd.Process.Pid) - agentCPU
 		log.Printf("round %d: weightd fetch (into the cache and containerd) %.2f s (%s)", r+1, took.Seconds(), meter.since(cpu, &agentCPU))
 		best.weightd = minPositive(best.weightd, took)
-		weightdRounds = append(weightdRounds, round(took.Seconds()))
+		weightdRounds = append(weightdRounds, benchfig.Round(took.Seconds(), 3))
 		if r < rounds-1 {
 			if err := removeImage(ctx, ctrd, img.Ref); err != nil {
 				return err
@@ -190,8 +190,8 @@ func run(ctx context.Context, work, bin, agentLog, profile string, agentArgs []s
 	}
 	defer last.stop()
 	if err := emit(prefetchResult{
-		Bench: "image-prefetch", SizeBytes: img.Size, Layers: layers, WeightdS: round(best.weightd.Seconds()),
-		CtrS: round(best.ctr.Seconds()), Ratio: round(best.ctr.Seconds() / best.weightd.Seconds()),
+		Bench: "image-prefetch", SizeBytes: img.Size, Layers: layers, WeightdS: benchfig.Round(best.weightd.Seconds(), 3),
+		CtrS: benchfig.Round(best.ctr.Seconds(), 3), Ratio: benchfig.Round(best.ctr.Seconds()/best.weightd.Seconds(), 3),
 		WeightdRounds: weightdRounds, CtrRounds: ctrRounds,
 		LinkedBlobs: linkedBlobs(filepath.Join(ctrd.Root, "io.containerd.content.v1.content", "blobs", "sha256")),
 	}); err != nil {
@@ -208,7 +208,7 @@ func run(ctx context.Context, work, bin, agentLog, profile string, agentArgs []s
 	start := time.Now()
 	out, err := ctrd.Ctr(ctx, "images", "pull", "--hosts-dir", ctrd.HostsDir, img.Ref)
 	took := time.Since(start)
-	res := mirrorResult{Bench: "mirror-pull", SizeBytes: img.Size, Seconds: round(took.Seconds()), UpstreamBytes: reg.BytesServed() - before, OK: err == nil}
+	res := mirrorResult{Bench: "mirror-pull", SizeBytes: img.Size, Seconds: benchfig.Round(took.Seconds(), 3), UpstreamBytes: reg.BytesServed() - before, OK: err == nil}
 	if err != nil {
 		log.Printf("pull through the mirror failed: %v\n%s", err, out)
 	}
@@ -426,5 +426,3 @@ func minPositive(a, b time.Duration) time.Duration {
 }
 
 func emit(v any) error { return json.NewEncoder(os.Stdout).Encode(v) }
-
-func round(f float64) float64 { return math.Round(f*1000) / 1000 }

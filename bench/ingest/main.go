@@ -29,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/weightd/weightd/internal/benchfig"
 	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/pkg/api"
 )
@@ -154,8 +155,8 @@ func runSize(ctx context.Context, work, originDir, originURL, bin string, size i
 		return result{}, fmt.Errorf("agent exit: %v", err)
 	}
 	return result{
-		Bench: "ingest", SizeBytes: size, WeightdS: round(took.Seconds()), BaselineS: round(baseline.Seconds()),
-		Ratio: round(baseline.Seconds() / took.Seconds()), PeakRSSBytes: rss,
+		Bench: "ingest", SizeBytes: size, WeightdS: benchfig.Round(took.Seconds(), 3), BaselineS: benchfig.Round(baseline.Seconds(), 3),
+		Ratio: benchfig.Round(baseline.Seconds()/took.Seconds(), 3), PeakRSSBytes: rss,
 	}, nil
 }
 
@@ -187,5 +188,3 @@ func peakRSS(pid int) (int64, error) {
 
 // syncDisks flushes dirty pages so one phase's write-back does not slow the next.
 func syncDisks() { syscall.Sync() }
-
-func round(f float64) float64 { return float64(int64(f*1000+0.5)) / 1000 }

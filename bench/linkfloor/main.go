@@ -30,7 +30,6 @@ import (
 	"flag"
 	"fmt"
 	"log"
-	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -41,6 +40,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/weightd/weightd/internal/benchfig"
 	"github.com/weightd/weightd/internal/benchnet"
 	"github.com/weightd/weightd/internal/testbed"
 )
@@ -140,12 +140,12 @@ func run(ctx context.Context, m measurer, linkMbit, runs int, congestion string)
 		}
 		mean := (both[0] + both[1]) / 2
 		oneWay, duplex = oneWay+one[0]/float64(runs), duplex+mean/float64(runs)
-		r.OneWayFloors = append(r.OneWayFloors, round(float64(linkMbit)/one[0]))
-		r.DuplexFloors = append(r.DuplexFloors, round(float64(linkMbit)/mean))
+		r.OneWayFloors = append(r.OneWayFloors, benchfig.Round(float64(linkMbit)/one[0], 3))
+		r.DuplexFloors = append(r.DuplexFloors, benchfig.Round(float64(linkMbit)/mean, 3))
 		log.Printf("run %d: %d Mbit/s, %d flows, %s: one way %.2f Mbit/s, both ways %.2f and %.2f Mbit/s", i+1, linkMbit, m.flows, r.Congestion, one[0], both[0], both[1])
 	}
-	r.OneWayMbit, r.OneWayFloor = round(oneWay), round(float64(linkMbit)/oneWay)
-	r.DuplexMbit, r.DuplexFloor = round(duplex), round(float64(linkMbit)/duplex)
+	r.OneWayMbit, r.OneWayFloor = benchfig.Round(oneWay, 3), benchfig.Round(float64(linkMbit)/oneWay, 3)
+	r.DuplexMbit, r.DuplexFloor = benchfig.Round(duplex, 3), benchfig.Round(float64(linkMbit)/duplex, 3)
 	return json.NewEncoder(os.Stdout).Encode(r)
 }
 
@@ -290,6 +290,3 @@ func dial(addr string) (net.Conn, error) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
-
-// round keeps three decimals.
-func round(x float64) float64 { return math.Round(x*1000) / 1000 }

@@ -75,6 +75,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/weightd/weightd/internal/benchfig"
 	"github.com/weightd/weightd/internal/benchnet"
 	"github.com/weightd/weightd/internal/services"
 	"github.com/weightd/weightd/internal/testbed"
@@ -433,32 +434,32 @@ func (b *bench) runMode(ctx context.Context, mode string) (result, error) {
 		for _, i := range over {
 			last = max(last, res.held[i])
 		}
-		r.HeldLastS, r.HeldTimeRatio = ptr(round(last.Seconds())), ptr(round(last.Seconds()/b.limit.Seconds()))
+		r.HeldLastS, r.HeldTimeRatio = ptr(benchfig.Round(last.Seconds(), 3)), ptr(benchfig.Round(last.Seconds()/b.limit.Seconds(), 3))
 	}
-	r.CPUBusy, r.Congestion = round(busy), b.congestion
+	r.CPUBusy, r.Congestion = benchfig.Round(busy, 3), b.congestion
 	if agents != nil {
-		r.AgentCPUS = ptr(round(cpu1.AgentSeconds(cpu0, victim)))
+		r.AgentCPUS = ptr(benchfig.Round(cpu1.AgentSeconds(cpu0, victim), 3))
 	}
 	if small.err != nil {
 		return result{}, fmt.Errorf("asking for a small blob mid-pull: %w", small.err)
 	}
 	if mode == "simultaneous" {
-		r.SmallBlobMS, r.SmallManifestMS, r.RTTMS = ptr(round(small.GetMS)), ptr(round(small.ManifestMS)), ptr(round(small.RTTMS))
+		r.SmallBlobMS, r.SmallManifestMS, r.RTTMS = ptr(benchfig.Round(small.GetMS, 3)), ptr(benchfig.Round(small.ManifestMS, 3)), ptr(benchfig.Round(small.RTTMS, 3))
 	}
 	switch mode {
 	case "nomirror":
 		b.nomirror = ptr(r.LastS)
 	case "rolling", "agents-rolling":
-		r.FirstNodeS = ptr(round(lone.took[0].Seconds()))
+		r.FirstNodeS = ptr(benchfig.Round(lone.took[0].Seconds(), 3))
 	case "killed":
-		r.KilledNodeS = ptr(round(took[victim].Seconds()))
+		r.KilledNodeS = ptr(benchfig.Round(took[victim].Seconds(), 3))
 		if b.nomirror != nil {
-			r.KilledNodeRatio = ptr(round(took[victim].Seconds() / *b.nomirror))
+			r.KilledNodeRatio = ptr(benchfig.Round(took[victim].Seconds() / *b.nomirror, 3))
 		}
 	}
 	if mode != "nomirror" && b.nomirror != nil {
 		r.NomirrorLastS = b.nomirror
-		r.SpeedupVsNomirror = ptr(round(*b.nomirror / r.LastS))
+		r.SpeedupVsNomirror = ptr(benchfig.Round(*b.nomirror/r.LastS, 3))
 	}
 	log.Printf("%s: %s; registry sent %.2f × S (containerd %.2f, weightd %.2f); the machine was %.0f%% busy", mode, describe(nodes, took, victim), r.OriginRatio,
 		float64(r.RegistryBytesByClient[benchnet.ClientContainerd])/float64(b.size),
@@ -477,11 +478,11 @@ func (b *bench) result(mode string, nodes []*node, took []time.Duration, over []
 	limit := b.limit.Seconds()
 	r := result{
 		Bench: "mirror-swarm", Mode: mode, Client: b.client, Nodes: len(nodes), SizeBytes: b.size, Layers: len(b.img.Layers), LinkMbit: b.linkMbit,
-		LimitS:                round(limit),
-		FirstS:                round(secs[0]),
-		P50S:                  round(secs[int(math.Ceil(float64(len(secs))/2))-1]),
-		LastS:                 round(secs[len(secs)-1]),
-		TimeRatio:             round(secs[len(secs)-1] / limit),
+		LimitS:                benchfig.Round(limit, 3),
+		FirstS:                benchfig.Round(secs[0], 3),
+		P50S:                  benchfig.Round(secs[int(math.Ceil(float64(len(secs))/2))-1], 3),
+		LastS:                 benchfig.Round(secs[len(secs)-1], 3),
+		TimeRatio:             benchfig.Round(secs[len(secs)-1]/limit, 3),
 		RegistryBytesByClient: make(map[string]int64),
 		RegistryByNode:        make(map[string]map[string]benchnet.Traffic),
 		NodeS:                 make(map[string]float64),
@@ -491,9 +492,9 @@ func (b *bench) result(mode string, nodes []*node, took []time.Duration, over []
 		r.RegistryBytesByClient[c] = t.BlobBytes
 		total += t.BlobBytes
 	}
-	r.OriginRatio = round(float64(total) / float64(b.size))
+	r.OriginRatio = benchfig.Round(float64(total)/float64(b.size), 3)
 	for i, n := range nodes {
-		r.NodeS[n.host.Name] = round(took[i].Seconds())
+		r.NodeS[n.host.Name] = benchfig.Round(took[i].Seconds(), 3)
 		m := make(map[string]benchnet.Traffic)
 		for c, t := range traffic[n.host.Addr.String()] {
 			if t.BlobGets > 0 {
@@ -545,6 +546,3 @@ func describe(nodes []*node, took []time.Duration, victim int) string {
 }
 
 func ptr(f float64) *float64 { return &f }
-
-// round keeps three decimals.
-func round(f float64) float64 { return math.Round(f*1000) / 1000 }

@@ -30,7 +30,6 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -45,6 +44,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
+	"github.com/weightd/weightd/internal/benchfig"
 	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/internal/hubtest"
 	"github.com/weightd/weightd/internal/services"
@@ -162,7 +162,7 @@ func run(ctx context.Context, work, bin string, size int64, files, rounds int) e
 	for _, s := range sources {
 		if err := json.NewEncoder(os.Stdout).Encode(result{
 			Bench: "model-source", Source: s.name, SizeBytes: m.TotalBytes(), Files: len(m.Files),
-			Seconds: round(best[s.name].Seconds()), RatioVsIngest: round(best["http"].Seconds() / best[s.name].Seconds()),
+			Seconds: benchfig.Round(best[s.name].Seconds(), 3), RatioVsIngest: benchfig.Round(best["http"].Seconds()/best[s.name].Seconds(), 3),
 		}); err != nil {
 			return err
 		}
@@ -262,5 +262,3 @@ func (l *fileLayer) Size() (int64, error)                 { return l.size, nil }
 func (l *fileLayer) MediaType() (types.MediaType, error)  { return l.mt, nil }
 func (l *fileLayer) Compressed() (io.ReadCloser, error)   { return os.Open(l.path) }
 func (l *fileLayer) Uncompressed() (io.ReadCloser, error) { return os.Open(l.path) }
-
-func round(f float64) float64 { return math.Round(f*1000) / 1000 }

@@ -41,7 +41,6 @@ import (
 	"flag"
 	"fmt"
 	"log"
-	"math"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -56,6 +55,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/weightd/weightd/internal/benchfig"
 	"github.com/weightd/weightd/internal/benchnet"
 	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/internal/kubetest"
@@ -318,9 +318,9 @@ func run(ctx context.Context, o options) error {
 	return json.NewEncoder(os.Stdout).Encode(result{
 		Bench:          "pod-ready",
 		SizeBytes:      size,
-		Seconds:        round(secs),
-		LimitS:         round(limit.Seconds()),
-		TimeRatio:      round(secs / limit.Seconds()),
+		Seconds:        benchfig.Round(secs, 3),
+		LimitS:         benchfig.Round(limit.Seconds(), 3),
+		TimeRatio:      benchfig.Round(secs/limit.Seconds(), 3),
 		LinkMbit:       o.linkMbit,
 		FromPeersBytes: fromPeers,
 		OriginBytes:    fromOrigin,
@@ -491,6 +491,3 @@ func (tl *timeline) report(limit time.Duration, size int64) {
 		}
 	}
 }
-
-// round keeps three decimals.
-func round(f float64) float64 { return math.Round(f*1000) / 1000 }

@@ -30,7 +30,6 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"math"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -40,6 +39,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/weightd/weightd/internal/benchfig"
 	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/internal/s3test"
 	"github.com/weightd/weightd/pkg/cache"
@@ -156,8 +156,8 @@ func run(ctx context.Context, work string, size int64, files, rounds, concurrenc
 	}
 	return json.NewEncoder(os.Stdout).Encode(result{
 		Bench: "model-source", Source: "s3", SizeBytes: m.TotalBytes(), Files: len(m.Files), Concurrency: concurrency,
-		Seconds: round(bestS3.Seconds()), IngestSeconds: round(bestIngest.Seconds()),
-		RatioVsIngest: round(bestIngest.Seconds() / bestS3.Seconds()),
+		Seconds: benchfig.Round(bestS3.Seconds(), 3), IngestSeconds: benchfig.Round(bestIngest.Seconds(), 3),
+		RatioVsIngest: benchfig.Round(bestIngest.Seconds()/bestS3.Seconds(), 3),
 	})
 }
 
@@ -214,5 +214,3 @@ func (p fileOpener) OpenRange(_ context.Context, off int64) (io.ReadCloser, erro
 	}
 	return f, nil
 }
-
-func round(f float64) float64 { return math.Round(f*1000) / 1000 }

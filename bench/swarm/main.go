@@ -77,6 +77,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/weightd/weightd/internal/benchfig"
 	"github.com/weightd/weightd/internal/benchnet"
 	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/internal/testbed"
@@ -321,7 +322,7 @@ func run(ctx context.Context, o options) error {
 		if err != nil {
 			return fmt.Errorf("naive baseline: %w", err)
 		}
-		naive = ptr(round(d.Seconds()))
+		naive = ptr(benchfig.Round(d.Seconds(), 3))
 	}
 	zoned := []bool{false}
 	if b.zones > 0 {
@@ -335,7 +336,7 @@ func run(ctx context.Context, o options) error {
 			}
 			if naive != nil {
 				r.NaiveLastS = naive
-				r.SpeedupVsNaive = ptr(round(*naive / r.LastS))
+				r.SpeedupVsNaive = ptr(benchfig.Round(*naive/r.LastS, 3))
 			}
 			if err := json.NewEncoder(os.Stdout).Encode(r); err != nil {
 				return err
@@ -502,22 +503,22 @@ func (b *bench) runMode(ctx context.Context, mode string, zoned bool) (result, e
 	limit := b.limit.Seconds()
 	r := result{
 		Bench: "swarm", Mode: mode, Nodes: n, SizeBytes: b.size, LinkMbit: b.linkMbit,
-		LimitS:      round(limit),
-		FirstS:      round(secs[0]),
-		P50S:        round(secs[int(math.Ceil(float64(len(secs))/2))-1]),
-		LastS:       round(secs[len(secs)-1]),
-		TimeRatio:   round(secs[len(secs)-1] / limit),
-		OriginRatio: round(float64(after-before) / float64(b.size)),
+		LimitS:      benchfig.Round(limit, 3),
+		FirstS:      benchfig.Round(secs[0], 3),
+		P50S:        benchfig.Round(secs[int(math.Ceil(float64(len(secs))/2))-1], 3),
+		LastS:       benchfig.Round(secs[len(secs)-1], 3),
+		TimeRatio:   benchfig.Round(secs[len(secs)-1]/limit, 3),
+		OriginRatio: benchfig.Round(float64(after-before)/float64(b.size), 3),
 		TLS:         b.tls == "on",
 		Congestion:  b.congestion,
-		AgentCPUS:   round(cpu1.AgentSeconds(cpu0, victim)),
+		AgentCPUS:   benchfig.Round(cpu1.AgentSeconds(cpu0, victim), 3),
 	}
 	if b.slow > 0 {
-		r.SlowNodes, r.SlowTimeRatio = b.slow, round(slowLast/limit/slowFactor)
+		r.SlowNodes, r.SlowTimeRatio = b.slow, benchfig.Round(slowLast/limit/slowFactor, 3)
 	}
 	if b.originLimitMbit > 0 {
 		r.OriginLimitMbit = b.originLimitMbit
-		r.OriginLimitShare = round(float64(after-before) * 8 / 1e6 / secs[len(secs)-1] / b.originLimitMbit)
+		r.OriginLimitShare = benchfig.Round(float64(after-before)*8/1e6/secs[len(secs)-1]/b.originLimitMbit, 3)
 		log.Printf("%s: the origin sent at %.0f%% of its limit of %g Mbit/s", mode, 100*r.OriginLimitShare, b.originLimitMbit)
 	}
 	if b.zones > 0 {
@@ -571,6 +572,3 @@ func describe(agents []*benchnet.Agent, took []time.Duration, victim int) string
 }
 
 func ptr(f float64) *float64 { return &f }
-
-// round keeps three decimals.
-func round(f float64) float64 { return math.Round(f*1000) / 1000 }

@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+
+	"github.com/weightd/weightd/internal/benchfig"
 )
 
 // With -zones Z the agent hosts are cut into Z zones of consecutive hosts,
@@ -83,8 +85,8 @@ func (b *bench) readZones(ctx context.Context) (zoneBytes, error) {
 func (z zoneBytes) ratios(z0 zoneBytes, size int64) (in, peers []float64) {
 	for k := range z.origin {
 		p := z.peers[k] - z0.peers[k]
-		in = append(in, round(float64(z.origin[k]-z0.origin[k]+p)/float64(size)))
-		peers = append(peers, round(float64(p)/float64(size)))
+		in = append(in, benchfig.Round(float64(z.origin[k]-z0.origin[k]+p)/float64(size), 3))
+		peers = append(peers, benchfig.Round(float64(p)/float64(size), 3))
 	}
 	return in, peers
 }
