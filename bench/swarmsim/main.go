@@ -35,7 +35,8 @@ type line struct {
 	Faults              bool    `json:"faults"`
 	Seeders             int     `json:"seeders,omitempty"`
 	StreamMBs           float64 `json:"stream_mb_s,omitempty"`
-	RefreshMs           int64   `json:"refresh_ms"`
+	RefreshMs           float64 `json:"refresh_ms"`
+	StepMs              float64 `json:"step_ms"`
 	TimeRatioP50        float64 `json:"time_ratio_p50"`
 	TimeRatioP99        float64 `json:"time_ratio_p99"`
 	SlowTimeRatioP50    float64 `json:"slow_time_ratio_p50,omitempty"`
@@ -73,7 +74,7 @@ func main() {
 	faults := flag.Bool("faults", true, "a 10% slow tail at ¼ speed, 5% of nodes killed mid-fill, 10% starting late, one lying peer")
 	only := flag.String("only", "", "with -faults, only these of them, comma-separated: slow, kill, late, liar (to tell their costs apart)")
 	refresh := flag.Duration("refresh", 0, "SwarmConfig.Refresh, the least time between two state reads of one holder (default 50ms)")
-	step := flag.Duration("step", 0, "the network's time step (default Refresh/2, at most 25ms)")
+	step := flag.Duration("step", 0, "the network's time step (default Refresh/2, at most 25ms and an eighth of a chunk's time on the link)")
 	maxInFlight := flag.Int("max-inflight", 0, "SwarmConfig.MaxInFlight, requests in flight per blob (default 8)")
 	originInFlight := flag.Int("origin-inflight", 0, "SwarmConfig.OriginInFlight, an origin fetcher's origin requests in flight (default: 3, a node's only fill)")
 	originFetchers := flag.Int("origin-fetchers", 0, "SwarmConfig.OriginFetchers (default 2)")
@@ -123,7 +124,7 @@ func main() {
 				return
 			}
 			out := line{Bench: "swarm-sim", Nodes: n, SizeBytes: cfg.Size, ChunkBytes: cfg.ChunkSize, LinkMbit: *linkMbit,
-				Faults: *faults, Seeders: r.Seeders, StreamMBs: *streamMBs, RefreshMs: max(*refresh, 50*time.Millisecond).Milliseconds(),
+				Faults: *faults, Seeders: r.Seeders, StreamMBs: *streamMBs, RefreshMs: ms(r.Refresh), StepMs: ms(r.Step),
 				TimeRatioP50: r.TimeRatioP50, TimeRatioP99: r.TimeRatioP99, SlowTimeRatioP50: r.SlowTimeRatioP50, FastTimeRatioP99: r.FastTimeRatioP99, TimeRatioMax: r.TimeRatioMax,
 				OriginRatio: r.OriginRatio, SeedRatio: r.SeedRatio, OriginDoneRatio: r.OriginDoneRatio, RelayedBytesPerNode: r.RelayedBytesPerNode, SchedCPUSPerNode: r.SchedCPUPerNode,
 				StateBytesPerNodeS: r.StateBytesPerNodeS, RefusedPerNodeS: r.RefusedPerNodeS, StateReadsPerNodeS: r.StateReadsPerNodeS, GossipBytesPerNodeS: r.GossipBytesPerNodeS, Zones: *zones, ZonesUntold: *untold, ZoneInRatio: r.ZoneInRatio,
@@ -147,3 +148,6 @@ func ints(s string) []int {
 	}
 	return out
 }
+
+// ms is d in milliseconds, to the microsecond.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -8,9 +8,10 @@
 // The network is fluid: every transfer is a flow from one node's uplink (or
 // the origin's) to another's downlink, the links' capacity shared max-min
 // fair among their flows, recomputed every Step (half of Refresh, the
-// fill loop's tick). Requests, their answers and state reads take their
-// round trips between steps, and a node's fill loop runs at each answer
-// it gets, as the agent's does (withinStep). A relayed chunk's bytes go
+// fill loop's tick, or an eighth of a chunk's time on a fast link).
+// Requests, their answers and state reads take their round trips between
+// steps, and a node's fill loop runs at each answer it gets, as the
+// agent's does (withinStep). A relayed chunk's bytes go
 // no further than the relay has received, less one relay piece, until
 // the relay has the chunk whole. Links carry payload at 1/HeaderOverhead
 // of their rate.
@@ -64,7 +65,7 @@ type Config struct {
 	ZonesUntold    bool          // the nodes are not told their zones: the same cluster without zone-aware choice
 	StreamRate     float64       // a reader on each filling node takes the blob in order at most at this many bytes/s, as the registry mirror streams it to containerd, and says which byte it waits on (Planner.Want); a node is done when its reader is. 0: no reader
 	MaxUploads     int           // a chunk server's uploads at once (default 6, the agent's)
-	Step           time.Duration // the network's time step (default the fill loop's tick, Refresh/2, at most 25 ms)
+	Step           time.Duration // the network's time step (default the fill loop's tick, Refresh/2, at most 25 ms and an eighth of a chunk's time on Link)
 	Swarm          p2p.SwarmConfig
 	Seed           uint64
 }
@@ -72,8 +73,9 @@ type Config struct {
 // Result is what a simulation measured; time ratios are per filling node.
 type Result struct {
 	Nodes, Finished, Killed, Seeders int
-	LimitS                           float64 // S/B of a link of Config.Link
-	TimeRatioP50                     float64 // T/(S/B), T from the node's start
+	LimitS                           float64       // S/B of a link of Config.Link
+	Refresh, Step                    time.Duration // SwarmConfig.Refresh and Config.Step, defaults filled in
+	TimeRatioP50                     float64       // T/(S/B), T from the node's start
 	TimeRatioP99                     float64
 	TimeRatioMax                     float64
 	SlowTimeRatioP50                 float64 // the slow tail's own, over its own link's S/B
@@ -125,7 +127,10 @@ func (c Config) withDefaults() Config {
 		c.Swarm.Refresh = 50 * time.Millisecond
 	}
 	if c.Step <= 0 {
-		c.Step = min(c.Swarm.Refresh/2, 25*time.Millisecond)
+		// A transfer's end is seen at the step after it: a step of an
+		// eighth of a chunk's time on the link keeps that lag small.
+		chunkTime := time.Duration(float64(c.ChunkSize) / c.Link * float64(time.Second))
+		c.Step = min(c.Swarm.Refresh/2, 25*time.Millisecond, chunkTime/8)
 	}
 	return c
 }
@@ -1110,7 +1115,7 @@ func (h *linkHeap) Pop() any {
 }
 
 func (s *sim) result(limit float64) (Result, error) {
-	r := Result{Nodes: len(s.nodes), LimitS: limit, SimulatedS: s.now.Seconds()}
+	r := Result{Nodes: len(s.nodes), LimitS: limit, Refresh: s.cfg.Swarm.Refresh, Step: s.cfg.Step, SimulatedS: s.now.Seconds()}
 	var ratios, slow, fast []float64
 	var relayed, cpu, stateBytes, stateReads, refused, fillS float64
 	for _, n := range s.nodes {
