@@ -17,7 +17,8 @@
 // of their rate.
 // State reads are long-polls as the chunk server answers them: at once
 // when the holder's state differs from the one the reader knows, else at
-// its next news or after a second; their bytes are counted and taken out
+// the first of its looks (every PlanStatePoll) that finds news, or after
+// PlanStateWait; their bytes are counted and taken out
 // of the links. Gossip (holders, deaths) reaches each node after its own
 // delay, drawn from a distribution fitted to real memberlist (gossipDelay),
 // and its bytes are those of a model fitted to it too (gossipBytes).
@@ -200,8 +201,8 @@ type stateKey struct {
 }
 
 type read struct {
-	from  *node
-	until time.Duration
+	from        *node
+	look, until time.Duration // the server's next look for news, and when it answers without any
 }
 
 type flow struct {
@@ -598,7 +599,7 @@ func (s *sim) readState(n, h *node) {
 		case n.known[h.idx] != h.key:
 			s.answer(n, h)
 		default:
-			h.waiting = append(h.waiting, read{from: n, until: s.now + p2p.PlanStateWait})
+			h.waiting = append(h.waiting, read{from: n, look: s.now + p2p.PlanStatePoll, until: s.now + p2p.PlanStateWait})
 		}
 	})
 }
@@ -660,9 +661,12 @@ func (s *sim) answerReads() {
 				s.at(s.cfg.Latency, func() { s.stateRead(r.from, h, nil, errRefused) })
 				continue
 			}
-			if r.from.known[h.idx] != h.key || s.now >= r.until {
+			if s.now >= r.until || (s.now >= r.look && r.from.known[h.idx] != h.key) {
 				s.answer(r.from, h)
 				continue
+			}
+			for r.look <= s.now {
+				r.look += p2p.PlanStatePoll
 			}
 			keep = append(keep, r)
 		}
