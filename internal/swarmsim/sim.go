@@ -822,7 +822,7 @@ func (s *sim) uploadsOf(h *node, i int) []p2p.Upload {
 	ups := make([]p2p.Upload, 0, len(h.uploads))
 	for f := range h.uploads {
 		if i < 0 || f.req.Chunk == i {
-			ups = append(ups, p2p.Upload{Sent: int64(f.got), Running: s.now - f.began})
+			ups = append(ups, p2p.Upload{Sent: int64(f.got), Size: int64(f.size), Running: s.now - f.began})
 		}
 	}
 	return ups

@@ -318,7 +318,7 @@ func (s *ChunkServer) sendsOnce(up *upload) bool {
 	var sending []Upload
 	for _, u := range same {
 		if members[u.peer] {
-			sending = append(sending, Upload{Sent: u.sent.Load(), Running: now.Sub(u.began)})
+			sending = append(sending, Upload{Sent: u.sent.Load(), Size: u.size.Load(), Running: now.Sub(u.began)})
 		}
 	}
 	return SendsOnce(sending, held, s.slots, uplink)
@@ -336,7 +336,7 @@ func (s *ChunkServer) slotsHeldLocked() int {
 	now := time.Now()
 	ups := make([]Upload, 0, len(s.uploads))
 	for u := range s.uploads {
-		ups = append(ups, Upload{Sent: u.sent.Load(), Running: now.Sub(u.began)})
+		ups = append(ups, Upload{Sent: u.sent.Load(), Size: u.size.Load(), Running: now.Sub(u.began)})
 	}
 	return SlotsHeld(ups, s.uplink.observe(now, s.sentBytes.Load()), s.slots)
 }
@@ -450,6 +450,9 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 		return
 	default:
 		defer f.Close()
+	}
+	if up != nil {
+		up.size.Store(n)
 	}
 	// An origin fetcher's upload is the swarm's narrowest pipe: every chunk
 	// of its share must leave it once, as fast as the origin sends it. So

@@ -9,17 +9,25 @@ import (
 // Upload is one chunk upload in progress, as the upload slots see it.
 type Upload struct {
 	Sent    int64         // bytes sent so far
+	Size    int64         // the chunk's bytes (0: not known yet)
 	Running time.Duration // since the request was taken
 }
 
 // slotLendAfter is how long an upload runs before its pace can lend its
-// slot: long enough for its first bytes to have left.
-const slotLendAfter = time.Second
+// slot: long enough for its first bytes to have left. On a fast uplink
+// that is sooner: once the whole chunk would have left at the pace that
+// lends (a 16 MiB chunk on 10 Gbit/s in 161 ms, where a 1 GiB blob
+// crosses in under a second), and slotLendMin at least.
+const (
+	slotLendAfter = time.Second
+	slotLendMin   = 100 * time.Millisecond
+)
 
 // SlotsHeld is how many of a chunk server's uploads hold one of its slots
 // slots, uplink being its upload's pace in bytes per second (0: not known
 // yet, and every upload holds one). An upload that has run slotLendAfter
-// at under half a slot's share of the uplink lends its slot to a new
+// (less on a fast uplink: lends) at under half a slot's share of the
+// uplink lends its slot to a new
 // request, up to slots of them: its reader is slow (a slow link, a busy
 // node, a relay of a chunk that comes slowly), and a slot it held would
 // keep that share of the uplink from everyone for many times a chunk's
@@ -37,14 +45,19 @@ func SlotsHeld(uploads []Upload, uplink float64, slots int) int {
 	return len(uploads) - min(lent, slots)
 }
 
-// lends reports whether u has run slotLendAfter at under half a slot's
-// share of uplink, over slots slots (SlotsHeld).
+// lends reports whether u has run slotLendAfter (or its chunk's time at
+// the floor, if sooner) at under half a slot's share of uplink, the floor,
+// over slots slots (SlotsHeld).
 func (u Upload) lends(uplink float64, slots int) bool {
 	if uplink <= 0 || slots <= 0 {
 		return false
 	}
 	floor := uplink / float64(2*slots)
-	return u.Running >= slotLendAfter && float64(u.Sent) < floor*u.Running.Seconds()
+	after := slotLendAfter
+	if u.Size > 0 {
+		after = max(slotLendMin, min(after, time.Duration(float64(u.Size)/floor*float64(time.Second))))
+	}
+	return u.Running >= after && float64(u.Sent) < floor*u.Running.Seconds()
 }
 
 // SendsOnce reports whether a server that holds a whole blob, with slots
@@ -74,6 +87,7 @@ type upload struct {
 	peer  string
 	chunk chunkKey // what it sends
 	began time.Time
+	size  atomic.Int64 // the chunk's bytes, once opened
 	sent  atomic.Int64
 }
 

@@ -39,6 +39,27 @@ func TestSlotsHeld(t *testing.T) {
 	}
 }
 
+// On a fast uplink a chunk at half a slot's share takes far less than
+// slotLendAfter: an upload of it lends its slot once it has run that long
+// (a tenth of a second at least), not a second on. On a slow uplink, or
+// before its size is known, it still waits slotLendAfter.
+func TestFastUplinkLendsWithinAChunksTime(t *testing.T) {
+	t.Parallel()
+	const fast, slow = 10e9 / 8, 100e6 / 8 // bytes/s
+	const chunk = 16 << 20
+	// Half a slot's share of 10 Gbit/s over 6 slots is about 104 MB/s: a
+	// 16 MiB chunk's time at it 161 ms.
+	at := func(sent int64, running time.Duration) Upload {
+		return Upload{Sent: sent, Size: chunk, Running: running}
+	}
+	require.True(t, at(1<<20, 200*time.Millisecond).lends(fast, 6), "a quarter of the floor's pace, past the chunk's time")
+	require.False(t, at(1<<20, 150*time.Millisecond).lends(fast, 6), "not yet a chunk's time at the floor")
+	require.False(t, Upload{Sent: 1 << 20, Running: 200 * time.Millisecond}.lends(fast, 6), "size not known yet")
+	require.False(t, at(1<<10, 500*time.Millisecond).lends(slow, 6), "a slow uplink waits slotLendAfter")
+	require.True(t, at(1<<10, slotLendAfter).lends(slow, 6))
+	require.False(t, Upload{Sent: 0, Size: 64 << 10, Running: 50 * time.Millisecond}.lends(fast, 6), "a tenth of a second at least")
+}
+
 func TestPaceMeterFollowsThePeak(t *testing.T) {
 	t.Parallel()
 	var m paceMeter
