@@ -27,9 +27,9 @@ const (
 // slots, uplink being its upload's pace in bytes per second (0: not known
 // yet, and every upload holds one). An upload that has run slotLendAfter
 // (less on a fast uplink: lends) at under half a slot's share of the
-// uplink lends its slot to a new
-// request, up to slots of them: its reader is slow (a slow link, a busy
-// node, a relay of a chunk that comes slowly), and a slot it held would
+// uplink lends its slot to a new request, up to slots of them: its reader
+// is slow (a slow link, a busy node, a relay of a chunk that comes
+// slowly), and a slot it held would
 // keep that share of the uplink from everyone for many times a chunk's
 // time. The simulation applies the same rule to its servers.
 func SlotsHeld(uploads []Upload, uplink float64, slots int) int {
