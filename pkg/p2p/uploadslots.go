@@ -92,9 +92,9 @@ type upload struct {
 }
 
 // paceMeter estimates a link's pace, a server's upload or a swarm's
-// download: the fastest it has carried over a meterWindow lately, halving
-// each paceHalfLife so that a link that became slower (a limit, a busy
-// host) is followed. It is not safe for concurrent use.
+// download: the fastest it has carried over a meterWindow (or meterBytes)
+// lately, halving each paceHalfLife so that a link that became slower (a
+// limit, a busy host) is followed. It is not safe for concurrent use.
 type paceMeter struct {
 	at    time.Time
 	total int64 // bytes carried by at
@@ -106,6 +106,14 @@ const (
 	paceHalfLife = time.Minute
 )
 
+// On a fast link a window may end sooner, once meterBytes have passed in
+// meterMinWindow at least: many times what socket buffers take at once,
+// so a burst into them is not read as the link's pace.
+const (
+	meterBytes     = 64 << 20
+	meterMinWindow = 100 * time.Millisecond
+)
+
 // observe records that total bytes were carried by now, and returns the
 // pace.
 func (m *paceMeter) observe(now time.Time, total int64) float64 {
@@ -114,7 +122,7 @@ func (m *paceMeter) observe(now time.Time, total int64) float64 {
 		return 0
 	}
 	dt := now.Sub(m.at)
-	if dt < meterWindow {
+	if dt < meterWindow && (dt < meterMinWindow || total-m.total < meterBytes) {
 		return m.peak
 	}
 	m.peak *= math.Exp2(-dt.Seconds() / paceHalfLife.Seconds())

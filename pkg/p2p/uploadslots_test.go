@@ -71,6 +71,20 @@ func TestPaceMeterFollowsThePeak(t *testing.T) {
 	require.InEpsilon(t, 2.5e6, m.observe(at.Add(4*time.Second+paceHalfLife), 12e6), 0.05, "which halves over a half-life idle")
 }
 
+// On a fast link the meter need not wait out its window: once it has
+// carried meterBytes, in meterMinWindow at least, that is its pace, so a
+// server on 10 Gbit/s knows its uplink within the tenth of a second its
+// first chunks take, not two seconds (a 1 GiB blob's whole fill there).
+func TestPaceMeterOnAFastLink(t *testing.T) {
+	t.Parallel()
+	var m paceMeter
+	at := time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)
+	require.Zero(t, m.observe(at, 0))
+	require.Zero(t, m.observe(at.Add(50*time.Millisecond), 62e6), "too soon to tell")
+	require.InEpsilon(t, 1.25e9, m.observe(at.Add(100*time.Millisecond), 125e6), 1e-9)
+	require.Zero(t, (&paceMeter{at: at}).observe(at.Add(time.Second), 5e6), "a slow link still waits its window")
+}
+
 // A reader that takes its chunk slowly lends its upload slot once it has
 // shown its pace: another request is served beside it.
 func TestSlowReaderLendsItsSlot(t *testing.T) {
