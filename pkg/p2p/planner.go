@@ -32,10 +32,11 @@ type PlanRequest struct {
 }
 
 // The chunk server as a simulation models it: a state read waits for news
-// at most PlanStateWait, looking for it every PlanStatePoll; an origin fetcher sends a chunk once per
-// PlanResendAfter; a relay holds back its last PlanRelayPiece bytes until
-// the chunk is verified; a state request names the hashes it knows while
-// their bitmap is at most PlanMaxKnownParam bytes.
+// at most PlanStateWait, looking for it every PlanStatePoll; an origin
+// fetcher sends a chunk once per PlanResendAfter; a relay holds back its
+// last PlanRelayPiece bytes until the chunk is verified; a state request
+// names the hashes it knows while their bitmap is at most
+// PlanMaxKnownParam bytes.
 const (
 	PlanStateWait     = stateWait
 	PlanStatePoll     = statePoll
