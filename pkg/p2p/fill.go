@@ -37,6 +37,9 @@ type peerView struct {
 	// receiving a chunk takes it (moving average).
 	fetchSeen map[int]time.Time
 	chunkTime time.Duration
+	// Chunks this origin fetcher sent once to a receiver that proved no
+	// source (banned here, or gone): the next request asks it again.
+	sendAgain map[int]bool
 }
 
 type chunkResult struct {
@@ -116,6 +119,7 @@ type request struct {
 	chunk    int
 	peer     *peerView
 	slowEnds bool // give the copy up if it comes too slowly (CopyTooSlow)
+	again    bool // ask an origin fetcher to send it again (peerView.sendAgain)
 }
 
 // fill is one blob's download through the swarm: its plan's requests and
@@ -263,6 +267,29 @@ func (f *plan) addPeer(name string, now time.Time) {
 		chunkBusy: map[int]time.Time{}, sentSeen: map[int]time.Time{}})
 }
 
+// meetReceiver follows name, which an origin fetcher says it sent a chunk
+// to, and reads its state at the next pass: a fetcher sends each chunk
+// once, and only the receiver's followers would see it there (a fill
+// follows MaxFollowed holders); the others waited for a repeat, at
+// 10 Gbit/s the whole fill's tail (docs/swarm-tuning.md). It reports
+// false where the receiver is no source: banned here, not a member, or
+// this node.
+func (f *plan) meetReceiver(name string) bool {
+	if name == f.s.dir.LocalName() || f.s.Banned(name) {
+		return false
+	}
+	if _, ok := f.s.dir.Peer(name); !ok {
+		return false
+	}
+	now := f.s.cfg.Now()
+	delete(f.absent, name)
+	f.addPeer(name, now)
+	if pv := f.peers.get(name); pv != nil && !pv.reading {
+		pv.readAt = time.Time{}
+	}
+	return true
+}
+
 func (f *plan) updateState(r stateResult) {
 	pv := f.peers.get(r.peer)
 	if pv == nil {
@@ -391,7 +418,9 @@ func (f *plan) book(i int, pv *peerView) request {
 	pv.inflight++
 	f.asked[i] = append(f.asked[i], pv.name)
 	f.s.requestCounter(pv.name).Add(1)
-	return request{chunk: i, peer: pv, slowEnds: f.mayGiveUp(i, pv)}
+	again := pv.sendAgain[i]
+	delete(pv.sendAgain, i)
+	return request{chunk: i, peer: pv, slowEnds: f.mayGiveUp(i, pv), again: again}
 }
 
 // mayGiveUp reports whether a copy of chunk i from pv that comes too
@@ -438,16 +467,17 @@ func (f *fill) launch(ctx context.Context, reqs []request) {
 		if r.peer == nil {
 			f.launchOrigin(ctx, r.chunk)
 		} else {
-			f.launchPeer(ctx, r.chunk, r.peer, r.slowEnds)
+			f.launchPeer(ctx, r)
 		}
 	}
 }
 
-// launchPeer asks pv for chunk i. A peer that is still receiving the
-// chunk relays it as it comes, and gives its hash after the last byte:
+// launchPeer asks r's peer for its chunk. A peer that is still receiving
+// the chunk relays it as it comes, and gives its hash after the last byte:
 // which hash the chunk must have is settled then (askHash). With
 // slowEnds, a copy that comes too slowly is given up (CopyTooSlow).
-func (f *fill) launchPeer(ctx context.Context, i int, pv *peerView, slowEnds bool) {
+func (f *fill) launchPeer(ctx context.Context, r request) {
+	i, pv := r.chunk, r.peer
 	relay := !pv.state.Has(i)
 	var want []byte
 	if !relay {
@@ -461,7 +491,7 @@ func (f *fill) launchPeer(ctx context.Context, i int, pv *peerView, slowEnds boo
 		defer f.wg.Done()
 		start := f.s.cfg.Now()
 		c := f.s.live.chunk(f.d, i, n)
-		claim, err := f.s.fetchChunk(ctx, addr, f.d, i, timeout, slowEnds, c)
+		claim, err := f.s.fetchChunk(ctx, addr, f.d, i, timeout, r.slowEnds, r.again, c)
 		if err == nil && want == nil {
 			want, err = f.askHash(ctx, i, name, claim)
 		}
@@ -572,7 +602,18 @@ func (f *plan) handle(r chunkResult) error {
 	pv := f.peers.get(r.peer)
 	switch {
 	case errors.Is(r.err, errChunkBusy):
-		if pv != nil {
+		var to *sentToError
+		switch {
+		case pv == nil:
+		case errors.As(r.err, &to) && f.meetReceiver(to.peer):
+			pv.chunkBusy[r.chunk] = f.s.cfg.Now().Add(f.s.cfg.Refresh)
+		case to != nil:
+			// Its receiver is no source for this node: ask again at once.
+			if pv.sendAgain == nil {
+				pv.sendAgain = map[int]bool{}
+			}
+			pv.sendAgain[r.chunk] = true
+		default:
 			pv.chunkBusy[r.chunk] = f.s.cfg.Now().Add(f.s.cfg.Refresh)
 		}
 	case errors.Is(r.err, errBusy):

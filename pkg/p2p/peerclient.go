@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"time"
 
@@ -24,6 +25,14 @@ var (
 	errSlow      = errors.New("peer too slow")
 	errNotHeld   = errors.New("404 Not Found") // the peer holds none of it
 )
+
+// sentToError is errChunkBusy from an origin fetcher that named the peer
+// it sent the chunk to (sentToHeader): that peer has it, or has it on its
+// way.
+type sentToError struct{ peer string }
+
+func (e *sentToError) Error() string        { return errChunkBusy.Error() + ", to " + e.peer }
+func (e *sentToError) Is(target error) bool { return target == errChunkBusy }
 
 // requestTimeout bounds one request for n bytes: n at the slowest
 // acceptable rate for each of the node's fills, which share its downlink,
@@ -106,7 +115,7 @@ var errAnswerTooBig = errors.New("answer too big")
 // An answer that says it is longer is not read at all, and one that does
 // not say is read only to limit+1 bytes (errAnswerTooBig).
 func (s *Swarm) getSmall(ctx context.Context, url string, limit int64) ([]byte, error) {
-	resp, err := s.get(ctx, url)
+	resp, err := s.get(ctx, url, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -129,11 +138,12 @@ func (s *Swarm) getSmall(ctx context.Context, url string, limit int64) ([]byte, 
 
 // get GETs url from a peer. An answer other than 200 comes with its body
 // drained, for the connection's reuse: only its status and headers count.
-func (s *Swarm) get(ctx context.Context, url string) (*http.Response, error) {
+func (s *Swarm) get(ctx context.Context, url string, header http.Header) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
 	}
+	maps.Copy(req.Header, header)
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return nil, err
@@ -199,11 +209,15 @@ func drain(body io.Reader) {
 // trailer for a relayed chunk (one the peer was still receiving); nil from
 // an agent that sends none. With slowEnds, a copy that comes too slowly
 // ends with errSlow (CopyTooSlow).
-func (s *Swarm) fetchChunk(ctx context.Context, addr string, d digest.Digest, i int, timeout time.Duration, slowEnds bool, c *liveChunk) (claim []byte, err error) {
+func (s *Swarm) fetchChunk(ctx context.Context, addr string, d digest.Digest, i int, timeout time.Duration, slowEnds, again bool, c *liveChunk) (claim []byte, err error) {
 	ctx, watch := watchTransfer(ctx, timeout)
 	defer watch.stop()
 	watch.since, watch.slowEnds = s.cfg.Now(), slowEnds
-	resp, err := s.get(ctx, s.peerURL(addr, fmt.Sprintf(chunkPath, d, i)))
+	var header http.Header
+	if again {
+		header = http.Header{sendAgainHeader: {"1"}}
+	}
+	resp, err := s.get(ctx, s.peerURL(addr, fmt.Sprintf(chunkPath, d, i)), header)
 	if err != nil {
 		return nil, err
 	}
@@ -212,6 +226,9 @@ func (s *Swarm) fetchChunk(ctx context.Context, addr string, d digest.Digest, i 
 	case http.StatusOK:
 	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
 		if resp.Header.Get(busyHeader) == "chunk" {
+			if to := resp.Header.Get(sentToHeader); to != "" {
+				return nil, &sentToError{peer: to}
+			}
 			return nil, errChunkBusy
 		}
 		return nil, errBusy

@@ -36,7 +36,7 @@ func TestSlowPeerIsNotBannedAsFailing(t *testing.T) {
 	s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
 	require.NoError(t, err)
 	d := descOf(randomBlob(16, n)).Digest
-	_, err = s.fetchChunk(context.Background(), stallingPeer(t, n, 64<<10), d, 0, 300*time.Millisecond, false, newLiveChunk(n))
+	_, err = s.fetchChunk(context.Background(), stallingPeer(t, n, 64<<10), d, 0, 300*time.Millisecond, false, false, newLiveChunk(n))
 	require.ErrorIs(t, err, errSlow)
 
 	f := &plan{s: s, d: d, inflight: map[int]int{}, peers: peersOf(&peerView{name: "slow"}, &peerView{name: "dead"})}
@@ -106,7 +106,7 @@ func TestTooSlowCopyIsGivenUp(t *testing.T) {
 			// at the clock's pace 131 KB/s, is far under a sixteenth of it.
 			s.downlink = paceMeter{at: fast(), peak: 1 << 30}
 			d := descOf(randomBlob(19, n)).Digest
-			_, err = s.fetchChunk(context.Background(), tricklingPeer(t, n, piece, tick), d, 0, time.Hour, slowEnds, newLiveChunk(n))
+			_, err = s.fetchChunk(context.Background(), tricklingPeer(t, n, piece, tick), d, 0, time.Hour, slowEnds, false, newLiveChunk(n))
 			if !slowEnds {
 				require.NoError(t, err)
 				return
@@ -159,7 +159,7 @@ func TestStalledTransferEndsEarly(t *testing.T) {
 			s, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
 			require.NoError(t, err)
 			d := descOf(randomBlob(17, n)).Digest
-			_, err = s.fetchChunk(context.Background(), stallingPeer(t, n, sent), d, 0, time.Hour, false, newLiveChunk(n))
+			_, err = s.fetchChunk(context.Background(), stallingPeer(t, n, sent), d, 0, time.Hour, false, false, newLiveChunk(n))
 			require.ErrorIs(t, err, errStalled)
 			require.Equal(t, sent > 0, errors.Is(err, errSlow), "%v", err)
 		})

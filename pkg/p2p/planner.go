@@ -29,6 +29,7 @@ type PlanRequest struct {
 	Peer     string
 	Relay    bool
 	SlowEnds bool // the copy is given up if it comes too slowly (CopyTooSlow)
+	Again    bool // ask an origin fetcher to send again a chunk it sent once: its receiver proved no source
 }
 
 // The chunk server as a simulation models it: a state read waits for news
@@ -44,6 +45,10 @@ const (
 	PlanRelayPiece    = relayPiece
 	PlanMaxKnownParam = maxKnownParam
 )
+
+// ChunkSentTo is ErrChunkSent from an origin fetcher that names the peer
+// it sent the chunk to.
+func ChunkSentTo(peer string) error { return &sentToError{peer: peer} }
 
 // Errors a simulated request may end with, as the real ones do: the
 // peer's upload slots are all taken; it is an origin fetcher that sent the
@@ -85,7 +90,7 @@ func (p *Planner) Step(missing []int) (reads []string, reqs []PlanRequest) {
 			reqs = append(reqs, PlanRequest{Chunk: r.chunk})
 			continue
 		}
-		reqs = append(reqs, PlanRequest{Chunk: r.chunk, Peer: r.peer.name, Relay: !r.peer.state.Has(r.chunk), SlowEnds: r.slowEnds})
+		reqs = append(reqs, PlanRequest{Chunk: r.chunk, Peer: r.peer.name, Relay: !r.peer.state.Has(r.chunk), SlowEnds: r.slowEnds, Again: r.again})
 	}
 	return reads, reqs
 }

@@ -14,25 +14,33 @@ type chunkKey struct {
 }
 
 // sentLog remembers which chunks of the most recent blobs this server has
-// sent to some peer, and when it first sent those it sends once in their
-// first resendAfter.
+// sent to some peer, and when and to whom it first sent those it sends
+// once in their first resendAfter.
 type sentLog struct {
 	mu     sync.Mutex
 	m      map[digest.Digest][]byte
-	order  []digest.Digest        // oldest first
-	recent map[chunkKey]time.Time // first sent with once, less than resendAfter ago
+	order  []digest.Digest       // oldest first
+	recent map[chunkKey]sentOnce // first sent with once, less than resendAfter ago
 }
 
-// mark records that chunk i of d is being sent. With once it refuses
-// (false) a chunk whose first send was with once, less than resendAfter
-// ago. Only the first send opens that window, so that no peer can hold it
-// open by asking again the moment it closes.
-func (l *sentLog) mark(d digest.Digest, i int, once bool) bool {
+// sentOnce is when a chunk sent once went, and to which host.
+type sentOnce struct {
+	at time.Time
+	to string
+}
+
+// mark records that chunk i of d is being sent to host to. With once it
+// refuses (false) a chunk whose first send was with once, less than
+// resendAfter ago, and returns the host it went to; but with again (its
+// receiver proved no source to the asker) it sends it, to a new receiver.
+// Only the first send opens the window, so that no peer can hold it open
+// by asking again the moment it closes.
+func (l *sentLog) mark(d digest.Digest, i int, once, again bool, to string) (bool, string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := time.Now()
-	for k, at := range l.recent {
-		if now.Sub(at) >= resendAfter {
+	for k, s := range l.recent {
+		if now.Sub(s.at) >= resendAfter {
 			delete(l.recent, k)
 		}
 	}
@@ -41,14 +49,17 @@ func (l *sentLog) mark(d digest.Digest, i int, once bool) bool {
 	}
 	b, ok := l.m[d]
 	if once {
-		if _, sent := l.recent[chunkKey{d, i}]; sent {
-			return false
-		}
-		if !bitSet(b, i) {
-			if l.recent == nil {
-				l.recent = make(map[chunkKey]time.Time)
+		k := chunkKey{d, i}
+		if s, sent := l.recent[k]; sent {
+			if !again {
+				return false, s.to
 			}
-			l.recent[chunkKey{d, i}] = now
+			l.recent[k] = sentOnce{at: s.at, to: to}
+		} else if !bitSet(b, i) {
+			if l.recent == nil {
+				l.recent = make(map[chunkKey]sentOnce)
+			}
+			l.recent[k] = sentOnce{at: now, to: to}
 		}
 	}
 	if !ok {
@@ -59,7 +70,7 @@ func (l *sentLog) mark(d digest.Digest, i int, once bool) bool {
 		}
 	}
 	l.m[d] = setBit(b, i, true)
-	return true
+	return true, ""
 }
 
 // count is how many chunks of have were sent: the bits of get, without

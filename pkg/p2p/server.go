@@ -461,14 +461,20 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	// half its upload slots are free: first copies keep most of the link,
 	// and the rest is not left idle. Any other node sends a chunk to all
 	// who ask, and spreads it sooner.
-	if !s.sent.mark(d, i, s.originRole(d)) {
+	// The refusal names the receiver, whom few may follow; one who found
+	// the receiver no source (it lied, or left) asks again, and gets it.
+	again := r.Header.Get(sendAgainHeader) != ""
+	if ok, to := s.sent.mark(d, i, s.originRole(d), again, peerOf(r)); !ok {
 		if s.slots == 0 || s.slotsHeld() > s.slots/2 || !s.repeating.CompareAndSwap(false, true) {
+			if name := s.memberAt(to); name != "" {
+				w.Header().Set(sentToHeader, name)
+			}
 			w.Header().Set(busyHeader, "chunk")
 			s.fail(w, "chunk", http.StatusServiceUnavailable, errors.New("chunk sent already; ask its receiver"))
 			return
 		}
 		defer s.repeating.Store(false)
-		s.sent.mark(d, i, false)
+		s.sent.mark(d, i, false, false, "")
 	}
 	if live != nil {
 		s.relay(w, r, up, live, d, i)
@@ -582,6 +588,32 @@ func (s *ChunkServer) send(ctx context.Context, up *upload, n int64, next func(o
 
 // busyHeader says, on a 503, whether the chunk or the whole server is busy.
 const busyHeader = "Weightd-Busy"
+
+// sentToHeader names, on an origin fetcher's 503 for a chunk it sent once,
+// the member it sent it to; sendAgainHeader, on a request, says that
+// member proved no source to the asker.
+const (
+	sentToHeader    = "Weightd-Sent-To"
+	sendAgainHeader = "Weightd-Send-Again"
+)
+
+// memberAt is the one member whose chunk server listens on host, or ""
+// when none or several do (agents sharing a host, as in tests).
+func (s *ChunkServer) memberAt(host string) string {
+	if s.swarm == nil || s.swarm.dir == nil || host == "" {
+		return ""
+	}
+	name := ""
+	for _, p := range s.swarm.dir.Members() {
+		if h, _, err := net.SplitHostPort(p.Meta.ChunkAddr); err == nil && h == host {
+			if name != "" {
+				return ""
+			}
+			name = p.Name
+		}
+	}
+	return name
+}
 
 // resendAfter is how long an origin fetcher waits before it sends a chunk
 // again: long enough for the first receiver to have passed it on, short

@@ -456,7 +456,7 @@ func TestBusyAnswerKeepsTheConnection(t *testing.T) {
 	addr := strings.TrimPrefix(ts.URL, "http://")
 	d := descOf(data).Digest
 	fetch := func() error {
-		_, err := s.fetchChunk(context.Background(), addr, d, 0, time.Minute, false, newLiveChunk(testChunk))
+		_, err := s.fetchChunk(context.Background(), addr, d, 0, time.Minute, false, false, newLiveChunk(testChunk))
 		return err
 	}
 	up := mustTakeSlot(t, srv, "192.0.2.1") // every upload slot taken
@@ -464,7 +464,7 @@ func TestBusyAnswerKeepsTheConnection(t *testing.T) {
 		require.ErrorIs(t, fetch(), errBusy)
 	}
 	srv.releaseSlot(up)
-	claim, err := s.fetchChunk(context.Background(), addr, d, 0, time.Minute, false, newLiveChunk(testChunk))
+	claim, err := s.fetchChunk(context.Background(), addr, d, 0, time.Minute, false, false, newLiveChunk(testChunk))
 	require.NoError(t, err)
 	sum := sha256.Sum256(data)
 	require.Equal(t, sum[:], claim, "a whole chunk comes with its hash")
@@ -634,7 +634,7 @@ func TestChunkServerRelaysChunksOnTheirWay(t *testing.T) {
 		}
 		done := make(chan result)
 		go func() {
-			claim, err := sw.fetchChunk(context.Background(), strings.TrimPrefix(ts.URL, "http://"), d, 0, time.Minute, false, newLiveChunk(int64(len(data))))
+			claim, err := sw.fetchChunk(context.Background(), strings.TrimPrefix(ts.URL, "http://"), d, 0, time.Minute, false, false, newLiveChunk(int64(len(data))))
 			done <- result{claim, err}
 		}()
 		require.Eventually(t, func() bool { return testutil.ToFloat64(srv.m.requests.WithLabelValues("relay", "200")) == relays },

@@ -342,7 +342,7 @@ func (s *Swarm) fillSmall(ctx context.Context, p *cache.Partial, origin Origin) 
 			continue
 		}
 		c := newLiveChunk(n)
-		_, err := s.fetchChunk(ctx, peer.Meta.ChunkAddr, d, 0, timeout, false, c)
+		_, err := s.fetchChunk(ctx, peer.Meta.ChunkAddr, d, 0, timeout, false, false, c)
 		if err == nil {
 			err = p.WritePeerChunk(0, c.data(), want)
 		}

@@ -104,7 +104,7 @@ func TestSwarmRefusesAnotherNodesServer(t *testing.T) {
 			require.NoError(t, err)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			_, err = s.fetchChunk(ctx, evil, descOf(data).Digest, 0, time.Minute, false, newLiveChunk(testChunk))
+			_, err = s.fetchChunk(ctx, evil, descOf(data).Digest, 0, time.Minute, false, false, newLiveChunk(testChunk))
 			require.ErrorIs(t, err, errNotThePeer)
 		})
 	}
@@ -113,14 +113,14 @@ func TestSwarmRefusesAnotherNodesServer(t *testing.T) {
 	s, err := NewSwarm(staticDir{local: "me", peers: map[string]Peer{"evil": {Name: "evil", Meta: NodeMeta{ChunkAddr: evil}}}},
 		nil, SwarmConfig{TLS: ids["me"].ClientConfig()}, nil, nil)
 	require.NoError(t, err)
-	_, err = s.fetchChunk(context.Background(), evil, descOf(data).Digest, 0, time.Minute, false, newLiveChunk(testChunk))
+	_, err = s.fetchChunk(context.Background(), evil, descOf(data).Digest, 0, time.Minute, false, false, newLiveChunk(testChunk))
 	require.NoError(t, err)
 
 	// A swarm without the cluster's certificate gets nothing from it.
 	outsider, err := NewSwarm(staticDir{local: "me", peers: map[string]Peer{"evil": {Name: "evil", Meta: NodeMeta{ChunkAddr: evil}}}},
 		nil, SwarmConfig{TLS: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13}}, nil, nil)
 	require.NoError(t, err)
-	_, err = outsider.fetchChunk(context.Background(), evil, descOf(data).Digest, 0, time.Minute, false, newLiveChunk(testChunk))
+	_, err = outsider.fetchChunk(context.Background(), evil, descOf(data).Digest, 0, time.Minute, false, false, newLiveChunk(testChunk))
 	require.Error(t, err)
 	require.False(t, errors.Is(err, errNotThePeer), "refused at the handshake: %v", err)
 }
