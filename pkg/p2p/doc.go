@@ -91,14 +91,17 @@
 // again for a chunk it sent only when no other supplier is free, and for
 // 10 s after a chunk's first send it sends one such repeat at a time while
 // half its upload slots are free, then to all who ask (a window that
-// opened again could be held by whoever asks the moment it closes).
+// opened again could be held by whoever asks the moment it closes). Its
+// refusal names the member it sent the chunk to, whom the refused fill
+// then follows; one that has banned that member, or finds it gone, asks
+// the fetcher to send the chunk again, and becomes the receiver.
 // A holder of the whole blob, while over half its upload slots are held,
 // refuses a chunk it is sending to a member whose send moves at a fair
 // pace (SendsOnce): that member relays it, and the holder's upload goes to
 // the chunks only it has.
 // A holder's upload slots are held by its uploads but those whose reader
-// has taken a second at under half a slot's share of the uplink: those
-// lend theirs (SlotsHeld), up to twice the slots in all, so that a slow
+// has taken a second (on a fast uplink, its chunk's time at that pace) at
+// under half a slot's share of the uplink: those lend theirs (SlotsHeld), up to twice the slots in all, so that a slow
 // node's requests do not keep the holder's link idle.
 // Endgame: once every missing chunk is asked for and no more are left than
 // the fill's request limit, each may get one duplicate request to another
