@@ -268,12 +268,12 @@ func (f *plan) addPeer(name string, now time.Time) {
 }
 
 // meetReceiver follows name, which an origin fetcher says it sent a chunk
-// to, and reads its state at the next pass: a fetcher sends each chunk
-// once, and only the receiver's followers would see it there (a fill
-// follows MaxFollowed holders); the others waited for a repeat, at
-// 10 Gbit/s the whole fill's tail (docs/swarm-tuning.md). It reports
-// false where the receiver is no source: banned here, not a member, or
-// this node.
+// to, unless it does already: a fetcher sends each chunk once, and only
+// the receiver's followers would see it there (a fill follows MaxFollowed
+// holders); the others waited for a repeat, at 10 Gbit/s the whole
+// fill's tail (docs/swarm-tuning.md). A new peer's state is read at the
+// next pass. It reports false where the receiver is no source: banned
+// here, not a member, or this node.
 func (f *plan) meetReceiver(name string) bool {
 	if name == f.s.dir.LocalName() || f.s.Banned(name) {
 		return false
@@ -281,12 +281,8 @@ func (f *plan) meetReceiver(name string) bool {
 	if _, ok := f.s.dir.Peer(name); !ok {
 		return false
 	}
-	now := f.s.cfg.Now()
 	delete(f.absent, name)
-	f.addPeer(name, now)
-	if pv := f.peers.get(name); pv != nil && !pv.reading {
-		pv.readAt = time.Time{}
-	}
+	f.addPeer(name, f.s.cfg.Now())
 	return true
 }
 

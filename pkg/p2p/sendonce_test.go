@@ -92,12 +92,13 @@ func TestFetchChunkHearsTheReceiver(t *testing.T) {
 }
 
 // A fill refused a chunk by an origin fetcher that names its receiver
-// follows the receiver and reads its state at once; where the receiver is
-// banned here, or no member, it asks the fetcher to send it again, once.
+// follows the receiver and reads its state at the next pass; where the
+// receiver is banned here, or no member, it asks the fetcher to send it
+// again, once.
 func TestRefusedFillMeetsTheReceiver(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)
-	dir := manyHolders(3, 0)
+	dir := clusterOf([]string{"me", "node-000", "node-001", "node-002"})
 	s, err := NewSwarm(dir, nil, SwarmConfig{Now: func() time.Time { return now }}, nil, nil)
 	require.NoError(t, err)
 	f := s.newPlan(descOf(randomBlob(1, 4*testChunk)), testChunk, nil)
@@ -112,7 +113,7 @@ func TestRefusedFillMeetsTheReceiver(t *testing.T) {
 	refuse(0, "node-001")
 	receiver := f.peers.get("node-001")
 	require.NotNil(t, receiver, "the receiver is followed")
-	require.True(t, receiver.readAt.IsZero(), "and read at the next pass")
+	require.True(t, receiver.readAt.IsZero() && !receiver.reading, "and read at the next pass")
 	require.False(t, fetcher.sendAgain[0])
 
 	s.ban("node-002", "corrupt_chunk")
