@@ -11,17 +11,16 @@
 // fill loop's tick, or an eighth of a chunk's time on a fast link).
 // Requests, their answers and state reads take their round trips between
 // steps, and a node's fill loop runs at each answer it gets, as the
-// agent's does (withinStep). A relayed chunk's bytes go
-// no further than the relay has received, less one relay piece, until
-// the relay has the chunk whole. Links carry payload at 1/HeaderOverhead
-// of their rate.
+// agent's does (withinStep). A relayed chunk's bytes go no further than
+// the relay has received, less one relay piece, until the relay has the
+// chunk whole. Links carry payload at 1/HeaderOverhead of their rate.
 // State reads are long-polls as the chunk server answers them: at once
 // when the holder's state differs from the one the reader knows, else at
 // the first of its looks (every PlanStatePoll) that finds news, or after
-// PlanStateWait; their bytes are counted and taken out
-// of the links. Gossip (holders, deaths) reaches each node after its own
-// delay, drawn from a distribution fitted to real memberlist (gossipDelay),
-// and its bytes are those of a model fitted to it too (gossipBytes).
+// PlanStateWait; their bytes are counted and taken out of the links.
+// Gossip (holders, deaths) reaches each node after its own delay, drawn
+// from a distribution fitted to real memberlist (gossipDelay), and its
+// bytes are those of a model fitted to it too (gossipBytes).
 package swarmsim
 
 import (

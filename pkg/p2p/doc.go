@@ -101,8 +101,9 @@
 // the chunks only it has.
 // A holder's upload slots are held by its uploads but those whose reader
 // has taken a second (on a fast uplink, its chunk's time at that pace) at
-// under half a slot's share of the uplink: those lend theirs (SlotsHeld), up to twice the slots in all, so that a slow
-// node's requests do not keep the holder's link idle.
+// under half a slot's share of the uplink: those lend theirs (SlotsHeld),
+// up to twice the slots in all, so that a slow node's requests do not
+// keep the holder's link idle.
 // Endgame: once every missing chunk is asked for and no more are left than
 // the fill's request limit, each may get one duplicate request to another
 // peer than the first; those still running when the blob is complete are

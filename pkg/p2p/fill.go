@@ -598,20 +598,19 @@ func (f *plan) handle(r chunkResult) error {
 	pv := f.peers.get(r.peer)
 	switch {
 	case errors.Is(r.err, errChunkBusy):
+		if pv == nil {
+			break
+		}
 		var to *sentToError
-		switch {
-		case pv == nil:
-		case errors.As(r.err, &to) && f.meetReceiver(to.peer):
-			pv.chunkBusy[r.chunk] = f.s.cfg.Now().Add(f.s.cfg.Refresh)
-		case to != nil:
+		if errors.As(r.err, &to) && !f.meetReceiver(to.peer) {
 			// Its receiver is no source for this node: ask again at once.
 			if pv.sendAgain == nil {
 				pv.sendAgain = map[int]bool{}
 			}
 			pv.sendAgain[r.chunk] = true
-		default:
-			pv.chunkBusy[r.chunk] = f.s.cfg.Now().Add(f.s.cfg.Refresh)
+			break
 		}
+		pv.chunkBusy[r.chunk] = f.s.cfg.Now().Add(f.s.cfg.Refresh)
 	case errors.Is(r.err, errBusy):
 		if pv != nil {
 			pv.busyTill = f.s.cfg.Now().Add(f.s.cfg.Refresh)

@@ -309,15 +309,10 @@ func (s *ChunkServer) sendsOnce(up *upload) bool {
 	if _, complete, err := m.ChunkMap(up.chunk.d, nil); err != nil || !complete {
 		return false
 	}
-	members := map[string]bool{}
-	for _, p := range s.swarm.dir.Members() {
-		if host, _, err := net.SplitHostPort(p.Meta.ChunkAddr); err == nil {
-			members[host] = true
-		}
-	}
+	members := s.membersByHost()
 	var sending []Upload
 	for _, u := range same {
-		if members[u.peer] {
+		if _, member := members[u.peer]; member {
 			sending = append(sending, Upload{Sent: u.sent.Load(), Size: u.size.Load(), Running: now.Sub(u.began)})
 		}
 	}
@@ -466,7 +461,7 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	again := r.Header.Get(sendAgainHeader) != ""
 	if ok, to := s.sent.mark(d, i, s.originRole(d), again, peerOf(r)); !ok {
 		if s.slots == 0 || s.slotsHeld() > s.slots/2 || !s.repeating.CompareAndSwap(false, true) {
-			if name := s.memberAt(to); name != "" {
+			if name := s.membersByHost()[to]; name != "" {
 				w.Header().Set(sentToHeader, name)
 			}
 			w.Header().Set(busyHeader, "chunk")
@@ -597,22 +592,24 @@ const (
 	sendAgainHeader = "Weightd-Send-Again"
 )
 
-// memberAt is the one member whose chunk server listens on host, or ""
-// when none or several do (agents sharing a host, as in tests).
-func (s *ChunkServer) memberAt(host string) string {
-	if s.swarm == nil || s.swarm.dir == nil || host == "" {
-		return ""
+// membersByHost maps each host a member's chunk server listens on to that
+// member, or to "" where several share it (agents on one host, as in
+// tests); nil without a swarm. Requests are told apart by host (peerOf).
+func (s *ChunkServer) membersByHost() map[string]string {
+	if s.swarm == nil || s.swarm.dir == nil {
+		return nil
 	}
-	name := ""
+	hosts := map[string]string{}
 	for _, p := range s.swarm.dir.Members() {
-		if h, _, err := net.SplitHostPort(p.Meta.ChunkAddr); err == nil && h == host {
-			if name != "" {
-				return ""
+		if host, _, err := net.SplitHostPort(p.Meta.ChunkAddr); err == nil {
+			if _, shared := hosts[host]; shared {
+				hosts[host] = ""
+			} else {
+				hosts[host] = p.Name
 			}
-			name = p.Name
 		}
 	}
-	return name
+	return hosts
 }
 
 // resendAfter is how long an origin fetcher waits before it sends a chunk

@@ -29,9 +29,9 @@ const (
 // (less on a fast uplink: lends) at under half a slot's share of the
 // uplink lends its slot to a new request, up to slots of them: its reader
 // is slow (a slow link, a busy node, a relay of a chunk that comes
-// slowly), and a slot it held would
-// keep that share of the uplink from everyone for many times a chunk's
-// time. The simulation applies the same rule to its servers.
+// slowly), and a slot it held would keep that share of the uplink from
+// everyone for many times a chunk's time. The simulation applies the same
+// rule to its servers.
 func SlotsHeld(uploads []Upload, uplink float64, slots int) int {
 	if uplink <= 0 || slots <= 0 {
 		return len(uploads)
