@@ -173,7 +173,8 @@ type node struct {
 	uploads            map[*flow]struct{}    // chunk uploads being served
 	uploadsTo          map[int]int           // requester → uploads
 	recent             map[int]time.Duration // chunks sent once as an origin fetcher, and when
-	recentTo           map[int]*node         // and to whom
+	recentTo           map[int]*node         // and to whom last
+	recentAgains       map[int]int           // and how often sent again since
 	repeating          bool                  // an origin fetcher's one repeat is being sent
 	stateUp, stateDown float64               // state bytes this step
 	upUsed, downUsed   float64               // state bytes last step, taken off the links
@@ -296,7 +297,7 @@ func Run(cfg Config) (Result, error) {
 	for i := range cfg.Nodes {
 		n := &node{idx: i, name: fmt.Sprintf("node-%d", i), up: cfg.Link, down: cfg.Link,
 			have: make([]byte, bmap), sent: make([]byte, bmap), fetch: make([]byte, bmap),
-			known: make([]stateKey, cfg.Nodes), incoming: map[int]*flow{}, uploads: map[*flow]struct{}{}, uploadsTo: map[int]int{}, recent: map[int]time.Duration{}, recentTo: map[int]*node{}}
+			known: make([]stateKey, cfg.Nodes), incoming: map[int]*flow{}, uploads: map[*flow]struct{}{}, uploadsTo: map[int]int{}, recent: map[int]time.Duration{}, recentTo: map[int]*node{}, recentAgains: map[int]int{}}
 		if cfg.Zones > 1 {
 			n.zone = fmt.Sprintf("zone-%d", i%cfg.Zones)
 			if !cfg.ZonesUntold {
@@ -743,8 +744,9 @@ func (s *sim) request(n *node, r p2p.PlanRequest) {
 		}
 		if err == nil && h.origin {
 			switch at, ok := h.recent[r.Chunk]; {
-			case ok && s.now-at < p2p.PlanResendAfter && r.Again:
-				h.recent[r.Chunk], h.recentTo[r.Chunk] = s.now, n // a new receiver
+			case ok && s.now-at < p2p.PlanResendAfter && r.Again && p2p.SendsAgain(h.recentTo[r.Chunk].name, n.name, h.recentAgains[r.Chunk]):
+				h.recentTo[r.Chunk] = n // a new receiver, in the same window
+				h.recentAgains[r.Chunk]++
 			case ok && s.now-at < p2p.PlanResendAfter:
 				if held > s.cfg.MaxUploads/2 || h.repeating {
 					err = p2p.ChunkSentTo(h.recentTo[r.Chunk].name)
@@ -752,7 +754,7 @@ func (s *sim) request(n *node, r p2p.PlanRequest) {
 					h.repeating, f.repeat = true, true
 				}
 			case !bitSet(h.sent, r.Chunk):
-				h.recent[r.Chunk], h.recentTo[r.Chunk] = s.now, n
+				h.recent[r.Chunk], h.recentTo[r.Chunk], h.recentAgains[r.Chunk] = s.now, n, 0
 			}
 		}
 		// The asker's upload counts among those held, as in the agent,

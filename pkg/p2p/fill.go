@@ -46,6 +46,7 @@ type chunkResult struct {
 	chunk int
 	peer  string // "" for the origin
 	relay bool   // asked of a peer that was still receiving it
+	again bool   // asked an origin fetcher to send it again
 	err   error
 	bytes int64
 	took  time.Duration
@@ -496,7 +497,7 @@ func (f *fill) launchPeer(ctx context.Context, r request) {
 		}
 		f.settle(i, c, err)
 		toPeer.Add(-1)
-		f.report(ctx, chunkResult{chunk: i, peer: name, relay: relay, err: err, bytes: n, took: f.s.cfg.Now().Sub(start)})
+		f.report(ctx, chunkResult{chunk: i, peer: name, relay: relay, again: r.again, err: err, bytes: n, took: f.s.cfg.Now().Sub(start)})
 	}(pv.name, pv.addr)
 }
 
@@ -601,8 +602,10 @@ func (f *plan) handle(r chunkResult) error {
 		if pv == nil {
 			break
 		}
+		// A refused request to send again (sent again as often as the
+		// fetcher will): wait a Refresh, not a round trip.
 		var to *sentToError
-		if errors.As(r.err, &to) && !f.meetReceiver(to.peer) {
+		if !r.again && errors.As(r.err, &to) && !f.meetReceiver(to.peer) {
 			// Its receiver is no source for this node: ask again at once.
 			if pv.sendAgain == nil {
 				pv.sendAgain = map[int]bool{}

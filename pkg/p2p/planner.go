@@ -108,7 +108,7 @@ func (p *Planner) Done(r PlanRequest, took time.Duration, err error) error {
 	if r.Peer != "" {
 		p.f.s.requestCounter(r.Peer).Add(-1)
 	}
-	return p.f.handle(chunkResult{chunk: r.Chunk, peer: r.Peer, relay: r.Relay, err: err, took: took})
+	return p.f.handle(chunkResult{chunk: r.Chunk, peer: r.Peer, relay: r.Relay, again: r.Again, err: err, took: took})
 }
 
 // Origin reports whether this node holds the origin role for the blob.

@@ -124,6 +124,13 @@ func TestRefusedFillMeetsTheReceiver(t *testing.T) {
 	require.True(t, f.book(1, fetcher).again, "asked to send it again")
 	require.False(t, f.book(1, fetcher).again, "once")
 	require.True(t, f.book(2, fetcher).again)
+
+	// Refused again (the fetcher sent it again as often as it will): the
+	// fill waits a Refresh before it asks that fetcher for the chunk, not
+	// a round trip.
+	require.NoError(t, f.handle(chunkResult{chunk: 2, peer: "node-000", again: true, err: &sentToError{peer: "not-a-member"}}))
+	require.False(t, fetcher.sendAgain[2])
+	require.Equal(t, now.Add(s.cfg.Refresh), fetcher.chunkBusy[2])
 }
 
 // Whatever a fetcher names as its receiver, a fill follows only a member
@@ -141,4 +148,47 @@ func FuzzMeetReceiver(f *testing.F) {
 		require.Equal(t, member && name != "me", met)
 		require.Equal(t, met, p.peers.get(name) != nil)
 	})
+}
+
+// Attack: an asker that claims the receiver failed draws another copy of
+// the chunk from the origin fetcher's upload, the swarm's narrowest pipe.
+// Only a member other than the receiver may claim it, and a chunk is sent
+// again at most maxSendsAgain times in its window, however many members
+// take turns to claim it.
+func TestSendAgainIsBounded(t *testing.T) {
+	t.Parallel()
+	data := randomBlob(10, testChunk)
+	d := descOf(data).Digest
+	dir := staticDir{local: "fetcher", peers: map[string]Peer{
+		"a": {Name: "a", Meta: NodeMeta{ChunkAddr: "127.0.0.2:4000"}},
+		"b": {Name: "b", Meta: NodeMeta{ChunkAddr: "127.0.0.3:4000"}},
+		"c": {Name: "c", Meta: NodeMeta{ChunkAddr: "127.0.0.4:4000"}},
+	}}
+	sw, err := NewSwarm(dir, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	sw.setOrigin(d, true, 0)
+	_, ts := serveStore(t, storeHolding(t, data), WithSwarm(sw))
+	url := ts.URL + fmt.Sprintf(chunkPath, d, 0)
+	ask := func(ip string, again bool) int {
+		req, err := http.NewRequest(http.MethodGet, url, nil)
+		require.NoError(t, err)
+		if again {
+			req.Header.Set(sendAgainHeader, "1")
+		}
+		resp, err := fromHost(t, ip).Do(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusOK, ask("127.0.0.2", false), "the first send, to a")
+	require.Equal(t, http.StatusServiceUnavailable, ask("127.0.0.9", true), "no member: not sent again")
+	require.Equal(t, http.StatusServiceUnavailable, ask("127.0.0.2", true), "the receiver cannot claim itself failed")
+	sent := 0
+	for turn := range 10 {
+		if ask([]string{"127.0.0.3", "127.0.0.4"}[turn%2], true) == http.StatusOK {
+			sent++
+		}
+	}
+	require.Equal(t, maxSendsAgain, sent, "b and c taking turns")
 }

@@ -23,18 +23,28 @@ type sentLog struct {
 	recent map[chunkKey]sentOnce // first sent with once, less than resendAfter ago
 }
 
-// sentOnce is when a chunk sent once went, and to which host.
+// sentOnce is when a chunk sent once went, to which host last, and how
+// often it was sent again since.
 type sentOnce struct {
-	at time.Time
-	to string
+	at     time.Time
+	to     string
+	agains int
+}
+
+// SendsAgain says whether an origin fetcher sends a chunk it sent once
+// again to asker, who says receiver proved no source, having sent it again
+// agains times in its window: not to the receiver itself, and not past
+// maxSendsAgain, however many askers take turns.
+func SendsAgain(receiver, asker string, agains int) bool {
+	return asker != receiver && agains < maxSendsAgain
 }
 
 // mark records that chunk i of d is being sent to host to. With once it
 // refuses (false) a chunk whose first send was with once, less than
 // resendAfter ago, and returns the host it went to; but with again (its
-// receiver proved no source to the asker) it sends it, to a new receiver.
-// Only the first send opens the window, so that no peer can hold it open
-// by asking again the moment it closes.
+// receiver proved no source to the asker, a member) it sends it, to a new
+// receiver, where SendsAgain allows. Only the first send opens the window,
+// so that no peer can hold it open by asking again the moment it closes.
 func (l *sentLog) mark(d digest.Digest, i int, once, again bool, to string) (bool, string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -51,10 +61,10 @@ func (l *sentLog) mark(d digest.Digest, i int, once, again bool, to string) (boo
 	if once {
 		k := chunkKey{d, i}
 		if s, sent := l.recent[k]; sent {
-			if !again {
+			if !again || !SendsAgain(s.to, to, s.agains) {
 				return false, s.to
 			}
-			l.recent[k] = sentOnce{at: s.at, to: to}
+			l.recent[k] = sentOnce{at: s.at, to: to, agains: s.agains + 1}
 		} else if !bitSet(b, i) {
 			if l.recent == nil {
 				l.recent = make(map[chunkKey]sentOnce)

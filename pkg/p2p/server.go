@@ -456,10 +456,12 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	// half its upload slots are free: first copies keep most of the link,
 	// and the rest is not left idle. Any other node sends a chunk to all
 	// who ask, and spreads it sooner.
-	// The refusal names the receiver, whom few may follow; one who found
-	// the receiver no source (it lied, or left) asks again, and gets it.
-	again := r.Header.Get(sendAgainHeader) != ""
-	if ok, to := s.sent.mark(d, i, s.originRole(d), again, peerOf(r)); !ok {
+	// The refusal names the receiver, whom few may follow; a member who
+	// found the receiver no source (it lied, or left) asks again, and gets
+	// it, within bounds.
+	asker := peerOf(r)
+	again := r.Header.Get(sendAgainHeader) != "" && s.membersByHost()[asker] != ""
+	if ok, to := s.sent.mark(d, i, s.originRole(d), again, asker); !ok {
 		if s.slots == 0 || s.slotsHeld() > s.slots/2 || !s.repeating.CompareAndSwap(false, true) {
 			if name := s.membersByHost()[to]; name != "" {
 				w.Header().Set(sentToHeader, name)
@@ -616,6 +618,11 @@ func (s *ChunkServer) membersByHost() map[string]string {
 // again: long enough for the first receiver to have passed it on, short
 // enough to recover soon from a receiver that died.
 const resendAfter = 10 * time.Second
+
+// maxSendsAgain bounds how often an origin fetcher sends a chunk again in
+// its resendAfter: each send is a claim that the last receiver failed, and
+// costs the cluster's narrowest upload a chunk.
+const maxSendsAgain = 2
 
 // maxSentBlobs bounds the blobs a sentLog remembers.
 const maxSentBlobs = 256
