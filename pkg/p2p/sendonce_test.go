@@ -192,3 +192,35 @@ func TestSendAgainIsBounded(t *testing.T) {
 	}
 	require.Equal(t, maxSendsAgain, sent, "b and c taking turns")
 }
+
+// Attack: whoever reaches the chunk server first for a chunk of the origin
+// fetcher's share was its one receiver for resendAfter. A pod on a cluster
+// without TLS between peers, no member, could ask for every chunk first and
+// hold the members' fill off for 10 s a chunk. A send to a non-member is
+// no send the swarm can follow: it opens no window.
+func TestNonMemberOpensNoSendOnceWindow(t *testing.T) {
+	t.Parallel()
+	data := randomBlob(11, testChunk)
+	d := descOf(data).Digest
+	dir := staticDir{local: "fetcher", peers: map[string]Peer{
+		"a": {Name: "a", Meta: NodeMeta{ChunkAddr: "127.0.0.2:4000"}},
+		"b": {Name: "b", Meta: NodeMeta{ChunkAddr: "127.0.0.3:4000"}},
+	}}
+	sw, err := NewSwarm(dir, nil, SwarmConfig{}, nil, nil)
+	require.NoError(t, err)
+	sw.setOrigin(d, true, 0)
+	_, ts := serveStore(t, storeHolding(t, data), WithSwarm(sw))
+	url := ts.URL + fmt.Sprintf(chunkPath, d, 0)
+	ask := func(ip string) *http.Response {
+		resp, err := fromHost(t, ip).Get(url)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	require.Equal(t, http.StatusOK, ask("127.0.0.9").StatusCode, "no member")
+	require.Equal(t, http.StatusOK, ask("127.0.0.2").StatusCode, "the first member to ask is the receiver")
+	refused := ask("127.0.0.3")
+	require.Equal(t, http.StatusServiceUnavailable, refused.StatusCode)
+	require.Equal(t, "a", refused.Header.Get(sentToHeader))
+}

@@ -39,13 +39,22 @@ func SendsAgain(receiver, asker string, agains int) bool {
 	return asker != receiver && agains < maxSendsAgain
 }
 
-// mark records that chunk i of d is being sent to host to. With once it
+// chunkAsk is a chunk request as a sentLog judges it.
+type chunkAsk struct {
+	once     bool   // an origin fetcher's: each chunk once in a window
+	again    bool   // the asker says the receiver proved no source
+	from     string // the asker's host
+	stranger bool   // from no member: it opens no window and asks nothing again
+}
+
+// mark records that chunk i of d is being sent as a asks. With once it
 // refuses (false) a chunk whose first send was with once, less than
-// resendAfter ago, and returns the host it went to; but with again (its
-// receiver proved no source to the asker, a member) it sends it, to a new
-// receiver, where SendsAgain allows. Only the first send opens the window,
-// so that no peer can hold it open by asking again the moment it closes.
-func (l *sentLog) mark(d digest.Digest, i int, once, again bool, to string) (bool, string) {
+// resendAfter ago, and returns the host it went to; but with again it
+// sends it, to a new receiver, where SendsAgain allows. Only the first
+// send opens the window, so that no peer can hold it open by asking again
+// the moment it closes. A send to a stranger is none the swarm can follow
+// (a pod could ask for every chunk first): it is not recorded.
+func (l *sentLog) mark(d digest.Digest, i int, a chunkAsk) (bool, string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := time.Now()
@@ -58,19 +67,22 @@ func (l *sentLog) mark(d digest.Digest, i int, once, again bool, to string) (boo
 		l.m = make(map[digest.Digest][]byte)
 	}
 	b, ok := l.m[d]
-	if once {
+	if a.once {
 		k := chunkKey{d, i}
 		if s, sent := l.recent[k]; sent {
-			if !again || !SendsAgain(s.to, to, s.agains) {
+			if !a.again || a.stranger || !SendsAgain(s.to, a.from, s.agains) {
 				return false, s.to
 			}
-			l.recent[k] = sentOnce{at: s.at, to: to, agains: s.agains + 1}
-		} else if !bitSet(b, i) {
+			l.recent[k] = sentOnce{at: s.at, to: a.from, agains: s.agains + 1}
+		} else if !bitSet(b, i) && !a.stranger {
 			if l.recent == nil {
 				l.recent = make(map[chunkKey]sentOnce)
 			}
-			l.recent[k] = sentOnce{at: now, to: to}
+			l.recent[k] = sentOnce{at: now, to: a.from}
 		}
+	}
+	if a.stranger {
+		return true, ""
 	}
 	if !ok {
 		l.order = append(l.order, d)

@@ -459,11 +459,16 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	// The refusal names the receiver, whom few may follow; a member who
 	// found the receiver no source (it lied, or left) asks again, and gets
 	// it, within bounds.
-	asker := peerOf(r)
-	again := r.Header.Get(sendAgainHeader) != "" && s.membersByHost()[asker] != ""
-	if ok, to := s.sent.mark(d, i, s.originRole(d), again, asker); !ok {
+	ask := chunkAsk{once: s.originRole(d), again: r.Header.Get(sendAgainHeader) != "", from: peerOf(r)}
+	var members map[string]string
+	if ask.once {
+		members = s.membersByHost()
+		_, member := members[ask.from]
+		ask.stranger = !member
+	}
+	if ok, to := s.sent.mark(d, i, ask); !ok {
 		if s.slots == 0 || s.slotsHeld() > s.slots/2 || !s.repeating.CompareAndSwap(false, true) {
-			if name := s.membersByHost()[to]; name != "" {
+			if name := members[to]; name != "" {
 				w.Header().Set(sentToHeader, name)
 			}
 			w.Header().Set(busyHeader, "chunk")
@@ -471,7 +476,7 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		defer s.repeating.Store(false)
-		s.sent.mark(d, i, false, false, "")
+		s.sent.mark(d, i, chunkAsk{})
 	}
 	if live != nil {
 		s.relay(w, r, up, live, d, i)

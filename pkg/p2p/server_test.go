@@ -347,7 +347,9 @@ func waitForNews(t *testing.T, url string) <-chan PeerState {
 
 // originSwarm is a swarm downloader that fetches d from the origin.
 func originSwarm(t *testing.T, d digest.Digest) *Swarm {
-	sw, err := NewSwarm(nil, nil, SwarmConfig{}, nil, nil)
+	// The tests ask from loopback, where their member listens.
+	dir := staticDir{local: "fetcher", peers: map[string]Peer{"a": {Name: "a", Meta: NodeMeta{ChunkAddr: "127.0.0.1:4000"}}}}
+	sw, err := NewSwarm(dir, nil, SwarmConfig{}, nil, nil)
 	require.NoError(t, err)
 	sw.setOrigin(d, true, 0)
 	return sw
