@@ -30,11 +30,11 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/weightd/weightd/internal/benchfig"
 	"github.com/weightd/weightd/pkg/pagecache"
 )
 
@@ -112,7 +112,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "run %d: cold %.2f GB/s, warm %.2f GB/s (evicted by %s, locked %v)\n", i+1, cold[i], warm[i], evictedBy, locked)
 	}
 	r := result{
-		Bench: "dram-tier", WarmGBps: median(warm), ColdGBps: median(cold),
+		Bench: "dram-tier", WarmGBps: benchfig.Median(warm), ColdGBps: benchfig.Median(cold),
 		Bytes: size, Runs: *runs, EvictedBy: evictedBy, Locked: locked,
 	}
 	r.Ratio = r.WarmGBps / r.ColdGBps
@@ -187,8 +187,3 @@ func timedRead(path string, buf []byte) (time.Duration, error) {
 }
 
 func gbps(n int64, d time.Duration) float64 { return float64(n) / 1e9 / d.Seconds() }
-
-func median(xs []float64) float64 {
-	s := slices.Sorted(slices.Values(xs))
-	return s[len(s)/2]
-}

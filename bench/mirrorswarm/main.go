@@ -65,7 +65,6 @@ import (
 	"flag"
 	"fmt"
 	"log"
-	"math"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -480,7 +479,7 @@ func (b *bench) result(mode string, nodes []*node, took []time.Duration, over []
 		Bench: "mirror-swarm", Mode: mode, Client: b.client, Nodes: len(nodes), SizeBytes: b.size, Layers: len(b.img.Layers), LinkMbit: b.linkMbit,
 		LimitS:                benchfig.Round(limit, 3),
 		FirstS:                benchfig.Round(secs[0], 3),
-		P50S:                  benchfig.Round(secs[int(math.Ceil(float64(len(secs))/2))-1], 3),
+		P50S:                  benchfig.Round(benchfig.Median(secs), 3),
 		LastS:                 benchfig.Round(secs[len(secs)-1], 3),
 		TimeRatio:             benchfig.Round(secs[len(secs)-1]/limit, 3),
 		RegistryBytesByClient: make(map[string]int64),

@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/weightd/weightd/internal/agent"
+	"github.com/weightd/weightd/internal/benchfig"
 	"github.com/weightd/weightd/internal/genmodel"
 	"github.com/weightd/weightd/pkg/api"
 	"github.com/weightd/weightd/pkg/prefetch"
@@ -258,11 +259,11 @@ func run(models, scrapes int, downloadBytes int64) error {
 	enc := json.NewEncoder(os.Stdout)
 	if err := enc.Encode(downloadResult{
 		Bench: "scrape-during-download", Models: models, DownloadBytes: downloadBytes,
-		Scrapes: len(busy), MsP50: ms(median(busy)), MsMax: ms(slices.Max(busy)),
+		Scrapes: len(busy), MsP50: ms(benchfig.Median(busy)), MsMax: ms(slices.Max(busy)),
 	}); err != nil {
 		return err
 	}
-	return enc.Encode(scrapeResult{Bench: "scrape", Models: models, Bytes: size, Ms: ms(median(idle))})
+	return enc.Encode(scrapeResult{Bench: "scrape", Models: models, Bytes: size, Ms: ms(benchfig.Median(idle))})
 }
 
 // scrape GETs url with curl, as a scraper on another process would, and
@@ -279,12 +280,6 @@ func scrape(ctx context.Context, url string) (int, time.Duration, error) {
 		return 0, 0, fmt.Errorf("scraping with curl: reading %q: %w", out, err)
 	}
 	return size, time.Duration(secs * float64(time.Second)), nil
-}
-
-func median(ds []time.Duration) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
 
 // ms is d in milliseconds, to the microsecond.

@@ -64,7 +64,6 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"math"
 	"net/netip"
 	"net/url"
 	"os"
@@ -505,7 +504,7 @@ func (b *bench) runMode(ctx context.Context, mode string, zoned bool) (result, e
 		Bench: "swarm", Mode: mode, Nodes: n, SizeBytes: b.size, LinkMbit: b.linkMbit,
 		LimitS:      benchfig.Round(limit, 3),
 		FirstS:      benchfig.Round(secs[0], 3),
-		P50S:        benchfig.Round(secs[int(math.Ceil(float64(len(secs))/2))-1], 3),
+		P50S:        benchfig.Round(benchfig.Median(secs), 3),
 		LastS:       benchfig.Round(secs[len(secs)-1], 3),
 		TimeRatio:   benchfig.Round(secs[len(secs)-1]/limit, 3),
 		OriginRatio: benchfig.Round(float64(after-before)/float64(b.size), 3),
