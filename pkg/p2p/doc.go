@@ -21,7 +21,8 @@
 // the blob (below) directly, since gossip can miss a holder. Of each it
 // reads the chunk state (PeerState: chunks verified and their hashes,
 // chunks on their way to it, chunks it already sent, whether it fetches
-// from the origin) at most once per Refresh; a read waits at the holder
+// from the origin) at most once per Refresh, or per an eighth of a chunk's
+// time where chunks come faster (fast links); a read waits at the holder
 // until it has news. A member that holds none of the blob is not asked
 // again for a while; one that leaves the cluster is dropped after a grace.
 //

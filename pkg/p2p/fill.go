@@ -149,9 +149,14 @@ func (f *fill) run(parent context.Context) error {
 		f.release()
 		f.s.seeFetchers(f.origin.Name, f.d, nil)
 	}()
-	tick := time.NewTicker(f.s.cfg.Refresh / 2)
+	every := f.refreshEvery()
+	tick := time.NewTicker(every / 2)
 	defer tick.Stop()
 	for {
+		if e := f.refreshEvery(); e != every {
+			every = e
+			tick.Reset(every / 2)
+		}
 		missing := f.p.Missing()
 		if len(missing) == 0 {
 			cancel() // endgame duplicates still running
@@ -177,6 +182,19 @@ func (f *fill) run(parent context.Context) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// refreshEvery is this fill's Refresh: the least time between two reads
+// of one holder's state, and a refused or busy peer's backoff. On a fast
+// link, where a chunk comes in a few Refreshes, each relay hop's wait for
+// news would weigh on the fill: there it is an eighth of a chunk's time
+// here, down to a tenth of SwarmConfig.Refresh. Until a chunk has come,
+// and where chunks take longer (most links under a few Gbit/s), Refresh.
+func (f *plan) refreshEvery() time.Duration {
+	if f.chunkTime == 0 {
+		return f.s.cfg.Refresh
+	}
+	return max(min(f.chunkTime/8, f.s.cfg.Refresh), f.s.cfg.Refresh/10)
 }
 
 // peerGrace is how long a holder that membership no longer lists is kept:
@@ -211,7 +229,7 @@ func (f *plan) refresh(missing []int) []*peerView {
 			f.peers.remove(name) // left the cluster
 			continue
 		}
-		if pv.reading || f.s.Banned(name) || (pv.known && pv.state.Complete) || now.Sub(pv.readAt) < f.s.cfg.Refresh {
+		if pv.reading || f.s.Banned(name) || (pv.known && pv.state.Complete) || now.Sub(pv.readAt) < f.refreshEvery() {
 			continue
 		}
 		pv.reading, pv.readAt = true, now
@@ -573,7 +591,11 @@ func (f *plan) handle(r chunkResult) error {
 	}
 	if r.err == nil {
 		f.s.m.latency.WithLabelValues(source).Observe(r.took.Seconds())
-		f.chunkTime = (3*f.chunkTime + r.took) / 4
+		if f.chunkTime == 0 {
+			f.chunkTime = r.took
+		} else {
+			f.chunkTime = (3*f.chunkTime + r.took) / 4
+		}
 		f.s.log.Debug("chunk fetched", "digest", f.d, "chunk", r.chunk, "from", cmp.Or(r.peer, "origin"), "took", r.took, "inflight", f.inflightTotal())
 		if pv := f.peers.get(r.peer); pv != nil {
 			pv.failures = 0
@@ -613,10 +635,10 @@ func (f *plan) handle(r chunkResult) error {
 			pv.sendAgain[r.chunk] = true
 			break
 		}
-		pv.chunkBusy[r.chunk] = f.s.cfg.Now().Add(f.s.cfg.Refresh)
+		pv.chunkBusy[r.chunk] = f.s.cfg.Now().Add(f.refreshEvery())
 	case errors.Is(r.err, errBusy):
 		if pv != nil {
-			pv.busyTill = f.s.cfg.Now().Add(f.s.cfg.Refresh)
+			pv.busyTill = f.s.cfg.Now().Add(f.refreshEvery())
 		}
 	case errors.Is(r.err, errSlow):
 		// Its upload is shared by many requesters: ask it less for a
@@ -639,14 +661,14 @@ func (f *plan) handle(r chunkResult) error {
 		// fault. Ask again after the next word of its state.
 		f.s.log.Debug("relayed chunk failed", "peer", r.peer, "digest", f.d, "chunk", r.chunk, "err", r.err)
 		if pv != nil {
-			pv.chunkBusy[r.chunk] = f.s.cfg.Now().Add(f.s.cfg.Refresh)
+			pv.chunkBusy[r.chunk] = f.s.cfg.Now().Add(f.refreshEvery())
 			pv.readAt = time.Time{}
 		}
 	default:
 		f.s.log.Debug("peer chunk failed", "peer", r.peer, "digest", f.d, "chunk", r.chunk, "err", r.err)
 		if pv != nil {
 			pv.failures++
-			pv.busyTill = f.s.cfg.Now().Add(2 * f.s.cfg.Refresh)
+			pv.busyTill = f.s.cfg.Now().Add(2 * f.refreshEvery())
 			pv.readAt = time.Time{} // re-read its state before asking again
 			if pv.failures >= 3 {
 				f.s.ban(r.peer, "failing")

@@ -45,7 +45,7 @@ func (f *plan) hearHolders(holders []Holder) {
 // zone, then any), and with as many followed as it may, drops the least
 // useful every rotateEvery.
 func (f *plan) follow(now time.Time, missing []int) {
-	if !f.followedAt.IsZero() && now.Sub(f.followedAt) < f.s.cfg.Refresh {
+	if !f.followedAt.IsZero() && now.Sub(f.followedAt) < f.refreshEvery() {
 		return
 	}
 	f.followedAt = now

@@ -130,7 +130,7 @@ func TestRefusedFillMeetsTheReceiver(t *testing.T) {
 	// a round trip.
 	require.NoError(t, f.handle(chunkResult{chunk: 2, peer: "node-000", again: true, err: &sentToError{peer: "not-a-member"}}))
 	require.False(t, fetcher.sendAgain[2])
-	require.Equal(t, now.Add(s.cfg.Refresh), fetcher.chunkBusy[2])
+	require.Equal(t, now.Add(f.refreshEvery()), fetcher.chunkBusy[2])
 }
 
 // Whatever a fetcher names as its receiver, a fill follows only a member

@@ -47,7 +47,7 @@ type SwarmConfig struct {
 	OriginInFlight int           // requests in flight to the origin per fill (default: originRequests, 3 or 2 by the node's fills)
 	OriginFetchers int           // nodes that fetch one blob from the origin, each a share of its chunks (default 2)
 	MaxFollowed    int           // holders of a blob whose chunk states one download reads, and whom it asks for chunks (default 24; follow.go)
-	Refresh        time.Duration // the least time between two reads of one holder's chunk state; each read waits at the holder for news (default 50ms)
+	Refresh        time.Duration // the most time between two reads of one holder's chunk state, and a busy peer's backoff (default 50ms); less where chunks come in a few Refreshes (refreshEvery); each read waits at the holder for news
 	Settle         time.Duration // how long to let gossip settle before taking the origin role (default 1s)
 	BanFor         time.Duration // how long a lying or failing peer is shunned (default 5m)
 	OriginLinger   time.Duration // how long peers still see the origin role after a fill ends (default 1m)

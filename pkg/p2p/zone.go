@@ -139,7 +139,7 @@ func (f *plan) mayCrossZone(i int, inZone, zoneHas, endgame bool, now time.Time)
 // of the zone hears about the same holders, so they agree on the order,
 // and the zone's downlinks share the crossings.
 func (f *plan) zoneRank(i int, now time.Time) int {
-	if f.zone.names == nil || now.Sub(f.zone.namesAt) >= f.s.cfg.Refresh {
+	if f.zone.names == nil || now.Sub(f.zone.namesAt) >= f.refreshEvery() {
 		f.zoneNames(now)
 	}
 	if r, ok := f.zone.ranks[i]; ok {
