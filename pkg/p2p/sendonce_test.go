@@ -26,23 +26,24 @@ func fromHost(t *testing.T, ip string) *http.Client {
 	return &http.Client{Transport: tr}
 }
 
-// An origin fetcher that refuses a chunk it sent once names the member it
-// sent it to; asked again by one that found that member no source, it
-// sends it, and names the new receiver after that.
-func TestOriginFetcherNamesItsReceiver(t *testing.T) {
-	t.Parallel()
-	data := randomBlob(8, 2*testChunk)
+// originFetcherAsked serves a blob of one chunk as its origin fetcher, to
+// members a, b and c on 127.0.0.2–4, and returns how to ask it for the
+// chunk from a host, asking it to send again or not.
+func originFetcherAsked(t *testing.T, seed uint64) func(ip string, again bool) *http.Response {
+	t.Helper()
+	data := randomBlob(seed, testChunk)
 	d := descOf(data).Digest
 	dir := staticDir{local: "fetcher", peers: map[string]Peer{
 		"a": {Name: "a", Meta: NodeMeta{ChunkAddr: "127.0.0.2:4000"}},
 		"b": {Name: "b", Meta: NodeMeta{ChunkAddr: "127.0.0.3:4000"}},
+		"c": {Name: "c", Meta: NodeMeta{ChunkAddr: "127.0.0.4:4000"}},
 	}}
 	sw, err := NewSwarm(dir, nil, SwarmConfig{}, nil, nil)
 	require.NoError(t, err)
 	sw.setOrigin(d, true, 0)
 	_, ts := serveStore(t, storeHolding(t, data), WithSwarm(sw))
 	url := ts.URL + fmt.Sprintf(chunkPath, d, 0)
-	ask := func(ip string, again bool) *http.Response {
+	return func(ip string, again bool) *http.Response {
 		req, err := http.NewRequest(http.MethodGet, url, nil)
 		require.NoError(t, err)
 		if again {
@@ -54,12 +55,20 @@ func TestOriginFetcherNamesItsReceiver(t *testing.T) {
 		resp.Body.Close()
 		return resp
 	}
+}
+
+// An origin fetcher that refuses a chunk it sent once names the member it
+// sent it to; asked again by one that found that member no source, it
+// sends it, and names the new receiver after that.
+func TestOriginFetcherNamesItsReceiver(t *testing.T) {
+	t.Parallel()
+	ask := originFetcherAsked(t, 8)
 	require.Equal(t, http.StatusOK, ask("127.0.0.2", false).StatusCode, "the first send, to a")
 	refused := ask("127.0.0.3", false)
 	require.Equal(t, http.StatusServiceUnavailable, refused.StatusCode)
 	require.Equal(t, "chunk", refused.Header.Get(busyHeader))
 	require.Equal(t, "a", refused.Header.Get(sentToHeader))
-	require.Equal(t, "a", ask("127.0.0.4", false).Header.Get(sentToHeader), "any asker hears the receiver")
+	require.Equal(t, "a", ask("127.0.0.9", false).Header.Get(sentToHeader), "any asker hears the receiver")
 	require.Equal(t, http.StatusOK, ask("127.0.0.3", true).StatusCode, "a proved no source to b: sent again, to b")
 	require.Equal(t, "b", ask("127.0.0.2", false).Header.Get(sentToHeader))
 }
@@ -157,36 +166,13 @@ func FuzzMeetReceiver(f *testing.F) {
 // take turns to claim it.
 func TestSendAgainIsBounded(t *testing.T) {
 	t.Parallel()
-	data := randomBlob(10, testChunk)
-	d := descOf(data).Digest
-	dir := staticDir{local: "fetcher", peers: map[string]Peer{
-		"a": {Name: "a", Meta: NodeMeta{ChunkAddr: "127.0.0.2:4000"}},
-		"b": {Name: "b", Meta: NodeMeta{ChunkAddr: "127.0.0.3:4000"}},
-		"c": {Name: "c", Meta: NodeMeta{ChunkAddr: "127.0.0.4:4000"}},
-	}}
-	sw, err := NewSwarm(dir, nil, SwarmConfig{}, nil, nil)
-	require.NoError(t, err)
-	sw.setOrigin(d, true, 0)
-	_, ts := serveStore(t, storeHolding(t, data), WithSwarm(sw))
-	url := ts.URL + fmt.Sprintf(chunkPath, d, 0)
-	ask := func(ip string, again bool) int {
-		req, err := http.NewRequest(http.MethodGet, url, nil)
-		require.NoError(t, err)
-		if again {
-			req.Header.Set(sendAgainHeader, "1")
-		}
-		resp, err := fromHost(t, ip).Do(req)
-		require.NoError(t, err)
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode
-	}
-	require.Equal(t, http.StatusOK, ask("127.0.0.2", false), "the first send, to a")
-	require.Equal(t, http.StatusServiceUnavailable, ask("127.0.0.9", true), "no member: not sent again")
-	require.Equal(t, http.StatusServiceUnavailable, ask("127.0.0.2", true), "the receiver cannot claim itself failed")
+	ask := originFetcherAsked(t, 10)
+	require.Equal(t, http.StatusOK, ask("127.0.0.2", false).StatusCode, "the first send, to a")
+	require.Equal(t, http.StatusServiceUnavailable, ask("127.0.0.9", true).StatusCode, "no member: not sent again")
+	require.Equal(t, http.StatusServiceUnavailable, ask("127.0.0.2", true).StatusCode, "the receiver cannot claim itself failed")
 	sent := 0
 	for turn := range 10 {
-		if ask([]string{"127.0.0.3", "127.0.0.4"}[turn%2], true) == http.StatusOK {
+		if ask([]string{"127.0.0.3", "127.0.0.4"}[turn%2], true).StatusCode == http.StatusOK {
 			sent++
 		}
 	}
@@ -200,27 +186,10 @@ func TestSendAgainIsBounded(t *testing.T) {
 // no send the swarm can follow: it opens no window.
 func TestNonMemberOpensNoSendOnceWindow(t *testing.T) {
 	t.Parallel()
-	data := randomBlob(11, testChunk)
-	d := descOf(data).Digest
-	dir := staticDir{local: "fetcher", peers: map[string]Peer{
-		"a": {Name: "a", Meta: NodeMeta{ChunkAddr: "127.0.0.2:4000"}},
-		"b": {Name: "b", Meta: NodeMeta{ChunkAddr: "127.0.0.3:4000"}},
-	}}
-	sw, err := NewSwarm(dir, nil, SwarmConfig{}, nil, nil)
-	require.NoError(t, err)
-	sw.setOrigin(d, true, 0)
-	_, ts := serveStore(t, storeHolding(t, data), WithSwarm(sw))
-	url := ts.URL + fmt.Sprintf(chunkPath, d, 0)
-	ask := func(ip string) *http.Response {
-		resp, err := fromHost(t, ip).Get(url)
-		require.NoError(t, err)
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp
-	}
-	require.Equal(t, http.StatusOK, ask("127.0.0.9").StatusCode, "no member")
-	require.Equal(t, http.StatusOK, ask("127.0.0.2").StatusCode, "the first member to ask is the receiver")
-	refused := ask("127.0.0.3")
+	ask := originFetcherAsked(t, 11)
+	require.Equal(t, http.StatusOK, ask("127.0.0.9", false).StatusCode, "no member")
+	require.Equal(t, http.StatusOK, ask("127.0.0.2", false).StatusCode, "the first member to ask is the receiver")
+	refused := ask("127.0.0.3", false)
 	require.Equal(t, http.StatusServiceUnavailable, refused.StatusCode)
 	require.Equal(t, "a", refused.Header.Get(sentToHeader))
 }
