@@ -167,19 +167,17 @@ type node struct {
 	snap               *p2p.PeerState // its state as served, until it changes
 	key                stateKey
 	changed            bool
-	waiting            []read                // state reads waiting here for news
-	known              []stateKey            // per holder: the state it last read of it
-	incoming           map[int]*flow         // chunk → the first transfer of it here
-	uploads            map[*flow]struct{}    // chunk uploads being served
-	uploadsTo          map[int]int           // requester → uploads
-	recent             map[int]time.Duration // chunks sent once as an origin fetcher, and when
-	recentTo           map[int]*node         // and to whom last
-	recentAgains       map[int]int           // and how often sent again since
-	repeating          bool                  // an origin fetcher's one repeat is being sent
-	stateUp, stateDown float64               // state bytes this step
-	upUsed, downUsed   float64               // state bytes last step, taken off the links
-	cpu                time.Duration         // in the decision code
-	stateBytes         int64                 // state reads, both ways, for its own fill
+	waiting            []read             // state reads waiting here for news
+	known              []stateKey         // per holder: the state it last read of it
+	incoming           map[int]*flow      // chunk → the first transfer of it here
+	uploads            map[*flow]struct{} // chunk uploads being served
+	uploadsTo          map[int]int        // requester → uploads
+	recent             map[int]*sentOnce  // chunks sent once as an origin fetcher
+	repeating          bool               // an origin fetcher's one repeat is being sent
+	stateUp, stateDown float64            // state bytes this step
+	upUsed, downUsed   float64            // state bytes last step, taken off the links
+	cpu                time.Duration      // in the decision code
+	stateBytes         int64              // state reads, both ways, for its own fill
 	stateReads         int64
 	relayed            int64
 	refused            int // its chunk requests refused as busy
@@ -297,7 +295,7 @@ func Run(cfg Config) (Result, error) {
 	for i := range cfg.Nodes {
 		n := &node{idx: i, name: fmt.Sprintf("node-%d", i), up: cfg.Link, down: cfg.Link,
 			have: make([]byte, bmap), sent: make([]byte, bmap), fetch: make([]byte, bmap),
-			known: make([]stateKey, cfg.Nodes), incoming: map[int]*flow{}, uploads: map[*flow]struct{}{}, uploadsTo: map[int]int{}, recent: map[int]time.Duration{}, recentTo: map[int]*node{}, recentAgains: map[int]int{}}
+			known: make([]stateKey, cfg.Nodes), incoming: map[int]*flow{}, uploads: map[*flow]struct{}{}, uploadsTo: map[int]int{}, recent: map[int]*sentOnce{}}
 		if cfg.Zones > 1 {
 			n.zone = fmt.Sprintf("zone-%d", i%cfg.Zones)
 			if !cfg.ZonesUntold {
@@ -698,6 +696,14 @@ func (h *node) state(s *sim) *p2p.PeerState {
 	return st
 }
 
+// sentOnce is when an origin fetcher first sent a chunk, to whom last,
+// and how often it sent it again since.
+type sentOnce struct {
+	at     time.Duration
+	to     *node
+	agains int
+}
+
 // refreshKey takes note of changes to n's state this step: readers
 // waiting for news get it.
 func (n *node) refreshKey(d digest.Digest) {
@@ -743,18 +749,18 @@ func (s *sim) request(n *node, r p2p.PlanRequest) {
 			err = p2p.ErrPeerBusy
 		}
 		if err == nil && h.origin {
-			switch at, ok := h.recent[r.Chunk]; {
-			case ok && s.now-at < p2p.PlanResendAfter && r.Again && p2p.SendsAgain(h.recentTo[r.Chunk].name, n.name, h.recentAgains[r.Chunk]):
-				h.recentTo[r.Chunk] = n // a new receiver, in the same window
-				h.recentAgains[r.Chunk]++
-			case ok && s.now-at < p2p.PlanResendAfter:
+			switch sent := h.recent[r.Chunk]; {
+			case sent != nil && s.now-sent.at < p2p.PlanResendAfter && r.Again && p2p.SendsAgain(sent.to.name, n.name, sent.agains):
+				sent.to = n // a new receiver, in the same window
+				sent.agains++
+			case sent != nil && s.now-sent.at < p2p.PlanResendAfter:
 				if held > s.cfg.MaxUploads/2 || h.repeating {
-					err = p2p.ChunkSentTo(h.recentTo[r.Chunk].name)
+					err = p2p.ChunkSentTo(sent.to.name)
 				} else {
 					h.repeating, f.repeat = true, true
 				}
 			case !bitSet(h.sent, r.Chunk):
-				h.recent[r.Chunk], h.recentTo[r.Chunk], h.recentAgains[r.Chunk] = s.now, n, 0
+				h.recent[r.Chunk] = &sentOnce{at: s.now, to: n}
 			}
 		}
 		// The asker's upload counts among those held, as in the agent,

@@ -41,11 +41,16 @@ func SendsAgain(receiver, asker string, agains int) bool {
 
 // chunkAsk is a chunk request as a sentLog judges it.
 type chunkAsk struct {
-	once     bool   // an origin fetcher's: each chunk once in a window
-	again    bool   // the asker says the receiver proved no source
-	from     string // the asker's host
-	stranger bool   // from no member: it opens no window and asks nothing again
+	once  bool   // an origin fetcher's: each chunk once in a window
+	again bool   // the asker says the receiver proved no source
+	from  string // the asker's host
+	// member reports whether a member listens on a host (nil: every
+	// host); asked only where a stranger is treated otherwise: it opens
+	// no window and asks nothing again.
+	member func(host string) bool
 }
+
+func (a chunkAsk) stranger() bool { return a.member != nil && !a.member(a.from) }
 
 // mark records that chunk i of d is being sent as a asks. With once it
 // refuses (false) a chunk whose first send was with once, less than
@@ -70,19 +75,19 @@ func (l *sentLog) mark(d digest.Digest, i int, a chunkAsk) (bool, string) {
 	if a.once {
 		k := chunkKey{d, i}
 		if s, sent := l.recent[k]; sent {
-			if !a.again || a.stranger || !SendsAgain(s.to, a.from, s.agains) {
+			if !a.again || !SendsAgain(s.to, a.from, s.agains) || a.stranger() {
 				return false, s.to
 			}
 			l.recent[k] = sentOnce{at: s.at, to: a.from, agains: s.agains + 1}
-		} else if !bitSet(b, i) && !a.stranger {
+		} else if !bitSet(b, i) {
+			if a.stranger() {
+				return true, ""
+			}
 			if l.recent == nil {
 				l.recent = make(map[chunkKey]sentOnce)
 			}
 			l.recent[k] = sentOnce{at: now, to: a.from}
 		}
-	}
-	if a.stranger {
-		return true, ""
 	}
 	if !ok {
 		l.order = append(l.order, d)

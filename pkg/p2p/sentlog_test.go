@@ -1,6 +1,7 @@
 package p2p
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/opencontainers/go-digest"
@@ -20,16 +21,18 @@ func FuzzSentLogOnce(f *testing.F) {
 		var l sentLog
 		d := digest.FromString("blob")
 		hosts := []string{"10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"}
+		member := func(host string) bool { return slices.Contains(hosts, host) }
 		receiver, agains := "", 0
 		for _, b := range asks {
 			// Low bits: the host; 0x08: a stranger; 0x10: a claim.
-			a := chunkAsk{once: true, from: hosts[b&3], stranger: b&8 != 0, again: b&0x10 != 0}
-			if a.stranger {
+			a := chunkAsk{once: true, from: hosts[b&3], again: b&0x10 != 0, member: member}
+			stranger := b&8 != 0
+			if stranger {
 				a.from = "192.0.2." + hosts[b&3][len("10.0.0."):]
 			}
 			ok, to := l.mark(d, 0, a)
 			switch {
-			case receiver == "" && a.stranger:
+			case receiver == "" && stranger:
 				require.True(t, ok, "no window yet: a stranger is served")
 			case receiver == "":
 				require.True(t, ok)
@@ -37,7 +40,7 @@ func FuzzSentLogOnce(f *testing.F) {
 			case !ok:
 				require.Equal(t, receiver, to, "a refusal names the receiver")
 			default:
-				require.True(t, a.again && !a.stranger && a.from != receiver, "sent again only on a member's claim, not the receiver's")
+				require.True(t, a.again && !stranger && a.from != receiver, "sent again only on a member's claim, not the receiver's")
 				agains++
 				require.LessOrEqual(t, agains, maxSendsAgain)
 				receiver = a.from

@@ -459,16 +459,10 @@ func (s *ChunkServer) serveChunk(w http.ResponseWriter, r *http.Request) {
 	// The refusal names the receiver, whom few may follow; a member who
 	// found the receiver no source (it lied, or left) asks again, and gets
 	// it, within bounds.
-	ask := chunkAsk{once: s.originRole(d), again: r.Header.Get(sendAgainHeader) != "", from: peerOf(r)}
-	var members map[string]string
-	if ask.once {
-		members = s.membersByHost()
-		_, member := members[ask.from]
-		ask.stranger = !member
-	}
+	ask := chunkAsk{once: s.originRole(d), again: r.Header.Get(sendAgainHeader) != "", from: peerOf(r), member: s.memberHost}
 	if ok, to := s.sent.mark(d, i, ask); !ok {
 		if s.slots == 0 || s.slotsHeld() > s.slots/2 || !s.repeating.CompareAndSwap(false, true) {
-			if name := members[to]; name != "" {
+			if name := s.membersByHost()[to]; name != "" {
 				w.Header().Set(sentToHeader, name)
 			}
 			w.Header().Set(busyHeader, "chunk")
@@ -617,6 +611,12 @@ func (s *ChunkServer) membersByHost() map[string]string {
 		}
 	}
 	return hosts
+}
+
+// memberHost reports whether a member's chunk server listens on host.
+func (s *ChunkServer) memberHost(host string) bool {
+	_, ok := s.membersByHost()[host]
+	return ok
 }
 
 // resendAfter is how long an origin fetcher waits before it sends a chunk
