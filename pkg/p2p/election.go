@@ -420,7 +420,7 @@ func (f *plan) unfetched(untaken [][]int, share int, fetchers []string) int {
 		if j == share || len(left) == 0 {
 			continue // only a followed fetcher's share has untaken chunks
 		}
-		wait := max(leftWait, f.stateLag()+time.Duration(2+len(left))*max(f.peers.get(fetchers[j]).chunkTime, f.originTime))
+		wait := max(leftWait, f.stateLag()+time.Duration(2+len(left))*max(f.fetcherChunkTime(f.peers.get(fetchers[j])), f.originTime))
 		for _, i := range left {
 			since, seen := f.leftSince[i]
 			if !seen {
@@ -451,15 +451,21 @@ const farSlower = 4
 // One far slower (a slow downlink) starts its next requests many seconds
 // apart, and would take what it is left at its pace while every node
 // waits: it is left what it starts within a state lag, most often none.
-// States time no chunk finer than a state lag (a chunk quicker than that
-// is mostly seen held at once, and left untimed), so a fetcher is judged
-// far slower only beyond it.
+// Only one slower than word of a request travels: helping a quicker one
+// would fetch chunks twice.
 func (f *plan) leaveTo(fetcher string) int {
 	n := f.originRequests()
-	if pv := f.peers.get(fetcher); pv != nil && pv.chunkTime > max(farSlower*f.originTime, f.stateLag()) {
-		return int(math.Round(float64(n) * f.stateLag().Seconds() / pv.chunkTime.Seconds()))
+	if pv := f.peers.get(fetcher); pv != nil && f.fetcherChunkTime(pv) > max(farSlower*f.originTime, f.stateLag()) {
+		return int(math.Round(f.stateLag().Seconds() / pv.chunkEvery.Seconds()))
 	}
 	return n * (1 + int(f.stateLag()/f.originTime))
+}
+
+// fetcherChunkTime is how long a chunk takes origin fetcher pv, as its
+// states show it, with as many requests in flight as this node keeps: the
+// measure of this node's originTime.
+func (f *plan) fetcherChunkTime(pv *peerView) time.Duration {
+	return time.Duration(f.originRequests()) * pv.chunkEvery
 }
 
 // stateLag bounds how long word of a request takes from one origin

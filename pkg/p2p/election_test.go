@@ -195,7 +195,7 @@ func TestOriginFetchersMeetFromOppositeEnds(t *testing.T) {
 // slower (a slow downlink: its chunks take it ten times the helper's origin
 // chunk time) would take those at its pace while every node waits: it is
 // left what it starts within a state lag, none here. The pace is what the
-// fetcher's states show, from a chunk seen coming to it to seen held.
+// fetcher's states show: how often it comes to hold one more chunk.
 func TestHelperLeavesAFarSlowerFetcherNothing(t *testing.T) {
 	t.Parallel()
 	f, other := twoOriginFetchers(t)
@@ -203,30 +203,92 @@ func TestHelperLeavesAFarSlowerFetcherNothing(t *testing.T) {
 	f.originTime = time.Second
 	theirs := otherShare(f)
 	f.inflight[theirs[3]] = 1
-	paced := func(took time.Duration) {
-		start := time.Now()
-		other.state.Fetching, other.state.Have = setBit(nil, theirs[0], true), []byte{0}
-		fetcherPace(other, theirs[0], start)
-		other.state.Have = setBit(other.state.Have, theirs[0], true)
-		fetcherPace(other, theirs[0], start.Add(took))
-		other.state.Fetching = setBit(nil, theirs[1], true)
+	other.state.Have, other.state.Fetching = setBit([]byte{0}, theirs[0], true), setBit(nil, theirs[1], true)
+	at := time.Now()
+	fetcherPace(other, 1, at)
+	cameAfter := func(every time.Duration) { // one more chunk held
+		at = at.Add(every)
+		fetcherPace(other, other.held+1, at)
 	}
 
-	paced(3 * time.Second)
-	require.Equal(t, 3*time.Second, other.chunkTime)
+	cameAfter(1500 * time.Millisecond)
+	require.Equal(t, 3*time.Second, f.fetcherChunkTime(other), "two requests in flight, a chunk each 1.5 s")
 	require.Equal(t, -1, f.nextFromOrigin(slices.Clone(theirs)), "at about its pace: its next two chunks are left to it")
-	paced(30 * time.Second)
-	require.Equal(t, (3*3*time.Second+30*time.Second)/4, other.chunkTime, "a moving average")
+	cameAfter(15 * time.Second)
+	require.Equal(t, (3*1500*time.Millisecond+15*time.Second)/4, other.chunkEvery, "a moving average")
 	require.Equal(t, theirs[2], f.nextFromOrigin(slices.Clone(theirs)), "far slower: helped to its last chunk")
 
-	// States time no chunk finer than a state lag: over a fast origin, a
-	// fetcher seen to take 80 ms a chunk may take 2 ms, as fast as this one.
-	f.originTime, other.chunkTime, f.s.cfg.OriginInFlight = 2*time.Millisecond, 0, 1
-	paced(80 * time.Millisecond)
-	require.Less(t, 80*time.Millisecond, f.stateLag())
+	// Quicker than word of a request travels, helping would fetch chunks
+	// twice: a fetcher 20 times slower than a fast origin is not helped.
+	f.originTime, other.chunkEvery, f.s.cfg.OriginInFlight = 2*time.Millisecond, 0, 1
+	cameAfter(40 * time.Millisecond)
+	require.Less(t, f.fetcherChunkTime(other), f.stateLag())
 	other.state.Have, other.state.Fetching = []byte{0}, nil
 	delete(f.inflight, theirs[3])
-	require.Equal(t, -1, f.nextFromOrigin(slices.Clone(theirs)), "no finer than a state lag: not known far slower")
+	require.Equal(t, -1, f.nextFromOrigin(slices.Clone(theirs)), "no slower than a state lag: not helped")
+}
+
+// A fetcher's states come every Refresh or so, and far less often on a
+// loaded node, and its chunks can come and go between two: timing each
+// chunk from seen on its way to seen held times the reads, not the
+// fetcher. Over a fast origin, a fetcher whose states came 150 ms apart
+// was judged to take 150 ms a chunk, far slower than this one's 1 ms, and
+// both "helped" each other's shares from the back (1.2 copies from the
+// origin in CI). Its pace is the chunks it came to hold between states.
+func TestFetcherPaceIsItsChunksNotItsReads(t *testing.T) {
+	t.Parallel()
+	clock := time.Unix(1000, 0)
+	s, err := NewSwarm(staticDir{local: "me"}, nil, SwarmConfig{Now: func() time.Time { return clock }}, nil, nil)
+	require.NoError(t, err)
+	const chunks = 64
+	desc := content.Descriptor{Digest: descOf(randomBlob(45, testChunk)).Digest, Size: chunks * testChunk}
+	f := s.newPlan(desc, testChunk, nil)
+	f.originRole, f.originTime = true, time.Millisecond
+	other := &peerView{name: "other", known: true, state: PeerState{Origin: true}}
+	f.peers = peersOf(other)
+	// other's state after it fetched k of its share, with the next 3 on their
+	// way; its share is every other chunk, from the front.
+	var theirs []int
+	share, fetchers := f.originShare()
+	require.Len(t, fetchers, 2)
+	for i := range chunks {
+		if i%2 != share {
+			theirs = append(theirs, i)
+		}
+	}
+	stateAfter := func(k int) PeerState {
+		st := PeerState{ChunkState: cache.ChunkState{Size: desc.Size, ChunkSize: testChunk, Have: make([]byte, chunks/8)}, Origin: true}
+		for _, i := range theirs[:k] {
+			st.Have = setBit(st.Have, i, true)
+		}
+		for _, i := range theirs[k : k+3] {
+			st.Fetching = setBit(st.Fetching, i, true)
+		}
+		return st
+	}
+	for step := range 4 {
+		f.updateState(stateResult{peer: "other", state: stateAfter(step * 6)})
+		clock = clock.Add(150 * time.Millisecond)
+	}
+	require.Greater(t, f.stateLag(), 100*time.Millisecond)
+	var missing []int
+	for _, i := range theirs[18+3:] {
+		missing = append(missing, i)
+	}
+	require.Equal(t, -1, f.nextFromOrigin(missing),
+		"6 chunks every 150 ms: not far slower, and left what it fetches within a state lag")
+
+	// One that comes to hold a chunk every 150 ms is far slower than 1 ms a
+	// chunk: it is left what it starts within a state lag, and helped.
+	for step := range 4 {
+		f.updateState(stateResult{peer: "other", state: stateAfter(18 + step)})
+		clock = clock.Add(150 * time.Millisecond)
+	}
+	missing = missing[:0]
+	for _, i := range theirs[21+3:] {
+		missing = append(missing, i)
+	}
+	require.Equal(t, theirs[len(theirs)-1], f.nextFromOrigin(missing), "far slower: helped from the back")
 }
 
 // A peer whose state read fails claims nothing: neither the origin role

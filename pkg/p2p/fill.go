@@ -32,11 +32,12 @@ type peerView struct {
 	busyTill  time.Time
 	chunkBusy map[int]time.Time // chunks it is sending to someone else now
 	sentSeen  map[int]time.Time // when we first saw it had sent a chunk we miss
-	// An origin fetcher's pace, as its states show it (fetcherPace):
-	// when each chunk was first seen on its way to it, and how long
-	// receiving a chunk takes it (moving average).
-	fetchSeen map[int]time.Time
-	chunkTime time.Duration
+	// An origin fetcher's pace, as its states show it (fetcherPace): how
+	// many chunks it held when that count last grew, and the time between
+	// chunks coming to it (moving average).
+	held       int
+	heldAt     time.Time
+	chunkEvery time.Duration
 	// Chunks this origin fetcher sent once to a receiver that proved no
 	// source (banned here, or gone): the next request asks it again.
 	sendAgain map[int]bool
@@ -342,30 +343,40 @@ func (f *plan) updateState(r stateResult) {
 		if _, seen := pv.sentSeen[i]; !seen && pv.state.WasSent(i) {
 			pv.sentSeen[i] = now
 		}
-		if pv.state.Origin {
-			fetcherPace(pv, i, now)
+	}
+	if pv.state.Origin && f.originRole { // only an origin fetcher helps others
+		_, fetchers := f.originShare()
+		if share := slices.Index(fetchers, pv.name); share >= 0 {
+			held := 0
+			for i := share; i < f.chunks; i += len(fetchers) {
+				if pv.state.Has(i) {
+					held++
+				}
+			}
+			fetcherPace(pv, held, now)
 		}
 	}
 }
 
-// fetcherPace times chunk i's way to origin fetcher pv, from the state
-// that first shows it coming to the one that shows it held.
-func fetcherPace(pv *peerView, i int, now time.Time) {
-	at, seen := pv.fetchSeen[i]
-	switch {
-	case !seen && pv.state.IsFetching(i) && !pv.state.Has(i):
-		if pv.fetchSeen == nil {
-			pv.fetchSeen = map[int]time.Time{}
-		}
-		pv.fetchSeen[i] = now
-	case seen && pv.state.Has(i):
-		took := now.Sub(at)
-		if pv.chunkTime > 0 {
-			took = (3*pv.chunkTime + took) / 4
-		}
-		pv.chunkTime = took
-		delete(pv.fetchSeen, i)
+// fetcherPace times origin fetcher pv by the chunks of its origin share
+// it came to hold between its states (held, in all). Its states come every
+// Refresh or so, far less often on a loaded node, and a chunk can come and
+// go between two: the time from a chunk seen on its way to seen held is
+// the reads' pace, not the fetcher's.
+func fetcherPace(pv *peerView, held int, now time.Time) {
+	came := held - pv.held
+	if came <= 0 {
+		pv.held = held
+		return
 	}
+	if !pv.heldAt.IsZero() {
+		every := now.Sub(pv.heldAt) / time.Duration(came)
+		if pv.chunkEvery > 0 {
+			every = (3*pv.chunkEvery + every) / 4
+		}
+		pv.chunkEvery = every
+	}
+	pv.held, pv.heldAt = held, now
 }
 
 // originPace folds an origin request's time into avg, a moving average in
