@@ -271,10 +271,7 @@ func TestFetcherPaceIsItsChunksNotItsReads(t *testing.T) {
 		clock = clock.Add(150 * time.Millisecond)
 	}
 	require.Greater(t, f.stateLag(), 100*time.Millisecond)
-	var missing []int
-	for _, i := range theirs[18+3:] {
-		missing = append(missing, i)
-	}
+	missing := slices.Clone(theirs[18+3:])
 	require.Equal(t, -1, f.nextFromOrigin(missing),
 		"6 chunks every 150 ms: not far slower, and left what it fetches within a state lag")
 
@@ -284,10 +281,7 @@ func TestFetcherPaceIsItsChunksNotItsReads(t *testing.T) {
 		f.updateState(stateResult{peer: "other", state: stateAfter(18 + step)})
 		clock = clock.Add(150 * time.Millisecond)
 	}
-	missing = missing[:0]
-	for _, i := range theirs[21+3:] {
-		missing = append(missing, i)
-	}
+	missing = slices.Clone(theirs[21+3:])
 	require.Equal(t, theirs[len(theirs)-1], f.nextFromOrigin(missing), "far slower: helped from the back")
 }
 
