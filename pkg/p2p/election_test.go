@@ -201,7 +201,7 @@ func TestHelperLeavesAFarSlowerFetcherNothing(t *testing.T) {
 	f, other := twoOriginFetchers(t)
 	f.s.cfg.OriginInFlight = 2
 	f.originTime = time.Second
-	theirs := otherShare(f)
+	theirs := otherShare(f, 8)
 	f.inflight[theirs[3]] = 1
 	other.state.Have, other.state.Fetching = setBit([]byte{0}, theirs[0], true), setBit(nil, theirs[1], true)
 	at := time.Now()
@@ -248,14 +248,9 @@ func TestFetcherPaceIsItsChunksNotItsReads(t *testing.T) {
 	f.peers = peersOf(other)
 	// other's state after it fetched k of its share, with the next 3 on their
 	// way; its share is every other chunk, from the front.
-	var theirs []int
-	share, fetchers := f.originShare()
+	_, fetchers := f.originShare()
 	require.Len(t, fetchers, 2)
-	for i := range chunks {
-		if i%2 != share {
-			theirs = append(theirs, i)
-		}
-	}
+	theirs := otherShare(f, chunks)
 	stateAfter := func(k int) PeerState {
 		st := PeerState{ChunkState: cache.ChunkState{Size: desc.Size, ChunkSize: testChunk, Have: make([]byte, chunks/8)}, Origin: true}
 		for _, i := range theirs[:k] {
@@ -580,12 +575,12 @@ func swarmAt(t *testing.T, names []string, now *time.Time) *Swarm {
 	return s
 }
 
-// otherShare is the chunks of twoOriginFetchers' blob that f leaves to the
-// other fetcher.
-func otherShare(f *plan) []int {
+// otherShare is the chunks of a blob of that many that f, one of two
+// origin fetchers, leaves to the other.
+func otherShare(f *plan, chunks int) []int {
 	share, _ := f.originShare()
 	var theirs []int
-	for i := range 8 {
+	for i := range chunks {
 		if i%2 != share {
 			theirs = append(theirs, i)
 		}
@@ -646,7 +641,7 @@ func TestHelperTakesChunksTheOwnerDoesNotFetch(t *testing.T) {
 	f.s.cfg.Now = func() time.Time { return now }
 	f.s.cfg.OriginInFlight = 2
 	f.originTime = time.Second
-	theirs := otherShare(f)
+	theirs := otherShare(f, 8)
 	left := theirs[2:] // fewer than leaveTo: left to the other
 	other.heardAt = now
 	require.Equal(t, -1, f.nextFromOrigin(slices.Clone(left)), "its next chunks are left to it")
@@ -696,7 +691,7 @@ func TestFetcherAheadHelpsTheReadersPrefix(t *testing.T) {
 			mine = append(mine, i)
 		}
 	}
-	theirs := otherShare(f)
+	theirs := otherShare(f, 8)
 	all := []int{0, 1, 2, 3, 4, 5, 6, 7}
 
 	require.Equal(t, mine[0], f.nextFromOrigin(slices.Clone(all)), "level with the other: its own share")
